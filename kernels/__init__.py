@@ -1,5 +1,34 @@
 """Ops of the linear-mixer family (DESIGN.md §3). See kernels/README.md for the math."""
 
 from kernels.naive import naive_recurrent, recurrent_step
+from kernels.ops import (
+    chunk_delta_rule,
+    chunk_gated_delta_rule,
+    chunk_gla,
+    chunk_kda,
+    chunk_linear_attn,
+    chunk_simple_gla,
+    delta_rule_step,
+    gated_delta_rule_step,
+    gla_step,
+    kda_step,
+    linear_attn_step,
+    simple_gla_step,
+)
 
-__all__ = ["naive_recurrent", "recurrent_step"]
+__all__ = [
+    "chunk_delta_rule",
+    "chunk_gated_delta_rule",
+    "chunk_gla",
+    "chunk_kda",
+    "chunk_linear_attn",
+    "chunk_simple_gla",
+    "delta_rule_step",
+    "gated_delta_rule_step",
+    "gla_step",
+    "kda_step",
+    "linear_attn_step",
+    "naive_recurrent",
+    "recurrent_step",
+    "simple_gla_step",
+]

@@ -1,0 +1,420 @@
+"""Public ops of the linear-mixer family (DESIGN.md §3): six chunked ops and six single-token steps.
+
+All twelve functions are thin wrappers around two generic entry points, `_chunk` and `_step`. The family has
+two switches and nothing else differs between the ops:
+
+- decay granularity, read from g's shape: absent, scalar per head (`g: [B, T, H]`) or per key channel
+  (`g: [B, T, H, K]`);
+- the delta rule, on exactly when `beta` is given.
+
+Each wrapper only states which switch values its op expects, so that a `g` of the wrong granularity is an
+error instead of silently running another op. Every input is validated before any compute (ValueError naming
+the bad value and the fix). Backends: "naive" (token loop, the ground truth), "torch" (chunkwise,
+kernels/chunk_torch.py), "triton" (kernels/triton/), "auto" (triton on CUDA tensors, torch otherwise).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from kernels.chunk_torch import chunk_torch
+from kernels.naive import naive_recurrent, recurrent_step
+
+Decay = Literal["none", "scalar", "channel"]
+
+BACKENDS = ("auto", "naive", "torch", "triton")
+# g is a log-decay, so it must be <= 0; allow this much positive slack for round-off in the gate's computation
+G_POSITIVE_TOLERANCE = 1e-4
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is unknown; use one of {BACKENDS}")
+
+
+def _check_float(name: str, t: torch.Tensor) -> None:
+    if not t.is_floating_point():
+        raise ValueError(
+            f"{name} has dtype {t.dtype}; it must be a floating-point tensor (cast it with .float())"
+        )
+
+
+def _check_g_values(op: str, g: torch.Tensor) -> None:
+    g_max = g.detach().max().item() if g.numel() else 0.0
+    if not g_max <= G_POSITIVE_TOLERANCE:
+        raise ValueError(
+            f"{op}: g has a maximum value of {g_max:.3g}; g is the log-decay and must be <= 0 "
+            "(pass log(alpha), e.g. -softplus(x) or logsigmoid(x), not alpha itself)"
+        )
+
+
+def _validate(
+    op: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    state: torch.Tensor | None,
+    decay: Decay,
+    delta: bool,
+    token_dims: tuple[str, ...],
+) -> None:
+    """Shape/dtype/value checks shared by the chunked ops (token_dims = B, T, H) and the steps (B, H).
+
+    `state` is the initial state of a chunked op (optional) or the state of a step (required by the caller).
+    """
+    n = len(token_dims)
+    lead = ", ".join(token_dims)
+    for name, t, last in (("q", q, "K"), ("k", k, "K"), ("v", v, "V")):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != n + 1:
+            raise ValueError(
+                f"{op}: {name} has shape {_shape(t)} (rank {t.dim()}); expected [{lead}, {last}]"
+            )
+        _check_float(f"{op}: {name}", t)
+    if k.shape != q.shape:
+        raise ValueError(
+            f"{op}: k has shape {_shape(k)} but q has {_shape(q)}; q and k must both be [{lead}, K]"
+        )
+    if v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(
+            f"{op}: v has shape {_shape(v)} but q has {_shape(q)}; v's leading dims [{lead}] must match q's"
+        )
+    K, V = q.shape[-1], v.shape[-1]
+    if K == 0 or V == 0:
+        raise ValueError(f"{op}: head dims K={K}, V={V} are unsupported; both must be >= 1")
+    device = q.device
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
+        if t is not None and t.device != device:
+            raise ValueError(
+                f"{op}: {name} is on {t.device} but q is on {device}; move all inputs to one device"
+            )
+
+    lead_shape = tuple(q.shape[:-1])
+    if decay == "none":
+        if g is not None:
+            raise ValueError(f"{op}: takes no g (no decay), got g of shape {_shape(g)}")
+    else:
+        want = lead_shape if decay == "scalar" else lead_shape + (K,)
+        want_str = f"[{lead}]" if decay == "scalar" else f"[{lead}, K]"
+        other = "per-channel ([..., K])" if decay == "scalar" else "scalar per head ([..., H])"
+        if g is None:
+            raise ValueError(f"{op}: g (log-decay of shape {want_str} = {list(want)}) is required, got None")
+        if not isinstance(g, torch.Tensor):
+            raise ValueError(f"{op}: g must be a torch.Tensor, got {type(g).__name__}")
+        if tuple(g.shape) != want:
+            raise ValueError(
+                f"{op}: g has shape {_shape(g)}; expected {want_str} = {list(want)} "
+                f"(for a {other} decay use the matching op)"
+            )
+        _check_float(f"{op}: g", g)
+        _check_g_values(op, g)
+    if delta:
+        if beta is None:
+            raise ValueError(
+                f"{op}: beta (the delta-rule write strength, [{lead}] = {list(lead_shape)}) is required"
+            )
+        if not isinstance(beta, torch.Tensor):
+            raise ValueError(f"{op}: beta must be a torch.Tensor, got {type(beta).__name__}")
+        if tuple(beta.shape) != lead_shape:
+            raise ValueError(f"{op}: beta has shape {_shape(beta)}; expected [{lead}] = {list(lead_shape)}")
+        _check_float(f"{op}: beta", beta)
+    elif beta is not None:
+        raise ValueError(f"{op}: takes no beta (delta rule off), got beta of shape {_shape(beta)}")
+
+    if state is not None:
+        B, H = q.shape[0], q.shape[-2]
+        if not isinstance(state, torch.Tensor):
+            raise ValueError(f"{op}: state must be a torch.Tensor, got {type(state).__name__}")
+        if tuple(state.shape) != (B, H, K, V):
+            raise ValueError(f"{op}: state has shape {_shape(state)}; expected [B, H, K, V] = {[B, H, K, V]}")
+        # float64 is accepted for float64 inputs only (references in tests); the contract is float32
+        allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+        if state.dtype not in allowed:
+            raise ValueError(f"{op}: state has dtype {state.dtype}; it must be torch.float32 (use .float())")
+
+
+def _validate_scale(op: str, scale: float | None) -> None:
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
+        raise ValueError(f"{op}: scale={scale!r}; it must be a positive number or None (= K ** -0.5)")
+
+
+def _check_chunk_size(op: str, chunk_size: int) -> None:
+    if not isinstance(chunk_size, int) or chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"{op}: chunk_size={chunk_size!r}; it must be a power of two >= 16 (e.g. 64)")
+
+
+def _import_triton():  # noqa: ANN202 (returns the kernels.triton module)
+    try:
+        import kernels.triton as triton_ops
+    except ImportError as e:
+        raise RuntimeError(
+            f"backend='triton' needs the Triton kernels in kernels/triton/, which failed to import ({e}); "
+            "use backend='torch' (chunkwise reference) or backend='naive'"
+        ) from e
+    return triton_ops
+
+
+def _resolve(backend: str, q: torch.Tensor) -> str:
+    if backend == "auto":
+        return "triton" if q.is_cuda else "torch"
+    return backend
+
+
+def _chunk(
+    op: str,
+    decay: Decay,
+    delta: bool,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    backend: str,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one generic chunked op: validate, then dispatch to a backend."""
+    _check_backend(backend)
+    _check_chunk_size(op, chunk_size)
+    _validate_scale(op, scale)
+    _validate(op, q, k, v, g, beta, initial_state, decay, delta, ("B", "T", "H"))
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    backend = _resolve(backend, q)
+    if backend == "naive":
+        return naive_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state)
+    if backend == "torch":
+        return chunk_torch(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+    return _import_triton().triton_chunk(
+        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size
+    )
+
+
+def _step(
+    op: str,
+    decay: Decay,
+    delta: bool,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    state: torch.Tensor,
+    scale: float | None,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one generic single-token step: validate, dispatch. Returns (o in q's dtype, new fp32 state)."""
+    _check_backend(backend)
+    _validate_scale(op, scale)
+    if state is None:
+        raise ValueError(
+            f"{op}: state [B, H, K, V] (float32) is required; start from torch.zeros(B, H, K, V)"
+        )
+    _validate(op, q, k, v, g, beta, state, decay, delta, ("B", "H"))
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    backend = _resolve(backend, q)
+    if backend == "triton":
+        return _import_triton().triton_recurrent_step(q, k, v, g, beta, state, scale)
+    # "torch" and "naive" share the recurrence: one token has no chunk structure to exploit
+    o, new_state = recurrent_step(q, k, v, g, beta, state, scale)
+    return o.to(q.dtype), new_state
+
+
+def chunk_linear_attn(
+    q: torch.Tensor,  # [B, T, H, K]
+    k: torch.Tensor,  # [B, T, H, K]
+    v: torch.Tensor,  # [B, T, H, V]
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,  # [B, H, K, V] float32
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Linear attention, S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t. Returns (o, S_T | None)."""
+    return _chunk(
+        "chunk_linear_attn", "none", False, q, k, v, None, None,
+        scale, initial_state, output_final_state, backend, chunk_size,
+    )  # fmt: skip
+
+
+def chunk_simple_gla(
+    q: torch.Tensor,  # [B, T, H, K]
+    k: torch.Tensor,  # [B, T, H, K]
+    v: torch.Tensor,  # [B, T, H, V]
+    g: torch.Tensor,  # [B, T, H] log-decay <= 0
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Mamba2-style / simple GLA: S_t = exp(g_t) S_{t-1} + k_t v_t^T, one scalar decay per head."""
+    return _chunk(
+        "chunk_simple_gla", "scalar", False, q, k, v, g, None,
+        scale, initial_state, output_final_state, backend, chunk_size,
+    )  # fmt: skip
+
+
+def chunk_gla(
+    q: torch.Tensor,  # [B, T, H, K]
+    k: torch.Tensor,  # [B, T, H, K]
+    v: torch.Tensor,  # [B, T, H, V]
+    g: torch.Tensor,  # [B, T, H, K] log-decay <= 0
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GLA: S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, one decay per key channel."""
+    return _chunk(
+        "chunk_gla", "channel", False, q, k, v, g, None,
+        scale, initial_state, output_final_state, backend, chunk_size,
+    )  # fmt: skip
+
+
+def chunk_delta_rule(
+    q: torch.Tensor,  # [B, T, H, K]
+    k: torch.Tensor,  # [B, T, H, K]
+    v: torch.Tensor,  # [B, T, H, V]
+    beta: torch.Tensor,  # [B, T, H]
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DeltaNet: S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T."""
+    return _chunk(
+        "chunk_delta_rule", "none", True, q, k, v, None, beta,
+        scale, initial_state, output_final_state, backend, chunk_size,
+    )  # fmt: skip
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,  # [B, T, H, K]
+    k: torch.Tensor,  # [B, T, H, K]
+    v: torch.Tensor,  # [B, T, H, V]
+    g: torch.Tensor,  # [B, T, H] log-decay <= 0
+    beta: torch.Tensor,  # [B, T, H]
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated DeltaNet: S_t = (I - beta_t k_t k_t^T) exp(g_t) S_{t-1} + beta_t k_t v_t^T, scalar decay."""
+    return _chunk(
+        "chunk_gated_delta_rule", "scalar", True, q, k, v, g, beta,
+        scale, initial_state, output_final_state, backend, chunk_size,
+    )  # fmt: skip
+
+
+def chunk_kda(
+    q: torch.Tensor,  # [B, T, H, K]
+    k: torch.Tensor,  # [B, T, H, K]
+    v: torch.Tensor,  # [B, T, H, V]
+    g: torch.Tensor,  # [B, T, H, K] log-decay <= 0
+    beta: torch.Tensor,  # [B, T, H]
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KDA: S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T, per-channel decay."""
+    return _chunk(
+        "chunk_kda", "channel", True, q, k, v, g, beta,
+        scale, initial_state, output_final_state, backend, chunk_size,
+    )  # fmt: skip
+
+
+def linear_attn_step(
+    q: torch.Tensor,  # [B, H, K]
+    k: torch.Tensor,  # [B, H, K]
+    v: torch.Tensor,  # [B, H, V]
+    state: torch.Tensor,  # [B, H, K, V] float32
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of chunk_linear_attn. Returns (o [B, H, V] in q's dtype, new state [B, H, K, V])."""
+    return _step("linear_attn_step", "none", False, q, k, v, None, None, state, scale, backend)
+
+
+def simple_gla_step(
+    q: torch.Tensor,  # [B, H, K]
+    k: torch.Tensor,  # [B, H, K]
+    v: torch.Tensor,  # [B, H, V]
+    g: torch.Tensor,  # [B, H]
+    state: torch.Tensor,  # [B, H, K, V] float32
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of chunk_simple_gla."""
+    return _step("simple_gla_step", "scalar", False, q, k, v, g, None, state, scale, backend)
+
+
+def gla_step(
+    q: torch.Tensor,  # [B, H, K]
+    k: torch.Tensor,  # [B, H, K]
+    v: torch.Tensor,  # [B, H, V]
+    g: torch.Tensor,  # [B, H, K]
+    state: torch.Tensor,  # [B, H, K, V] float32
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of chunk_gla."""
+    return _step("gla_step", "channel", False, q, k, v, g, None, state, scale, backend)
+
+
+def delta_rule_step(
+    q: torch.Tensor,  # [B, H, K]
+    k: torch.Tensor,  # [B, H, K]
+    v: torch.Tensor,  # [B, H, V]
+    beta: torch.Tensor,  # [B, H]
+    state: torch.Tensor,  # [B, H, K, V] float32
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of chunk_delta_rule."""
+    return _step("delta_rule_step", "none", True, q, k, v, None, beta, state, scale, backend)
+
+
+def gated_delta_rule_step(
+    q: torch.Tensor,  # [B, H, K]
+    k: torch.Tensor,  # [B, H, K]
+    v: torch.Tensor,  # [B, H, V]
+    g: torch.Tensor,  # [B, H]
+    beta: torch.Tensor,  # [B, H]
+    state: torch.Tensor,  # [B, H, K, V] float32
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of chunk_gated_delta_rule."""
+    return _step("gated_delta_rule_step", "scalar", True, q, k, v, g, beta, state, scale, backend)
+
+
+def kda_step(
+    q: torch.Tensor,  # [B, H, K]
+    k: torch.Tensor,  # [B, H, K]
+    v: torch.Tensor,  # [B, H, V]
+    g: torch.Tensor,  # [B, H, K]
+    beta: torch.Tensor,  # [B, H]
+    state: torch.Tensor,  # [B, H, K, V] float32
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of chunk_kda."""
+    return _step("kda_step", "channel", True, q, k, v, g, beta, state, scale, backend)
