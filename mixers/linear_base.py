@@ -1,0 +1,315 @@
+"""The one layer skeleton shared by every linear mixer (DESIGN.md §1, §4).
+
+    x ─┬─ q/k/v projections ─ [short conv + SiLU] ─ [feature map] ─ [L2 norm q, k] ─┐
+       ├─ the mixer's own gates: log-decay g, write strength beta (and, for Mamba2, v·dt)
+       │                                                                           op (kernels/)
+       └─ output gate  W_g x ──────────────────────── RMSNorm per head ─ · gate ─ W_o ─> y
+
+A subclass states only what differs, in the paper's words:
+
+- `decay`: "none" | "head" | "channel", the granularity of the log-decay `g` (absent, `[B, T, H]`,
+  `[B, T, H, K]`);
+- `delta_rule`: whether the layer erases (`beta` given) or only writes;
+- `gates(x, k, v) -> (v, g, beta)`: how it computes them from the input.
+
+The pair (decay, delta_rule) picks the op from the family table of DESIGN.md §1; nothing else in the
+layer knows which mixer it is. `paper_defaults` holds the switch values of the mixer's paper, applied
+under whatever the caller passes, so `GLA(d_model)` is GLA as published and a yaml can still flip any
+switch. Unknown keyword arguments reach `LinearMixer.__init__` and raise a TypeError there.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from mixers.base import Mixer
+
+Decay = Literal["none", "head", "channel"]
+
+FEATURE_MAPS = ("identity", "elu+1", "relu")
+OUTPUT_GATES = ("none", "sigmoid", "swish")
+OUTPUT_GATE_RANKS = ("low", "full")
+BACKENDS = ("auto", "triton", "torch", "naive")
+
+# (decay, delta_rule) -> (chunked op, single-token step): the 3 x 2 table of DESIGN.md §1
+OPS: dict[tuple[str, bool], tuple[Callable[..., Any], Callable[..., Any]]] = {
+    ("none", False): (kernels.chunk_linear_attn, kernels.linear_attn_step),
+    ("head", False): (kernels.chunk_simple_gla, kernels.simple_gla_step),
+    ("channel", False): (kernels.chunk_gla, kernels.gla_step),
+    ("none", True): (kernels.chunk_delta_rule, kernels.delta_rule_step),
+    ("head", True): (kernels.chunk_gated_delta_rule, kernels.gated_delta_rule_step),
+    ("channel", True): (kernels.chunk_kda, kernels.kda_step),
+}
+
+
+@functools.cache
+def accepts_lower_bound(op: Callable[..., Any]) -> bool:
+    """Whether `op` takes `lower_bound=` (a Triton fast path for a bounded log-decay; same result without)."""
+    return "lower_bound" in inspect.signature(op).parameters
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is unknown; use one of {allowed}")
+    return value
+
+
+def _positive_int(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r}; it must be a positive integer")
+    return value
+
+
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """x with softplus(x) = y, for y > 0 (stable for small y: log(expm1(y)))."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+def log_uniform(n: int, low: float, high: float) -> torch.Tensor:
+    """n samples spread log-uniformly over [low, high] (the Mamba time-step initialisation)."""
+    return torch.exp(torch.rand(n) * (math.log(high) - math.log(low)) + math.log(low))
+
+
+class ShortConvolution(nn.Module):
+    """Causal depthwise convolution over time (each channel its own kernel of `size` taps), then SiLU.
+
+    `forward(x, conv_state)` prepends the last `size - 1` inputs kept from earlier calls (zeros at the start
+    of a sequence), so a sequence cut into pieces, down to one token at a time, gives the output of one call.
+    """
+
+    def __init__(self, channels: int, size: int) -> None:
+        super().__init__()
+        self.channels, self.size = channels, size
+        self.weight = nn.Parameter(torch.empty(channels, 1, size))
+        # the init of nn.Conv1d for a depthwise kernel: fan_in = size
+        bound = 1 / math.sqrt(size)
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, C]
+        conv_state: torch.Tensor | None = None,  # [B, C, size - 1], the last inputs before x
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (y [B, T, C], new conv_state [B, C, size - 1])."""
+        B, T, C = x.shape
+        x = x.transpose(1, 2)  # [B, C, T]
+        if conv_state is None:
+            conv_state = x.new_zeros(B, C, self.size - 1)
+        x = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [B, C, size - 1 + T]
+        y = F.conv1d(x, self.weight.to(x.dtype), groups=C)  # [B, C, T]
+        return F.silu(y).transpose(1, 2), x[:, :, x.shape[-1] - (self.size - 1) :]
+
+
+class MambaDecay(nn.Module):
+    """Mamba2's scalar, data-dependent decay per head: dt = softplus(W x + dt_bias), g = -dt * exp(A_log).
+
+    Shared by Mamba2 and Gated DeltaNet. Init as in Mamba2: dt log-uniform in [dt_min, dt_max], A in [1, 16].
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dt_min: float = 1e-3, dt_max: float = 1e-1) -> None:
+        super().__init__()
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(
+                f"dt_min={dt_min}, dt_max={dt_max}; need 0 < dt_min <= dt_max (Mamba2: 1e-3, 1e-1)"
+            )
+        self.dt_proj = nn.Linear(d_model, num_heads, bias=False)
+        self.dt_bias = nn.Parameter(inverse_softplus(log_uniform(num_heads, dt_min, dt_max)))
+        self.A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(1, 16)))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [B, T, D]
+        """Returns (g [B, T, H] log-decay, dt [B, T, H]), both float32."""
+        dt = F.softplus(self.dt_proj(x).float() + self.dt_bias)  # [B, T, H]
+        return -dt * self.A_log.float().exp(), dt
+
+
+class BetaProjection(nn.Module):
+    """The delta rule's write strength per head: beta = sigmoid(W x) in (0, 1), or 2 sigmoid(W x) in (0, 2)
+    with `allow_neg_eigval` (the transition I - beta k k^T then has an eigenvalue in (-1, 1) along k, which
+    lets the state flip sign: needed for state tracking such as parity)."""
+
+    def __init__(self, d_model: int, num_heads: int, allow_neg_eigval: bool = False) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, num_heads, bias=False)
+        self.allow_neg_eigval = allow_neg_eigval
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, H] float32
+        beta = torch.sigmoid(self.proj(x).float())
+        return 2 * beta if self.allow_neg_eigval else beta
+
+
+class LinearMixer(Mixer):
+    """The skeleton; see the module docstring. Subclasses set `decay`, `delta_rule`, `paper_defaults`
+    and implement `gates`."""
+
+    decay: ClassVar[Decay] = "none"
+    delta_rule: ClassVar[bool] = False
+    paper_defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        layer_idx: int = 0,
+        num_heads: int = 2,
+        head_dim: int = 128,
+        value_dim: int | None = None,
+        use_short_conv: bool = True,
+        conv_size: int = 4,
+        feature_map: str = "identity",
+        qk_norm: bool = True,
+        output_norm: bool = True,
+        norm_eps: float = 1e-5,
+        output_gate: str = "none",
+        output_gate_rank: str = "low",
+        output_gate_low_rank_dim: int | None = None,
+        chunk_size: int = 64,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(d_model, layer_idx=layer_idx)
+        H = self.num_heads = _positive_int("num_heads", num_heads)
+        K = self.head_dim = _positive_int("head_dim", head_dim)
+        V = self.value_dim = _positive_int("value_dim", head_dim if value_dim is None else value_dim)
+        self.use_short_conv = use_short_conv
+        self.conv_size = conv_size
+        self.feature_map = _choice("feature_map", feature_map, FEATURE_MAPS)
+        self.qk_norm = qk_norm
+        self.output_gate = _choice("output_gate", output_gate, OUTPUT_GATES)
+        self.output_gate_rank = _choice("output_gate_rank", output_gate_rank, OUTPUT_GATE_RANKS)
+        if not isinstance(chunk_size, int) or chunk_size < 16 or chunk_size & (chunk_size - 1):
+            raise ValueError(f"chunk_size={chunk_size!r}; it must be a power of two >= 16 (e.g. 64)")
+        self.chunk_size = chunk_size
+        self.backend = _choice("backend", backend, BACKENDS)
+        # a bounded gate (KDA with gate=bounded) sets this to g_min so a kernel can take its fast path
+        self.g_lower_bound: float | None = None
+
+        self.q_proj = nn.Linear(d_model, H * K, bias=False)
+        self.k_proj = nn.Linear(d_model, H * K, bias=False)
+        self.v_proj = nn.Linear(d_model, H * V, bias=False)
+        if use_short_conv:
+            if conv_size < 2:
+                raise ValueError(
+                    f"conv_size={conv_size}; a short conv needs >= 2 taps (papers: 4) or use_short_conv=false"
+                )
+            self.q_conv = ShortConvolution(H * K, conv_size)
+            self.k_conv = ShortConvolution(H * K, conv_size)
+            self.v_conv = ShortConvolution(H * V, conv_size)
+        self.o_norm = nn.RMSNorm(V, eps=norm_eps) if output_norm else None
+        if output_gate != "none":
+            if output_gate_rank == "full":
+                self.o_gate_proj: nn.Module = nn.Linear(d_model, H * V, bias=False)
+            else:
+                # Kimi Linear: rank = head_dim, with a bias on the up-projection
+                rank = _positive_int("output_gate_low_rank_dim", output_gate_low_rank_dim or V)
+                self.o_gate_proj = nn.Sequential(nn.Linear(d_model, rank, bias=False), nn.Linear(rank, H * V))
+        self.o_proj = nn.Linear(H * V, d_model, bias=False)
+        self.chunk_op, self.step_op = OPS[(self.decay, self.delta_rule)]
+
+    @classmethod
+    def with_paper_defaults(cls, skeleton: dict[str, Any]) -> dict[str, Any]:
+        """The caller's skeleton kwargs over the mixer's paper defaults."""
+        return {**cls.paper_defaults, **skeleton}
+
+    def gates(
+        self,
+        x: torch.Tensor,  # [B, T, D]
+        k: torch.Tensor,  # [B, T, H, K], after conv / feature map / L2 norm
+        v: torch.Tensor,  # [B, T, H, V]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Returns (v to write, g log-decay or None, beta or None) for this mixer."""
+        raise NotImplementedError
+
+    def _qkv(
+        self, x: torch.Tensor, cache: dict[str, Any] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*K], [B, T, H*K], [B, T, H*V]
+        if self.use_short_conv:
+            get = (lambda name: None) if cache is None else cache.get
+            q, conv_q = self.q_conv(q, get("conv_q"))
+            k, conv_k = self.k_conv(k, get("conv_k"))
+            v, conv_v = self.v_conv(v, get("conv_v"))
+            if cache is not None:
+                cache.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v)
+        q = q.view(B, T, self.num_heads, self.head_dim)
+        k = k.view(B, T, self.num_heads, self.head_dim)
+        v = v.view(B, T, self.num_heads, self.value_dim)
+        if self.feature_map == "elu+1":
+            q, k = F.elu(q) + 1, F.elu(k) + 1
+        elif self.feature_map == "relu":
+            q, k = F.relu(q), F.relu(k)
+        if self.qk_norm:
+            # unit keys keep the eigenvalues of I - beta k k^T in [1 - beta, 1]: the recurrence cannot blow up
+            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        return q, k, v
+
+    def _op_kwargs(self, op: Callable[..., Any]) -> dict[str, Any]:
+        if self.g_lower_bound is not None and accepts_lower_bound(op):
+            return {"lower_bound": self.g_lower_bound}
+        return {}
+
+    def _output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:  # o: [B, T, H, V]
+        B, T = x.shape[:2]
+        if self.o_norm is not None:
+            o = self.o_norm(o)
+        if self.output_gate != "none":
+            gate = self.o_gate_proj(x).view(B, T, self.num_heads, self.value_dim)
+            o = o * (torch.sigmoid(gate) if self.output_gate == "sigmoid" else F.silu(gate))
+        return self.o_proj(o.reshape(B, T, self.num_heads * self.value_dim))
+
+    def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]. With a `cache` (from init_cache) this is a prefill: it starts from the
+        cache and leaves the state after x in it, so `step` can continue."""
+        q, k, v = self._qkv(x, cache)
+        v, g, beta = self.gates(x, k, v)
+        args = (q, k, v) + ((g,) if g is not None else ()) + ((beta,) if beta is not None else ())
+        o, state = self.chunk_op(
+            *args,
+            initial_state=None if cache is None else cache["state"],
+            output_final_state=cache is not None,
+            backend=self.backend,
+            chunk_size=self.chunk_size,
+            **self._op_kwargs(self.chunk_op),
+        )  # o: [B, T, H, V]
+        if cache is not None:
+            cache["state"] = state
+        return self._output(x, o)
+
+    def init_cache(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> dict[str, Any]:
+        """The recurrent state [B, H, K, V] (float32) and, with the short conv, the last conv_size - 1
+        projected q/k/v inputs of each conv ([B, channels, conv_size - 1], `dtype`)."""
+        H, K, V = self.num_heads, self.head_dim, self.value_dim
+        cache: dict[str, Any] = {
+            "state": torch.zeros(batch_size, H, K, V, device=device, dtype=torch.float32)
+        }
+        if self.use_short_conv:
+            for name, channels in (("conv_q", H * K), ("conv_k", H * K), ("conv_v", H * V)):
+                cache[name] = torch.zeros(
+                    batch_size, channels, self.conv_size - 1, device=device, dtype=dtype
+                )
+        return cache
+
+    def step(self, x: torch.Tensor, cache: dict[str, Any]) -> torch.Tensor:  # [B, D] -> [B, D]
+        x = x[:, None]  # [B, 1, D]
+        q, k, v = self._qkv(x, cache)
+        v, g, beta = self.gates(x, k, v)
+        args = (q[:, 0], k[:, 0], v[:, 0])  # [B, H, K], [B, H, K], [B, H, V]
+        args += ((g[:, 0],) if g is not None else ()) + ((beta[:, 0],) if beta is not None else ())
+        o, cache["state"] = self.step_op(
+            *args, cache["state"], backend=self.backend, **self._op_kwargs(self.step_op)
+        )
+        return self._output(x, o[:, None])[:, 0]
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        """Numbers held per sequence while decoding, independent of seq_len:
+        H*K*V (state) + (conv_size - 1) * (2*H*K + H*V) with the short conv. Counted from `init_cache`."""
+        cache = self.init_cache(1, device="meta", dtype=torch.float32)
+        return sum(t.numel() for t in cache.values())
