@@ -1,0 +1,341 @@
+"""Collect runs into one tidy table: one row per run, config keys + summary + status.
+
+    python -m analysis.collect runs/sweeps/kimi_fig4 [more dirs] --out table.csv
+    python -m analysis.collect --wandb my-entity/kda-harness --group kimi_fig4 --out table.parquet
+
+Columns: `status` (completed | diverged | failed | incomplete) and `reason` (why a run failed or is
+incomplete), every field of `summary.json` (`best_eval_acc`, `steps_to_threshold`, `state_size`, ...),
+the run's flattened config with dotted names (`task.seq_len`, `optim.lr`, `mixer.gate`, ...), the
+identifying keys `task`, `mixer`, `seq_len`, `lr`, `seed` (filled from the config when a run died before
+writing its summary), `variant` (the overrides beyond task/mixer/length/lr/seed, e.g. KDA ablation
+switches; empty for plain runs), `sweep` and `run_dir`.
+
+A run directory is any folder holding `.hydra/config.yaml` (what Hydra writes before the run starts),
+so runs that crashed early or were killed by SLURM still get a row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+STATUSES = ("completed", "diverged", "failed", "incomplete")
+
+# Overrides that place a run in the grid; any other override makes it a variant (an ablation).
+GRID_KEYS = frozenset(
+    {"experiment", "task", "mixer", "task.seq_len", "optim.lr", "seed", "trainer.device", "trainer.max_steps"}
+)
+_IGNORED_PREFIXES = ("logger.", "hydra.", "hydra/")
+
+# Summary fields every row has, so a table of only-failed runs still has the columns plots need.
+SUMMARY_FIELDS = (
+    "status",
+    "best_eval_acc",
+    "final_eval_acc",
+    "steps",
+    "steps_to_threshold",
+    "wall_time_s",
+    "tokens_per_s",
+    "state_size",
+    "n_params",
+    "task",
+    "mixer",
+    "seq_len",
+    "lr",
+    "seed",
+    "error",
+)
+
+# SLURM writes one of these into the job's stderr when it kills the job.
+_SLURM_KILL = re.compile(r"\*\*\* (?:JOB|STEP) [\d_.]+ ON \S+ (CANCELLED|DUE TO TIME LIMIT|DUE TO PREEMPTION)")
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> one level with dotted keys; lists stay values (as JSON text, so parquet can hold them)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, (list, tuple)):
+            flat[name] = json.dumps(list(value))
+        else:
+            flat[name] = value
+    return flat
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Every run directory under `root` (or `root` itself), sorted; submitit's own folders are skipped."""
+    root = Path(root)
+    if not root.exists():
+        raise ValueError(f"run directory {root} does not exist; pass a sweep dir such as runs/sweeps/smoke")
+    found = [p.parent.parent for p in root.rglob(".hydra/config.yaml") if ".submitit" not in p.parts]
+    return sorted(set(found))
+
+
+def _resolve(node: Any) -> Any:
+    """A plain container of `node`, resolving each interpolation that resolves on its own.
+
+    Interpolations Hydra resolves at run time (${hydra:...}) cannot be resolved from the saved
+    config; those leaves keep their text rather than failing the whole run.
+    """
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    try:
+        return OmegaConf.to_container(node, resolve=True)
+    except Exception:  # noqa: BLE001 - fall back to leaf by leaf below
+        pass
+    if isinstance(node, DictConfig):
+        return {key: _resolve(node._get_node(key)) for key in node.keys()}
+    if isinstance(node, ListConfig):
+        return [_resolve(node._get_node(index)) for index in range(len(node))]
+    return node._value()
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    """The run's config, flattened to dotted keys."""
+    from omegaconf import OmegaConf
+
+    return flatten(_resolve(OmegaConf.load(path)))
+
+
+def _read_yaml(path: Path) -> Any:
+    if not path.exists():
+        return None
+    with path.open() as handle:
+        return yaml.safe_load(handle)
+
+
+def variant_of(overrides: Iterable[str]) -> str:
+    """The overrides beyond the grid keys, e.g. 'gate=bounded' for a KDA ablation ('' for a plain run)."""
+    parts = []
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in GRID_KEYS or key.startswith(_IGNORED_PREFIXES):
+            continue
+        if "/" in key:
+            # A config-group choice such as experiment/ablation=gate_bounded: the option name says it all.
+            parts.append(value)
+        else:
+            parts.append(f"{key.removeprefix('mixer.')}={value}")
+    return ",".join(sorted(parts))
+
+
+def _failure_from_logs(run_dir: Path, sweep_root: Path, job_id: str | None) -> str | None:
+    """Why a run without summary.json died, if its logs say: a Python error, or SLURM killing it."""
+    log = run_dir / "train.log"
+    if log.exists():
+        lines = log.read_text(errors="replace").splitlines()
+        for index, line in enumerate(lines):
+            if line.startswith("Traceback"):
+                errors = [entry for entry in lines[index:] if entry and not entry.startswith(" ")]
+                return errors[-1] if errors else line
+    if job_id:
+        for err in sweep_root.glob(f".submitit/{job_id}/*_log.err"):
+            match = _SLURM_KILL.search(err.read_text(errors="replace"))
+            if match:
+                return f"SLURM job {job_id} {match.group(1).lower()}"
+    return None
+
+
+def _sweep_root(run_dir: Path, roots: list[Path]) -> Path:
+    for root in roots:
+        if run_dir == root or root in run_dir.parents:
+            return root if run_dir != root else run_dir.parent
+    return run_dir.parent
+
+
+def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
+    """One row of the table for one run directory."""
+    run_dir = Path(run_dir)
+    sweep_root = sweep_root or run_dir.parent
+    row: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS)
+    config = _load_config(run_dir / ".hydra" / "config.yaml")
+    row.update(config)
+
+    hydra = (_read_yaml(run_dir / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
+    choices = (hydra.get("runtime") or {}).get("choices") or {}
+    overrides = _read_yaml(run_dir / ".hydra" / "overrides.yaml") or []
+    job = hydra.get("job") or {}
+    job_id = str(job.get("id")) if job.get("id") is not None else None
+
+    # Identity from the config, for runs that died before writing their summary.
+    row["task"] = config.get("task.name", choices.get("task"))
+    row["mixer"] = choices.get("mixer") or config.get("mixer.name")
+    row["seq_len"] = config.get("task.seq_len")
+    row["lr"] = config.get("optim.lr")
+    row["seed"] = config.get("seed")
+
+    summary_path = run_dir / "summary.json"
+    reason: str | None = None
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        for key, value in flatten(summary).items():
+            if value is not None or row.get(key) is None:
+                row[key] = value
+        status = summary.get("status")
+        if status not in STATUSES:
+            status, reason = "failed", f"summary.json has unknown status {status!r}"
+        elif status != "completed":
+            reason = summary.get("error") or status
+    else:
+        reason = _failure_from_logs(run_dir, sweep_root, job_id)
+        if reason is not None:
+            status = "failed"
+        elif (run_dir / "checkpoint.pt").exists():
+            status, reason = "incomplete", "interrupted: checkpoint but no summary.json (re-launch resumes it)"
+        else:
+            status, reason = "incomplete", "no summary.json (never finished or still running)"
+    row["status"] = status
+    row["reason"] = reason
+    row["variant"] = variant_of(overrides)
+    row["override_dirname"] = job.get("override_dirname")
+    row["job_id"] = job_id
+    row["sweep"] = config.get("logger.wandb.group") or sweep_root.name
+    row["run_dir"] = str(run_dir)
+    return row
+
+
+def collect_dirs(paths: Iterable[Path | str]) -> pd.DataFrame:
+    """The tidy table of every run under `paths` (sweep dirs or single run dirs)."""
+    roots = [Path(p).resolve() for p in paths]
+    rows = []
+    for root in roots:
+        for run_dir in find_run_dirs(root):
+            rows.append(load_run(run_dir, _sweep_root(run_dir, roots)))
+    return _tidy(pd.DataFrame(rows, columns=None if rows else list(SUMMARY_FIELDS) + ["reason", "run_dir"]))
+
+
+def collect_wandb(path: str, *, group: str | None = None, api: Any | None = None) -> pd.DataFrame:
+    """The same table from a W&B project `entity/project` (optionally one sweep's group).
+
+    `api` is a `wandb.Api()` (made here when None; tests pass a stand-in). A run's summary carries
+    the fields of summary.json (the harness logs them there); runs that crashed or are still running
+    without a `status` in their summary get failed / incomplete from W&B's own run state.
+    """
+    if "/" not in path:
+        raise ValueError(f"--wandb wants entity/project, got {path!r}; e.g. --wandb my-team/kda-harness")
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    filters = {"group": group} if group else None
+    rows = []
+    for run in api.runs(path, filters=filters):
+        config = {key: value for key, value in dict(run.config).items() if not key.startswith("_")}
+        summary = getattr(run.summary, "_json_dict", None)
+        summary = dict(summary if summary is not None else run.summary)
+        row: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS)
+        row.update(flatten(config))
+        row["task"] = row.get("task.name")
+        row["mixer"] = row.get("mixer.name")
+        row["seq_len"] = row.get("task.seq_len")
+        row["lr"] = row.get("optim.lr")
+        row["seed"] = row.get("seed")
+        for key, value in flatten({k: v for k, v in summary.items() if not k.startswith("_")}).items():
+            if value is not None:
+                row[key.removeprefix("summary/")] = value
+        status = row.get("status")
+        state = getattr(run, "state", None)
+        if status not in STATUSES:
+            status = {"finished": "completed", "crashed": "failed", "failed": "failed"}.get(state, "incomplete")
+        row["status"] = status
+        row["reason"] = None if status == "completed" else (row.get("error") or f"W&B run state {state}")
+        row["variant"] = ",".join(sorted(t for t in run.tags if t.startswith("variant:"))).replace("variant:", "")
+        row["sweep"] = run.group
+        row["run_dir"] = None
+        row["wandb_id"] = run.id
+        row["wandb_name"] = run.name
+        rows.append(row)
+    return _tidy(pd.DataFrame(rows))
+
+
+def _tidy(table: pd.DataFrame) -> pd.DataFrame:
+    """Fixed column order (identity, status, metrics, then config) and numeric dtypes."""
+    for column in ("seq_len", "seed", "steps", "steps_to_threshold", "state_size", "n_params"):
+        if column in table:
+            table[column] = pd.to_numeric(table[column], errors="coerce").astype("Int64")
+    for column in ("lr", "best_eval_acc", "final_eval_acc", "wall_time_s", "tokens_per_s"):
+        if column in table:
+            table[column] = pd.to_numeric(table[column], errors="coerce").astype(float)
+    if "variant" in table:
+        table["variant"] = table["variant"].fillna("")
+    first = ["sweep", "task", "mixer", "variant", "seq_len", "lr", "seed", "status", "reason"]
+    metrics = [c for c in SUMMARY_FIELDS if c not in first]
+    ordered = [c for c in first + metrics if c in table] + sorted(c for c in table if c not in first + metrics)
+    table = table[ordered]
+    sort_keys = [c for c in ("sweep", "task", "mixer", "variant", "seq_len", "lr", "seed") if c in table]
+    return table.sort_values(sort_keys, kind="stable", na_position="last").reset_index(drop=True)
+
+
+def write_table(table: pd.DataFrame, out: Path) -> None:
+    """Write CSV or parquet, chosen by the suffix."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".csv":
+        table.to_csv(out, index=False)
+    elif out.suffix == ".parquet":
+        # Mixed-type object columns (a config key that is a number in one run, text in another) -> text.
+        fixed = table.copy()
+        for column in fixed.columns[fixed.dtypes == object]:
+            values = fixed[column].dropna()
+            if len({type(v) for v in values}) > 1:
+                fixed[column] = fixed[column].map(lambda v: v if v is None or _isnan(v) else str(v))
+        fixed.to_parquet(out, index=False)
+    else:
+        raise ValueError(f"--out {out}: use a .csv or .parquet file name")
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """Read a table written by `write_table`."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        table = pd.read_parquet(path)
+    elif path.suffix == ".csv":
+        table = pd.read_csv(path)
+    else:
+        raise ValueError(f"table {path}: expected a .csv or .parquet file")
+    if "variant" in table:
+        # An all-empty variant column reads back as float NaN.
+        table["variant"] = ["" if pd.isna(v) else str(v) for v in table["variant"]]
+    return table
+
+
+def _isnan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.collect", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="*", type=Path, help="sweep or run directories")
+    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also collect runs from this W&B project")
+    parser.add_argument("--group", help="with --wandb: only this group (the sweep name)")
+    parser.add_argument("--out", type=Path, required=True, help="table.csv or table.parquet")
+    args = parser.parse_args(argv)
+    if not args.dirs and not args.wandb:
+        parser.error("give at least one sweep directory or --wandb entity/project")
+    if args.out.suffix not in (".csv", ".parquet"):
+        parser.error(f"--out {args.out}: use a .csv or .parquet file name")
+    tables = []
+    if args.dirs:
+        tables.append(collect_dirs(args.dirs))
+    if args.wandb:
+        tables.append(collect_wandb(args.wandb, group=args.group))
+    table = _tidy(pd.concat(tables, ignore_index=True)) if len(tables) > 1 else tables[0]
+    write_table(table, args.out)
+    counts = table["status"].value_counts().to_dict() if len(table) else {}
+    print(f"{len(table)} runs -> {args.out} ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

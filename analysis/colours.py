@@ -1,0 +1,50 @@
+"""One fixed colour per mixer, shared by every figure (STYLE.md rule 10).
+
+A mixer keeps its colour whatever subset of mixers a figure shows, so a reader who learnt
+"KDA is red" in one plot can trust it in the next. Mixers not listed here (a user's new mixer)
+get a colour derived from a hash of their name: stable across figures and runs.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+# Colour-blind-friendly (Okabe-Ito + two Tol colours); KDA gets the most salient one.
+MIXER_COLOURS: dict[str, str] = {
+    "kda": "#D55E00",  # vermilion
+    "gdn": "#0072B2",  # blue
+    "mamba2": "#009E73",  # bluish green
+    "gla": "#CC79A7",  # reddish purple
+    "deltanet": "#56B4E9",  # sky blue
+    "linear_attn": "#E69F00",  # orange
+    "attention": "#000000",  # black: the baseline
+    "longhorn": "#882255",  # wine (Tol)
+}
+
+# Fallback palette for mixers without an entry above; none of these repeat a listed colour.
+_FALLBACK = ["#999933", "#44AA99", "#332288", "#AA4499", "#117733", "#88CCEE", "#DDCC77", "#661100"]
+
+# Line styles and markers tell variants of one mixer apart (KDA ablations share KDA's colour).
+VARIANT_STYLES: list[tuple[str, str]] = [
+    ("-", "o"),
+    ("--", "s"),
+    (":", "^"),
+    ("-.", "D"),
+    ((0, (5, 1)), "v"),  # type: ignore[list-item]
+    ((0, (3, 1, 1, 1, 1, 1)), "P"),  # type: ignore[list-item]
+    ((0, (1, 3)), "X"),  # type: ignore[list-item]
+    ((0, (8, 2, 2, 2)), "*"),  # type: ignore[list-item]
+]
+
+
+def mixer_colour(mixer: str) -> str:
+    """The colour of `mixer` in every figure (hex string)."""
+    if mixer in MIXER_COLOURS:
+        return MIXER_COLOURS[mixer]
+    return _FALLBACK[zlib.crc32(mixer.encode()) % len(_FALLBACK)]
+
+
+def mixer_order(mixers: list[str] | set[str]) -> list[str]:
+    """Mixers in the fixed legend order (the order of MIXER_COLOURS, then others alphabetically)."""
+    known = [name for name in MIXER_COLOURS if name in mixers]
+    return known + sorted(set(mixers) - set(MIXER_COLOURS))
