@@ -154,6 +154,23 @@ class LinearMixer(Mixer):
     delta_rule: ClassVar[bool] = False
     paper_defaults: ClassVar[dict[str, Any]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give a subclass's `__init__(d_model, *, own kwargs, **skeleton)` the full signature it accepts:
+        its own kwargs, then the skeleton's with the paper defaults. `inspect.signature` (the backbone's
+        unknown-key check, help(), IDEs) then lists every accepted key; an unknown one still raises here."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        own = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        names = {p.name for p in own}
+        skeleton = [
+            p.replace(default=cls.paper_defaults.get(p.name, p.default))
+            for p in inspect.signature(LinearMixer.__init__).parameters.values()
+            if p.kind is p.KEYWORD_ONLY and p.name not in names
+        ]
+        init.__signature__ = inspect.Signature(own + skeleton)
+
     def __init__(
         self,
         d_model: int,

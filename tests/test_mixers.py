@@ -263,3 +263,12 @@ def test_longhorn_beta(qk_norm: bool) -> None:
     # and the layer runs DeltaNet's recurrence with that beta'
     o, _ = kernels.naive_recurrent(q, k, v, beta=beta / (1 + beta * k2))
     torch.testing.assert_close(m(x), m._output(x, o), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if isinstance(build(n), LinearMixer)])
+def test_yaml_states_the_python_defaults(name: str) -> None:
+    # the yaml is the readable list of switches; it must agree with what the class does when called directly
+    cfg = OmegaConf.to_container(load(name))
+    factory = hydra.utils.get_object(cfg.pop("_target_"))
+    params = inspect.signature(factory).parameters
+    assert {k: params[k].default for k in cfg} == cfg
