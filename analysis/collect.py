@@ -56,11 +56,13 @@ SUMMARY_FIELDS = (
 )
 
 # SLURM writes one of these into the job's stderr when it kills the job.
-_SLURM_KILL = re.compile(r"\*\*\* (?:JOB|STEP) [\d_.]+ ON \S+ (CANCELLED|DUE TO TIME LIMIT|DUE TO PREEMPTION)")
+_SLURM_KILL = re.compile(
+    r"\*\*\* (?:JOB|STEP) [\d_.]+ ON \S+ (CANCELLED|DUE TO TIME LIMIT|DUE TO PREEMPTION)"
+)
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> one level with dotted keys; lists stay values (as JSON text, so parquet can hold them)."""
+    """Nested dicts -> one level with dotted keys; lists become JSON text (so parquet can hold them)."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"
@@ -192,7 +194,10 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
         if reason is not None:
             status = "failed"
         elif (run_dir / "checkpoint.pt").exists():
-            status, reason = "incomplete", "interrupted: checkpoint but no summary.json (re-launch resumes it)"
+            status, reason = (
+                "incomplete",
+                "interrupted: checkpoint but no summary.json (re-launch resumes it)",
+            )
         else:
             status, reason = "incomplete", "no summary.json (never finished or still running)"
     row["status"] = status
@@ -247,10 +252,14 @@ def collect_wandb(path: str, *, group: str | None = None, api: Any | None = None
         status = row.get("status")
         state = getattr(run, "state", None)
         if status not in STATUSES:
-            status = {"finished": "completed", "crashed": "failed", "failed": "failed"}.get(state, "incomplete")
+            status = {"finished": "completed", "crashed": "failed", "failed": "failed"}.get(
+                state, "incomplete"
+            )
         row["status"] = status
         row["reason"] = None if status == "completed" else (row.get("error") or f"W&B run state {state}")
-        row["variant"] = ",".join(sorted(t for t in run.tags if t.startswith("variant:"))).replace("variant:", "")
+        row["variant"] = ",".join(sorted(t for t in run.tags if t.startswith("variant:"))).replace(
+            "variant:", ""
+        )
         row["sweep"] = run.group
         row["run_dir"] = None
         row["wandb_id"] = run.id
@@ -271,7 +280,9 @@ def _tidy(table: pd.DataFrame) -> pd.DataFrame:
         table["variant"] = table["variant"].fillna("")
     first = ["sweep", "task", "mixer", "variant", "seq_len", "lr", "seed", "status", "reason"]
     metrics = [c for c in SUMMARY_FIELDS if c not in first]
-    ordered = [c for c in first + metrics if c in table] + sorted(c for c in table if c not in first + metrics)
+    ordered = [c for c in first + metrics if c in table] + sorted(
+        c for c in table if c not in first + metrics
+    )
     table = table[ordered]
     sort_keys = [c for c in ("sweep", "task", "mixer", "variant", "seq_len", "lr", "seed") if c in table]
     return table.sort_values(sort_keys, kind="stable", na_position="last").reset_index(drop=True)
@@ -286,7 +297,7 @@ def write_table(table: pd.DataFrame, out: Path) -> None:
     elif out.suffix == ".parquet":
         # Mixed-type object columns (a config key that is a number in one run, text in another) -> text.
         fixed = table.copy()
-        for column in fixed.columns[fixed.dtypes == object]:
+        for column in fixed.columns[[dtype == "object" for dtype in fixed.dtypes]]:
             values = fixed[column].dropna()
             if len({type(v) for v in values}) > 1:
                 fixed[column] = fixed[column].map(lambda v: v if v is None or _isnan(v) else str(v))

@@ -75,7 +75,9 @@ def scored_runs(table: pd.DataFrame) -> pd.DataFrame:
 
 def cells(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, series, length, lr): accuracy over seeds (mean, spread, min, max, n)."""
-    steps = runs["steps_to_threshold"] if "steps_to_threshold" in runs else pd.Series(np.nan, index=runs.index)
+    steps = (
+        runs["steps_to_threshold"] if "steps_to_threshold" in runs else pd.Series(np.nan, index=runs.index)
+    )
     runs = runs.assign(steps_to_threshold=pd.to_numeric(steps, errors="coerce").astype(float))
     state = runs["state_size"] if "state_size" in runs else pd.Series(np.nan, index=runs.index)
     runs = runs.assign(state_size=pd.to_numeric(state, errors="coerce").astype(float))
@@ -159,8 +161,14 @@ def plot_acc_vs_length(best: pd.DataFrame, out_dir: Path) -> list[Path]:
             mean = line["acc_mean"].to_numpy()
             std = line["acc_std"].to_numpy()
             ax.plot(x, mean, label=series, **styles[series])
-            ax.fill_between(x, np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100),
-                            color=styles[series]["color"], alpha=0.18, linewidth=0)
+            ax.fill_between(
+                x,
+                np.clip(mean - std, 0, 100),
+                np.clip(mean + std, 0, 100),
+                color=styles[series]["color"],
+                alpha=0.18,
+                linewidth=0,
+            )
         _length_axis(ax, lengths)
         ax.set_ylim(-2, 102)
         ax.set_title(task)
@@ -168,8 +176,19 @@ def plot_acc_vs_length(best: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_ylabel("peak eval accuracy (%)")
         ax.grid(alpha=0.3)
     axes[-1].legend(fontsize="small", loc="best")
-    columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "acc_mean", "acc_std", "acc_min",
-               "acc_max", "n_seeds"]
+    columns = [
+        "task",
+        "series",
+        "mixer",
+        "variant",
+        "seq_len",
+        "lr",
+        "acc_mean",
+        "acc_std",
+        "acc_min",
+        "acc_max",
+        "n_seeds",
+    ]
     return save_figure(fig, best[columns], out_dir, "acc_vs_length")
 
 
@@ -193,12 +212,18 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, length: int, out_d
         raise ValueError("accuracy-vs-steps needs local run directories (metrics.jsonl); this table has none")
     at_length = best[best["seq_len"] == length]
     if at_length.empty:
-        raise ValueError(f"--length {length}: no scored runs at that length; lengths: "
-                         f"{sorted(int(v) for v in best['seq_len'].unique())}")
+        raise ValueError(
+            f"--length {length}: no scored runs at that length; lengths: "
+            f"{sorted(int(v) for v in best['seq_len'].unique())}"
+        )
     curves = []
     for _, cell in at_length.iterrows():
-        members = runs[(runs["task"] == cell["task"]) & (runs["series"] == cell["series"])
-                       & (runs["seq_len"] == length) & (runs["lr"] == cell["lr"])]
+        members = runs[
+            (runs["task"] == cell["task"])
+            & (runs["series"] == cell["series"])
+            & (runs["seq_len"] == length)
+            & (runs["lr"] == cell["lr"])
+        ]
         per_seed = []
         for _, run in members.iterrows():
             curve = _eval_curve(run["run_dir"])
@@ -206,14 +231,34 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, length: int, out_d
         merged = pd.concat(per_seed, ignore_index=True) if per_seed else pd.DataFrame(columns=["step", "acc"])
         if merged.empty:
             continue
-        stats = merged.groupby("step")["acc"].agg(
-            acc_mean="mean", acc_std=lambda a: float(np.std(a, ddof=0)), acc_min="min", acc_max="max",
-            n_seeds="size").reset_index()
+        stats = (
+            merged.groupby("step")["acc"]
+            .agg(
+                acc_mean="mean",
+                acc_std=lambda a: float(np.std(a, ddof=0)),
+                acc_min="min",
+                acc_max="max",
+                n_seeds="size",
+            )
+            .reset_index()
+        )
         for key in ("task", "series", "mixer", "variant", "seq_len", "lr"):
             stats[key] = cell[key]
         curves.append(stats)
-    columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "step", "acc_mean", "acc_std",
-               "acc_min", "acc_max", "n_seeds"]
+    columns = [
+        "task",
+        "series",
+        "mixer",
+        "variant",
+        "seq_len",
+        "lr",
+        "step",
+        "acc_mean",
+        "acc_std",
+        "acc_min",
+        "acc_max",
+        "n_seeds",
+    ]
     data = pd.concat(curves, ignore_index=True)[columns] if curves else pd.DataFrame(columns=columns)
     tasks = sorted(at_length["task"].unique())
     styles = _style(at_length)
@@ -228,8 +273,14 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, length: int, out_d
             mean, std = line["acc_mean"].to_numpy(), line["acc_std"].to_numpy()
             lr = line["lr"].iloc[0]
             ax.plot(line["step"], mean, label=f"{series} (lr {lr:g})", **style)
-            ax.fill_between(line["step"], np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100),
-                            color=style["color"], alpha=0.18, linewidth=0)
+            ax.fill_between(
+                line["step"],
+                np.clip(mean - std, 0, 100),
+                np.clip(mean + std, 0, 100),
+                color=style["color"],
+                alpha=0.18,
+                linewidth=0,
+            )
         ax.set_ylim(-2, 102)
         ax.set_title(f"{task}, length {length}")
         ax.set_xlabel("training steps")
@@ -243,9 +294,16 @@ def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Heat map of mean accuracy per (series, lr), one panel per (task, length)."""
     tasks = sorted(cell_table["task"].unique())
     lengths = sorted(int(v) for v in cell_table["seq_len"].unique())
-    fig, axes = plt.subplots(len(tasks), len(lengths), squeeze=False, constrained_layout=True,
-                             figsize=(3.2 * len(lengths) + 1.0, 0.45 * cell_table["series"].nunique() * len(tasks)
-                                      + 1.4 * len(tasks)))
+    fig, axes = plt.subplots(
+        len(tasks),
+        len(lengths),
+        squeeze=False,
+        constrained_layout=True,
+        figsize=(
+            3.2 * len(lengths) + 1.0,
+            0.45 * cell_table["series"].nunique() * len(tasks) + 1.4 * len(tasks),
+        ),
+    )
     image = None
     for row, task in enumerate(tasks):
         for col, length in enumerate(lengths):
@@ -260,8 +318,15 @@ def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
             for i in range(len(series)):
                 for j in range(len(lrs)):
                     if not np.isnan(grid[i, j]):
-                        ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=7,
-                                color="white" if grid[i, j] < 60 else "black")
+                        ax.text(
+                            j,
+                            i,
+                            f"{grid[i, j]:.0f}",
+                            ha="center",
+                            va="center",
+                            fontsize=7,
+                            color="white" if grid[i, j] < 60 else "black",
+                        )
             ax.set_xticks(range(len(lrs)))
             ax.set_xticklabels([f"{lr:g}" for lr in lrs], rotation=45, fontsize=7)
             ax.set_yticks(range(len(series)))
@@ -281,7 +346,9 @@ def plot_acc_vs_state_size(best: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Zoology's view: accuracy at the best lr vs the numbers a mixer keeps per sequence (log x)."""
     data = best.dropna(subset=["state_size"])
     if data.empty:
-        raise ValueError("no state_size in the table (summary.json lacks it); cannot draw accuracy vs state size")
+        raise ValueError(
+            "no state_size in the table (summary.json lacks it); cannot draw accuracy vs state size"
+        )
     tasks = sorted(data["task"].unique())
     styles = _style(data)
     fig, axes = _panels(len(tasks))
@@ -291,8 +358,14 @@ def plot_acc_vs_state_size(best: pd.DataFrame, out_dir: Path) -> list[Path]:
             points = frame[frame["series"] == series].sort_values("seq_len")
             ax.plot(points["state_size"], points["acc_mean"], label=series, alpha=0.9, **styles[series])
             for _, point in points.iterrows():
-                ax.annotate(str(int(point["seq_len"])), (point["state_size"], point["acc_mean"]),
-                            textcoords="offset points", xytext=(3, 3), fontsize=6, color=styles[series]["color"])
+                ax.annotate(
+                    str(int(point["seq_len"])),
+                    (point["state_size"], point["acc_mean"]),
+                    textcoords="offset points",
+                    xytext=(3, 3),
+                    fontsize=6,
+                    color=styles[series]["color"],
+                )
         ax.set_xscale("log")
         ax.set_ylim(-2, 102)
         ax.set_title(f"{task} (labels: training length)")
@@ -300,7 +373,18 @@ def plot_acc_vs_state_size(best: pd.DataFrame, out_dir: Path) -> list[Path]:
         ax.set_ylabel("peak eval accuracy (%)")
         ax.grid(alpha=0.3, which="both")
     axes[-1].legend(fontsize="small", loc="best")
-    columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "state_size", "acc_mean", "acc_std", "n_seeds"]
+    columns = [
+        "task",
+        "series",
+        "mixer",
+        "variant",
+        "seq_len",
+        "lr",
+        "state_size",
+        "acc_mean",
+        "acc_std",
+        "n_seeds",
+    ]
     return save_figure(fig, data[columns].reset_index(drop=True), out_dir, "acc_vs_state_size")
 
 
@@ -315,15 +399,26 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path) -> lis
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# Sweep summary", ""]
     counts = table["status"].value_counts()
-    lines.append(f"{len(table)} runs: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in
-                                                     ("completed", "diverged", "failed", "incomplete")) + ".")
-    lines += ["", "Cell: peak eval accuracy (%) at the best learning rate, mean ± std over seeds, "
-              "then the median steps to the accuracy threshold.", ""]
+    lines.append(
+        f"{len(table)} runs: "
+        + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("completed", "diverged", "failed", "incomplete"))
+        + "."
+    )
+    lines += [
+        "",
+        "Cell: peak eval accuracy (%) at the best learning rate, mean ± std over seeds, "
+        "then the median steps to the accuracy threshold.",
+        "",
+    ]
     for task in sorted(best["task"].unique()):
         frame = best[best["task"] == task]
         lengths = sorted(int(v) for v in frame["seq_len"].unique())
-        lines += [f"## {task}", "", "| mixer | " + " | ".join(f"length {n}" for n in lengths) + " |",
-                  "|---|" + "---|" * len(lengths)]
+        lines += [
+            f"## {task}",
+            "",
+            "| mixer | " + " | ".join(f"length {n}" for n in lengths) + " |",
+            "|---|" + "---|" * len(lengths),
+        ]
         for series in _series_order(frame):
             row = [series]
             for length in lengths:
@@ -332,8 +427,10 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path) -> lis
                     row.append("–")
                     continue
                 c = cell.iloc[0]
-                row.append(f"{c['acc_mean']:.1f} ± {c['acc_std']:.1f} (lr {c['lr']:g}, "
-                           f"{_steps_text(c['steps_to_threshold'], int(c['n_reached']), int(c['n_seeds']))})")
+                row.append(
+                    f"{c['acc_mean']:.1f} ± {c['acc_std']:.1f} (lr {c['lr']:g}, "
+                    f"{_steps_text(c['steps_to_threshold'], int(c['n_reached']), int(c['n_seeds']))})"
+                )
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     bad = table[~table["status"].isin(SCORED)]
@@ -347,8 +444,21 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path) -> lis
     md = out_dir / "summary.md"
     md.write_text("\n".join(lines))
     csv = out_dir / "summary.csv"
-    best[["task", "series", "mixer", "variant", "seq_len", "lr", "acc_mean", "acc_std", "n_seeds",
-          "steps_to_threshold", "n_reached"]].to_csv(csv, index=False)
+    best[
+        [
+            "task",
+            "series",
+            "mixer",
+            "variant",
+            "seq_len",
+            "lr",
+            "acc_mean",
+            "acc_std",
+            "n_seeds",
+            "steps_to_threshold",
+            "n_reached",
+        ]
+    ].to_csv(csv, index=False)
     return [md, csv]
 
 
@@ -356,8 +466,10 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None) -> l
     """Every figure and the summary; returns the files written."""
     runs = scored_runs(table)
     if runs.empty:
-        raise ValueError("no completed or diverged runs in the table; nothing to plot "
-                         f"(statuses: {table['status'].value_counts().to_dict()})")
+        raise ValueError(
+            "no completed or diverged runs in the table; nothing to plot "
+            f"(statuses: {table['status'].value_counts().to_dict()})"
+        )
     cell_table = cells(runs)
     best = best_lr(cell_table)
     written = plot_acc_vs_length(best, out_dir)
@@ -379,8 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", type=Path, help="a table (.csv/.parquet) or sweep directories")
     parser.add_argument("--out", type=Path, required=True, help="folder for the figures")
-    parser.add_argument("--length", type=int, help="training length of the accuracy-vs-steps figure "
-                        "(default: the longest in the table)")
+    parser.add_argument(
+        "--length",
+        type=int,
+        help="training length of the accuracy-vs-steps figure (default: the longest in the table)",
+    )
     args = parser.parse_args(argv)
     written = plot_all(load(args.inputs), args.out, args.length)
     print(f"wrote {len(written)} files to {args.out}")

@@ -1,4 +1,4 @@
-"""analysis.collect and analysis.plot on synthetic run directories shaped like the harness's (DESIGN.md §5)."""
+"""analysis.collect and analysis.plot on synthetic run dirs shaped like the harness's (DESIGN.md §5)."""
 
 from __future__ import annotations
 
@@ -32,14 +32,31 @@ def _accuracy(task: str, mixer: str, length: int, lr: float, seed: int, step: in
     return float(np.clip(ceiling * (1 - math.exp(-step / 60)), 0, 1))
 
 
-def write_run(run_dir: Path, *, task: str, mixer: str, seq_len: int, lr: float, seed: int,
-              status: str | None = "completed", extra_overrides: tuple[str, ...] = (),
-              log: str = "", job_id: str | None = None, mixer_kwargs: dict | None = None) -> None:
+def write_run(
+    run_dir: Path,
+    *,
+    task: str,
+    mixer: str,
+    seq_len: int,
+    lr: float,
+    seed: int,
+    status: str | None = "completed",
+    extra_overrides: tuple[str, ...] = (),
+    log: str = "",
+    job_id: str | None = None,
+    mixer_kwargs: dict | None = None,
+) -> None:
     """A run dir as the harness writes it; status None = died before summary.json."""
     (run_dir / ".hydra").mkdir(parents=True)
     config = {
-        "task": {"name": task, "seq_len": seq_len, "eval_seq_lens": [seq_len, 2 * seq_len],
-                 "num_train": 1000, "num_eval": 100, "params": {"vocab_size": 64}},
+        "task": {
+            "name": task,
+            "seq_len": seq_len,
+            "eval_seq_lens": [seq_len, 2 * seq_len],
+            "num_train": 1000,
+            "num_eval": 100,
+            "params": {"vocab_size": 64},
+        },
         "mixer": {"_target_": f"mixers.{mixer}.Mixer", "num_heads": 2, **(mixer_kwargs or {})},
         "optim": {"lr": lr, "weight_decay": 0.1},
         "trainer": {"max_steps": 200, "batch_size": 8, "eval_every": 50, "device": "auto"},
@@ -47,11 +64,21 @@ def write_run(run_dir: Path, *, task: str, mixer: str, seq_len: int, lr: float, 
         "seed": seed,
     }
     (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
-    overrides = [f"task={task}", f"mixer={mixer}", f"task.seq_len={seq_len}", f"optim.lr={lr}",
-                 f"seed={seed}", *extra_overrides]
+    overrides = [
+        f"task={task}",
+        f"mixer={mixer}",
+        f"task.seq_len={seq_len}",
+        f"optim.lr={lr}",
+        f"seed={seed}",
+        *extra_overrides,
+    ]
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    hydra = {"hydra": {"runtime": {"choices": {"task": task, "mixer": mixer}},
-                       "job": {"override_dirname": ",".join(sorted(overrides)), "id": job_id, "num": 0}}}
+    hydra = {
+        "hydra": {
+            "runtime": {"choices": {"task": task, "mixer": mixer}},
+            "job": {"override_dirname": ",".join(sorted(overrides)), "id": job_id, "num": 0},
+        }
+    }
     (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
     (run_dir / "train.log").write_text(log)
     if status is None:
@@ -63,10 +90,20 @@ def write_run(run_dir: Path, *, task: str, mixer: str, seq_len: int, lr: float, 
             handle.write(json.dumps({"step": step, "eval/acc": acc, "eval/seq_acc": acc**4}) + "\n")
     reached = [s for s, a in zip(EVAL_STEPS, accs, strict=True) if a >= 0.5]
     summary = {
-        "status": status, "best_eval_acc": max(accs), "final_eval_acc": accs[-1], "steps": 200,
-        "steps_to_threshold": reached[0] if reached else None, "wall_time_s": 3.0, "tokens_per_s": 1e4,
+        "status": status,
+        "best_eval_acc": max(accs),
+        "final_eval_acc": accs[-1],
+        "steps": 200,
+        "steps_to_threshold": reached[0] if reached else None,
+        "wall_time_s": 3.0,
+        "tokens_per_s": 1e4,
         "state_size": {"kda": 2 * 2 * 64 * 64, "gdn": 2 * 2 * 64 * 64 // 2}[mixer] * (1 + (seq_len == 128)),
-        "n_params": 12345, "task": task, "mixer": mixer, "seq_len": seq_len, "lr": lr, "seed": seed,
+        "n_params": 12345,
+        "task": task,
+        "mixer": mixer,
+        "seq_len": seq_len,
+        "lr": lr,
+        "seed": seed,
     }
     if status == "failed":
         summary.update(best_eval_acc=None, final_eval_acc=None, error="ValueError: boom")
@@ -90,15 +127,25 @@ def sweep(tmp_path: Path) -> Path:
 
 def _add_broken_runs(root: Path) -> None:
     write_run(root / "failed", task="mqar", mixer="kda", seq_len=64, lr=1.0, seed=0, status="failed")
-    write_run(root / "crashed", task="mqar", mixer="kda", seq_len=64, lr=2.0, seed=0, status=None,
-              log="step 0\nTraceback (most recent call last):\n  File x\nValueError: num_pairs=999 > seq_len\n")
+    write_run(
+        root / "crashed",
+        task="mqar",
+        mixer="kda",
+        seq_len=64,
+        lr=2.0,
+        seed=0,
+        status=None,
+        log="step 0\nTraceback (most recent call last):\n  File x\nValueError: num_pairs=999 > seq_len\n",
+    )
     write_run(root / "interrupted", task="mqar", mixer="gdn", seq_len=64, lr=3.0, seed=0, status=None)
     (root / "interrupted" / "checkpoint.pt").write_bytes(b"\0")
-    write_run(root / "cancelled", task="mqar", mixer="gdn", seq_len=64, lr=4.0, seed=0, status=None,
-              job_id="17_3")
+    write_run(
+        root / "cancelled", task="mqar", mixer="gdn", seq_len=64, lr=4.0, seed=0, status=None, job_id="17_3"
+    )
     (root / ".submitit" / "17_3").mkdir(parents=True)
     (root / ".submitit" / "17_3" / "17_3_0_log.err").write_text(
-        "slurmstepd: error: *** JOB 17 ON vm CANCELLED AT 2026-11-29T11:00:00 ***\n")
+        "slurmstepd: error: *** JOB 17 ON vm CANCELLED AT 2026-11-29T11:00:00 ***\n"
+    )
     write_run(root / "diverged", task="mqar", mixer="gdn", seq_len=64, lr=5.0, seed=0, status="diverged")
 
 
@@ -125,8 +172,13 @@ def test_collect_one_row_per_run_with_status_and_reason(sweep: Path) -> None:
     assert set(grid["logger.wandb.tags"]) == {'["task:mqar"]', '["task:palindrome"]'}
     assert set(table["sweep"]) == {"synthetic"}
     # The summary's numbers come through unchanged.
-    one = grid[(grid["task"] == "mqar") & (grid["mixer"] == "kda") & (grid["seq_len"] == 64)
-               & (grid["lr"] == 1e-3) & (grid["seed"] == 1)].iloc[0]
+    one = grid[
+        (grid["task"] == "mqar")
+        & (grid["mixer"] == "kda")
+        & (grid["seq_len"] == 64)
+        & (grid["lr"] == 1e-3)
+        & (grid["seed"] == 1)
+    ].iloc[0]
     summary = json.loads((Path(one["run_dir"]) / "summary.json").read_text())
     assert one["best_eval_acc"] == pytest.approx(summary["best_eval_acc"])
 
@@ -139,7 +191,9 @@ def test_collect_cli_csv_and_parquet_round_trip(sweep: Path, tmp_path: Path) -> 
         back = collect.read_table(tmp_path / name)
         assert len(back) == len(expected)
         assert list(back["status"]) == list(expected["status"])
-        np.testing.assert_allclose(back["best_eval_acc"].astype(float), expected["best_eval_acc"].astype(float))
+        np.testing.assert_allclose(
+            back["best_eval_acc"].astype(float), expected["best_eval_acc"].astype(float)
+        )
     with pytest.raises(SystemExit):
         collect.main([str(sweep), "--out", str(tmp_path / "table.xlsx")])
 
@@ -152,7 +206,10 @@ def test_collect_missing_dir_names_it(tmp_path: Path) -> None:
 def test_variant_from_overrides() -> None:
     assert collect.variant_of(["task=mqar", "mixer=kda", "optim.lr=1e-3", "seed=0"]) == ""
     assert collect.variant_of(["mixer=kda", "mixer.gate=bounded", "seed=1"]) == "gate=bounded"
-    assert collect.variant_of(["+experiment/ablation=no_short_conv", "logger.wandb.mode=offline"]) == "no_short_conv"
+    assert (
+        collect.variant_of(["+experiment/ablation=no_short_conv", "logger.wandb.mode=offline"])
+        == "no_short_conv"
+    )
 
 
 def _expected_best(table: pd.DataFrame) -> dict[tuple, tuple[float, float, float]]:
@@ -163,8 +220,15 @@ def _expected_best(table: pd.DataFrame) -> dict[tuple, tuple[float, float, float
             for length in LENGTHS:
                 best = None
                 for lr in LRS:
-                    accs = table[(table["task"] == task) & (table["mixer"] == mixer) & (table["seq_len"] == length)
-                                 & (table["lr"] == lr)]["best_eval_acc"].to_numpy() * 100
+                    accs = (
+                        table[
+                            (table["task"] == task)
+                            & (table["mixer"] == mixer)
+                            & (table["seq_len"] == length)
+                            & (table["lr"] == lr)
+                        ]["best_eval_acc"].to_numpy()
+                        * 100
+                    )
                     assert len(accs) == len(SEEDS)
                     if best is None or accs.mean() > best[1]:
                         best = (lr, accs.mean(), accs.std())
@@ -208,8 +272,15 @@ def test_plot_writes_every_figure_from_the_right_data(sweep: Path, tmp_path: Pat
     grid = table[table["lr"].isin(LRS)]
     assert len(heat) == len(TASKS) * len(MIXERS) * len(LENGTHS) * len(LRS) + 1  # + the diverged run's cell
     for _, row in heat[heat["lr"].isin(LRS)].iterrows():
-        accs = grid[(grid["task"] == row["task"]) & (grid["mixer"] == row["mixer"])
-                    & (grid["seq_len"] == row["seq_len"]) & (grid["lr"] == row["lr"])]["best_eval_acc"] * 100
+        accs = (
+            grid[
+                (grid["task"] == row["task"])
+                & (grid["mixer"] == row["mixer"])
+                & (grid["seq_len"] == row["seq_len"])
+                & (grid["lr"] == row["lr"])
+            ]["best_eval_acc"]
+            * 100
+        )
         assert row["acc_mean"] == pytest.approx(accs.mean())
 
     state = pd.read_csv(out / "acc_vs_state_size.csv")
@@ -237,8 +308,15 @@ def test_plot_ablation_variants_are_separate_series(tmp_path: Path) -> None:
     for variant in ("", "gate=bounded"):
         extra = (f"mixer.{variant}",) if variant else ()
         for seed in SEEDS:
-            write_run(root / f"{variant or 'base'}-{seed}", task="mqar", mixer="kda", seq_len=64, lr=1e-3,
-                      seed=seed, extra_overrides=extra)
+            write_run(
+                root / f"{variant or 'base'}-{seed}",
+                task="mqar",
+                mixer="kda",
+                seq_len=64,
+                lr=1e-3,
+                seed=seed,
+                extra_overrides=extra,
+            )
     plot.main([str(root), "--out", str(tmp_path / "f")])
     data = pd.read_csv(tmp_path / "f" / "acc_vs_length.csv", keep_default_na=False)
     assert sorted(data["series"]) == ["kda", "kda [gate=bounded]"]
@@ -261,15 +339,28 @@ def test_one_colour_per_mixer() -> None:
 def test_collect_wandb_with_a_stand_in_api() -> None:
     def run(name: str, state: str, summary: dict, seed: int) -> SimpleNamespace:
         return SimpleNamespace(
-            id=name, name=name, group="kimi_fig4", state=state, tags=["task:mqar", "mixer:kda"],
-            config={"task": {"name": "mqar", "seq_len": 256}, "mixer": {"name": "kda"}, "optim": {"lr": 1e-3},
-                    "seed": seed, "_wandb": {"x": 1}},
+            id=name,
+            name=name,
+            group="kimi_fig4",
+            state=state,
+            tags=["task:mqar", "mixer:kda"],
+            config={
+                "task": {"name": "mqar", "seq_len": 256},
+                "mixer": {"name": "kda"},
+                "optim": {"lr": 1e-3},
+                "seed": seed,
+                "_wandb": {"x": 1},
+            },
             summary=SimpleNamespace(_json_dict=summary),
         )
 
     runs = [
-        run("a", "finished", {"status": "completed", "best_eval_acc": 0.9, "steps_to_threshold": 300,
-                              "_runtime": 5}, 0),
+        run(
+            "a",
+            "finished",
+            {"status": "completed", "best_eval_acc": 0.9, "steps_to_threshold": 300, "_runtime": 5},
+            0,
+        ),
         run("b", "crashed", {}, 1),
         run("c", "running", {"train/loss": 1.0}, 2),
     ]
