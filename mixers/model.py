@@ -1,0 +1,196 @@
+"""The backbone: a small language model around any mixer (DESIGN.md §2, §4).
+
+    tokens [B, T] -> embedding -> N x (x + mixer(norm(x)); x + mlp(norm(x)))
+                  -> norm -> LM head -> logits [B, T, V]
+
+Each layer's mixer is built from its config (`conf/mixer/<name>.yaml`: `_target_` + kwargs) by
+`build_mixer`, so the model knows no mixer by name. `LanguageModel.step` decodes one token at a time
+through each mixer's cache and gives the same logits as the full forward.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import hydra
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from mixers.base import Mixer
+
+# Keys Hydra's instantiate reads itself; they are not constructor arguments.
+_HYDRA_KEYS = {"_target_", "_recursive_", "_convert_", "_partial_", "_args_"}
+
+
+def build_mixer(mixer_cfg: Mapping[str, Any] | DictConfig, d_model: int, layer_idx: int,
+                name: str | None = None) -> Mixer:
+    """Instantiate one mixer from its config, turning a misspelt kwarg into an error that names it.
+
+    `name` is the yaml's name (Hydra's choice for `mixer`), used only in error messages.
+    """
+    cfg = mixer_cfg if isinstance(mixer_cfg, DictConfig) else OmegaConf.create(dict(mixer_cfg))
+    target = cfg.get("_target_")
+    if not target:
+        raise ValueError(f"mixer config {name or ''!r} has no _target_: add "
+                         "`_target_: mixers.<module>.<Class>` to its yaml")
+    from_yaml = name is not None
+    name = name or str(target).rsplit(".", 1)[-1]
+    factory = hydra.utils.get_object(str(target))
+    accepted, takes_any = _accepted_kwargs(factory)
+    unknown = sorted(str(k) for k in cfg if k not in _HYDRA_KEYS and k not in accepted)
+    # A constructor with **kwargs may accept more than its signature shows: then instantiate decides.
+    if unknown and not takes_any:
+        where = f"conf/mixer/{name}.yaml or the override" if from_yaml else "the mixer config"
+        raise ValueError(f"mixer {name!r} ({target}) got unknown parameter(s) {unknown}; "
+                         f"it accepts {accepted}. Fix the key in {where}.")
+    try:
+        mixer = hydra.utils.instantiate(cfg, d_model=d_model, layer_idx=layer_idx)
+    except Exception as error:  # Hydra wraps the constructor's TypeError/ValueError in InstantiationException
+        raise ValueError(f"mixer {name!r} ({target}) could not be built with {OmegaConf.to_container(cfg)}: "
+                         f"{error.__cause__ or error}; it accepts {accepted}") from error
+    if not isinstance(mixer, nn.Module):
+        raise ValueError(f"mixer {name!r}: _target_ {target} built a {type(mixer).__name__}, "
+                         "not an nn.Module")
+    return mixer
+
+
+def _accepted_kwargs(factory: Any) -> tuple[list[str], bool]:
+    """Keyword arguments a mixer's constructor accepts, following **kwargs up the class hierarchy
+    (a mixer that forwards **kwargs to its base class accepts the base's parameters too).
+    Returns (names, whether some constructor on the way takes arbitrary **kwargs)."""
+    skip = {"self", "d_model", "layer_idx"}
+    names: list[str] = []
+    if isinstance(factory, type):
+        functions = [c.__dict__["__init__"] for c in factory.__mro__
+                     if "__init__" in c.__dict__ and c is not object]
+    else:
+        functions = [factory]
+    for function in functions:
+        params = inspect.signature(function).parameters.values()
+        names += [p.name for p in params if p.name not in skip and p.name not in names
+                  and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return names, False
+    return names, True
+
+
+class MLP(nn.Module):
+    """The channel mixer of a block: SwiGLU (gated, the default) or a plain GELU MLP."""
+
+    def __init__(self, d_model: int, hidden: int, kind: str = "swiglu") -> None:
+        super().__init__()
+        if kind not in ("swiglu", "gelu"):
+            raise ValueError(f"model.mlp={kind!r}: choose 'swiglu' or 'gelu'")
+        self.kind = kind
+        self.up = nn.Linear(d_model, 2 * hidden if kind == "swiglu" else hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., D]
+        h = self.up(x)
+        if self.kind == "swiglu":
+            gate, value = h.chunk(2, dim=-1)
+            h = F.silu(gate) * value
+        else:
+            h = F.gelu(h)
+        return self.down(h)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, d_model: int, mixer: Mixer, mlp: MLP, norm_eps: float) -> None:
+        super().__init__()
+        self.mixer_norm = nn.RMSNorm(d_model, eps=norm_eps)
+        self.mixer = mixer
+        self.mlp_norm = nn.RMSNorm(d_model, eps=norm_eps)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D]
+        x = x + self.mixer(self.mixer_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+    def step(self, x: torch.Tensor, cache: dict[str, Any]) -> torch.Tensor:  # [B, D]
+        x = x + self.mixer.step(self.mixer_norm(x), cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LanguageModel(nn.Module):
+    """Token embedding -> `num_layers` blocks (mixer + MLP) -> final RMSNorm -> LM head.
+
+    Args:
+        vocab_size: number of token ids (the task's `num_tokens`).
+        mixer: the mixer config (`_target_` + kwargs); each layer gets its own instance.
+        d_model: width D.
+        num_layers: number of blocks.
+        mlp: "swiglu" or "gelu".
+        mlp_ratio: hidden width of the MLP over D; SwiGLU uses 2/3 of it (rounded up to a multiple of
+            32) so both kinds have about the same parameter count.
+        norm_eps: RMSNorm epsilon.
+        tie_embeddings: share the embedding matrix with the LM head.
+        mixer_name: the mixer's yaml name, for error messages.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        mixer: Mapping[str, Any] | DictConfig,
+        *,
+        d_model: int = 256,
+        num_layers: int = 2,
+        mlp: str = "swiglu",
+        mlp_ratio: float = 4.0,
+        norm_eps: float = 1e-5,
+        tie_embeddings: bool = False,
+        mixer_name: str | None = None,
+    ) -> None:
+        super().__init__()
+        if vocab_size < 1 or d_model < 1 or num_layers < 1:
+            raise ValueError(f"vocab_size={vocab_size}, d_model={d_model}, num_layers={num_layers}: "
+                             "all must be >= 1")
+        hidden = int(mlp_ratio * d_model)
+        if mlp == "swiglu":
+            hidden = 32 * -(-int(2 * hidden / 3) // 32)
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList(
+            Block(d_model, build_mixer(mixer, d_model, i, mixer_name), MLP(d_model, hidden, mlp), norm_eps)
+            for i in range(num_layers)
+        )
+        self.norm = nn.RMSNorm(d_model, eps=norm_eps)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        # The mixers initialise themselves (their gates need specific ranges); the backbone's own
+        # matrices get GPT-2's small normal init, which trains these small models reliably.
+        for module in [self.embedding, self.lm_head, *(block.mlp for block in self.blocks)]:
+            for parameter in module.parameters():
+                nn.init.normal_(parameter, std=0.02)
+        if tie_embeddings:
+            self.lm_head.weight = self.embedding.weight
+
+    @property
+    def mixers(self) -> list[Mixer]:
+        return [block.mixer for block in self.blocks]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, vocab]
+        x = self.embedding(tokens)  # [B, T, D]
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.norm(x))
+
+    def init_cache(self, batch_size: int, device: torch.device | str,
+                   dtype: torch.dtype = torch.float32) -> list[dict[str, Any]]:
+        """One decoding cache per layer, created by its mixer."""
+        return [block.mixer.init_cache(batch_size, device=device, dtype=dtype) for block in self.blocks]
+
+    def step(self, tokens: torch.Tensor, caches: list[dict[str, Any]]) -> torch.Tensor:  # [B] -> [B, vocab]
+        """Decode one token per sequence, updating `caches` in place."""
+        x = self.embedding(tokens)  # [B, D]
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = block.step(x, cache)
+        return self.lm_head(self.norm(x))
+
+    def state_size(self, seq_len: int) -> int:
+        """Numbers held per sequence at decode time after `seq_len` tokens, summed over layers."""
+        return sum(mixer.state_size(seq_len) for mixer in self.mixers)

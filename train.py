@@ -1,0 +1,565 @@
+"""Train one mixer on one synthetic task: the Hydra entry point (DESIGN.md §5).
+
+    python train.py                                    # the default: MQAR, small enough for a laptop CPU
+    python train.py task=palindrome mixer=attention task.seq_len=256 optim.lr=1e-3
+    python train.py -m mixer=attention,linear_attn seed=0,1   # a sweep
+
+The trunk config is typed (the dataclasses below, stored in Hydra's ConfigStore as `base_config`), so a
+misspelt key is an error; the mixer group is free-form (`_target_` + the mixer's own kwargs, checked
+against its constructor). Every run writes into its Hydra run directory:
+
+    metrics.jsonl   one JSON object per logged step (train/loss, train/acc, lr, time_s; eval/* on eval steps)
+    summary.json    status (completed | diverged | failed), accuracies, steps_to_threshold, throughput, sizes
+    checkpoint.pt   model + optimizer + scheduler + progress; re-running in the same directory resumes
+    train.log       the log, with the traceback if the run failed
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import math
+import os
+import re
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+import torch.nn.functional as F
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import MISSING, DictConfig, OmegaConf
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from mixers.model import LanguageModel
+
+log = logging.getLogger("train")
+
+# The eval set's seed is the run's seed shifted by a large prime, so train and eval never share a stream.
+EVAL_SEED_OFFSET = 1_000_003
+# Statuses after which re-running the same directory does nothing: both are deterministic outcomes.
+FINISHED = ("completed", "diverged")
+
+
+@dataclass
+class TaskConfig:
+    """A synthetic task: `tasks.<name>.generate(num, seq_len, seed=..., **params)`, `num_tokens(**params)`."""
+
+    name: str = MISSING
+    seq_len: int = MISSING
+    # Lengths to evaluate at besides seq_len (length generalisation); seq_len itself is always evaluated.
+    eval_seq_lens: list[int] | None = None
+    num_train: int = MISSING
+    num_eval: int = MISSING
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    """The backbone (mixers/model.py); the mixer's own sizes (num_heads, head_dim) are in conf/mixer."""
+
+    d_model: int = 256
+    num_layers: int = 2
+    mlp: str = "swiglu"  # swiglu | gelu
+    mlp_ratio: float = 4.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup, then cosine decay to min_lr_ratio * lr at max_steps."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000
+    batch_size: int = 64
+    eval_batch_size: int = 256
+    eval_every: int = 100
+    log_every: int = 10
+    checkpoint_every: int = 500
+    # auto | cpu | cuda | cuda:N. auto in a multirun with several GPUs packs jobs round-robin:
+    # cuda:(job.num % device_count).
+    device: str = "auto"
+    # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
+    precision: str = "auto"
+    # steps_to_threshold = first eval step with eval/acc >= acc_threshold
+    acc_threshold: float = 0.9
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "disabled"  # disabled | offline | online
+    project: str = "kda-harness"
+    entity: str | None = None
+    group: str | None = None  # None: the sweep directory's name in a multirun
+    tags: list[str] = field(default_factory=list)  # the task and mixer names are added
+    name: str | None = None  # None: <task>/<mixer>/<run dir name>
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    # The mixer group has no schema: `_target_` + the mixer's kwargs, checked against its constructor.
+    mixer: Any = MISSING
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # Seeds the data (train: seed, eval: seed + EVAL_SEED_OFFSET), the model's init and the batch order.
+    seed: int = 0
+
+
+ConfigStore.instance().store(name="base_config", node=Config)
+
+
+@dataclass
+class Progress:
+    """Everything about a run's progress that a checkpoint must carry to resume exactly."""
+
+    step: int = 0
+    best_eval_acc: float | None = None
+    steps_to_threshold: int | None = None
+    last_eval: dict[str, float] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+    train_time_s: float = 0.0
+    train_tokens: int = 0
+    wandb_id: str | None = None
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check the values the schema's types cannot; each error names the key and the fix."""
+    t, tr, o = cfg.task, cfg.trainer, cfg.optim
+    positive = {"task.seq_len": t.seq_len, "task.num_train": t.num_train, "task.num_eval": t.num_eval,
+                "trainer.max_steps": tr.max_steps, "trainer.batch_size": tr.batch_size,
+                "trainer.eval_batch_size": tr.eval_batch_size, "trainer.eval_every": tr.eval_every,
+                "trainer.log_every": tr.log_every, "trainer.checkpoint_every": tr.checkpoint_every}
+    for key, value in positive.items():
+        if value < 1:
+            raise ValueError(f"{key}={value}: must be >= 1")
+    if any(length < 1 for length in t.eval_seq_lens or []):
+        raise ValueError(f"task.eval_seq_lens={list(t.eval_seq_lens)}: lengths must be >= 1")
+    if tr.precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"trainer.precision={tr.precision!r}: choose auto, bf16 or fp32")
+    if not o.lr > 0 or o.warmup_steps < 0 or not 0 <= o.min_lr_ratio <= 1 or len(o.betas) != 2:
+        raise ValueError(f"optim: need lr > 0 (got {o.lr}), warmup_steps >= 0 (got {o.warmup_steps}), "
+                         f"0 <= min_lr_ratio <= 1 (got {o.min_lr_ratio}), two betas (got {list(o.betas)})")
+    if cfg.logger.wandb.mode not in ("disabled", "offline", "online"):
+        raise ValueError(f"logger.wandb.mode={cfg.logger.wandb.mode!r}: choose disabled, offline or online")
+    if cfg.seed < 0:
+        raise ValueError(f"seed={cfg.seed}: must be >= 0")
+
+
+def resolve_device(spec: str, job_num: int | None = None) -> torch.device:
+    """trainer.device -> a torch.device; `auto` packs multirun jobs round-robin over the visible GPUs."""
+    if spec == "auto":
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", (job_num or 0) % torch.cuda.device_count())
+    if spec != "cpu" and not re.fullmatch(r"cuda(:\d+)?", spec):
+        raise ValueError(f"trainer.device={spec!r}: choose auto, cpu, cuda or cuda:N")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"trainer.device={spec!r} but CUDA is not available: use trainer.device=cpu or auto")
+    return torch.device(spec)
+
+
+def _check_kwargs(fn: Callable[..., Any], params: dict[str, Any], what: str) -> None:
+    """Raise a ValueError naming the keys of `params` that `fn` does not accept."""
+    signature = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values()):
+        return
+    accepted = [name for name in signature if name not in ("num_examples", "seq_len", "seed")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"{what}: unknown parameter(s) {unknown} in task.params; "
+                         f"{fn.__name__}() accepts {accepted}")
+
+
+def load_task(task: DictConfig) -> tuple[Callable[..., tuple[torch.Tensor, torch.Tensor]], int]:
+    """The task's generator, bound to its params, and the vocabulary size the model needs."""
+    try:
+        module = importlib.import_module(f"tasks.{task.name}")
+    except ModuleNotFoundError as error:
+        if error.name not in ("tasks", f"tasks.{task.name}"):
+            raise
+        available = sorted(p.stem for p in Path(__file__).with_name("tasks").glob("[!_]*.py"))
+        raise ValueError(f"task.name={task.name!r}: no module tasks/{task.name}.py; "
+                         f"available: {available}") from None
+    params = OmegaConf.to_container(task.params, resolve=True)
+    for fn in (module.generate, module.num_tokens):
+        _check_kwargs(fn, params, f"task {task.name!r}")
+
+    def generate(num_examples: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, labels = module.generate(num_examples, seq_len, seed=seed, **params)
+        inputs, labels = torch.as_tensor(inputs, dtype=torch.long), torch.as_tensor(labels, dtype=torch.long)
+        if inputs.shape != (num_examples, seq_len) or labels.shape != inputs.shape:
+            raise ValueError(f"task {task.name!r} returned inputs {tuple(inputs.shape)} and labels "
+                             f"{tuple(labels.shape)}; expected both [{num_examples}, {seq_len}]")
+        return inputs, labels
+
+    return generate, int(module.num_tokens(**params))
+
+
+def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of optim.lr after `step` scheduler steps: linear warmup, then cosine to min_lr_ratio."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class EpochSampler:
+    """Batch indices as a pure function of the step: a fresh permutation of the train set per epoch.
+
+    Being a function of (seed, step) only, resuming at step s needs no RNG state to reproduce the batches.
+    """
+
+    def __init__(self, num_train: int, batch_size: int, seed: int) -> None:
+        self.num_train, self.batch_size, self.seed = num_train, batch_size, seed
+        self._perms: dict[int, torch.Tensor] = {}
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
+            generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+            self._perms[epoch] = torch.randperm(self.num_train, generator=generator)
+        return self._perms[epoch]
+
+    def indices(self, step: int) -> torch.Tensor:  # [batch_size], for the 0-based optimizer step
+        chunks, position, end = [], step * self.batch_size, (step + 1) * self.batch_size
+        while position < end:
+            epoch, offset = divmod(position, self.num_train)
+            take = min(end - position, self.num_train - offset)
+            chunks.append(self._perm(epoch)[offset:offset + take])
+            position += take
+        return torch.cat(chunks)
+
+
+def token_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int, int, int]:
+    """(correct tokens, labelled tokens, all-correct sequences, sequences with a label); -100 is ignored."""
+    mask = labels != -100  # [B, T]
+    hits = (logits.argmax(-1) == labels) & mask
+    scored = mask.any(-1)  # [B]
+    perfect = (hits.sum(-1) == mask.sum(-1)) & scored
+    return int(hits.sum()), int(mask.sum()), int(perfect.sum()), int(scored.sum())
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int,
+             device: torch.device, autocast: Callable[[], Any]) -> dict[str, float]:
+    """Loss, token accuracy and sequence accuracy over a whole eval set."""
+    model.eval()
+    loss_sum, correct, total, perfect, scored = 0.0, 0, 0, 0, 0
+    for start in range(0, len(inputs), batch_size):
+        x, y = inputs[start:start + batch_size].to(device), labels[start:start + batch_size].to(device)
+        with autocast():
+            logits = model(x)  # [b, T, vocab]
+        loss_sum += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum"))
+        c, t, p, s = token_accuracy(logits, y)
+        correct, total, perfect, scored = correct + c, total + t, perfect + p, scored + s
+    model.train()
+    total, scored = max(total, 1), max(scored, 1)
+    return {"loss": loss_sum / total, "acc": correct / total, "seq_acc": perfect / scored}
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    """Write via a temporary file so a kill mid-write never leaves a truncated file behind."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: obj}
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep only the metrics lines up to the checkpoint's step, so a resumed run neither repeats nor skips."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill
+            continue
+        if record.get("step", math.inf) <= last_step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def _start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress,
+                 sweep_dir: str | None) -> Any:
+    """A W&B run (None when disabled); wandb is imported only here, so disabled runs never need it."""
+    wb = cfg.logger.wandb
+    if wb.mode == "disabled":
+        return None
+    import wandb
+
+    group = wb.group or (Path(sweep_dir).name if sweep_dir else None)
+    run = wandb.init(
+        project=wb.project, entity=wb.entity, group=group, mode=wb.mode, dir=str(run_dir),
+        name=wb.name or f"{meta['task']}/{meta['mixer']}/{run_dir.name}",
+        tags=sorted({*wb.tags, str(meta["task"]), str(meta["mixer"])}),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        id=progress.wandb_id, resume="allow" if progress.wandb_id else None,
+    )
+    progress.wandb_id = run.id
+    return run
+
+
+def _summary(status: str, progress: Progress, meta: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "status": status,
+        "best_eval_acc": progress.best_eval_acc,
+        "final_eval_acc": progress.last_eval.get("eval/acc"),
+        "steps": progress.step,
+        "steps_to_threshold": progress.steps_to_threshold,
+        "wall_time_s": round(progress.wall_time_s, 3),
+        "tokens_per_s": (round(progress.train_tokens / progress.train_time_s, 1)
+                         if progress.train_time_s else None),
+        **meta,
+        **{f"final_{key}": value for key, value in progress.last_eval.items() if "@" in key},
+        **extra,
+    }
+
+
+def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress, job_num: int | None,
+         sweep_dir: str | None) -> str:
+    """The training loop. Fills `meta` (sizes) and `progress` as it goes; returns the final status."""
+    validate(cfg)
+    task, trainer, optim = cfg.task, cfg.trainer, cfg.optim
+    device = resolve_device(trainer.device, job_num)
+    use_bf16 = trainer.precision == "bf16" or (trainer.precision == "auto" and device.type == "cuda")
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
+    log.info("run dir %s | device %s | %s", run_dir, device, "bf16 autocast" if use_bf16 else "fp32")
+
+    generate, vocab_size = load_task(task)
+    train_inputs, train_labels = generate(task.num_train, task.seq_len, seed=cfg.seed)  # [N, T]
+    eval_lens = [task.seq_len] + [n for n in dict.fromkeys(task.eval_seq_lens or []) if n != task.seq_len]
+    eval_sets = {n: generate(task.num_eval, n, seed=cfg.seed + EVAL_SEED_OFFSET) for n in eval_lens}
+    train_inputs, train_labels = train_inputs.to(device), train_labels.to(device)
+
+    # A scoped seed: the model's init is reproducible without touching the caller's global RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = LanguageModel(vocab_size, cfg.mixer, **OmegaConf.to_container(cfg.model),
+                              mixer_name=meta["mixer"])
+    model.to(device)
+    meta["n_params"] = sum(p.numel() for p in model.parameters())
+    meta["state_size"] = model.state_size(task.seq_len)
+    # Decay matrices only: norms' gains and the mixers' 1-d gate parameters keep their scale.
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, optim.warmup_steps, trainer.max_steps, optim.min_lr_ratio))
+
+    checkpoint_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
+    if checkpoint_path.exists():
+        state = torch.load(checkpoint_path, map_location=device, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        progress.__dict__.update(state["progress"])
+        old = state["config"]
+        changed = {k: (v, old.get(k)) for k, v in meta["config"].items() if old.get(k) != v}
+        if changed:
+            log.warning("resuming with a changed config (new, old): %s", changed)
+        log.info("resumed from %s at step %d", checkpoint_path, progress.step)
+    _truncate_metrics(metrics_path, progress.step)
+    log.info("%s on %s: %d parameters, state %d numbers at length %d, vocab %d", meta["mixer"], task.name,
+             meta["n_params"], meta["state_size"], task.seq_len, vocab_size)
+
+    def save_checkpoint() -> None:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scheduler": scheduler.state_dict(), "progress": asdict(progress),
+                 "data_position": progress.step * trainer.batch_size, "config": meta["config"]}
+        torch.save(state, run_dir / "checkpoint.pt.tmp")
+        os.replace(run_dir / "checkpoint.pt.tmp", checkpoint_path)
+
+    wandb_run = _start_wandb(cfg, run_dir, meta, progress, sweep_dir)
+    sampler = EpochSampler(task.num_train, trainer.batch_size, cfg.seed)
+    segment_start, wall_before = time.perf_counter(), progress.wall_time_s
+    status = "completed"
+    model.train()
+    try:
+        with open(metrics_path, "a") as metrics_file, logging_redirect_tqdm([log]), tqdm(
+            total=trainer.max_steps, initial=progress.step, desc=f"{task.name}/{meta['mixer']}", disable=None,
+            dynamic_ncols=True,
+        ) as bar:
+            for step in range(progress.step + 1, trainer.max_steps + 1):
+                step_start = time.perf_counter()
+                index = sampler.indices(step - 1).to(device)
+                x, y = train_inputs[index], train_labels[index]  # [B, T]
+                lr = scheduler.get_last_lr()[0]
+                with autocast():
+                    logits = model(x)  # [B, T, vocab]
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip or math.inf)
+                loss_value = float(loss.detach())
+                if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
+                    what = "loss" if not math.isfinite(loss_value) else "gradient norm"
+                    meta["error"] = f"{what} became non-finite at step {step} (lr {lr:.3g})"
+                    log.error("diverged: %s", meta["error"])
+                    status = "diverged"
+                    break
+                optimizer.step()
+                scheduler.step()
+                progress.step = step
+                progress.train_time_s += time.perf_counter() - step_start
+                progress.train_tokens += x.numel()
+                progress.wall_time_s = wall_before + time.perf_counter() - segment_start
+
+                record: dict[str, Any] = {}
+                is_eval = step % trainer.eval_every == 0 or step == trainer.max_steps
+                if is_eval or step % trainer.log_every == 0 or step == 1:
+                    correct, total, _, _ = token_accuracy(logits.detach(), y)
+                    record = {"train/loss": loss_value, "train/acc": correct / max(total, 1), "lr": lr}
+                    bar.set_postfix(loss=f"{loss_value:.3f}", acc=f"{record['train/acc']:.3f}", refresh=False)
+                if is_eval:
+                    evals = {}
+                    for n, (inputs, labels) in eval_sets.items():
+                        result = evaluate(model, inputs, labels, trainer.eval_batch_size, device, autocast)
+                        if n == task.seq_len:
+                            evals.update({f"eval/{k}": v for k, v in result.items()})
+                        evals[f"eval/acc@{n}"], evals[f"eval/seq_acc@{n}"] = result["acc"], result["seq_acc"]
+                    progress.last_eval = evals
+                    progress.best_eval_acc = max(progress.best_eval_acc or 0.0, evals["eval/acc"])
+                    if progress.steps_to_threshold is None and evals["eval/acc"] >= trainer.acc_threshold:
+                        progress.steps_to_threshold = step
+                    record.update(evals)
+                    log.info("step %d | train loss %.4f acc %.4f | eval acc %.4f seq_acc %.4f%s", step,
+                             loss_value, record["train/acc"], evals["eval/acc"], evals["eval/seq_acc"],
+                             "".join(f" | acc@{n} {evals[f'eval/acc@{n}']:.4f}" for n in eval_lens[1:]))
+                if record:
+                    progress.wall_time_s = wall_before + time.perf_counter() - segment_start
+                    record = {"step": step, **record, "time_s": round(progress.wall_time_s, 3)}
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+                    if wandb_run is not None:
+                        wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=step)
+                if step % trainer.checkpoint_every == 0 or step == trainer.max_steps:
+                    save_checkpoint()
+                bar.update(1)
+    except BaseException:
+        if wandb_run is not None:
+            wandb_run.finish(exit_code=1)
+        raise
+    progress.wall_time_s = wall_before + time.perf_counter() - segment_start
+    if wandb_run is not None:
+        final = _summary(status, progress, meta, {})
+        wandb_run.summary.update({k: v for k, v in final.items() if k != "config"})
+        wandb_run.finish(exit_code=0 if status == "completed" else 1)
+    return status
+
+
+def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None, job_num: int | None = None,
+          sweep_dir: str | None = None) -> dict[str, Any]:
+    """Train (or resume, or skip if finished) the run in `run_dir`; returns its summary.
+
+    On an exception the summary says `failed` with the error, the traceback goes to train.log, and the
+    exception is re-raised (the caller decides whether a sweep goes on).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        previous = json.loads(summary_path.read_text())
+        if previous.get("status") in FINISHED:
+            print(f"{run_dir}: already {previous['status']} (final eval acc "
+                  f"{previous.get('final_eval_acc')}); nothing to do. Delete summary.json to train it again.")
+            return previous
+    _attach_log_file(run_dir / "train.log")
+    mixer_name = mixer_name or str(cfg.mixer.get("_target_", "mixer")).rsplit(".", 1)[-1]
+    config = OmegaConf.to_container(cfg, resolve=True)
+    meta: dict[str, Any] = {"state_size": None, "n_params": None, "task": cfg.task.name, "mixer": mixer_name,
+                            "seq_len": cfg.task.seq_len, "lr": cfg.optim.lr, "seed": cfg.seed,
+                            "run_dir": str(run_dir), "config": _flatten(config)}
+    progress = Progress()
+    try:
+        status = _run(cfg, run_dir, meta, progress, job_num, sweep_dir)
+    except BaseException as error:
+        log.error("run failed:\n%s", traceback.format_exc())
+        extra = {"error": f"{type(error).__name__}: {error}"}
+        _write_json(summary_path, _summary("failed", progress, meta, extra))
+        raise
+    summary = _summary(status, progress, meta, {})
+    _write_json(summary_path, summary)
+    log.info("%s: %s after %d steps, final eval acc %s, best %s, %.1f s", meta["mixer"], status,
+             progress.step, summary["final_eval_acc"], summary["best_eval_acc"], progress.wall_time_s)
+    log.info("outputs: %s (metrics.jsonl, summary.json, checkpoint.pt, train.log)", run_dir.resolve())
+    return summary
+
+
+def _attach_log_file(path: Path) -> None:
+    """Log to run_dir/train.log unless Hydra's job logging already does (its file is <job name>.log)."""
+    log.setLevel(logging.INFO)
+    target = str(path.resolve())
+    for handler in logging.getLogger().handlers + log.handlers:
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename == target:
+            return
+    for handler in [h for h in log.handlers if isinstance(h, logging.FileHandler)]:
+        log.removeHandler(handler)
+        handler.close()
+    handler = logging.FileHandler(target)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    log.addHandler(handler)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    """Hydra entry point; returns the final eval accuracy (NaN if the run failed) for sweepers."""
+    hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        summary = train(cfg, hydra_cfg.runtime.output_dir, mixer_name=hydra_cfg.runtime.choices.get("mixer"),
+                        job_num=hydra_cfg.job.num if multirun else None,
+                        sweep_dir=hydra_cfg.sweep.dir if multirun else None)
+    except Exception:
+        # Recorded in summary.json and train.log already; a sweep goes on to its next job.
+        if multirun:
+            return float("nan")
+        raise
+    accuracy = summary.get("final_eval_acc")
+    return float(accuracy) if accuracy is not None else 0.0
+
+
+if __name__ == "__main__":
+    main()
