@@ -1,0 +1,98 @@
+"""Triton kernels of the family: chunkwise forward/backward (`triton_chunk`) and the decode step.
+
+See README.md beside this file for the algorithm, the buffers kept for the backward and the
+bounded-gate fast path. Set TRITON_INTERPRET=1 before importing triton to run them on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.triton.chunk import BC, MIN_LOWER_BOUND, ChunkFunction
+from kernels.triton.recurrent import recurrent_step_fwd
+
+__all__ = ["triton_chunk", "triton_recurrent_step"]
+
+HEAD_SIZES = (16, 32, 64, 128, 256)
+CHUNK_SIZES = (16, 32, 64)
+
+
+def _check_heads(K: int, V: int) -> None:
+    if K not in HEAD_SIZES or V not in HEAD_SIZES:
+        raise ValueError(f"head sizes K={K}, V={V} are not supported by the Triton kernels; use K, V in {HEAD_SIZES}")
+
+
+def triton_chunk(
+    q: torch.Tensor,  # [B, T, H, K]
+    k: torch.Tensor,  # [B, T, H, K]
+    v: torch.Tensor,  # [B, T, H, V]
+    g: torch.Tensor | None,  # [B, T, H] or [B, T, H, K] log-decay <= 0
+    beta: torch.Tensor | None,  # [B, T, H]; delta rule on iff given
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,  # [B, H, K, V]
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    lower_bound: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunkwise recurrence of DESIGN.md §1 on Triton; differentiable in every tensor input.
+
+    `lower_bound` (e.g. K3's g_min = -5) promises g >= lower_bound everywhere and lets the
+    per-channel decay compute its diagonal 16x16 blocks with dense dots; values of g below it
+    can overflow. Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32 or None).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    _check_heads(K, V)
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size={chunk_size} is not supported by the Triton kernels; use one of {CHUNK_SIZES}")
+    if lower_bound is not None and not MIN_LOWER_BOUND <= lower_bound <= 0:
+        raise ValueError(
+            f"lower_bound={lower_bound}: the bounded-gate path needs {MIN_LOWER_BOUND} <= lower_bound <= 0 "
+            f"(exp(-lower_bound * {BC - 1}) must stay finite); pass lower_bound=None for the general path"
+        )
+    if scale is None:
+        scale = K**-0.5
+    if g is None or g.dim() != 4:
+        lower_bound = None  # only the per-channel decay has a position-pair diagonal to replace
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g = g.contiguous() if g is not None else None
+    beta = beta.contiguous() if beta is not None else None
+    if initial_state is not None:
+        initial_state = initial_state.float()
+    if T == 0:
+        o = q.new_zeros(B, 0, H, V)
+        state = initial_state if initial_state is not None else q.new_zeros(B, H, K, V, dtype=torch.float32)
+        return o, state if output_final_state else None
+    out = ChunkFunction.apply(
+        q, k, v, g, beta, float(scale), initial_state, output_final_state, chunk_size, lower_bound
+    )
+    if output_final_state:
+        return out[0], out[1]
+    return out, None
+
+
+def triton_recurrent_step(
+    q: torch.Tensor,  # [B, H, K]
+    k: torch.Tensor,  # [B, H, K]
+    v: torch.Tensor,  # [B, H, V]
+    g: torch.Tensor | None,  # [B, H] or [B, H, K]
+    beta: torch.Tensor | None,  # [B, H]
+    state: torch.Tensor,  # [B, H, K, V]
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step; returns (o [B, H, V] in q's dtype, new state [B, H, K, V] fp32).
+
+    The kernel has no backward: when autograd needs one, the step runs as the torch reference
+    (kernels.naive.recurrent_step), which is exact and cheap for one token.
+    """
+    K, V = q.shape[-1], v.shape[-1]
+    _check_heads(K, V)
+    if scale is None:
+        scale = K**-0.5
+    tensors = [t for t in (q, k, v, g, beta, state) if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        from kernels.naive import recurrent_step
+
+        o, new_state = recurrent_step(q, k, v, g, beta, state.float(), scale)
+        return o.to(q.dtype), new_state
+    return recurrent_step_fwd(q, k, v, g, beta, state, scale)

@@ -1,0 +1,672 @@
+"""Chunkwise Triton kernels for the whole family (DESIGN.md §1), forward and backward.
+
+Two compile-time switches select the op: DECAY (0 none, 1 scalar per head, 2 per key channel) and
+DELTA (delta rule off/on). The derivation, the buffers kept for the backward and why, and the
+bounded-gate fast path are in README.md beside this file. Pipeline (one program per chunk unless said):
+
+    forward : cumsum(g) -> intra (A_qk, A_kk, per 16-row block) -> solve (L = (I + diag(beta) A_kk)^-1,
+              W, U; delta only) -> state pass (sequential over chunks, per V block) -> output
+    backward: reverse state pass (dS per chunk, dVt) -> dense per-chunk grads -> intra-chunk relative
+              grads (per 16-row block) -> reverse cumsum of dG (torch)
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# The interpreter runs on the CPU: one config, no autotune, and fp32 dots only (the caller's job).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Sub-chunk edge: the diagonal blocks of the per-channel decay are handled 16 rows at a time.
+BC = 16
+# exp(-lower_bound * (BC - 1)) must stay finite in fp32/bf16 (max ~ e^88): |lower_bound| <= 5.5 leaves margin.
+MIN_LOWER_BOUND = -5.5
+
+
+@triton.jit
+def _dot_cast(x, LOWP: tl.constexpr):
+    # bf16 operands feed the tensor cores for 16-bit inputs; fp32 inputs keep fp32 (the interpreter needs it)
+    if LOWP:
+        return x.to(tl.bfloat16)
+    else:
+        return x
+
+
+@triton.jit
+def _cumsum_kernel(g, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    if DECAY == 2:
+        o_k = tl.arange(0, K)
+        p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        b_g = tl.load(g + p, mask=m_t[:, None], other=0.0).to(tl.float32)
+        tl.store(gc + p, tl.cumsum(b_g, axis=0), mask=m_t[:, None])
+    else:
+        p = (i_b * T + o_t) * H + i_h
+        b_g = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
+        tl.store(gc + p, tl.cumsum(b_g, axis=0), mask=m_t)
+
+
+@triton.jit
+def _load_rows(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t of a [B, T, H, D] tensor for head (i_b, i_h), as fp32 [len(o_t), D]; invalid rows are 0
+    o_d = tl.arange(0, D)
+    p = x + ((i_b * T + o_t[:, None]) * H + i_h) * D + o_d[None, :]
+    return tl.load(p, mask=m_t[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_row(x, t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # one row t of a [B, T, H, D] tensor as fp32 [D] (0 if t >= T)
+    o_d = tl.arange(0, D)
+    return tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_vec(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr):
+    # a [B, T, H] tensor at rows o_t as fp32
+    return tl.load(x + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _intra_fwd_kernel(
+    q, k, gc, akk, aqk, scale, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    DECAY: tl.constexpr, DELTA: tl.constexpr, BOUNDED: tl.constexpr, LOWP: tl.constexpr,
+):
+    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
+    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC: tl.constexpr = BT // BC
+    i_t, i_c = i_tc // NC, i_tc % NC
+    t0 = i_t * BT
+    r0 = t0 + i_c * BC
+    o_r = r0 + tl.arange(0, BC)  # rows of this block
+    o_i = t0 + tl.arange(0, BT)  # columns: the whole chunk
+    m_r, m_i = o_r < T, o_i < T
+    b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
+    b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
+    b_ki = _load_rows(k, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
+    if DECAY == 2:
+        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
+        b_gi = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
+        # anchor: the block's first row, in the past of every row it serves (causal, unlike a midpoint)
+        b_ga = _load_row(gc, r0, i_b, i_h, T, H, K)  # [K]
+        b_er = tl.exp(b_gr - b_ga[None, :])  # <= 1
+        if BOUNDED:
+            # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
+            m_y = m_i & (o_i < r0 + BC)
+        else:
+            m_y = m_i & (o_i < r0)
+        b_y = b_ki * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf")))
+        b_y = _dot_cast(b_y, LOWP)
+        b_aqk = tl.dot(_dot_cast(b_q * b_er, LOWP), tl.trans(b_y))  # [BC, BT]
+        b_akk = tl.dot(_dot_cast(b_kr * b_er, LOWP), tl.trans(b_y))
+        if not BOUNDED:
+            # diagonal block, unbounded gates: one column at a time with the exact relative decay
+            for j in tl.static_range(BC):
+                t_j = r0 + j
+                b_kj = _load_row(k, t_j, i_b, i_h, T, H, K)
+                b_gj = _load_row(gc, t_j, i_b, i_h, T, H, K)
+                m_j = (o_r[:, None] >= t_j) & (t_j < T)
+                b_e = tl.exp(tl.where(m_j, b_gr - b_gj[None, :], float("-inf")))  # [BC, K]
+                c_qk = tl.sum(b_q * b_kj[None, :] * b_e, 1)
+                c_kk = tl.sum(b_kr * b_kj[None, :] * b_e, 1)
+                b_aqk = tl.where(o_i[None, :] == t_j, c_qk[:, None], b_aqk)
+                b_akk = tl.where(o_i[None, :] == t_j, c_kk[:, None], b_akk)
+    else:
+        b_aqk = tl.dot(_dot_cast(b_q, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
+        b_akk = tl.dot(_dot_cast(b_kr, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
+        if DECAY == 1:
+            b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
+            b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
+            m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
+            b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gi[None, :], float("-inf")))
+            b_aqk = b_aqk * b_d
+            b_akk = b_akk * b_d
+    b_aqk = tl.where((o_r[:, None] >= o_i[None, :]) & m_i[None, :], b_aqk, 0.0) * scale
+    p_a = ((i_b * T + o_r[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+    tl.store(aqk + p_a, b_aqk, mask=m_r[:, None])
+    if DELTA:
+        b_akk = tl.where((o_r[:, None] > o_i[None, :]) & m_i[None, :], b_akk, 0.0)
+        tl.store(akk + p_a, b_akk, mask=m_r[:, None])
+
+
+@triton.jit
+def _solve_kernel(
+    k, v, gc, beta, akk, linv, w, u, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    DECAY: tl.constexpr, LOWP: tl.constexpr,
+):
+    # L = (I + diag(beta) A_kk)^-1 by forward substitution; W = L diag(beta) (Gamma K), U = L diag(beta) V
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_c = tl.arange(0, BT)
+    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
+    b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)  # [BT]
+    b_a = tl.load(akk + p_a, mask=m_t[:, None], other=0.0) * b_beta[:, None]  # [BT, BT] strict lower
+    b_l = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
+    for i in range(1, BT):
+        # row i of L = e_i - sum_{j<i} A_ij L_j (rows j < i are final already)
+        b_ai = tl.sum(tl.where(o_c[:, None] == i, b_a, 0.0), 0)  # [BT]
+        b_row = -tl.sum(b_ai[:, None] * b_l, 0)
+        b_row = tl.where(o_c == i, 1.0, b_row)
+        b_l = tl.where(o_c[:, None] == i, b_row[None, :], b_l)
+    tl.store(linv + p_a, b_l, mask=m_t[:, None])
+    b_tm = _dot_cast(b_l * b_beta[None, :], LOWP)
+    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 2:
+        b_k = b_k * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
+    elif DECAY == 1:
+        b_k = b_k * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+    b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, K]
+    p_w = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+    tl.store(w + p_w, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+    b_v = _load_rows(v, o_t, m_t, i_b, i_h, T, H, V)
+    b_u = tl.dot(b_tm, _dot_cast(b_v, LOWP))  # [BT, V]
+    p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + tl.arange(0, V)[None, :]
+    tl.store(u + p_u, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+
+
+@triton.jit
+def _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
+    # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]) and exp(G_last) ([K] or scalar)
+    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 2:
+        b_gl = _load_row(gc, t_last, i_b, i_h, T, H, K)
+        b_g = _load_rows(gc, o_t, m_t, i_b, i_h, T, H, K)
+        b_kd = b_k * tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
+        b_dl = tl.exp(b_gl)
+    elif DECAY == 1:
+        b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
+        b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+        b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None]
+        b_dl = tl.exp(b_gl + tl.zeros([K], dtype=tl.float32))
+    else:
+        b_kd = b_k
+        b_dl = tl.full([K], 1.0, dtype=tl.float32)
+    return b_kd, b_dl
+
+
+@triton.jit
+def _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
+    # Q * exp(G) ([BT, K]): queries read the state decayed from the chunk start
+    b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 2:
+        b_q = b_q * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
+    elif DECAY == 1:
+        b_q = b_q * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+    return b_q
+
+
+@triton.jit
+def _state_fwd_kernel(
+    k, v, gc, w, u, vt, h, h0, ht, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, DELTA: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    LOWP: tl.constexpr,
+):
+    # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    if HAS_H0:
+        b_s = tl.load(h0 + p_s).to(tl.float32)
+    else:
+        b_s = tl.zeros([K, BV], dtype=tl.float32)
+    for i_t in range(NT):
+        tl.store(h + i_t * K * V + i_bh * NT * K * V + o_k[:, None] * V + o_v[None, :], b_s.to(h.dtype.element_ty))
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        if DELTA:
+            # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
+            b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
+            b_vt = tl.load(u + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_vt -= tl.dot(_dot_cast(b_w, LOWP), _dot_cast(b_s, LOWP))
+            tl.store(vt + p_v, b_vt.to(vt.dtype.element_ty), mask=m_t[:, None])
+        else:
+            b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        t_last = tl.minimum(i_t * BT + BT, T) - 1
+        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
+    if STORE_HT:
+        tl.store(ht + p_s, b_s)
+
+
+@triton.jit
+def _output_kernel(
+    q, v, gc, aqk, vt, h, o, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, DELTA: tl.constexpr, LOWP: tl.constexpr,
+):
+    # O = scale * (Q Gamma) S + A_qk Vt, per chunk and V block
+    i_t, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    b_s = tl.load(h + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
+    b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY)
+    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+    b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
+    p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+    if DELTA:
+        b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+    else:
+        b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+    b_o = tl.dot(_dot_cast(b_qg, LOWP), _dot_cast(b_s, LOWP)) * scale
+    b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vt, LOWP))
+    tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
+
+
+@triton.jit
+def _state_bwd_kernel(
+    q, k, gc, w, aqk, do, dvt, dh, dht, dh0, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, DELTA: tl.constexpr, HAS_DHT: tl.constexpr, LOWP: tl.constexpr,
+):
+    # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    if HAS_DHT:
+        b_ds = tl.load(dht + p_s).to(tl.float32)
+    else:
+        b_ds = tl.zeros([K, BV], dtype=tl.float32)
+    for i_r in range(NT):
+        i_t = NT - 1 - i_r
+        tl.store(dh + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :], b_ds.to(dh.dtype.element_ty))
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+        b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
+        b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        t_last = tl.minimum(i_t * BT + BT, T) - 1
+        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        b_dvt = tl.dot(tl.trans(_dot_cast(b_a, LOWP)), _dot_cast(b_do, LOWP))
+        b_dvt += tl.dot(_dot_cast(b_kd, LOWP), _dot_cast(b_ds, LOWP))
+        tl.store(dvt + p_v, b_dvt.to(dvt.dtype.element_ty), mask=m_t[:, None])
+        b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY)
+        b_ds_new = b_ds * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_qg, LOWP)), _dot_cast(b_do, LOWP)) * scale
+        if DELTA:
+            b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
+            b_ds_new -= tl.dot(tl.trans(_dot_cast(b_w, LOWP)), _dot_cast(b_dvt, LOWP))
+        b_ds = b_ds_new
+    tl.store(dh0 + p_s, b_ds)
+
+
+@triton.jit
+def _dense_bwd_kernel(
+    q, k, v, gc, beta, vt, h, dh, do, dvt, akk, linv,
+    dq, dk, dv, dgk, dbeta, m_qk, m_kk, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, DELTA: tl.constexpr, LOWP: tl.constexpr,
+):
+    # every gradient of one chunk that is a plain matrix product; the relative-decay parts are
+    # left as the matrices m_qk (for A_qk) and m_kk (for A_kk) for _intra_bwd_kernel
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_c = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    t_last = tl.minimum(i_t * BT + BT, T) - 1
+    b_dp = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dqs = tl.zeros([BT, K], dtype=tl.float32)  # dO S^T
+    b_dkd = tl.zeros([BT, K], dtype=tl.float32)  # Vt dS'^T
+    b_dws = tl.zeros([BT, K], dtype=tl.float32)  # dVt S^T
+    b_dtm = tl.zeros([BT, BT], dtype=tl.float32)  # dVt V^T (+ dW (Gamma K)^T below)
+    b_dgl = tl.zeros([K], dtype=tl.float32)  # sum_v S * dS' (times exp(G_last) below): the carried state's decay
+    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
+    if DELTA:
+        b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+        b_l = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
+        b_tm = b_l * b_beta[None, :]
+    for i_v in range(V // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
+        b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        if DELTA:
+            b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        else:
+            b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_s = tl.load(h + p_s).to(tl.float32)  # [K, BV]
+        b_dsn = tl.load(dh + p_s).to(tl.float32)
+        b_dp += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_vt, LOWP)))
+        b_dqs += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
+        b_dkd += tl.dot(_dot_cast(b_vt, LOWP), tl.trans(_dot_cast(b_dsn, LOWP)))
+        b_dgl += tl.sum(b_s * b_dsn, 1)
+        if DELTA:
+            b_dvt = tl.load(dvt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_dws += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
+            b_dtm += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_v, LOWP)))
+            b_dv = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dvt, LOWP))
+            tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_t[:, None])
+    b_dp = tl.where((o_c[:, None] >= o_c[None, :]) & m_t[:, None], b_dp, 0.0) * scale
+    tl.store(m_qk + p_a, b_dp, mask=m_t[:, None])
+    b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
+    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 2:
+        b_g = _load_rows(gc, o_t, m_t, i_b, i_h, T, H, K)
+        b_gl = _load_row(gc, t_last, i_b, i_h, T, H, K)
+        b_eg = tl.exp(b_g)
+        b_ed = tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
+        b_dgl = b_dgl * tl.exp(b_gl)
+    elif DECAY == 1:
+        b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+        b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
+        b_eg = tl.exp(b_g)[:, None] + tl.zeros([BT, K], dtype=tl.float32)
+        b_ed = tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None] + tl.zeros([BT, K], dtype=tl.float32)
+        b_dgl = b_dgl * tl.exp(b_gl)
+    else:
+        b_eg = tl.full([BT, K], 1.0, dtype=tl.float32)
+        b_ed = tl.full([BT, K], 1.0, dtype=tl.float32)
+    # O = scale (Q Gamma) S: dq = scale (dO S^T) Gamma, and the log-decay sees q * dq
+    b_dq = b_dqs * b_eg * scale
+    b_dg = b_q * b_dq
+    # S' = Gamma_last S + K_d^T Vt with K_d = K Gamma_last / Gamma
+    b_dk = b_dkd * b_ed
+    b_dg -= b_k * b_dk
+    b_dgl += tl.sum(b_k * b_dk, 0)
+    if DELTA:
+        b_kg = b_k * b_eg
+        b_dw = -b_dws  # Vt = U - W S
+        b_dtm += tl.dot(_dot_cast(b_dw, LOWP), tl.trans(_dot_cast(b_kg, LOWP)))
+        # W = T (Gamma K): d(Gamma K) = T^T dW
+        b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dw, LOWP)) * b_eg
+        b_dk += b_dkg
+        b_dg += b_k * b_dkg
+        # T = L diag(beta), L = (I + A)^-1 with A = diag(beta) A_kk
+        b_dl = b_dtm * b_beta[None, :]
+        b_db = tl.sum(b_l * b_dtm, 0)
+        b_da = -tl.dot(tl.dot(tl.trans(b_l), b_dl), tl.trans(b_l))
+        b_da = tl.where((o_c[:, None] > o_c[None, :]) & m_t[:, None], b_da, 0.0)
+        b_akk = tl.load(akk + p_a, mask=m_t[:, None], other=0.0)
+        b_db += tl.sum(b_da * b_akk, 1)
+        tl.store(m_kk + p_a, b_da * b_beta[:, None], mask=m_t[:, None])
+        tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db, mask=m_t)
+    # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
+    b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
+    p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    tl.store(dq + p_k, b_dq, mask=m_t[:, None])
+    tl.store(dk + p_k, b_dk, mask=m_t[:, None])
+    tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
+
+
+@triton.jit
+def _rel_rows(
+    m, y, gc, o_r, m_r, o_i, m_i, t0, r0, i_b, i_h, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    DECAY: tl.constexpr, BOUNDED: tl.constexpr, LOWP: tl.constexpr,
+):
+    # X'_r = sum_{i <= r} M_ri y_i exp(G_r - G_i) for the BC rows o_r (M is lower triangular)
+    b_m = tl.load(m + ((i_b * T + o_r[:, None]) * H + i_h) * BT + (o_i - t0)[None, :], mask=m_r[:, None], other=0.0)
+    b_y = _load_rows(y, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
+    if DECAY == 2:
+        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
+        b_gi = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)
+        b_ga = _load_row(gc, r0, i_b, i_h, T, H, K)
+        if BOUNDED:
+            m_y = m_i & (o_i < r0 + BC)
+        else:
+            m_y = m_i & (o_i < r0)
+        b_ya = b_y * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf")))
+        b_x = tl.dot(_dot_cast(b_m, LOWP), _dot_cast(b_ya, LOWP))
+        b_x = b_x * tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))
+        if not BOUNDED:
+            for j in tl.static_range(BC):
+                t_j = r0 + j
+                b_yj = _load_row(y, t_j, i_b, i_h, T, H, K)
+                b_gj = _load_row(gc, t_j, i_b, i_h, T, H, K)
+                b_mj = tl.sum(tl.where(o_i[None, :] == t_j, b_m, 0.0), 1)  # [BC]
+                m_j = (o_r[:, None] >= t_j) & (t_j < T)
+                b_e = tl.exp(tl.where(m_j, b_gr - b_gj[None, :], float("-inf")))
+                b_x += b_mj[:, None] * b_yj[None, :] * b_e
+    elif DECAY == 1:
+        b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
+        b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
+        m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
+        b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gi[None, :], float("-inf")))
+        b_x = tl.dot(_dot_cast(b_m * b_d, LOWP), _dot_cast(b_y, LOWP))
+    else:
+        b_x = tl.dot(_dot_cast(b_m, LOWP), _dot_cast(b_y, LOWP))
+    return b_x
+
+
+@triton.jit
+def _rel_cols(
+    m, x, gc, o_c, m_c, o_r, m_r, t0, c0, i_b, i_h, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    DECAY: tl.constexpr, BOUNDED: tl.constexpr, LOWP: tl.constexpr,
+):
+    # Y'_i = sum_{r >= i} M_ri x_r exp(G_r - G_i) for the BC columns o_c; o_r runs over the chunk
+    b_mt = tl.load(m + ((i_b * T + o_r[None, :]) * H + i_h) * BT + (o_c - t0)[:, None], mask=m_r[None, :], other=0.0)
+    b_x = _load_rows(x, o_r, m_r, i_b, i_h, T, H, K)  # [BT, K]
+    if DECAY == 2:
+        b_gc = _load_rows(gc, o_c, m_c, i_b, i_h, T, H, K)  # [BC, K]
+        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)  # [BT, K]
+        if BOUNDED:
+            # anchor at the block's first column: exp(G_r - G_a) <= 1 for r >= c0, exp(G_a - G_i) <= e^{-lb (BC-1)}
+            b_ga = _load_row(gc, c0, i_b, i_h, T, H, K)
+            m_x = m_r & (o_r >= c0)
+            b_xa = b_x * tl.exp(tl.where(m_x[:, None], b_gr - b_ga[None, :], float("-inf")))
+            b_y = tl.dot(_dot_cast(b_mt, LOWP), _dot_cast(b_xa, LOWP))
+            b_y = b_y * tl.exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")))
+        else:
+            # rows after the block, anchored at its last valid row; the diagonal block column by column
+            t_a = tl.minimum(c0 + BC, T) - 1
+            b_ga = _load_row(gc, t_a, i_b, i_h, T, H, K)
+            m_x = m_r & (o_r >= c0 + BC)
+            b_xa = b_x * tl.exp(tl.where(m_x[:, None], b_gr - b_ga[None, :], float("-inf")))
+            b_y = tl.dot(_dot_cast(b_mt, LOWP), _dot_cast(b_xa, LOWP))
+            b_y = b_y * tl.exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")))
+            for j in tl.static_range(BC):
+                t_j = c0 + j
+                b_xj = _load_row(x, t_j, i_b, i_h, T, H, K)
+                b_gj = _load_row(gc, t_j, i_b, i_h, T, H, K)
+                b_mj = tl.sum(tl.where(o_r[None, :] == t_j, b_mt, 0.0), 1)  # [BC]: M[t_j, o_c]
+                m_j = (o_c[:, None] <= t_j) & (t_j < T)
+                b_e = tl.exp(tl.where(m_j, b_gj[None, :] - b_gc, float("-inf")))
+                b_y += b_mj[:, None] * b_xj[None, :] * b_e
+    elif DECAY == 1:
+        b_gc = _load_vec(gc, o_c, m_c, i_b, i_h, T, H)
+        b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
+        m_d = (o_r[None, :] >= o_c[:, None]) & m_r[None, :]
+        b_d = tl.exp(tl.where(m_d, b_gr[None, :] - b_gc[:, None], float("-inf")))  # [BC, BT]
+        b_y = tl.dot(_dot_cast(b_mt * b_d, LOWP), _dot_cast(b_x, LOWP))
+    else:
+        b_y = tl.dot(_dot_cast(b_mt, LOWP), _dot_cast(b_x, LOWP))
+    return b_y
+
+
+@triton.jit
+def _intra_bwd_kernel(
+    q, k, gc, m_qk, m_kk, dq, dk, dgk, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    DECAY: tl.constexpr, DELTA: tl.constexpr, BOUNDED: tl.constexpr, LOWP: tl.constexpr,
+):
+    # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows at a time:
+    # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
+    # and the log-decay gets x * dx - y * dy
+    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC: tl.constexpr = BT // BC
+    i_t, i_c = i_tc // NC, i_tc % NC
+    t0 = i_t * BT
+    r0 = t0 + i_c * BC
+    o_r = r0 + tl.arange(0, BC)
+    m_r = o_r < T
+    o_i = t0 + tl.arange(0, BT)
+    m_i = o_i < T
+    b_dq = _rel_rows(m_qk, k, gc, o_r, m_r, o_i, m_i, t0, r0, i_b, i_h, T, H, K, BT, BC, DECAY, BOUNDED, LOWP)
+    b_dk = _rel_cols(m_qk, q, gc, o_r, m_r, o_i, m_i, t0, r0, i_b, i_h, T, H, K, BT, BC, DECAY, BOUNDED, LOWP)
+    b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)
+    b_k = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
+    b_dg = b_q * b_dq - b_k * b_dk
+    if DELTA:
+        b_dkr = _rel_rows(m_kk, k, gc, o_r, m_r, o_i, m_i, t0, r0, i_b, i_h, T, H, K, BT, BC, DECAY, BOUNDED, LOWP)
+        b_dkc = _rel_cols(m_kk, k, gc, o_r, m_r, o_i, m_i, t0, r0, i_b, i_h, T, H, K, BT, BC, DECAY, BOUNDED, LOWP)
+        b_dk += b_dkr + b_dkc
+        b_dg += b_k * (b_dkr - b_dkc)
+    p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+    tl.store(dq + p_k, tl.load(dq + p_k, mask=m_r[:, None], other=0.0) + b_dq, mask=m_r[:, None])
+    tl.store(dk + p_k, tl.load(dk + p_k, mask=m_r[:, None], other=0.0) + b_dk, mask=m_r[:, None])
+    if DECAY > 0:
+        tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
+
+
+def _num_warps(big: bool) -> int:
+    return 8 if big and not INTERPRET else 4
+
+
+def _block_v(V: int, programs: int) -> int:
+    # the state passes are sequential over chunks: split V finer when B * H alone cannot fill the GPU
+    if INTERPRET:
+        return min(V, 32)
+    return min(V, 32 if programs < 256 else 64)
+
+
+def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BT = chunk_size
+    NT = triton.cdiv(T, BT)
+    decay = 0 if g is None else (1 if g.dim() == 3 else 2)
+    delta = beta is not None
+    bounded = lower_bound is not None
+    lowp = q.dtype != torch.float32
+    dev = q.device
+    f32 = torch.float32
+    gc = None
+    if decay:
+        gc = torch.empty(g.shape, device=dev, dtype=f32)
+        _cumsum_kernel[(NT, B * H)](g, gc, T, H=H, K=K, BT=BT, DECAY=decay)
+    gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
+    aqk = torch.empty(B, T, H, BT, device=dev, dtype=f32)
+    akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else aqk
+    _intra_fwd_kernel[(NT * (BT // BC), B * H)](
+        q, k, gcx, akk, aqk, scale, T, H=H, K=K, BT=BT, BC=BC,
+        DECAY=decay, DELTA=delta, BOUNDED=bounded, LOWP=lowp, num_warps=4,
+    )
+    linv = w = u = vt = None
+    if delta:
+        linv = torch.empty(B, T, H, BT, device=dev, dtype=f32)
+        w = torch.empty_like(k)
+        u = torch.empty_like(v)
+        _solve_kernel[(NT, B * H)](
+            k, v, gcx, beta, akk, linv, w, u, T, H=H, K=K, V=V, BT=BT, DECAY=decay, LOWP=lowp,
+            num_warps=_num_warps(K >= 128 or V >= 128),
+        )
+        vt = torch.empty_like(v)
+    # intermediate states in bf16 for bf16 inputs (they feed bf16 dots anyway), fp32 otherwise
+    h_dtype = torch.bfloat16 if q.dtype == torch.bfloat16 else f32
+    h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype)
+    ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
+    BV = _block_v(V, B * H * max(1, V // 64))
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    _state_fwd_kernel[(V // BV, B * H)](
+        k, v, gcx, w if delta else k, u if delta else v, vt if delta else v, h,
+        h0 if h0 is not None else h, ht if ht is not None else h, T, NT,
+        H=H, K=K, V=V, BT=BT, BV=BV, DECAY=decay, DELTA=delta, HAS_H0=h0 is not None,
+        STORE_HT=output_final_state, LOWP=lowp, num_warps=_num_warps(K * BV >= 128 * 64),
+    )
+    o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
+    BVo = min(V, 64)
+    _output_kernel[(NT, V // BVo, B * H)](
+        q, v, gcx, aqk, vt if delta else v, h, o, scale, T, NT,
+        H=H, K=K, V=V, BT=BT, BV=BVo, DECAY=decay, DELTA=delta, LOWP=lowp, num_warps=4,
+    )
+    return o, ht, (gc, aqk, akk, linv, w, vt, h)
+
+
+def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, saved):
+    gc, aqk, akk, linv, w, vt, h = saved
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BT = chunk_size
+    NT = triton.cdiv(T, BT)
+    decay = 0 if g is None else (1 if g.dim() == 3 else 2)
+    delta = beta is not None
+    bounded = lower_bound is not None
+    lowp = q.dtype != torch.float32
+    dev = q.device
+    f32 = torch.float32
+    gcx = gc if gc is not None else q
+    do = do.contiguous()
+    dvt = torch.empty(B, T, H, V, device=dev, dtype=f32 if not lowp else q.dtype)
+    dh = torch.empty(B, H, NT, K, V, device=dev, dtype=h.dtype)
+    dh0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
+    BV = _block_v(V, B * H * max(1, V // 64))
+    _state_bwd_kernel[(V // BV, B * H)](
+        q, k, gcx, w if delta else k, aqk, do, dvt, dh,
+        dht.contiguous() if dht is not None else dh0, dh0, scale, T, NT,
+        H=H, K=K, V=V, BT=BT, BV=BV, DECAY=decay, DELTA=delta, HAS_DHT=dht is not None,
+        LOWP=lowp, num_warps=_num_warps(K * BV >= 128 * 64),
+    )
+    dq = torch.empty(B, T, H, K, device=dev, dtype=f32)
+    dk = torch.empty(B, T, H, K, device=dev, dtype=f32)
+    dgk = torch.empty(B, T, H, K, device=dev, dtype=f32)
+    m_qk = torch.empty(B, T, H, BT, device=dev, dtype=f32)
+    m_kk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else m_qk
+    dv = torch.empty(B, T, H, V, device=dev, dtype=v.dtype) if delta else dvt
+    dbeta = torch.empty(B, T, H, device=dev, dtype=f32) if delta else None
+    BVd = min(V, 32 if INTERPRET else 64)
+    _dense_bwd_kernel[(NT, B * H)](
+        q, k, v, gcx, beta if delta else q, vt if delta else v, h, dh, do, dvt,
+        akk if delta else aqk, linv if delta else aqk, dq, dk, dv, dgk, dbeta if delta else dq,
+        m_qk, m_kk, scale, T, NT, H=H, K=K, V=V, BT=BT, BV=BVd, DECAY=decay, DELTA=delta,
+        LOWP=lowp, num_warps=_num_warps(True),
+    )
+    _intra_bwd_kernel[(NT * (BT // BC), B * H)](
+        q, k, gcx, m_qk, m_kk, dq, dk, dgk, T, H=H, K=K, BT=BT, BC=BC,
+        DECAY=decay, DELTA=delta, BOUNDED=bounded, LOWP=lowp, num_warps=4,
+    )
+    dg = None
+    if decay:
+        # G = chunk-local cumsum(g), so dg is the reverse cumsum of dG inside each chunk
+        dG = dgk if decay == 2 else dgk.sum(-1)
+        pad = NT * BT - T
+        rest = dG.shape[2:]  # (H,) or (H, K)
+        dGp = torch.nn.functional.pad(dG, [0, 0] * len(rest) + [0, pad]).view(B, NT, BT, *rest)
+        dg = dGp.flip(2).cumsum(2).flip(2).reshape(B, NT * BT, *rest)[:, :T]
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+class ChunkFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
+        o, ht, saved = _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, *saved)
+        ctx.scale, ctx.chunk_size, ctx.lower_bound = scale, chunk_size, lower_bound
+        if ht is not None:
+            return o, ht
+        return o
+
+    @staticmethod
+    def backward(ctx, do, dht=None):
+        q, k, v, g, beta, h0, *saved = ctx.saved_tensors
+        dq, dk, dv, dg, dbeta, dh0 = _chunk_bwd(
+            q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.chunk_size, ctx.lower_bound, saved
+        )
+        return (
+            dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+            None if g is None else dg.to(g.dtype),
+            None if beta is None else dbeta.to(beta.dtype),
+            None, None if h0 is None else dh0.to(h0.dtype), None, None, None,
+        )
