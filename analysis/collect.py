@@ -55,6 +55,9 @@ SUMMARY_FIELDS = (
     "error",
 )
 
+# Errors that mean the run was stopped, not that it broke.
+_INTERRUPTS = ("SystemExit", "KeyboardInterrupt")
+
 # SLURM writes one of these into the job's stderr when it kills the job.
 _SLURM_KILL = re.compile(
     r"\*\*\* (?:JOB|STEP) [\d_.]+ ON \S+ (CANCELLED|DUE TO TIME LIMIT|DUE TO PREEMPTION)"
@@ -85,29 +88,45 @@ def find_run_dirs(root: Path) -> list[Path]:
 
 
 def _resolve(node: Any) -> Any:
-    """A plain container of `node`, resolving each interpolation that resolves on its own.
+    """A plain container of `node`, each interpolation resolved where it can be, else kept as text."""
+    from omegaconf import DictConfig, ListConfig
 
-    Interpolations Hydra resolves at run time (${hydra:...}) cannot be resolved from the saved
-    config; those leaves keep their text rather than failing the whole run.
-    """
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    try:
-        return OmegaConf.to_container(node, resolve=True)
-    except Exception:  # noqa: BLE001 - fall back to leaf by leaf below
-        pass
     if isinstance(node, DictConfig):
-        return {key: _resolve(node._get_node(key)) for key in node.keys()}
-    if isinstance(node, ListConfig):
-        return [_resolve(node._get_node(index)) for index in range(len(node))]
-    return node._value()
+        keys: list[Any] = list(node.keys())
+    elif isinstance(node, ListConfig):
+        keys = list(range(len(node)))
+    else:
+        return node
+    out = []
+    for key in keys:
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)):
+            out.append(_resolve(child))
+            continue
+        try:
+            out.append(node[key])
+        except Exception:  # noqa: BLE001 - an interpolation that needs what the run had (e.g. an env var)
+            out.append(child._value())
+    return dict(zip(keys, out, strict=True)) if isinstance(node, DictConfig) else out
 
 
-def _load_config(path: Path) -> dict[str, Any]:
-    """The run's config, flattened to dotted keys."""
+def _load_config(run_dir: Path) -> dict[str, Any]:
+    """The run's config, flattened to dotted keys.
+
+    `${hydra:...}` (W&B names and tags in the experiment yamls) is resolved against the run's own
+    .hydra/hydra.yaml, which holds what Hydra knew in the run (choices, override dirname).
+    """
     from omegaconf import OmegaConf
 
-    return flatten(_resolve(OmegaConf.load(path)))
+    text = (run_dir / ".hydra" / "config.yaml").read_text()
+    hydra_yaml = run_dir / ".hydra" / "hydra.yaml"
+    if "${hydra:" in text and hydra_yaml.exists():
+        cfg = OmegaConf.create(yaml.safe_load(text.replace("${hydra:", "${hydra.")) or {})
+        cfg.hydra = OmegaConf.create((_read_yaml(hydra_yaml) or {}).get("hydra", {}))
+        resolved = _resolve(cfg)
+        resolved.pop("hydra")
+        return flatten(resolved)
+    return flatten(_resolve(OmegaConf.create(yaml.safe_load(text) or {})))
 
 
 def _read_yaml(path: Path) -> Any:
@@ -161,7 +180,7 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
     run_dir = Path(run_dir)
     sweep_root = sweep_root or run_dir.parent
     row: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS)
-    config = _load_config(run_dir / ".hydra" / "config.yaml")
+    config = _load_config(run_dir)
     row.update(config)
 
     hydra = (_read_yaml(run_dir / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
@@ -181,6 +200,9 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
     reason: str | None = None
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
+        # The harness repeats the config in the summary; the row has it from .hydra/config.yaml already.
+        summary.pop("config", None)
+        summary.pop("run_dir", None)
         for key, value in flatten(summary).items():
             if value is not None or row.get(key) is None:
                 row[key] = value
@@ -189,6 +211,10 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
             status, reason = "failed", f"summary.json has unknown status {status!r}"
         elif status != "completed":
             reason = summary.get("error") or status
+        if status == "failed" and str(reason).startswith(_INTERRUPTS):
+            # Stopped from outside (Ctrl-C, SLURM preemption through submitit's requeue), not broken:
+            # re-launching resumes it from its checkpoint.
+            status, reason = "incomplete", f"interrupted ({reason}); re-launch resumes it"
     else:
         reason = _failure_from_logs(run_dir, sweep_root, job_id)
         if reason is not None:
@@ -207,6 +233,8 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
     row["job_id"] = job_id
     row["sweep"] = config.get("logger.wandb.group") or sweep_root.name
     row["run_dir"] = str(run_dir)
+    # The run's name within its sweep: the override path Hydra made (mixer=kda/optim.lr=0.001/...).
+    row["run"] = str(run_dir.relative_to(sweep_root)) if sweep_root in run_dir.parents else run_dir.name
     return row
 
 
@@ -264,6 +292,7 @@ def collect_wandb(path: str, *, group: str | None = None, api: Any | None = None
         row["run_dir"] = None
         row["wandb_id"] = run.id
         row["wandb_name"] = run.name
+        row["run"] = run.name
         rows.append(row)
     return _tidy(pd.DataFrame(rows))
 
@@ -278,7 +307,7 @@ def _tidy(table: pd.DataFrame) -> pd.DataFrame:
             table[column] = pd.to_numeric(table[column], errors="coerce").astype(float)
     if "variant" in table:
         table["variant"] = table["variant"].fillna("")
-    first = ["sweep", "task", "mixer", "variant", "seq_len", "lr", "seed", "status", "reason"]
+    first = ["sweep", "run", "task", "mixer", "variant", "seq_len", "lr", "seed", "status", "reason"]
     metrics = [c for c in SUMMARY_FIELDS if c not in first]
     ordered = [c for c in first + metrics if c in table] + sorted(
         c for c in table if c not in first + metrics

@@ -437,7 +437,7 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path) -> lis
     if len(bad):
         lines += ["## Runs left out", "", "| run | status | reason |", "|---|---|---|"]
         for _, run in bad.iterrows():
-            name = Path(str(run["run_dir"])).name if run.get("run_dir") else str(run.get("wandb_name", ""))
+            name = str(run.get("run") or run.get("run_dir") or "")
             reason = str(run.get("reason") or "").replace("|", "/").replace("\n", " ")[:200]
             lines.append(f"| {name} | {run['status']} | {reason} |")
         lines.append("")
