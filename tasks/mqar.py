@@ -61,6 +61,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tasks import require_int, require_real
+
 PAD = 0
 SEP = 1
 FIRST_KEY = 2
@@ -86,6 +88,13 @@ def _check_vocab_and_form(
 ) -> None:
     if form not in FORMS:
         raise ValueError(f"mqar: unknown form={form!r}; pass one of {FORMS}.")
+    require_int("mqar", "vocab_size", vocab_size)
+    if num_queries is not None:
+        require_int("mqar", "num_queries", num_queries)
+    if power_a is not None:
+        require_real("mqar", "power_a", power_a)
+    if noise is not None and not isinstance(noise, (bool, np.bool_)):
+        raise ValueError(f"mqar: noise={noise!r} must be true, false or null.")
     if vocab_size < FIRST_KEY + 2:
         raise ValueError(
             f"mqar: vocab_size={vocab_size} leaves no room for one key and one value after the "
@@ -123,6 +132,9 @@ def _resolve(
 ) -> tuple[int, int]:
     """Validate everything; returns (num_pairs, num_queries) with the defaults applied."""
     _check_vocab_and_form(vocab_size, form, num_queries, power_a, noise)
+    require_int("mqar", "seq_len", seq_len)
+    if num_pairs is not None:
+        require_int("mqar", "num_pairs", num_pairs)
     # kimi: pair + <sep> + query; zoology: pair + one two-token slot
     if seq_len < 4:
         raise ValueError(
@@ -207,6 +219,8 @@ def num_tokens(
 ) -> int:
     """Embedding size the model needs: every id in ``generate``'s inputs and labels is below it."""
     _check_vocab_and_form(vocab_size, form, num_queries, power_a, noise)
+    if num_pairs is not None:
+        require_int("mqar", "num_pairs", num_pairs)
     if num_pairs is not None and num_pairs > _key_value_ranges(vocab_size)[0]:
         raise ValueError(
             f"mqar: num_pairs={num_pairs} exceeds the {_key_value_ranges(vocab_size)[0]} keys of "
@@ -244,7 +258,7 @@ def generate(
     Returns:
         ``(inputs, labels)``, int64 ``[N, T]``; labels ``-100`` except at queries.
     """
-    if num_examples < 0:
+    if require_int("mqar", "num_examples", num_examples) < 0:
         raise ValueError(f"mqar: num_examples={num_examples} is negative; pass a count >= 0.")
     n, m = _resolve(seq_len, vocab_size, form, num_pairs, num_queries, power_a, noise)
     num_keys, num_values = _key_value_ranges(vocab_size)
@@ -252,6 +266,7 @@ def generate(
     rng = np.random.default_rng(seed)
     inputs = np.full((num_examples, seq_len), PAD, dtype=np.int64)  # [N, T]
     labels = np.full((num_examples, seq_len), IGNORE, dtype=np.int64)  # [N, T]
+    flat_inputs, flat_labels = inputs.reshape(-1), labels.reshape(-1)  # views: both are contiguous
     if form == "zoology":
         slots = (seq_len - 2 * n) // 2
         a = 0.01 if power_a is None else power_a
@@ -269,8 +284,8 @@ def generate(
         if form == "kimi":
             x[:, 2 * n] = SEP
             # index of each query's pair in the flattened [C * n] tables (one index, two gathers)
-            pick = rng.integers(0, n, size=(rows, m), dtype=np.int64)  # [C, m]
-            pick += np.arange(0, rows * n, n, dtype=np.int64)[:, None]
+            pick = rng.integers(0, n, size=(rows, m), dtype=np.int32)  # [C, m]
+            pick = np.add(pick, np.arange(0, rows * n, n)[:, None], dtype=np.int64)
             x[:, 2 * n + 1 : 2 * n + 1 + m] = keys.ravel()[pick]
             y[:, 2 * n + 1 : 2 * n + 1 + m] = values.ravel()[pick]
             continue
@@ -287,7 +302,9 @@ def generate(
             chosen = np.broadcast_to(np.arange(slots), (rows, slots)).copy()
         first_fired = np.argsort(np.take_along_axis(fire_time, chosen, axis=1), axis=1)
         chosen = np.take_along_axis(chosen, first_fired, axis=1)  # pair j -> j-th slot drawn
-        query_pos = 2 * n + 2 * chosen  # [C, n]
-        np.put_along_axis(x, query_pos, keys, axis=1)
-        np.put_along_axis(y, query_pos, values, axis=1)
+        # positions in the flattened [N * T] outputs: row * T + 2n + 2 * slot
+        row_offset = np.arange(start, stop, dtype=np.int64)[:, None] * seq_len + 2 * n  # [C, 1]
+        query_pos = 2 * chosen + row_offset  # [C, n]
+        flat_inputs[query_pos] = keys
+        flat_labels[query_pos] = values
     return torch.from_numpy(inputs), torch.from_numpy(labels)

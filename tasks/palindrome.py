@@ -34,6 +34,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tasks import require_int
+
 PAD = 0
 SEP = 1
 FIRST_SYMBOL = 2
@@ -46,6 +48,8 @@ _CHUNK = 16384
 
 
 def _check(num_examples: int, seq_len: int, vocab_size: int) -> None:
+    for name, value in (("num_examples", num_examples), ("seq_len", seq_len), ("vocab_size", vocab_size)):
+        require_int("palindrome", name, value)
     if num_examples < 0:
         raise ValueError(f"palindrome: num_examples={num_examples} is negative; pass a count >= 0.")
     if seq_len < 3:

@@ -44,6 +44,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tasks import require_int, require_real
+
 PAD = 0
 PUSH = 1
 POP = 2
@@ -55,6 +57,14 @@ _INITIAL_DEPTH = 8
 
 
 def _check(num_examples: int, seq_len: int, num_stacks: int, num_elements: int, push_prob: float) -> None:
+    for name, value in (
+        ("num_examples", num_examples),
+        ("seq_len", seq_len),
+        ("num_stacks", num_stacks),
+        ("num_elements", num_elements),
+    ):
+        require_int("stack", name, value)
+    require_real("stack", "push_prob", push_prob)
     if num_examples < 0:
         raise ValueError(f"stack: num_examples={num_examples} is negative; pass a count >= 0.")
     if seq_len < 6:

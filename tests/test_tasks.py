@@ -254,6 +254,12 @@ def test_docstring_examples_follow_the_rules() -> None:
         (stack, 64, {"push_prob": 0.0}, r"push_prob=0.0 must lie strictly inside"),
         (stack, 64, {"num_stacks": 0}, r"num_stacks=0 must be >= 1"),
         (stack, 64, {"num_elements": 1}, r"num_elements=1 .*num_elements >= 2"),
+        # what a YAML config can hand over by mistake: a quoted number, a float, a string flag
+        (mqar, 64, {"num_pairs": "20"}, r"num_pairs='20' must be an integer"),
+        (palindrome, 64, {"vocab_size": 1e3}, r"vocab_size=1000.0 must be an integer"),
+        (stack, 64.0, {}, r"seq_len=64.0 must be an integer"),
+        (stack, 64, {"push_prob": "0.5"}, r"push_prob='0.5' must be a number"),
+        (mqar, 64, {"form": "zoology", "noise": "yes"}, r"noise='yes' must be true, false or null"),
     ],
 )
 def test_bad_parameters_raise_a_value_error_naming_them(
