@@ -106,7 +106,8 @@ class ShortConvolution(nn.Module):
             conv_state = x.new_zeros(B, C, self.size - 1)
         x = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [B, C, size - 1 + T]
         y = F.conv1d(x, self.weight.to(x.dtype), groups=C)  # [B, C, T]
-        return F.silu(y).transpose(1, 2), x[:, :, x.shape[-1] - (self.size - 1) :]
+        # clone: a view would keep the whole padded input alive inside the cache
+        return F.silu(y).transpose(1, 2), x[:, :, x.shape[-1] - (self.size - 1) :].clone()
 
 
 class MambaDecay(nn.Module):
