@@ -277,7 +277,8 @@ class LinearMixer(Mixer):
     def _output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:  # o: [B, T, H, V]
         B, T = x.shape[:2]
         if self.o_norm is not None:
-            o = self.o_norm(o)
+            # in float32: under bf16 autocast o arrives in bf16 while the norm's weight stays float32
+            o = self.o_norm(o.float())
         if self.output_gate != "none":
             gate = self.o_gate_proj(x).view(B, T, self.num_heads, self.value_dim)
             o = o * (torch.sigmoid(gate) if self.output_gate == "sigmoid" else F.silu(gate))
