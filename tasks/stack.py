@@ -54,6 +54,7 @@ IGNORE = -100
 
 # Rows simulated together: small enough that each step's random reads and writes
 # of the stack tables (about 1 KB per row) stay in cache; measured best of 1k-16k.
+# The random stream is drawn chunk by chunk, so changing this changes what a seed generates.
 _CHUNK = 2048
 _INITIAL_DEPTH = 8
 
