@@ -17,9 +17,7 @@ exp), or G_r itself, so no exp() overflows however negative g is.
 from __future__ import annotations
 
 import torch
-
-# Per-channel decay: the Gram matrices are built from sub-chunks of this many tokens (see _channel_gram)
-SUB_CHUNK = 16
+import torch.nn.functional as F
 
 
 def _to_chunks(x: torch.Tensor, T: int, C: int, dtype: torch.dtype) -> torch.Tensor:
@@ -27,53 +25,49 @@ def _to_chunks(x: torch.Tensor, T: int, C: int, dtype: torch.dtype) -> torch.Ten
 
     Padded tokens (k = v = g = beta = 0) leave the state unchanged; their outputs are sliced off.
     """
-    x = x.to(dtype).movedim(1, 2)  # [B, H, T, ...]
+    x = x.movedim(1, 2).to(dtype)  # [B, H, T, ...]
     pad = -T % C
     if pad:
-        x = torch.cat([x, x.new_zeros(*x.shape[:2], pad, *x.shape[3:])], dim=2)
-    return x.unflatten(2, (-1, C))
+        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
+    # contiguous once here, instead of a hidden copy in every matmul that reads the strided view
+    return x.unflatten(2, (-1, C)).contiguous()
 
 
-def _channel_gram(a: torch.Tensor, b: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """L[r, i] = sum_c a_rc b_ic exp(G_rc - G_ic) for i <= r, 0 above the diagonal, with per-channel G.
+def _channel_grams(rows: tuple[torch.Tensor, ...], b: torch.Tensor, G: torch.Tensor) -> list[torch.Tensor]:
+    """For each a in rows: L[r, i] = sum_c a_rc b_ic exp(G_rc - G_ic) for i <= r, 0 above the diagonal.
 
-    a: [..., C, K] (extra leading dims broadcast against b and G), b, G: [..., C, K] -> [..., C, C].
-    exp(G_r - G_i) cannot be split into exp(G_r) exp(-G_i) over a whole chunk (exp(-G_i) overflows once the
-    decay has accumulated below about -88), so the chunk is cut into sub-chunks of s tokens:
-    - diagonal s x s blocks: the pairwise exponent G_r - G_i, [..., s, s, K], masked to i <= r before exp;
-    - below-diagonal blocks, column block j: split at the reference point G_ref = G at block j's last token:
-      exp(G_r - G_i) = exp(G_r - G_ref) exp(G_ref - G_i); for rows r after block j and columns i inside it
-      both factors are <= 1, so one matmul per column block computes the whole block column safely.
+    a, b: [..., C, K], G: [..., C, K] per-channel cumulative log-decay -> [..., C, C] per a.
+    exp(G_r - G_i) cannot be split as exp(G_r) exp(-G_i) over a whole chunk (exp(-G_i) overflows once the
+    decay has accumulated below about -88), and the pairwise [C, C, K] exponent is too big to build. Instead
+    the lower triangle is assembled bottom-up by halving (see kernels/README.md): a block of 2m tokens is
+    [[L_first, 0], [X, L_second]] where the off-diagonal block X (rows: second half, columns: first half)
+    splits at the reference point G_ref = G at the last token of the first half,
+        exp(G_r - G_i) = exp(G_r - G_ref) exp(G_ref - G_i),
+    both factors <= 1, so X is one matmul. Each level costs O(C K) elementwise per chunk, log2(C) levels.
+    The rows share the decay factors, so q and k are handled in one pass.
     """
-    C, K = G.shape[-2:]
-    s = min(SUB_CHUNK, C)
-    n_s = C // s
-    G_b = G.unflatten(-2, (n_s, s))  # [..., n_s, s, K]
-    a_b = a.unflatten(-2, (n_s, s))
-    b_b = b.unflatten(-2, (n_s, s))
-
-    incl_s = torch.ones(s, s, dtype=torch.bool, device=G.device).tril()
-    pair = G_b.unsqueeze(-2) - G_b.unsqueeze(-3)  # [..., n_s, s (r), s (i), K] = G_r - G_i
-    pair_decay = pair.masked_fill(~incl_s[:, :, None], float("-inf")).exp()
-    # sum_c a_rc (b_ic exp(G_rc - G_ic)): one batched mat-vec per row r
-    diag = ((pair_decay * b_b.unsqueeze(-3)) @ a_b.unsqueeze(-1)).squeeze(-1)  # [..., n_s, s, s]
-    eye = torch.eye(n_s, dtype=G.dtype, device=G.device)
-    # place block a of `diag` at rows a*s.., cols a*s..: out[.., a, r, b, i] = diag[.., a, r, i] * [a == b]
-    L = (diag.unsqueeze(-2) * eye[:, None, :, None]).flatten(-4, -3).flatten(-2, -1)  # [..., C, C]
-    if n_s == 1:
-        return L
-
-    G_ref = G_b[..., :-1, -1, :]  # [..., n_s - 1, K]: G at the last token of column block j
-    pos = torch.arange(C, device=G.device)
-    rows_after = pos[None, :] >= (torch.arange(1, n_s, device=G.device) * s)[:, None]  # [n_s - 1, C]
-    row_exp = (G.unsqueeze(-3) - G_ref.unsqueeze(-2)).masked_fill(~rows_after[:, :, None], float("-inf"))
-    a_ref = a.unsqueeze(-3) * row_exp.exp()  # [..., n_s - 1, C, K]: rows after block j, decayed to G_ref
-    b_ref = b_b[..., :-1, :, :] * (G_ref.unsqueeze(-2) - G_b[..., :-1, :, :]).exp()  # [..., n_s - 1, s, K]
-    below = a_ref @ b_ref.transpose(-1, -2)  # [..., n_s - 1, C, s]: column block j of L
-    below = torch.cat(
-        [below, below.new_zeros(*below.shape[:-3], 1, C, s)], dim=-3
-    )  # last block: diagonal only
-    return L + below.movedim(-3, -2).flatten(-2, -1)  # [..., C, n_s, s] -> [..., C, C]
+    C = G.shape[-2]
+    dtype = b.dtype
+    # level m = 1: the diagonal, no decay between a token and itself; C diagonal blocks of size 1
+    Ls = [(a * b).sum(-1)[..., None, None] for a in rows]  # [..., C, 1, 1]
+    m = 1
+    while m < C:
+        n_blk = C // (2 * m)
+        # unbind, not indexing: its backward is one stack, not a zero-filled full-size tensor per index
+        G_1, G_2 = G.unflatten(-2, (n_blk, 2, m)).unbind(-3)  # [..., n_blk, m, K] first / second halves
+        G_ref = G_1[..., -1:, :]  # [..., n_blk, 1, K]
+        # exponents are differences of the (float64) cumsum, formed before rounding to the compute dtype
+        decay_row = (G_2 - G_ref).to(dtype).exp()  # <= 1
+        decay_col = (G_ref - G_1).to(dtype).exp()  # <= 1
+        b_1 = b.unflatten(-2, (n_blk, 2, m)).unbind(-3)[0] * decay_col  # [..., n_blk, m, K]
+        for i, a in enumerate(rows):
+            a_2 = a.unflatten(-2, (n_blk, 2, m)).unbind(-3)[1] * decay_row
+            X = a_2 @ b_1.transpose(-1, -2)  # [..., n_blk, m, m]
+            L_1, L_2 = Ls[i].unflatten(-3, (n_blk, 2)).unbind(-3)  # [..., n_blk, m, m] each
+            top = torch.cat([L_1, torch.zeros_like(X)], dim=-1)
+            Ls[i] = torch.cat([top, torch.cat([X, L_2], dim=-1)], dim=-2)  # [..., n_blk, 2m, 2m]
+        m *= 2
+    return [L.squeeze(-3) for L in Ls]
 
 
 def _intra_grams(
@@ -87,11 +81,10 @@ def _intra_grams(
         return (q @ k.transpose(-1, -2)) * incl, (k @ k.transpose(-1, -2)) * strict
     if G.shape[-1] == 1:
         # scalar decay factors out of the inner product: one [C, C] decay matrix
-        decay = (G - G.transpose(-1, -2)).masked_fill(~incl, float("-inf")).exp()  # [..., C, C]
+        decay = (G - G.transpose(-1, -2)).masked_fill(~incl, float("-inf")).to(q.dtype).exp()  # [..., C, C]
         return (q @ k.transpose(-1, -2)) * decay, (k @ k.transpose(-1, -2)) * decay * strict
-    # both Grams share the pairwise decays: stack q and k on a new leading dim
-    L = _channel_gram(torch.stack([q, k]), k, G)
-    return L[0], L[1] * strict
+    A_qk, A_kk = _channel_grams((q, k), k, G)
+    return A_qk, A_kk * strict
 
 
 def chunk_torch(
@@ -112,21 +105,28 @@ def chunk_torch(
     # a short sequence needs no full chunk: the result does not depend on C, only the cost does
     C = min(chunk_size, max(16, 1 << max(T - 1, 0).bit_length()))
 
-    q_c = _to_chunks(q, T, C, acc) * scale  # [B, H, N, C, K]
+    q_c = _to_chunks(q, T, C, acc)  # [B, H, N, C, K]
     k_c = _to_chunks(k, T, C, acc)  # [B, H, N, C, K]
     v_c = _to_chunks(v, T, C, acc)  # [B, H, N, C, V]
     N = q_c.shape[2]
-    # G_r: log of the decay accumulated from the chunk start through token r, [B, H, N, C, 1 or K]
-    G = None if g is None else _to_chunks(g if g.dim() == 4 else g.unsqueeze(-1), T, C, acc).cumsum(-2)
+    # G_r: log of the decay accumulated from the chunk start through token r, [B, H, N, C, 1 or K]. Kept in
+    # float64: exponents are differences G_r - G_i of values that reach -100s, and in float32 the rounding of
+    # G (ulp(300) ~ 3e-5) would show up directly as a relative error of every decay factor.
+    G = (
+        None
+        if g is None
+        else _to_chunks(g if g.dim() == 4 else g.unsqueeze(-1), T, C, torch.float64).cumsum(-2)
+    )
 
     A_qk, A_kk = _intra_grams(q_c, k_c, G)  # [B, H, N, C, C]
     if G is None:
         q_in, k_in, k_out, decay_chunk = q_c, k_c, k_c, None
     else:
         G_last = G[..., -1:, :]  # [B, H, N, 1, K or 1]
-        q_in, k_in = q_c * G.exp(), k_c * G.exp()  # read the decayed chunk-start state
-        k_out = k_c * (G_last - G).exp()  # a write at r decays until the chunk end
-        decay_chunk = G_last.exp().transpose(-1, -2)  # [B, H, N, K or 1, 1]: rows of the state
+        decay_in = G.to(acc).exp()  # [B, H, N, C, K or 1], <= 1
+        q_in, k_in = q_c * decay_in, k_c * decay_in  # read the decayed chunk-start state
+        k_out = k_c * (G_last - G).to(acc).exp()  # a write at r decays until the chunk end
+        decay_chunk = G_last.to(acc).exp().transpose(-1, -2)  # [B, H, N, K or 1, 1]: rows of the state
 
     if beta is not None:
         b = _to_chunks(beta, T, C, acc).unsqueeze(-1)  # [B, H, N, C, 1]
@@ -140,17 +140,22 @@ def chunk_torch(
         U, W = v_c, None
 
     S = q.new_zeros(B, H, K, V, dtype=acc) if initial_state is None else initial_state.to(acc)
+    # unbind, not indexing: the backward of N index ops would write N full-size zero gradients (O(N^2) memory)
+    U_n = U.unbind(2)  # N x [B, H, C, V]
+    W_n = [None] * N if W is None else W.unbind(2)  # N x [B, H, C, K]
+    k_out_n = k_out.transpose(-1, -2).unbind(2)  # N x [B, H, K, C]
+    decay_n = [None] * N if decay_chunk is None else decay_chunk.unbind(2)  # N x [B, H, K or 1, 1]
     starts, deltas = [], []
     for n in range(N):
         starts.append(S)
         # pseudo-values: what each token writes once the chunk-start state has been erased
-        delta = U[:, :, n] if W is None else U[:, :, n] - W[:, :, n] @ S  # [B, H, C, V]
+        delta = U_n[n] if W_n[n] is None else U_n[n] - W_n[n] @ S  # [B, H, C, V]
         deltas.append(delta)
-        S_decayed = S if decay_chunk is None else decay_chunk[:, :, n] * S
-        S = S_decayed + k_out[:, :, n].transpose(-1, -2) @ delta  # [B, H, K, V]
+        S_decayed = S if decay_n[n] is None else decay_n[n] * S
+        S = S_decayed + k_out_n[n] @ delta  # [B, H, K, V]
     S0 = torch.stack(starts, dim=2)  # [B, H, N, K, V]
     D = torch.stack(deltas, dim=2)  # [B, H, N, C, V]
 
-    o = q_in @ S0 + A_qk @ D  # [B, H, N, C, V]
+    o = (q_in @ S0 + A_qk @ D) * scale  # [B, H, N, C, V]
     o = o.flatten(2, 3)[:, :, :T].movedim(2, 1)  # [B, T, H, V]
     return o.to(q.dtype), S if output_final_state else None
