@@ -1,0 +1,79 @@
+"""Shared fixtures: a tiny stand-in task and Hydra's compose API on the project's real config tree.
+
+The stand-in task lives here, not in tasks/, so the training tests check train.py against the task
+contract without depending on any particular generator.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# A model small enough that a training test takes seconds on two CPU cores.
+TINY = ["model.d_model=32", "mixer.num_heads=2", "mixer.head_dim=16", "model.mlp_ratio=2.0"]
+
+
+def _previous_token(num_examples: int, seq_len: int, *, seed: int, vocab_size: int = 16,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stand-in task: random tokens; the label at t is the token at t - 1 (none at t = 0).
+
+    generate(1, 4, seed=0, vocab_size=16) -> inputs [a, b, c, d], labels [-100, a, b, c].
+    """
+    if vocab_size < 2:
+        raise ValueError(f"previous_token: vocab_size={vocab_size} must be >= 2")
+    inputs = np.random.default_rng(seed).integers(0, vocab_size, size=(num_examples, seq_len))
+    labels = np.full_like(inputs, -100)
+    labels[:, 1:] = inputs[:, :-1]
+    return torch.from_numpy(inputs).long(), torch.from_numpy(labels).long()
+
+
+def _num_tokens(*, vocab_size: int = 16) -> int:
+    return vocab_size
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stand_in_task() -> Iterator[str]:
+    """Registers `tasks.stand_in` (module) and `task=stand_in` (config) for the whole session."""
+    import tasks
+
+    module = types.ModuleType("tasks.stand_in")
+    module.generate = _previous_token
+    module.num_tokens = _num_tokens
+    sys.modules["tasks.stand_in"] = module
+    tasks.stand_in = module
+    ConfigStore.instance().store(group="task", name="stand_in", node={
+        "name": "stand_in", "seq_len": 16, "eval_seq_lens": None, "num_train": 2048, "num_eval": 128,
+        "params": {"vocab_size": 16},
+    })
+    yield "stand_in"
+    del sys.modules["tasks.stand_in"]
+    del tasks.stand_in
+
+
+@pytest.fixture
+def make_cfg() -> Iterator[Callable[..., DictConfig]]:
+    """Compose the real config (conf/config.yaml) with the stand-in task, the tiny model and overrides."""
+    import train  # noqa: F401  (registers the structured schema `base_config`)
+
+    def make(*overrides: str, tiny: bool = True) -> DictConfig:
+        # One CPU thread: tiny models on a busy 2-core machine run many times faster without OpenMP workers.
+        base = ["task=stand_in", "mixer=attention", "trainer.device=cpu", "trainer.cpu_threads=1",
+                "trainer.batch_size=16", "trainer.eval_batch_size=64", "optim.warmup_steps=5"]
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose("config", overrides=[*base, *(TINY if tiny else []), *overrides])
+
+    threads = torch.get_num_threads()
+    yield make
+    torch.set_num_threads(threads)  # train() sets it process-wide; later tests get theirs back

@@ -1,0 +1,180 @@
+"""train.py end to end on the CPU: learning, the run directory's files, resume, errors, W&B offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+from omegaconf import DictConfig
+
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+MakeCfg = Callable[..., DictConfig]
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_short_run_learns_and_writes_the_run_directory(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    cfg = make_cfg("trainer.max_steps=120", "trainer.eval_every=40", "trainer.log_every=10",
+                   "trainer.checkpoint_every=50", "optim.lr=3e-3", "task.eval_seq_lens=[16,32]")
+    summary = train.train(cfg, tmp_path, mixer_name="attention")
+    metrics = _metrics(tmp_path)
+    steps = [m["step"] for m in metrics]
+    assert steps == [1, *range(10, 121, 10)]
+    assert all({"train/loss", "train/acc", "lr", "time_s"} <= m.keys() for m in metrics)
+    evals = [m for m in metrics if "eval/acc" in m]
+    assert [m["step"] for m in evals] == [40, 80, 120]
+    assert {"eval/seq_acc", "eval/acc@16", "eval/acc@32"} <= evals[0].keys()
+    # It learns: the loss falls well below chance (ln 16 = 2.77) and accuracy rises far above 1/16.
+    assert metrics[-1]["train/loss"] < 0.5 * metrics[0]["train/loss"]
+    assert evals[-1]["eval/acc"] > 0.8 and evals[-1]["eval/acc"] > evals[0]["eval/acc"]
+    assert summary == _summary(tmp_path)
+    assert summary["status"] == "completed" and summary["steps"] == 120
+    assert summary["final_eval_acc"] == evals[-1]["eval/acc"]
+    assert summary["best_eval_acc"] == max(m["eval/acc"] for m in evals)
+    first_above = [m["step"] for m in evals if m["eval/acc"] >= 0.9]
+    assert summary["steps_to_threshold"] == (first_above[0] if first_above else None)
+    assert summary["final_eval/acc@32"] == evals[-1]["eval/acc@32"]
+    assert (summary["task"], summary["mixer"], summary["seq_len"], summary["lr"], summary["seed"]) == (
+        "stand_in", "attention", 16, 3e-3, 0)
+    # State: K and V caches, 2 layers x 2 heads x (16 + 16) x 16 tokens.
+    assert summary["state_size"] == 2 * 2 * 32 * 16
+    assert summary["n_params"] > 0 and summary["tokens_per_s"] > 0 and summary["wall_time_s"] > 0
+    assert summary["config"]["trainer.max_steps"] == 120
+    assert (tmp_path / "checkpoint.pt").exists() and "eval acc" in (tmp_path / "train.log").read_text()
+    # Re-running a completed directory does nothing.
+    before = (tmp_path / "metrics.jsonl").read_text()
+    assert train.train(cfg, tmp_path, mixer_name="attention") == summary
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_resume_after_interruption_matches_an_uninterrupted_run(
+        make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = make_cfg("trainer.max_steps=30", "trainer.eval_every=10", "trainer.log_every=1",
+                   "trainer.checkpoint_every=10", "task.num_train=200")  # 200 / 16: batches cross epochs
+    whole = tmp_path / "whole"
+    train.train(cfg, whole, mixer_name="attention")
+
+    # Interrupt the second run during step 25: the last checkpoint is at step 20, metrics go to 24.
+    indices = train.EpochSampler.indices
+
+    def crash_at_step_25(self: train.EpochSampler, step: int) -> torch.Tensor:
+        if step == 24:
+            raise KeyboardInterrupt("killed")
+        return indices(self, step)
+
+    parts = tmp_path / "parts"
+    monkeypatch.setattr(train.EpochSampler, "indices", crash_at_step_25)
+    with pytest.raises(KeyboardInterrupt):
+        train.train(cfg, parts, mixer_name="attention")
+    assert _summary(parts)["status"] == "failed" and "KeyboardInterrupt" in _summary(parts)["error"]
+    assert _metrics(parts)[-1]["step"] == 24
+    assert torch.load(parts / "checkpoint.pt", weights_only=True)["progress"]["step"] == 20
+    monkeypatch.setattr(train.EpochSampler, "indices", indices)
+    resumed = train.train(cfg, parts, mixer_name="attention")
+
+    def without_time(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in row.items() if k != "time_s"} for row in rows]
+
+    assert [m["step"] for m in _metrics(parts)] == list(range(1, 31))  # nothing repeated, nothing lost
+    assert without_time(_metrics(parts)) == without_time(_metrics(whole))
+    reference = _summary(whole)
+    for key in ("status", "steps", "final_eval_acc", "best_eval_acc", "steps_to_threshold"):
+        assert resumed[key] == reference[key]
+    assert "resumed from" in (parts / "train.log").read_text()
+
+
+def test_misspelt_keys_are_errors(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    for override in ["trainer.max_stepz=3", "model.d_modle=64", "optim.learning_rate=1e-3", "sede=1",
+                     "logger.wandb.mdoe=offline", "task.seqlen=8"]:
+        with pytest.raises(ConfigCompositionException):
+            make_cfg(override)
+    # The mixer group is free-form, so its keys are checked against the mixer's constructor instead.
+    cfg = make_cfg("+mixer.num_head=4")
+    with pytest.raises(ValueError, match=r"'attention'.*num_head"):
+        train.train(cfg, tmp_path, mixer_name="attention")
+    assert _summary(tmp_path)["status"] == "failed" and "num_head" in _summary(tmp_path)["error"]
+
+
+def test_bad_values_fail_with_the_key_named(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    cases = {"unknown_param": ("+task.params.vocab_sise=8", "vocab_sise"),
+             "device": ("trainer.device=tpu", "trainer.device"),
+             "steps": ("trainer.max_steps=0", "trainer.max_steps"),
+             "task": ("task.name=no_such_task", "no_such_task")}
+    for name, (override, expected) in cases.items():
+        with pytest.raises(ValueError, match=expected):
+            train.train(make_cfg(override), tmp_path / name, mixer_name="attention")
+        summary = _summary(tmp_path / name)
+        assert summary["status"] == "failed" and expected in summary["error"]
+        assert "Traceback" in (tmp_path / name / "train.log").read_text()
+
+
+def test_nan_loss_stops_with_status_diverged(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    # AdamW's first steps move every weight by about lr: at 1e30 the next forward overflows.
+    cfg = make_cfg("optim.lr=1e30", "optim.warmup_steps=0", "trainer.max_steps=20")
+    summary = train.train(cfg, tmp_path, mixer_name="attention")
+    assert summary["status"] == "diverged" and "non-finite" in summary["error"]
+    assert 0 < summary["steps"] < 20
+    assert all(m["step"] <= summary["steps"] for m in _metrics(tmp_path))
+    # A diverged run is finished: launching it again does not train.
+    assert train.train(cfg, tmp_path, mixer_name="attention")["steps"] == summary["steps"]
+
+
+def test_wandb_offline_writes_a_run(make_cfg: MakeCfg, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = make_cfg("logger.wandb.mode=offline", "trainer.max_steps=4", "trainer.eval_every=2",
+                   "trainer.log_every=1", "+logger.wandb.tags=[smoke]")
+    train.train(cfg, tmp_path / "run", mixer_name="attention")
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+# A real task at a tiny size, for runs in a fresh process (the stand-in task exists only in this one).
+CLI_TINY = ["task=palindrome", "mixer=attention", "task.seq_len=16", "task.num_train=64", "task.num_eval=16",
+            "task.params.vocab_size=8", "model.d_model=16", "mixer.head_dim=8", "trainer.batch_size=8",
+            "trainer.device=cpu", "trainer.cpu_threads=1"]
+
+
+def test_disabled_wandb_is_never_imported(make_cfg: MakeCfg, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry in sys.modules makes any `import wandb` raise ImportError.
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    summary = train.train(make_cfg("trainer.max_steps=2"), tmp_path, mixer_name="attention")
+    assert summary["status"] == "completed"
+
+
+def test_command_line_single_run_and_multirun(tmp_path: Path) -> None:
+    """`python train.py ...`: a failing single run exits non-zero; in a multirun the sweep goes on."""
+    tiny = CLI_TINY
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    single = subprocess.run([sys.executable, "train.py", *tiny, "trainer.max_steps=0",
+                             f"hydra.run.dir={tmp_path / 'single'}"], cwd=ROOT, env=env, capture_output=True,
+                            text=True)
+    assert single.returncode != 0 and "trainer.max_steps" in single.stderr
+    assert _summary(tmp_path / "single")["status"] == "failed"
+    sweep = subprocess.run([sys.executable, "train.py", "-m", *tiny, "trainer.max_steps=3,0",
+                            f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT, env=env, capture_output=True,
+                           text=True)
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    assert _summary(tmp_path / "sweep" / "0")["status"] == "completed"
+    assert _summary(tmp_path / "sweep" / "0")["mixer"] == "attention"
+    assert _summary(tmp_path / "sweep" / "1")["status"] == "failed"
+    assert (tmp_path / "sweep" / "0" / "train.log").exists()
