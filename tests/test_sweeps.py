@@ -17,6 +17,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pytest
@@ -24,8 +25,10 @@ import yaml
 
 from analysis import collect, plot
 
+if TYPE_CHECKING:
+    from slurm.fixture import SlurmCluster
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm.fixture import SlurmCluster  # noqa: E402
 
 # The session's SLURM cluster fixture (`slurm_cluster`), started only when a SLURM test runs.
 pytest_plugins = ["slurm.fixture"]
@@ -121,7 +124,9 @@ def test_smoke_sweep_records_every_run_with_its_status(smoke: Path) -> None:
 
 
 def test_joblib_ran_two_jobs_at_once(smoke: Path) -> None:
-    done = [p.parent for p in smoke.glob("*/summary.json") if "num_pairs" not in p.parent.name]
+    done = [
+        p.parent for p in smoke.rglob("summary.json") if json.loads(p.read_text())["status"] == "completed"
+    ]
     spans = sorted(
         (_log_start(d), datetime.fromtimestamp((d / "summary.json").stat().st_mtime)) for d in done
     )
@@ -170,7 +175,7 @@ def test_collect_and_plot_the_smoke_sweep(smoke: Path, tmp_path: Path) -> None:
 
 
 def test_relaunch_skips_completed_runs(smoke: Path) -> None:
-    done = [p for p in smoke.glob("*/summary.json") if json.loads(p.read_text())["status"] == "completed"]
+    done = [p for p in smoke.rglob("summary.json") if json.loads(p.read_text())["status"] == "completed"]
     before = {p: (p.stat().st_mtime_ns, p.read_text()) for p in done}
     metrics = {p: (p.parent / "metrics.jsonl").read_text() for p in done}
     start = time.monotonic()
@@ -199,7 +204,7 @@ def test_relaunch_resumes_an_interrupted_run(tmp_path: Path) -> None:
         deadline = time.monotonic() + 120
         checkpoint = None
         while time.monotonic() < deadline and process.poll() is None:
-            found = list(sweep_dir.glob("*/checkpoint.pt"))
+            found = list(sweep_dir.rglob("checkpoint.pt"))
             if found:
                 checkpoint = found[0]
                 break
@@ -289,34 +294,50 @@ def _job_of(run_dir: Path) -> str:
 def test_smoke_sweep_on_slurm_survives_preemption(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     """The smoke sweep through submitit on SLURM; one job preempted mid-run is requeued and resumes."""
     sweep_dir = tmp_path / "smoke"
-    overrides = [*_slurm_overrides(), "trainer.checkpoint_every=50"]
+    overrides = [*_slurm_overrides(), "trainer.checkpoint_every=25"]
     process = subprocess.Popen(
         _command("smoke", sweep_dir, *overrides),
         cwd=ROOT,
         env=_env(slurm_cluster.env),
-        stdout=subprocess.PIPE,
+        stdout=(tmp_path / "hydra.out").open("w"),
         stderr=subprocess.STDOUT,
-        text=True,
         start_new_session=True,
     )
     preempted = None
+    signaller: subprocess.Popen[bytes] | None = None
     try:
         deadline = time.monotonic() + 150
         while preempted is None and time.monotonic() < deadline and process.poll() is None:
-            for checkpoint in sweep_dir.glob("*/checkpoint.pt"):
+            for checkpoint in sweep_dir.rglob("checkpoint.pt"):
                 run_dir = checkpoint.parent
                 if not (run_dir / "summary.json").exists():
                     job = _job_of(run_dir)
-                    # submitit's own preemption signals: SIGTERM (ignored by submitit), then USR2.
-                    slurm_cluster.run("scancel", "--signal=TERM", job)
-                    slurm_cluster.run("scancel", "--signal=USR2", job)
+                    # What SLURM sends before a time limit or preemption (--signal=USR2@...): submitit
+                    # requeues the job. scancel retries while the job is in transition, and a retry that
+                    # reaches the restarted job kills it: stop scancel once submitit has caught the signal.
+                    signaller = subprocess.Popen(
+                        ["scancel", "--signal=USR2", job],
+                        env=slurm_cluster.env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                    caught = time.monotonic() + 30
+                    while time.monotonic() < caught and not any(
+                        "Caught signal SIGUSR2" in err.read_text()
+                        for err in sweep_dir.glob(f".submitit/{job}/*.err")
+                    ):
+                        time.sleep(0.1)
+                    signaller.kill()
                     preempted = run_dir
                     break
             time.sleep(0.2)
-        output, _ = process.communicate(timeout=240)
+        process.wait(timeout=240)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+        if signaller is not None and signaller.poll() is None:
+            signaller.kill()
+    output = (tmp_path / "hydra.out").read_text()
     assert preempted is not None, "no run was caught between its first checkpoint and its end"
     assert process.returncode == 0, output[-4000:]
     table = collect.collect_dirs([sweep_dir])
@@ -338,25 +359,25 @@ def test_slurm_cancelled_job_is_failed_and_sweep_ends(slurm_cluster: SlurmCluste
         _command("smoke", sweep_dir, *_slurm_overrides(), *one),
         cwd=ROOT,
         env=_env(slurm_cluster.env),
-        stdout=subprocess.PIPE,
+        stdout=(tmp_path / "hydra.out").open("w"),
         stderr=subprocess.STDOUT,
-        text=True,
         start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 90
         logs: list[Path] = []
         while not logs and time.monotonic() < deadline and process.poll() is None:
-            logs = [p for p in sweep_dir.glob("*/metrics.jsonl") if p.stat().st_size > 0]
+            logs = [p for p in sweep_dir.rglob("metrics.jsonl") if p.stat().st_size > 0]
             time.sleep(0.5)
         assert logs, "the job never started training"
         job = _job_of(logs[0].parent)
         slurm_cluster.run("scancel", job)
         slurm_cluster.wait_for_state(job, {"CANCELLED"}, timeout_s=30)
-        output, _ = process.communicate(timeout=150)
+        process.wait(timeout=150)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+    output = (tmp_path / "hydra.out").read_text()
     assert process.returncode != 0
     assert "UncompletedJobError" in output and "CANCELLED" in output, output[-3000:]
     table = collect.collect_dirs([sweep_dir])

@@ -82,6 +82,7 @@ start() {
     cpus="$(nproc)"
     # Below free memory, as slurmd refuses a node that claims more than it has.
     mem_mb="$(awk '/MemAvailable/ {print int($2 / 1024 / 2)}' /proc/meminfo)"
+    # cred_expire also delays a requeued job's restart (default 120 s); 10 s keeps the requeue test short.
     cat >"$dir/slurm.conf" <<CONF
 ClusterName=kdatest
 SlurmctldHost=$host(127.0.0.1)
@@ -91,7 +92,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
