@@ -147,13 +147,17 @@ def _add_broken_runs(root: Path) -> None:
         "slurmstepd: error: *** JOB 17 ON vm CANCELLED AT 2026-11-29T11:00:00 ***\n"
     )
     write_run(root / "diverged", task="mqar", mixer="gdn", seq_len=64, lr=5.0, seed=0, status="diverged")
+    # Preempted under SLURM: submitit's requeue exits the run with SystemExit, which the harness records.
+    write_run(root / "preempted", task="mqar", mixer="gdn", seq_len=64, lr=6.0, seed=0, status="failed")
+    summary = json.loads((root / "preempted" / "summary.json").read_text())
+    (root / "preempted" / "summary.json").write_text(json.dumps({**summary, "error": "SystemExit: -1"}))
 
 
 def test_collect_one_row_per_run_with_status_and_reason(sweep: Path) -> None:
     _add_broken_runs(sweep)
     table = collect.collect_dirs([sweep])
     n_grid = len(TASKS) * len(MIXERS) * len(LENGTHS) * len(LRS) * len(SEEDS)
-    assert len(table) == n_grid + 5
+    assert len(table) == n_grid + 6
     by_lr = table.set_index("lr")
     assert by_lr.loc[1.0, "status"] == "failed" and by_lr.loc[1.0, "reason"] == "ValueError: boom"
     assert by_lr.loc[2.0, "status"] == "failed"
@@ -161,6 +165,7 @@ def test_collect_one_row_per_run_with_status_and_reason(sweep: Path) -> None:
     assert by_lr.loc[3.0, "status"] == "incomplete" and "checkpoint" in by_lr.loc[3.0, "reason"]
     assert by_lr.loc[4.0, "status"] == "failed" and by_lr.loc[4.0, "reason"] == "SLURM job 17_3 cancelled"
     assert by_lr.loc[5.0, "status"] == "diverged"
+    assert by_lr.loc[6.0, "status"] == "incomplete" and "SystemExit" in by_lr.loc[6.0, "reason"]
     # Identity columns are filled from the config even for runs that never wrote a summary.
     assert by_lr.loc[2.0, "task"] == "mqar" and by_lr.loc[3.0, "mixer"] == "gdn"
     assert by_lr.loc[3.0, "seq_len"] == 64 and by_lr.loc[3.0, "seed"] == 0

@@ -262,6 +262,14 @@ def test_experiment_grids_compose() -> None:
         assert set(grids["kimi_fig4"]["mixer"]) == {"kda", "gdn", "mamba2"}
         assert set(grids["all_mixers"]["mixer"]) == mixers
         assert set(grids["kda_ablations"]["experiment/ablation"]) == variants
+        # The launcher configs compose onto the real launchers.
+        for launcher, target in (("joblib_gpu", "JoblibLauncher"), ("slurm", "SlurmLauncher")):
+            cfg = compose(
+                "config", overrides=[f"{key}=smoke", f"hydra/launcher={launcher}"], return_hydra_config=True
+            )
+            assert cfg.hydra.launcher._target_.endswith(target)
+        cfg = compose("config", overrides=[f"{key}=smoke", "hydra/launcher=slurm"], return_hydra_config=True)
+        assert cfg.hydra.launcher.max_num_timeout > 0 and cfg.hydra.launcher.gpus_per_node == 1
         # Each ablation is KDA with at most two switches changed from the yaml's defaults.
         base = compose("config", overrides=[f"{key}=kda_ablations"])
         for variant in variants:
