@@ -270,7 +270,11 @@ def collect_wandb(path: str, *, group: str | None = None, api: Any | None = None
         row: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS)
         row.update(flatten(config))
         row["task"] = row.get("task.name")
-        row["mixer"] = row.get("mixer.name")
+        # W&B's config has the mixer's class, not its name; the tag mixer:<name> (experiment yamls) has it,
+        # and the summary's `mixer` (below) too once the run finished.
+        tagged = [t.split(":", 1)[1] for t in run.tags if t.startswith("mixer:")]
+        target = str(row.get("mixer._target_") or "")
+        row["mixer"] = tagged[0] if tagged else (target.rsplit(".", 1)[-1].lower() or None)
         row["seq_len"] = row.get("task.seq_len")
         row["lr"] = row.get("optim.lr")
         row["seed"] = row.get("seed")

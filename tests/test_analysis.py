@@ -348,10 +348,10 @@ def test_collect_wandb_with_a_stand_in_api() -> None:
             name=name,
             group="kimi_fig4",
             state=state,
-            tags=["task:mqar", "mixer:kda"],
+            tags=["task:mqar", "mixer:kda"] if seed == 0 else ["task:mqar"],
             config={
                 "task": {"name": "mqar", "seq_len": 256},
-                "mixer": {"name": "kda"},
+                "mixer": {"_target_": "mixers.kda.KDA"},
                 "optim": {"lr": 1e-3},
                 "seed": seed,
                 "_wandb": {"x": 1},
@@ -381,6 +381,7 @@ def test_collect_wandb_with_a_stand_in_api() -> None:
     assert list(table["status"]) == ["completed", "failed", "incomplete"]
     assert table.loc[0, "best_eval_acc"] == 0.9 and table.loc[0, "steps_to_threshold"] == 300
     assert list(table["seq_len"]) == [256] * 3 and list(table["seed"]) == [0, 1, 2]
+    assert list(table["mixer"]) == ["kda"] * 3
     assert "_wandb.x" not in table and "_runtime" not in table
     assert table.loc[1, "reason"] == "W&B run state crashed"
     with pytest.raises(ValueError, match="entity/project"):
