@@ -35,6 +35,7 @@ CASES: list[tuple[ModuleType, dict, int]] = [
     (stack, {"num_stacks": 4, "num_elements": 8}, 64),
     (stack, {"num_stacks": 2, "num_elements": 3, "push_prob": 0.9}, 301),
     (stack, {"num_stacks": 64, "num_elements": 2}, 7),  # forces the final pop on almost every row
+    (stack, {"num_stacks": 3, "num_elements": 40000}, 90),  # elements beyond int16: the int32 store
 ]
 IDS = [f"{m.__name__.split('.')[-1]}-{p}-T{t}" for m, p, t in CASES]
 
@@ -201,6 +202,24 @@ def test_mqar_zoology_queries_each_key_once_on_power_law_slots() -> None:
     # power_a = 0.01 puts queries near the context; uniform choice averages about half the slots
     assert mean_slot[0] < 0.75 * mean_slot[1]
     assert abs(mean_slot[1] - (slots - 1) / 2) < 0.1 * slots
+
+
+def test_mqar_zoology_slots_follow_successive_weighted_sampling() -> None:
+    """Pair 1 takes slot i with p_i = w_i / W, then pair 2 slot j with w_j / (W - w_i); w_i = i ** (a - 1)."""
+    a, n, slots = 0.5, 2, 3
+    inputs, _ = mqar.generate(
+        30000, 2 * n + 2 * slots, seed=0, form="zoology", vocab_size=12, num_pairs=n, power_a=a
+    )
+    x = inputs.numpy()
+    slot_of = [np.argmax(x[:, 2 * n :: 2] == x[:, [2 * p]], axis=1) for p in range(n)]  # [N] per pair
+    w = np.arange(1, slots + 1) ** (a - 1.0)
+    for i in range(slots):
+        for j in range(slots):
+            if i == j:
+                continue
+            expected = w[i] / w.sum() * w[j] / (w.sum() - w[i])
+            observed = np.mean((slot_of[0] == i) & (slot_of[1] == j))
+            assert abs(observed - expected) < 0.01, (i, j, observed, expected)
 
 
 def test_stack_push_prob_sets_the_share_of_pops() -> None:
