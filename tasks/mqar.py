@@ -28,16 +28,18 @@ keys 2..6, values 7..11, pairs (3→9), (6→7), ``m = 10 - 4 - 1 = 5`` queries:
                k1    v1    k2    v2    <sep>  q     q     q     q     q
     labels   -100  -100  -100  -100  -100     7     9     9     7     7
 
-``zoology`` (Arora et al., Zoology, 2023, their default ``random_non_queries``):
-no ``<sep>``; after the ``2n`` pair tokens, the remaining ``R = T - 2n``
-positions form ``S = R // 2`` two-token slots. Every key is queried exactly
-once: ``n`` slots are drawn without replacement with probability of slot
-``i`` (1-based) proportional to ``i ** (power_a - 1)``, a power law that puts
-most queries close after the context (``power_a = 1`` is uniform), and pair
-``j`` is queried in the ``j``-th slot drawn. A query sits in its slot's first
-position (labelled with its value); every other position of the query region
-holds noise (``noise=True``: a uniform draw from the value range, so that a
-key-range token in the query region is always a query) or pad (``noise=False``).
+``zoology`` (after Arora et al., "Zoology", 2023, with their default of noise
+between the queries; written from its description): no ``<sep>``; after the
+``2n`` pair tokens, the remaining ``R = T - 2n`` positions form ``S = R // 2``
+two-token slots. Every key is queried exactly once: ``n`` slots are drawn
+without replacement with probability of slot ``i`` (1-based) proportional to
+``i ** (power_a - 1)``, a power law that puts most queries close after the
+context (``power_a = 1`` is uniform), and pair ``j`` is queried in the
+``j``-th slot drawn. A query sits in its slot's first position (labelled with
+its value); every other position of the query region holds noise
+(``noise=True``: a uniform draw from the value range, so that a key-range
+token in the query region is always a query; Zoology draws its noise from the
+whole vocabulary) or pad (``noise=False``).
 
 Worked example (zoology), ``generate(1, 12, seed=…, vocab_size=12,
 num_pairs=2, form="zoology", noise=False)``: pairs (5→8), (2→10), 4 slots
@@ -50,10 +52,10 @@ at positions 4, 6, 8, 10; key 5 drawn into slot 0, key 2 into slot 2::
 Default number of pairs (``num_pairs=None``), both forms: ``seq_len // 8``
 (at least 1): 32, 64, 128, 256 pairs at lengths 256, 512, 1024, 2048. The
 pairs fill a quarter of the sequence at every length, so the recall load grows
-with length as in Kimi Linear's Fig. 4 sweep, and ``T // 8`` is the densest
-setting of Zoology's sweep (e.g. 64 pairs at length 512). With 2 heads of head
-dim 128, the larger lengths ask for more pairs than a head has key dimensions:
-that is what separates the mixers.
+with length as in Kimi Linear's Fig. 4 sweep; Zoology's own sweep goes up to
+64 pairs at length 512, the same ``T // 8``. At 2048 the 256 pairs outnumber
+the 128 key dimensions of a head: a state without erasure cannot hold them
+all exactly, which is what separates the mixers.
 """
 
 from __future__ import annotations
