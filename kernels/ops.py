@@ -65,10 +65,12 @@ def _validate(
     decay: Decay,
     delta: bool,
     token_dims: tuple[str, ...],
+    state_name: str,
 ) -> None:
     """Shape/dtype/value checks shared by the chunked ops (token_dims = B, T, H) and the steps (B, H).
 
-    `state` is the initial state of a chunked op (optional) or the state of a step (required by the caller).
+    `state` is the initial state of a chunked op (optional) or the state of a step (required by the caller);
+    `state_name` is how the messages call it.
     """
     n = len(token_dims)
     lead = ", ".join(token_dims)
@@ -92,7 +94,7 @@ def _validate(
     if K == 0 or V == 0:
         raise ValueError(f"{op}: head dims K={K}, V={V} are unsupported; both must be >= 1")
     device = q.device
-    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), (state_name, state)):
         if t is not None and t.device != device:
             raise ValueError(
                 f"{op}: {name} is on {t.device} but q is on {device}; move all inputs to one device"
@@ -133,13 +135,17 @@ def _validate(
     if state is not None:
         B, H = q.shape[0], q.shape[-2]
         if not isinstance(state, torch.Tensor):
-            raise ValueError(f"{op}: state must be a torch.Tensor, got {type(state).__name__}")
+            raise ValueError(f"{op}: {state_name} must be a torch.Tensor, got {type(state).__name__}")
         if tuple(state.shape) != (B, H, K, V):
-            raise ValueError(f"{op}: state has shape {_shape(state)}; expected [B, H, K, V] = {[B, H, K, V]}")
+            raise ValueError(
+                f"{op}: {state_name} has shape {_shape(state)}; expected [B, H, K, V] = {[B, H, K, V]}"
+            )
         # float64 is accepted for float64 inputs only (references in tests); the contract is float32
         allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
         if state.dtype not in allowed:
-            raise ValueError(f"{op}: state has dtype {state.dtype}; it must be torch.float32 (use .float())")
+            raise ValueError(
+                f"{op}: {state_name} has dtype {state.dtype}; it must be torch.float32 (use .float())"
+            )
 
 
 def _validate_scale(op: str, scale: float | None) -> None:
@@ -188,7 +194,7 @@ def _chunk(
     _check_backend(backend)
     _check_chunk_size(op, chunk_size)
     _validate_scale(op, scale)
-    _validate(op, q, k, v, g, beta, initial_state, decay, delta, ("B", "T", "H"))
+    _validate(op, q, k, v, g, beta, initial_state, decay, delta, ("B", "T", "H"), "initial_state")
     if scale is None:
         scale = q.shape[-1] ** -0.5
     backend = _resolve(backend, q)
@@ -221,7 +227,7 @@ def _step(
         raise ValueError(
             f"{op}: state [B, H, K, V] (float32) is required; start from torch.zeros(B, H, K, V)"
         )
-    _validate(op, q, k, v, g, beta, state, decay, delta, ("B", "H"))
+    _validate(op, q, k, v, g, beta, state, decay, delta, ("B", "H"), "state")
     if scale is None:
         scale = q.shape[-1] ** -0.5
     backend = _resolve(backend, q)

@@ -1,0 +1,296 @@
+"""The ops of kernels/: the torch chunkwise backend against the naive token loop (outputs, final state, every
+gradient), the single-token steps against the recurrence, numerical safety, and input validation."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import rel_rms
+
+import kernels
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    decay: str | None  # None, "scalar" ([B, T, H]) or "channel" ([B, T, H, K])
+    delta: bool  # beta given
+
+    @property
+    def chunk(self) -> Callable:
+        return getattr(kernels, f"chunk_{self.name}")
+
+    @property
+    def step(self) -> Callable:
+        return getattr(kernels, f"{self.name}_step")
+
+
+OPS = [
+    Op("linear_attn", None, False),
+    Op("simple_gla", "scalar", False),
+    Op("gla", "channel", False),
+    Op("delta_rule", None, True),
+    Op("gated_delta_rule", "scalar", True),
+    Op("kda", "channel", True),
+]
+OP_IDS = [op.name for op in OPS]
+B, H, K, V = 2, 2, 16, 32
+FP32_BOUND = 1e-5
+BF16_BOUND = 1e-2
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """These tensors are tiny: one thread avoids thread start-up and, on a busy machine, the OpenMP
+    oversubscription that makes small ops 10x slower. Restored after each test."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_inputs(op: Op, T: int, seed: int, strong_decay: bool = True) -> list[torch.Tensor]:
+    """q, k, v[, g][, beta] in float32: L2-normalised keys, realistic log-decays logsigmoid(randn) with a few
+    strongly negative positions (-5 .. -20) to exercise overflow safety, beta in (0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    inputs = [q, k, v]
+    if op.decay is not None:
+        shape = (B, T, H) if op.decay == "scalar" else (B, T, H, K)
+        g = F.logsigmoid(torch.randn(*shape, generator=gen))
+        if strong_decay:
+            strong = torch.rand(*shape, generator=gen) < 0.05
+            g = torch.where(strong, -5 - 15 * torch.rand(*shape, generator=gen), g)
+        inputs.append(g)
+    if op.delta:
+        inputs.append(torch.rand(B, T, H, generator=gen))
+    return inputs
+
+
+def run_with_grads(
+    op: Op,
+    inputs: list[torch.Tensor],
+    h0: torch.Tensor | None,
+    backend: str,
+    cotangents: tuple[torch.Tensor, torch.Tensor],
+    **kwargs: object,
+) -> list[torch.Tensor]:
+    """[o, S_T, grad of each input, grad of h0 (if given)] for loss = <o, do> + <S_T, dS>."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    h0_leaf = None if h0 is None else h0.detach().clone().requires_grad_()
+    o, S_T = op.chunk(*leaves, initial_state=h0_leaf, output_final_state=True, backend=backend, **kwargs)
+    do, dS = cotangents
+    ((o.double() * do).sum() + (S_T.double() * dS).sum()).backward()
+    grads = [x.grad for x in leaves] + ([] if h0_leaf is None else [h0_leaf.grad])
+    return [o, S_T, *grads]
+
+
+def names(op: Op, with_h0: bool) -> list[str]:
+    return (
+        ["o", "S_T", "dq", "dk", "dv"]
+        + (["dg"] if op.decay else [])
+        + (["dbeta"] if op.delta else [])
+        + (["dh0"] if with_h0 else [])
+    )
+
+
+def cotangents(T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(B, T, H, V, generator=gen, dtype=torch.float64), torch.randn(
+        B, H, K, V, generator=gen, dtype=torch.float64
+    )
+
+
+@pytest.mark.parametrize("with_h0", [False, True], ids=["no_h0", "h0"])
+@pytest.mark.parametrize("T", [1, 63, 64, 100, 300])
+@pytest.mark.parametrize("op", OPS, ids=OP_IDS)
+def test_torch_matches_naive_fp32(op: Op, T: int, with_h0: bool) -> None:
+    """fp32 inputs: chunkwise vs the token loop run in float64 on the same values, rel. RMS <= 1e-5 on the
+    output, the final state and every gradient."""
+    inputs = make_inputs(op, T, seed=T)
+    h0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(7)) if with_h0 else None
+    cot = cotangents(T, seed=T)
+    ref = run_with_grads(op, [x.double() for x in inputs], None if h0 is None else h0.double(), "naive", cot)
+    out = run_with_grads(op, inputs, h0, "torch", cot)
+    assert out[0].dtype == torch.float32 and out[1].dtype == torch.float32
+    errors = {name: rel_rms(r, o) for name, r, o in zip(names(op, with_h0), ref, out, strict=True)}
+    assert max(errors.values()) <= FP32_BOUND, errors
+
+
+@pytest.mark.parametrize("T", [63, 300])
+@pytest.mark.parametrize("op", OPS, ids=OP_IDS)
+def test_torch_matches_naive_bf16(op: Op, T: int) -> None:
+    """bf16 inputs (fp32 initial state): against a float64 loop on the same bf16-rounded values; the bound is
+    looser because o and the input gradients come back in bf16."""
+    inputs = [x.bfloat16() for x in make_inputs(op, T, seed=100 + T)]
+    h0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(8))
+    cot = cotangents(T, seed=100 + T)
+    ref = run_with_grads(op, [x.double() for x in inputs], h0.double(), "naive", cot)
+    out = run_with_grads(op, inputs, h0, "torch", cot)
+    assert out[0].dtype == torch.bfloat16 and out[1].dtype == torch.float32
+    errors = {name: rel_rms(r, o) for name, r, o in zip(names(op, True), ref, out, strict=True)}
+    assert max(errors.values()) <= BF16_BOUND, errors
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 128])
+def test_chunk_size_does_not_change_the_result(chunk_size: int) -> None:
+    op = OPS[-1]
+    inputs = make_inputs(op, 150, seed=3)
+    o_ref, S_ref = op.chunk(*inputs, output_final_state=True, backend="torch", chunk_size=64)
+    o, S = op.chunk(*inputs, output_final_state=True, backend="torch", chunk_size=chunk_size)
+    assert rel_rms(o_ref, o) <= FP32_BOUND and rel_rms(S_ref, S) <= FP32_BOUND
+
+
+@pytest.mark.parametrize("op", OPS, ids=OP_IDS)
+def test_scale_and_no_final_state(op: Op) -> None:
+    inputs = make_inputs(op, 40, seed=5)
+    o_ref, _ = op.chunk(*[x.double() for x in inputs], scale=0.3, backend="naive")
+    o, S_T = op.chunk(*inputs, scale=0.3, backend="torch")
+    assert S_T is None
+    assert rel_rms(o_ref, o) <= FP32_BOUND
+
+
+@pytest.mark.parametrize("backend", ["torch", "naive", "auto"])
+@pytest.mark.parametrize("op", OPS, ids=OP_IDS)
+def test_steps_equal_the_recurrence(op: Op, backend: str) -> None:
+    """Decoding token by token with the step equals the full-sequence op, output by output, and the state."""
+    T = 20
+    inputs = make_inputs(op, T, seed=11)
+    h0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(9))
+    o_ref, S_ref = op.chunk(*[x.double() for x in inputs], initial_state=h0.double(), output_final_state=True,
+                            backend="naive")  # fmt: skip
+    state = h0
+    for t in range(T):
+        o_t, state = op.step(*[x[:, t] for x in inputs], state, backend=backend)
+        assert o_t.shape == (B, H, V) and o_t.dtype == torch.float32 and state.dtype == torch.float32
+        assert rel_rms(o_ref[:, t], o_t) <= FP32_BOUND, t
+    assert rel_rms(S_ref, state) <= FP32_BOUND
+
+
+def test_step_output_has_q_dtype() -> None:
+    op = OPS[-1]
+    q, k, v, g, beta = (x[:, 0].bfloat16() for x in make_inputs(op, 1, seed=2))
+    o, state = op.step(q, k, v, g, beta, torch.zeros(B, H, K, V), backend="torch")
+    assert o.dtype == torch.bfloat16 and state.dtype == torch.float32
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if op.decay], ids=[op.name for op in OPS if op.decay])
+def test_strongly_negative_g_is_finite_and_exact(op: Op) -> None:
+    """g = -50 at scattered positions and a whole chunk at -20 per token (cumulative -1280: exp(-G) would
+    overflow a thousand times over): no inf/NaN anywhere, and still the naive result."""
+    T = 200
+    inputs = make_inputs(op, T, seed=13, strong_decay=False)
+    g = inputs[3]
+    g[:, 5] = -50.0
+    g[:, 70:134] = -20.0
+    g[:, 150::7] = -50.0
+    h0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(4))
+    cot = cotangents(T, seed=13)
+    out = run_with_grads(op, inputs, h0, "torch", cot)
+    assert all(torch.isfinite(x).all() for x in out)
+    ref = run_with_grads(op, [x.double() for x in inputs], h0.double(), "naive", cot)
+    errors = {name: rel_rms(r, o) for name, r, o in zip(names(op, True), ref, out, strict=True)}
+    assert max(errors.values()) <= FP32_BOUND, errors
+
+
+def test_auto_backend_is_torch_on_cpu() -> None:
+    op = OPS[-1]
+    inputs = make_inputs(op, 70, seed=1)
+    o_auto, _ = op.chunk(*inputs, backend="auto")
+    o_torch, _ = op.chunk(*inputs, backend="torch")
+    assert torch.equal(o_auto, o_torch)
+
+
+def test_triton_backend_missing_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # simulate a checkout without kernels/triton (None in sys.modules makes the import fail)
+    monkeypatch.setitem(sys.modules, "kernels.triton", None)
+    op = OPS[-1]
+    inputs = make_inputs(op, 8, seed=1)
+    with pytest.raises(RuntimeError, match="backend='triton' needs the Triton kernels"):
+        op.chunk(*inputs, backend="triton")
+    with pytest.raises(RuntimeError, match="backend='triton' needs the Triton kernels"):
+        op.step(*[x[:, 0] for x in inputs], torch.zeros(B, H, K, V), backend="triton")
+
+
+def _kda_inputs(T: int = 8) -> dict[str, torch.Tensor]:
+    q, k, v, g, beta = make_inputs(OPS[-1], T, seed=0)
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+
+
+BAD_CHUNK_CALLS = [
+    # (id, op name, changes to the kda inputs / extra kwargs, message fragment naming the value)
+    ("q_rank", "kda", {"q": torch.randn(B, 8, K)}, r"q has shape \[2, 8, 16\] \(rank 3\)"),
+    ("k_shape", "kda", {"k": torch.randn(B, 8, H, K + 1)}, r"k has shape \[2, 8, 2, 17\]"),
+    ("v_T", "kda", {"v": torch.randn(B, 9, H, V)}, r"v has shape \[2, 9, 2, 32\]"),
+    ("q_int", "kda", {"q": torch.ones(B, 8, H, K, dtype=torch.long)}, r"q has dtype torch.int64"),
+    (
+        "g_scalar_to_kda",
+        "kda",
+        {"g": -torch.rand(B, 8, H)},
+        r"g has shape \[2, 8, 2\]; expected \[B, T, H, K\]",
+    ),
+    ("g_channel_to_gdn", "gated_delta_rule", {}, r"g has shape \[2, 8, 2, 16\]; expected \[B, T, H\]"),
+    ("g_positive", "kda", {"g": torch.full((B, 8, H, K), 0.5)}, r"g has a maximum value of 0.5"),
+    ("g_missing", "kda", {"g": None}, r"g \(log-decay of shape \[B, T, H, K\]"),
+    ("beta_shape", "kda", {"beta": torch.rand(B, 8, H, 1)}, r"beta has shape \[2, 8, 2, 1\]"),
+    ("beta_missing", "kda", {"beta": None}, r"beta \(the delta-rule write strength"),
+    (
+        "h0_shape",
+        "kda",
+        {"initial_state": torch.zeros(B, H, V, K)},
+        r"initial_state has shape \[2, 2, 32, 16\]",
+    ),
+    (
+        "h0_dtype",
+        "kda",
+        {"initial_state": torch.zeros(B, H, K, V, dtype=torch.bfloat16)},
+        r"initial_state has dtype torch.bfloat16",
+    ),
+    ("backend", "kda", {"backend": "cuda"}, r"backend='cuda' is unknown"),
+    ("chunk_not_pow2", "kda", {"chunk_size": 48}, r"chunk_size=48"),
+    ("chunk_small", "kda", {"chunk_size": 8}, r"chunk_size=8"),
+    ("scale", "kda", {"scale": -1.0}, r"scale=-1.0"),
+    ("head_dim_zero", "kda", {"q": torch.randn(B, 8, H, 0), "k": torch.randn(B, 8, H, 0)}, r"K=0"),
+]
+
+
+@pytest.mark.parametrize(("op_name", "changes", "message"), [c[1:] for c in BAD_CHUNK_CALLS],
+                         ids=[c[0] for c in BAD_CHUNK_CALLS])  # fmt: skip
+def test_chunk_validation(op_name: str, changes: dict, message: str) -> None:
+    args = _kda_inputs() | changes
+    q, k, v, g, beta = (args.pop(n) for n in ("q", "k", "v", "g", "beta"))
+    fn = getattr(kernels, f"chunk_{op_name}")
+    with pytest.raises(ValueError, match=message):
+        fn(q, k, v, g, beta, **args)
+
+
+BAD_STEP_CALLS = [
+    ("state_missing", {"state": None}, r"state \[B, H, K, V\] \(float32\) is required"),
+    ("state_shape", {"state": torch.zeros(B, H, K)}, r"state has shape \[2, 2, 16\]"),
+    ("state_dtype", {"state": torch.zeros(B, H, K, V, dtype=torch.float16)}, r"torch.float16"),
+    (
+        "q_rank",
+        {"q": torch.randn(B, 1, H, K)},
+        r"q has shape \[2, 1, 2, 16\] \(rank 4\); expected \[B, H, K\]",
+    ),
+    ("g_shape", {"g": -torch.rand(B, H)}, r"g has shape \[2, 2\]; expected \[B, H, K\]"),
+    ("beta_shape", {"beta": torch.rand(B, H, 1)}, r"beta has shape \[2, 2, 1\]"),
+    ("backend", {"backend": "fast"}, r"backend='fast' is unknown"),
+]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"), [c[1:] for c in BAD_STEP_CALLS], ids=[c[0] for c in BAD_STEP_CALLS]
+)
+def test_step_validation(changes: dict, message: str) -> None:
+    args = {n: x[:, 0] for n, x in _kda_inputs().items()} | {"state": torch.zeros(B, H, K, V)} | changes
+    q, k, v, g, beta, state = (args.pop(n) for n in ("q", "k", "v", "g", "beta", "state"))
+    with pytest.raises(ValueError, match=message):
+        kernels.kda_step(q, k, v, g, beta, state, **args)
