@@ -19,7 +19,9 @@ CHUNK_SIZES = (16, 32, 64)
 
 def _check_heads(K: int, V: int) -> None:
     if K not in HEAD_SIZES or V not in HEAD_SIZES:
-        raise ValueError(f"head sizes K={K}, V={V} are not supported by the Triton kernels; use K, V in {HEAD_SIZES}")
+        raise ValueError(
+            f"head sizes K={K}, V={V} are not supported by the Triton kernels; use K, V in {HEAD_SIZES}"
+        )
 
 
 def triton_chunk(
@@ -44,7 +46,9 @@ def triton_chunk(
     V = v.shape[-1]
     _check_heads(K, V)
     if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size={chunk_size} is not supported by the Triton kernels; use one of {CHUNK_SIZES}")
+        raise ValueError(
+            f"chunk_size={chunk_size} is not supported by the Triton kernels; use one of {CHUNK_SIZES}"
+        )
     if lower_bound is not None and not MIN_LOWER_BOUND <= lower_bound <= 0:
         raise ValueError(
             f"lower_bound={lower_bound}: the bounded-gate path needs {MIN_LOWER_BOUND} <= lower_bound <= 0 "

@@ -11,12 +11,24 @@ from kernels.triton.chunk import INTERPRET
 
 @triton.jit
 def _step_kernel(
-    q, k, v, g, beta, s_in, s_out, o, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, DELTA: tl.constexpr,
+    q,
+    k,
+    v,
+    g,
+    beta,
+    s_in,
+    s_out,
+    o,
+    scale,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    DECAY: tl.constexpr,
+    DELTA: tl.constexpr,
 ):
     # one (batch, head, V block): S <- (I - beta k k^T) Diag(exp g) S + beta k v^T, o = scale S^T q
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
@@ -56,8 +68,21 @@ def recurrent_step_fwd(
     o = torch.empty(B, H, V, device=q.device, dtype=q.dtype)
     BV = min(V, 32)
     _step_kernel[(V // BV, B * H)](
-        q, k, v, g.contiguous() if g is not None else q, beta.contiguous() if beta is not None else q,
-        state, new_state, o, scale, H=H, K=K, V=V, BV=BV, DECAY=decay, DELTA=beta is not None,
+        q,
+        k,
+        v,
+        g.contiguous() if g is not None else q,
+        beta.contiguous() if beta is not None else q,
+        state,
+        new_state,
+        o,
+        scale,
+        H=H,
+        K=K,
+        V=V,
+        BV=BV,
+        DECAY=decay,
+        DELTA=beta is not None,
         num_warps=1 if INTERPRET else 4,
     )
     return o, new_state

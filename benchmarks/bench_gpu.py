@@ -1,0 +1,365 @@
+"""Time our Triton kernels against FLA 0.6.0, our torch chunkwise op and SDPA on one GPU (bf16).
+
+    python benchmarks/bench_gpu.py --out benchmarks/results            # everything (~5 min on an H200)
+    python benchmarks/bench_gpu.py --out /tmp/b --skip-sweep           # the two fixed shapes + decode
+
+Forward and forward+backward (median of triton.testing.do_bench) for each op of DESIGN.md §3, plus
+KDA with K3's bounded gate (ours: lower_bound=-5; FLA: safe_gate=True, lower_bound=-5), at
+(B=32, T=2048, H=2) and (B=8, T=8192, H=16), K = V = 128, and a T = 1K..64K sweep at B=1, H=16
+(KDA and SDPA; the torch reference only up to 8K). SDPA is causal softmax attention on the same
+q, k, v (flash attention where PyTorch picks it). Decode: one KDA step at B=32, H=16 from an fp32
+state. Writes h200_bench.csv, h200_bench.md (ratios ours/FLA and ours/SDPA) and h200_sweep.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
+
+# (name, decay, delta, lower_bound) — kda_bounded is KDA with K3's g_min = -5
+OPS = [
+    ("linear_attn", None, False, None),
+    ("simple_gla", "scalar", False, None),
+    ("gla", "channel", False, None),
+    ("delta_rule", None, True, None),
+    ("gated_delta_rule", "scalar", True, None),
+    ("kda", "channel", True, None),
+    ("kda_bounded", "channel", True, -5.0),
+]
+COLORS = {"ours": "tab:red", "fla": "tab:blue", "torch": "tab:gray", "sdpa": "tab:green"}
+
+
+def make_inputs(
+    decay: str | None, delta: bool, lower_bound: float | None, B: int, T: int, H: int, D: int = 128
+) -> dict[str, torch.Tensor | None]:
+    dev, bf = "cuda", torch.bfloat16
+    q = torch.randn(B, T, H, D, device=dev, dtype=bf)
+    k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf)
+    v = torch.randn(B, T, H, D, device=dev, dtype=bf)
+    g = None
+    if decay is not None:
+        shape = (B, T, H) if decay == "scalar" else (B, T, H, D)
+        z = torch.randn(shape, device=dev)
+        g = (
+            F.logsigmoid(z) if lower_bound is None else lower_bound * torch.sigmoid(z)
+        )  # fp32, as a gate emits it
+    beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).to(bf) if delta else None
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+
+
+def provider(who: str, name: str, lower_bound: float | None) -> Callable | None:
+    """fn(q, k, v, g, beta) -> o for one implementation, or None where it is not installed."""
+    if who == "ours":
+        return lambda q, k, v, g, b: triton_chunk(q, k, v, g, b, lower_bound=lower_bound)[0]
+    if who == "torch":
+        try:
+            from kernels.chunk_torch import chunk_torch
+        except ImportError:
+            return None
+        return lambda q, k, v, g, b: chunk_torch(q, k, v, g, b, q.shape[-1] ** -0.5, None, False, 64)[0]
+    if who == "fla":
+        try:
+            from fla.ops.delta_rule import chunk_delta_rule
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+            from fla.ops.gla import chunk_gla
+            from fla.ops.kda import chunk_kda
+            from fla.ops.linear_attn import chunk_linear_attn
+            from fla.ops.simple_gla import chunk_simple_gla
+        except ImportError:
+            return None
+        return {
+            "linear_attn": lambda q, k, v, g, b: chunk_linear_attn(q, k, v, normalize=False)[0],
+            "simple_gla": lambda q, k, v, g, b: chunk_simple_gla(q, k, v, g)[0],
+            "gla": lambda q, k, v, g, b: chunk_gla(q, k, v, g)[0],
+            "delta_rule": lambda q, k, v, g, b: chunk_delta_rule(q, k, v, b)[0],
+            "gated_delta_rule": lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b)[0],
+            "kda": lambda q, k, v, g, b: chunk_kda(q, k, v, g, b)[0],
+            "kda_bounded": lambda q, k, v, g, b: chunk_kda(q, k, v, g, b, safe_gate=True, lower_bound=-5.0)[
+                0
+            ],
+        }[name]
+    if who == "sdpa":
+        # [B, T, H, D] -> [B, H, T, D]; causal softmax attention over the same q, k, v
+        return lambda q, k, v, g, b: F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        ).transpose(1, 2)
+    raise ValueError(who)
+
+
+def time_fn(fn: Callable, inputs: dict, backward: bool) -> float:
+    leaves = [t for t in inputs.values() if t is not None]
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    if not backward:
+        with torch.no_grad():
+            return do_bench(lambda: fn(*args), warmup=10, rep=50, return_mode="median")
+    for t in leaves:
+        t.requires_grad_(True)
+    do = torch.randn_like(inputs["v"])
+
+    def step() -> None:
+        fn(*args).backward(do)
+
+    ms = do_bench(step, warmup=10, rep=50, grad_to_none=leaves, return_mode="median")
+    for t in leaves:
+        t.requires_grad_(False)
+        t.grad = None
+    return ms
+
+
+def measure(
+    rows: list,
+    shape: str,
+    name: str,
+    who: str,
+    B: int,
+    T: int,
+    H: int,
+    lower_bound,
+    decay,
+    delta,
+    deadline: float,
+) -> None:
+    fn = provider(who, name, lower_bound)
+    if fn is None:
+        return
+    row = {"shape": shape, "op": name, "impl": who, "B": B, "T": T, "H": H, "D": 128}
+    for mode, backward in (("ms_fwd", False), ("ms_fwdbwd", True)):
+        if time.time() > deadline:
+            row[mode] = "SKIP(time)"
+            continue
+        try:
+            inputs = make_inputs(decay, delta, lower_bound, B, T, H)
+            row[mode] = round(time_fn(fn, inputs, backward), 4)
+        except Exception as exc:  # FLA refuses gated backwards on Triton 3.6/Hopper (#640); OOM for torch
+            row[mode] = f"ERR {type(exc).__name__}: {str(exc)[:80]}".replace(",", ";").replace("\n", " ")
+        torch.cuda.empty_cache()
+    rows.append(row)
+    print(
+        f"{shape:8s} {name:18s} {who:6s} B={B:<3d} T={T:<6d} H={H:<3d} fwd={row['ms_fwd']} fwdbwd={row['ms_fwdbwd']}",
+        flush=True,
+    )
+
+
+def decode(rows: list) -> None:
+    B, H, D = 32, 16, 128
+    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    k = F.normalize(torch.randn(B, H, D, device="cuda"), dim=-1).to(torch.bfloat16)
+    v = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    g = (-5.0 * torch.sigmoid(torch.randn(B, H, D, device="cuda"))).to(torch.bfloat16)
+    beta = torch.sigmoid(torch.randn(B, H, device="cuda")).to(torch.bfloat16)
+    state = torch.randn(B, H, D, D, device="cuda")
+    with torch.no_grad():
+        ms = do_bench(
+            lambda: triton_recurrent_step(q, k, v, g, beta, state), warmup=10, rep=50, return_mode="median"
+        )
+    rows.append(
+        {
+            "shape": "decode",
+            "op": "kda_step",
+            "impl": "ours",
+            "B": B,
+            "T": 1,
+            "H": H,
+            "D": D,
+            "ms_fwd": round(ms, 4),
+        }
+    )
+    print(f"decode kda_step ours {ms:.4f} ms", flush=True)
+    try:
+        from fla.ops.kda import fused_recurrent_kda
+
+        def fla_step() -> None:
+            fused_recurrent_kda(
+                q[:, None],
+                k[:, None],
+                v[:, None],
+                g[:, None],
+                beta[:, None],
+                initial_state=state,
+                output_final_state=True,
+            )
+
+        with torch.no_grad():
+            ms = do_bench(fla_step, warmup=10, rep=50, return_mode="median")
+        rows.append(
+            {
+                "shape": "decode",
+                "op": "kda_step",
+                "impl": "fla",
+                "B": B,
+                "T": 1,
+                "H": H,
+                "D": D,
+                "ms_fwd": round(ms, 4),
+            }
+        )
+        print(f"decode kda_step fla {ms:.4f} ms", flush=True)
+    except Exception as exc:
+        print(f"decode fla: {type(exc).__name__}: {exc}"[:200], flush=True)
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) and b > 0 else "-"
+
+
+def write_markdown(rows: list, path: Path, header: str) -> None:
+    lines = [
+        header,
+        "",
+        "## Fixed shapes (bf16, K = V = 128, ms, median of do_bench)",
+        "",
+        "| shape | op | ours fwd | FLA fwd | torch fwd | SDPA fwd | ours fwd+bwd | FLA fwd+bwd | torch fwd+bwd "
+        "| SDPA fwd+bwd | ours/FLA fwd | ours/FLA fwd+bwd | ours/SDPA fwd | ours/SDPA fwd+bwd |",
+        "|" + "---|" * 14,
+    ]
+    by = {(r["shape"], r["op"], r["impl"]): r for r in rows}
+    for shape in ("B32T2K", "B8T8K"):
+        sd = by.get((shape, "sdpa", "sdpa"), {})
+        for name, *_ in OPS:
+            o, f, t = (by.get((shape, name, w), {}) for w in ("ours", "fla", "torch"))
+            cells = [
+                o.get("ms_fwd", "-"),
+                f.get("ms_fwd", "-"),
+                t.get("ms_fwd", "-"),
+                sd.get("ms_fwd", "-"),
+                o.get("ms_fwdbwd", "-"),
+                f.get("ms_fwdbwd", "-"),
+                t.get("ms_fwdbwd", "-"),
+                sd.get("ms_fwdbwd", "-"),
+                ratio(o.get("ms_fwd"), f.get("ms_fwd")),
+                ratio(o.get("ms_fwdbwd"), f.get("ms_fwdbwd")),
+                ratio(o.get("ms_fwd"), sd.get("ms_fwd")),
+                ratio(o.get("ms_fwdbwd"), sd.get("ms_fwdbwd")),
+            ]
+            cells = [str(c)[:40] for c in cells]
+            lines.append(f"| {shape} | {name} | " + " | ".join(cells) + " |")
+    sweep = [r for r in rows if r["shape"] == "sweep"]
+    if sweep:
+        lines += [
+            "",
+            "## Sweep B=1, H=16 (ms)",
+            "",
+            "| T | op | impl | fwd | fwd+bwd |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['T']} | {r['op']} | {r['impl']} | {r.get('ms_fwd', '-')} | {r.get('ms_fwdbwd', '-')} |"
+            for r in sweep
+        ]
+    dec = [r for r in rows if r["shape"] == "decode"]
+    if dec:
+        lines += ["", "## Decode: one KDA step, B=32, H=16, K=V=128, fp32 state (ms)", ""]
+        lines += [f"- {r['impl']}: {r['ms_fwd']}" for r in dec]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(rows: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = [r for r in rows if r["shape"] == "sweep"]
+    if not sweep:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, mode, title in zip(axes, ("ms_fwd", "ms_fwdbwd"), ("forward", "forward + backward"), strict=True):
+        for (op, who), style in {
+            ("kda", "ours"): "-",
+            ("kda_bounded", "ours"): "--",
+            ("kda_bounded", "fla"): "--",
+            ("kda", "fla"): "-",
+            ("kda", "torch"): "-",
+            ("sdpa", "sdpa"): "-",
+        }.items():
+            pts = [
+                (r["T"], r[mode])
+                for r in sweep
+                if r["op"] == op and r["impl"] == who and isinstance(r.get(mode), float)
+            ]
+            if pts:
+                xs, ys = zip(*sorted(pts), strict=True)
+                ax.plot(xs, ys, style, marker="o", color=COLORS[who], label=f"{op} ({who})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T (tokens)")
+        ax.set_ylabel("time (ms)")
+        ax.set_title(f"KDA vs SDPA, {title}, B=1 H=16 D=128 bf16")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new timings after this")
+    parser.add_argument("--ops", nargs="+", default=[op[0] for op in OPS], help="subset of ops")
+    parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument("--impls", nargs="+", default=["ours", "sdpa", "fla", "torch"])
+    args = parser.parse_args()
+    deadline = time.time() + args.budget_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    if not args.skip_decode:
+        decode(rows)
+    # ours and SDPA first everywhere, then FLA (its autotuning compiles many configs), then torch
+    for who in [w for w in ("ours", "sdpa", "fla", "torch") if w in args.impls]:
+        for shape, B, T, H in (("B32T2K", 32, 2048, 2), ("B8T8K", 8, 8192, 16)):
+            if who == "sdpa":
+                measure(rows, shape, "sdpa", "sdpa", B, T, H, None, None, False, deadline)
+                continue
+            # KDA first for the baselines: if the time budget runs out, the headline comparison is in
+            for name, decay, delta, lb in OPS if who == "ours" else OPS[::-1]:
+                if name in args.ops:
+                    measure(rows, shape, name, who, B, T, H, lb, decay, delta, deadline)
+        if args.skip_sweep:
+            continue
+        for T in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
+            if who == "sdpa":
+                measure(rows, "sweep", "sdpa", "sdpa", 1, T, 16, None, None, False, deadline)
+                continue
+            if who == "torch" and T > 4096:
+                continue
+            for name in [n for n in ("kda", "kda_bounded") if n in args.ops]:
+                lb = -5.0 if name == "kda_bounded" else None
+                measure(rows, "sweep", name, who, 1, T, 16, lb, "channel", True, deadline)
+    fields = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd"]
+    with open(args.out / "h200_bench.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    try:
+        import fla
+
+        fla_version = getattr(fla, "__version__", "?")
+    except ImportError:
+        fla_version = "not installed"
+    header = (
+        f"# GPU benchmark: {torch.cuda.get_device_name()}, {datetime.date.today()}, torch {torch.__version__}, "
+        f"triton {triton.__version__}, FLA {fla_version}"
+    )
+    write_markdown(rows, args.out / "h200_bench.md", header)
+    plot(rows, args.out / "h200_sweep.png")
+    print((args.out / "h200_bench.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""pytest entry to the GPU checks (`python -m pytest -m gpu tests/gpu`); skipped without CUDA."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs a CUDA GPU and compiled (not interpreted) Triton kernels",
+    ),
+]
+
+
+def test_bf16_kernels_within_bounds() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from check_kernels import run
+
+    assert run([63, 1000, 2048, 8192], [2, 16], None), (
+        "some bf16 errors over FLA's bounds; see the printed table"
+    )

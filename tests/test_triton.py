@@ -1,0 +1,182 @@
+"""The Triton kernel family against the token-loop reference, under Triton's CPU interpreter.
+
+fp32 at small shapes (the interpreter runs every program in numpy): outputs, final states and the
+gradients of q, k, v, g, beta and the initial state must match `naive_recurrent` in float64 to a
+relative RMS error of 1e-4. Plus the decode step, and causality of the bounded-gate fast path.
+"""
+
+from __future__ import annotations
+
+import os
+
+# must precede the first triton import of the process; a GPU run of this file keeps the interpreter too
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
+from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+    reason="triton was imported before TRITON_INTERPRET=1 was set and there is no GPU",
+)
+
+# (name, decay granularity, delta rule): the six ops of DESIGN.md §3
+OPS = [
+    ("linear_attn", None, False),
+    ("simple_gla", "scalar", False),
+    ("gla", "channel", False),
+    ("delta_rule", None, True),
+    ("gated_delta_rule", "scalar", True),
+    ("kda", "channel", True),
+]
+TOL = 1e-4
+
+
+def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """RMS(x - ref) / RMS(ref); absolute RMS where the reference is exactly zero (e.g. dg at T=1 from
+    a zero state: the decay then multiplies nothing)."""
+    x, ref = x.double(), ref.double()
+    denominator = ref.pow(2).mean().sqrt().item()
+    return (x - ref).pow(2).mean().sqrt().item() / (denominator if denominator > 0 else 1.0)
+
+
+def make_inputs(
+    decay: str | None,
+    delta: bool,
+    B: int,
+    T: int,
+    H: int,
+    K: int,
+    V: int,
+    seed: int,
+    lower_bound: float | None = None,
+    with_state: bool = True,
+) -> dict[str, torch.Tensor | None]:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = None
+    if decay is not None:
+        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
+        if lower_bound is None:
+            # log-sigmoid gates span strong and weak decay, some far below -5 (the unbounded regime)
+            g = F.logsigmoid(2 * torch.randn(shape, generator=gen))
+        else:
+            g = lower_bound * torch.rand(shape, generator=gen)
+    beta = torch.rand(B, T, H, generator=gen) if delta else None
+    h0 = torch.randn(B, H, K, V, generator=gen) if with_state else None
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
+
+
+def check_against_naive(inputs: dict, lower_bound: float | None = None, chunk_size: int = 64) -> None:
+    names = [n for n, t in inputs.items() if t is not None]
+    ours = {n: inputs[n].clone().requires_grad_(True) for n in names}
+    ref = {n: inputs[n].double().requires_grad_(True) for n in names}
+    o, ht = triton_chunk(
+        ours["q"],
+        ours["k"],
+        ours["v"],
+        ours.get("g"),
+        ours.get("beta"),
+        None,
+        ours.get("initial_state"),
+        True,
+        chunk_size,
+        lower_bound,
+    )
+    o_ref, ht_ref = naive_recurrent(
+        ref["q"], ref["k"], ref["v"], ref.get("g"), ref.get("beta"), None, ref.get("initial_state"), True
+    )
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(o.shape, generator=gen)
+    dht = torch.randn(ht.shape, generator=gen)
+    ((o * do).sum() + (ht * dht).sum()).backward()
+    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
+    errors = {"o": rel_rms(o, o_ref), "final_state": rel_rms(ht, ht_ref)}
+    errors.update({f"d{n}": rel_rms(ours[n].grad, ref[n].grad) for n in names})
+    bad = {n: e for n, e in errors.items() if not e <= TOL}
+    assert not bad, f"relative RMS error above {TOL}: {bad} (all: {errors})"
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 100, 200])
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
+def test_chunk_matches_naive(name: str, decay: str | None, delta: bool, T: int, with_state: bool) -> None:
+    B, H = (2, 1) if T <= 64 else (1, 2)
+    inputs = make_inputs(decay, delta, B, T, H, K=16, V=32, seed=T + 7 * with_state, with_state=with_state)
+    check_against_naive(inputs)
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 100, 200])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_kda_bounded_gate_matches_naive(T: int, with_state: bool) -> None:
+    inputs = make_inputs(
+        "channel", True, 1, T, 2, K=16, V=32, seed=3 * T, lower_bound=-5.0, with_state=with_state
+    )
+    check_against_naive(inputs, lower_bound=-5.0)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32])
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:
+    # other chunk sizes, and K, V large enough that the V-block loops run more than once
+    inputs = make_inputs("channel", True, 1, 50, 1, K=32, V=64, seed=chunk_size, lower_bound=lower_bound)
+    check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("T", [64, 100])
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_kda_is_causal(T: int, lower_bound: float | None) -> None:
+    # FLA issue #1240: a sub-chunk anchor after t made o_t depend on later gates; ours anchors in the past.
+    # T=64: one full chunk; T=100: the cut lands inside a partial last chunk.
+    inputs = make_inputs("channel", True, 1, T, 2, K=16, V=16, seed=11, lower_bound=lower_bound or -5.0)
+    gen = torch.Generator().manual_seed(5)
+    for t in (T - 40, T - 9):
+        g2, beta2 = inputs["g"].clone(), inputs["beta"].clone()
+        g2[:, t + 1 :] = -5.0 * torch.rand(g2[:, t + 1 :].shape, generator=gen)
+        beta2[:, t + 1 :] = torch.rand(beta2[:, t + 1 :].shape, generator=gen)
+        args = (inputs["q"], inputs["k"], inputs["v"])
+        o1, _ = triton_chunk(
+            *args, inputs["g"], inputs["beta"], None, inputs["initial_state"], lower_bound=lower_bound
+        )
+        o2, _ = triton_chunk(*args, g2, beta2, None, inputs["initial_state"], lower_bound=lower_bound)
+        assert torch.equal(o1[:, : t + 1], o2[:, : t + 1]), f"o[:, :{t + 1}] changed with gates after t={t}"
+        assert not torch.equal(o1[:, t + 1 :], o2[:, t + 1 :])
+
+
+@pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
+def test_recurrent_step_matches_naive(name: str, decay: str | None, delta: bool) -> None:
+    B, H, K, V = 2, 2, 16, 32
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(B, H, K, generator=gen), F.normalize(torch.randn(B, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, H, V, generator=gen)
+    g = (
+        None
+        if decay is None
+        else F.logsigmoid(torch.randn((B, H) if decay == "scalar" else (B, H, K), generator=gen))
+    )
+    beta = torch.rand(B, H, generator=gen) if delta else None
+    state = torch.randn(B, H, K, V, generator=gen)
+    o, new_state = triton_recurrent_step(q, k, v, g, beta, state, None)
+    as64 = [None if x is None else x.double() for x in (q, k, v, g, beta, state)]
+    o_ref, state_ref = recurrent_step(*as64, K**-0.5)
+    assert new_state.dtype == torch.float32 and o.dtype == q.dtype
+    assert rel_rms(o, o_ref) <= TOL and rel_rms(new_state, state_ref) <= TOL
+
+
+def test_bad_arguments_raise() -> None:
+    q = torch.randn(1, 8, 1, 24)
+    with pytest.raises(ValueError, match="K=24"):
+        triton_chunk(q, q, q, None, None)
+    q = torch.randn(1, 8, 1, 16)
+    with pytest.raises(ValueError, match="chunk_size=48"):
+        triton_chunk(q, q, q, None, None, chunk_size=48)
+    with pytest.raises(ValueError, match="lower_bound=-8"):
+        triton_chunk(q, q, q, -torch.rand(1, 8, 1, 16), torch.rand(1, 8, 1), lower_bound=-8.0)
