@@ -102,6 +102,9 @@ def chunk_torch(
     B, T, H, K = q.shape
     V = v.shape[-1]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if T == 0:
+        S = q.new_zeros(B, H, K, V, dtype=acc) if initial_state is None else initial_state.to(acc)
+        return q.new_zeros(B, 0, H, V), S if output_final_state else None
     # a short sequence needs no full chunk: the result does not depend on C, only the cost does
     C = min(chunk_size, max(16, 1 << max(T - 1, 0).bit_length()))
 

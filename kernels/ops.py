@@ -153,6 +153,19 @@ def _validate_scale(op: str, scale: float | None) -> None:
         raise ValueError(f"{op}: scale={scale!r}; it must be a positive number or None (= K ** -0.5)")
 
 
+def _check_lower_bound(op: str, g: torch.Tensor | None, lower_bound: float) -> None:
+    """`lower_bound` is a promise that g >= lower_bound everywhere (a bounded gate, e.g. K3's g_min = -5)."""
+    if not (isinstance(lower_bound, (int, float)) and -float("inf") < lower_bound <= 0):
+        raise ValueError(f"{op}: lower_bound={lower_bound!r}; it must be a finite number <= 0, or None")
+    if g is not None and g.numel():
+        g_min = g.detach().min().item()
+        if not g_min >= lower_bound - G_POSITIVE_TOLERANCE:
+            raise ValueError(
+                f"{op}: g has a minimum value of {g_min:.3g} below lower_bound={lower_bound}; "
+                "pass the gate's true bound, or lower_bound=None"
+            )
+
+
 def _check_chunk_size(op: str, chunk_size: int) -> None:
     if not isinstance(chunk_size, int) or chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"{op}: chunk_size={chunk_size!r}; it must be a power of two >= 16 (e.g. 64)")
@@ -189,12 +202,15 @@ def _chunk(
     output_final_state: bool,
     backend: str,
     chunk_size: int,
+    lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The one generic chunked op: validate, then dispatch to a backend."""
     _check_backend(backend)
     _check_chunk_size(op, chunk_size)
     _validate_scale(op, scale)
     _validate(op, q, k, v, g, beta, initial_state, decay, delta, ("B", "T", "H"), "initial_state")
+    if lower_bound is not None:
+        _check_lower_bound(op, g, lower_bound)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     backend = _resolve(backend, q)
@@ -202,8 +218,10 @@ def _chunk(
         return naive_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state)
     if backend == "torch":
         return chunk_torch(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+    # lower_bound only changes how the Triton kernels compute (same result), so it is passed only there
+    extra = {} if lower_bound is None else {"lower_bound": lower_bound}
     return _import_triton().triton_chunk(
-        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size
+        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, **extra
     )
 
 
@@ -283,11 +301,16 @@ def chunk_gla(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
+    lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """GLA: S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, one decay per key channel."""
+    """GLA: S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, one decay per key channel.
+
+    `lower_bound`: optional promise that g >= lower_bound (checked); it lets the Triton backend take a faster
+    path and changes nothing in the result.
+    """
     return _chunk(
         "chunk_gla", "channel", False, q, k, v, g, None,
-        scale, initial_state, output_final_state, backend, chunk_size,
+        scale, initial_state, output_final_state, backend, chunk_size, lower_bound,
     )  # fmt: skip
 
 
@@ -339,11 +362,15 @@ def chunk_kda(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
+    lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """KDA: S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T, per-channel decay."""
+    """KDA: S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T, per-channel decay.
+
+    `lower_bound`: as in chunk_gla (e.g. K3's bounded gate, g_min = -5).
+    """
     return _chunk(
         "chunk_kda", "channel", True, q, k, v, g, beta,
-        scale, initial_state, output_final_state, backend, chunk_size,
+        scale, initial_state, output_final_state, backend, chunk_size, lower_bound,
     )  # fmt: skip
 
 

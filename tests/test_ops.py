@@ -200,6 +200,28 @@ def test_strongly_negative_g_is_finite_and_exact(op: Op) -> None:
     assert max(errors.values()) <= FP32_BOUND, errors
 
 
+@pytest.mark.parametrize("backend", ["torch", "naive"])
+@pytest.mark.parametrize("op", OPS, ids=OP_IDS)
+def test_empty_sequence(op: Op, backend: str) -> None:
+    inputs = [x[:, :0] for x in make_inputs(op, 4, seed=1)]
+    h0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(2))
+    o, S_T = op.chunk(*inputs, initial_state=h0, output_final_state=True, backend=backend)
+    assert o.shape == (B, 0, H, V) and torch.equal(S_T, h0)
+
+
+def test_lower_bound_is_checked_and_changes_nothing() -> None:
+    op = OPS[-1]
+    q, k, v, g, beta = make_inputs(op, 50, seed=6, strong_decay=False)
+    g[:, 3] = -5.0
+    o_ref, _ = op.chunk(q, k, v, g, beta, backend="torch")
+    o, _ = op.chunk(q, k, v, g, beta, backend="torch", lower_bound=-5.0)
+    assert torch.equal(o, o_ref)
+    with pytest.raises(ValueError, match=r"g has a minimum value of -5 below lower_bound=-2.0"):
+        op.chunk(q, k, v, g, beta, backend="torch", lower_bound=-2.0)
+    with pytest.raises(ValueError, match=r"lower_bound=1.0"):
+        op.chunk(q, k, v, g, beta, backend="torch", lower_bound=1.0)
+
+
 def test_auto_backend_is_torch_on_cpu() -> None:
     op = OPS[-1]
     inputs = make_inputs(op, 70, seed=1)
