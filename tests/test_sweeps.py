@@ -96,8 +96,9 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The smoke sweep through joblib (2 at once) plus the failing job, in one sweep dir."""
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "smoke"
     _ok(run_sweep("smoke", sweep_dir, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"))
-    # The failing job's sweep still exits 0: the failure is recorded, not raised.
-    _ok(run_sweep("smoke_fail", sweep_dir))
+    # The failing job's sweep still exits 0: the failure is recorded, not raised. It goes through
+    # submitit_local, the SLURM launcher's code path without a cluster.
+    _ok(run_sweep("smoke_fail", sweep_dir, "hydra/launcher=submitit_local"))
     return sweep_dir
 
 
@@ -108,6 +109,7 @@ def test_smoke_sweep_records_every_run_with_its_status(smoke: Path) -> None:
     assert len(failed) == 1
     assert "num_pairs=20" in failed.iloc[0]["reason"] and failed.iloc[0]["task.params.num_pairs"] == 20
     assert "ValueError" in (Path(failed.iloc[0]["run_dir"]) / "train.log").read_text()
+    assert list((smoke / ".submitit").glob("*/*_log.out")), "smoke_fail did not go through submitit_local"
     done = table[table["status"] == "completed"]
     assert {(m, lr) for m, lr in zip(done["mixer"], done["lr"], strict=True)} == {
         (m, lr) for m in SMOKE_MIXERS for lr in SMOKE_LRS
