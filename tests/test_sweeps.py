@@ -93,18 +93,22 @@ def _log_start(run_dir: Path) -> datetime:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The smoke sweep through joblib (2 at once) plus the failing job, in one sweep dir."""
+    """The smoke sweep through joblib (2 at once) plus the failing and the diverging job, in one sweep dir."""
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "smoke"
     _ok(run_sweep("smoke", sweep_dir, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"))
     # The failing job's sweep still exits 0: the failure is recorded, not raised. It goes through
     # submitit_local, the SLURM launcher's code path without a cluster.
     _ok(run_sweep("smoke_fail", sweep_dir, "hydra/launcher=submitit_local"))
+    _ok(run_sweep("smoke_diverge", sweep_dir))
     return sweep_dir
 
 
 def test_smoke_sweep_records_every_run_with_its_status(smoke: Path) -> None:
     table = collect.collect_dirs([smoke])
-    assert len(table) == len(SMOKE_MIXERS) * len(SMOKE_LRS) + 1
+    assert len(table) == len(SMOKE_MIXERS) * len(SMOKE_LRS) + 2
+    diverged = table[table["status"] == "diverged"]
+    assert len(diverged) == 1 and diverged.iloc[0]["mixer"] == "attention"
+    assert "non-finite" in diverged.iloc[0]["reason"] and diverged.iloc[0]["steps"] < SMOKE_STEPS
     failed = table[table["status"] == "failed"]
     assert len(failed) == 1
     assert "num_pairs=20" in failed.iloc[0]["reason"] and failed.iloc[0]["task.params.num_pairs"] == 20
@@ -145,11 +149,14 @@ def test_collect_and_plot_the_smoke_sweep(smoke: Path, tmp_path: Path) -> None:
         for suffix in (".png", ".pdf", ".csv"):
             assert (figs / f"{name}{suffix}").stat().st_size > 0
     done = table[table["status"] == "completed"]
+    # Diverged runs count, with the accuracy they reached (none: 0).
+    scored = table[table["status"].isin(["completed", "diverged"])].copy()
+    scored["best_eval_acc"] = scored["best_eval_acc"].fillna(0.0)
     # Peak accuracy per mixer = the best learning rate's (one seed here).
     by_length = pd.read_csv(figs / "acc_vs_length.csv")
-    assert set(by_length["mixer"]) == SMOKE_MIXERS
+    assert set(by_length["mixer"]) == SMOKE_MIXERS | {"attention"}
     for _, row in by_length.iterrows():
-        runs = done[done["mixer"] == row["mixer"]]
+        runs = scored[scored["mixer"] == row["mixer"]]
         best = runs.loc[runs["best_eval_acc"].idxmax()]
         assert row["acc_mean"] == pytest.approx(best["best_eval_acc"] * 100)
         assert row["lr"] == pytest.approx(best["lr"])
@@ -164,20 +171,20 @@ def test_collect_and_plot_the_smoke_sweep(smoke: Path, tmp_path: Path) -> None:
         evals = {r["step"]: r["eval/acc"] * 100 for r in evals if "eval/acc" in r}
         assert dict(zip(curve["step"], curve["acc_mean"], strict=True)) == pytest.approx(evals)
     heat = pd.read_csv(figs / "lr_sensitivity.csv")
-    assert len(heat) == len(done)
+    assert len(heat) == len(scored)
     for _, row in heat.iterrows():
-        run = done[(done["mixer"] == row["mixer"]) & (done["lr"] == row["lr"])].iloc[0]
+        run = scored[(scored["mixer"] == row["mixer"]) & (scored["lr"] == row["lr"])].iloc[0]
         assert row["acc_mean"] == pytest.approx(run["best_eval_acc"] * 100)
     state = pd.read_csv(figs / "acc_vs_state_size.csv")
     for _, row in state.iterrows():
-        assert row["state_size"] == done[done["mixer"] == row["mixer"]]["state_size"].iloc[0]
+        assert row["state_size"] == scored[scored["mixer"] == row["mixer"]]["state_size"].iloc[0]
     summary = (figs / "summary.md").read_text()
-    assert "5 runs: 4 completed, 0 diverged, 1 failed, 0 incomplete." in summary
+    assert "6 runs: 4 completed, 1 diverged, 1 failed, 0 incomplete." in summary
     assert "num_pairs=20" in summary
 
 
 def test_relaunch_skips_completed_runs(smoke: Path) -> None:
-    done = [p for p in smoke.rglob("summary.json") if json.loads(p.read_text())["status"] == "completed"]
+    done = [p for p in smoke.rglob("summary.json") if json.loads(p.read_text())["status"] != "failed"]
     before = {p: (p.stat().st_mtime_ns, p.read_text()) for p in done}
     metrics = {p: (p.parent / "metrics.jsonl").read_text() for p in done}
     start = time.monotonic()
@@ -186,9 +193,14 @@ def test_relaunch_skips_completed_runs(smoke: Path) -> None:
     assert time.monotonic() - start < 60
     assert {p: (p.stat().st_mtime_ns, p.read_text()) for p in done} == before
     assert {p: (p.parent / "metrics.jsonl").read_text() for p in done} == metrics
-    assert (result.stdout + result.stderr).count("already completed") == len(done)
+    # Both sweeps again: completed and diverged runs are final.
+    again = run_sweep("smoke_diverge", smoke)
+    _ok(again)
+    assert {p: (p.stat().st_mtime_ns, p.read_text()) for p in done} == before
+    output = result.stdout + result.stderr + again.stdout + again.stderr
+    assert output.count("already completed") == len(done) - 1 and output.count("already diverged") == 1
     # No new run directories: the re-launch landed in the same ones.
-    assert len(collect.find_run_dirs(smoke)) == len(SMOKE_MIXERS) * len(SMOKE_LRS) + 1
+    assert len(collect.find_run_dirs(smoke)) == len(SMOKE_MIXERS) * len(SMOKE_LRS) + 2
 
 
 def test_relaunch_resumes_an_interrupted_run(tmp_path: Path) -> None:
@@ -249,11 +261,11 @@ def test_experiment_grids_compose() -> None:
     key = _experiment_key()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         grids = {}
-        for name in ("kimi_fig4", "all_mixers", "kda_ablations", "smoke", "smoke_fail"):
+        for name in ("kimi_fig4", "all_mixers", "kda_ablations", "smoke", "smoke_fail", "smoke_diverge"):
             cfg = compose("config", overrides=[f"{key}={name}"], return_hydra_config=True)
             grids[name] = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
-            assert cfg.hydra.sweep.dir == f"runs/sweeps/{'smoke' if name == 'smoke_fail' else name}"
-            assert cfg.logger.wandb.group == ("smoke" if name == "smoke_fail" else name)
+            assert cfg.hydra.sweep.dir == f"runs/sweeps/{'smoke' if name.startswith('smoke') else name}"
+            assert cfg.logger.wandb.group == ("smoke" if name.startswith("smoke") else name)
             if name in ("kimi_fig4", "all_mixers", "kda_ablations"):
                 assert (cfg.model.num_layers, cfg.mixer.num_heads, cfg.mixer.head_dim) == (2, 2, 128)
                 assert cfg.trainer.max_steps == 20000
