@@ -150,7 +150,8 @@ def measure(
         torch.cuda.empty_cache()
     rows.append(row)
     print(
-        f"{shape:8s} {name:18s} {who:6s} B={B:<3d} T={T:<6d} H={H:<3d} fwd={row['ms_fwd']} fwdbwd={row['ms_fwdbwd']}",
+        f"{shape:8s} {name:18s} {who:6s} B={B:<3d} T={T:<6d} H={H:<3d} "
+        f"fwd={row['ms_fwd']} fwdbwd={row['ms_fwdbwd']}",
         flush=True,
     )
 
@@ -223,7 +224,8 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
         "",
         "## Fixed shapes (bf16, K = V = 128, ms, median of do_bench)",
         "",
-        "| shape | op | ours fwd | FLA fwd | torch fwd | SDPA fwd | ours fwd+bwd | FLA fwd+bwd | torch fwd+bwd "
+        "| shape | op | ours fwd | FLA fwd | torch fwd | SDPA fwd | ours fwd+bwd | FLA fwd+bwd "
+        "| torch fwd+bwd "
         "| SDPA fwd+bwd | ours/FLA fwd | ours/FLA fwd+bwd | ours/SDPA fwd | ours/SDPA fwd+bwd |",
         "|" + "---|" * 14,
     ]
@@ -353,7 +355,8 @@ def main() -> None:
     except ImportError:
         fla_version = "not installed"
     header = (
-        f"# GPU benchmark: {torch.cuda.get_device_name()}, {datetime.date.today()}, torch {torch.__version__}, "
+        f"# GPU benchmark: {torch.cuda.get_device_name()}, {datetime.date.today()}, "
+        f"torch {torch.__version__}, "
         f"triton {triton.__version__}, FLA {fla_version}"
     )
     write_markdown(rows, args.out / "h200_bench.md", header)

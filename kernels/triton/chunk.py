@@ -108,7 +108,7 @@ def _intra_fwd_kernel(
         b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
         b_gi = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
         # anchor: the block's first row, in the past of every row it serves (causal, unlike a midpoint)
-        b_ga = _load_row(gc, r0, i_b, i_h, T, H, K)  # [K]
+        b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # [K]
         b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
         if BOUNDED:
             # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
@@ -237,7 +237,7 @@ def _solve_kernel(
 def _key_decay_to_end(
     k, gc, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr
 ):
-    # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]) and exp(G_last) ([K] or scalar)
+    # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K])
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
     if DECAY == 2:
         b_gl = _load_row(gc, t_last, i_b, i_h, T, H, K)
@@ -588,7 +588,7 @@ def _rel_rows(
     if DECAY == 2:
         b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
         b_gi = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)
-        b_ga = _load_row(gc, r0, i_b, i_h, T, H, K)
+        b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)
         if BOUNDED:
             m_y = m_i & (o_i < r0 + BC)
         else:
@@ -653,8 +653,8 @@ def _rel_cols(
         b_gc = _load_rows(gc, o_c, m_c, i_b, i_h, T, H, K)  # [BC, K]
         b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)  # [BT, K]
         if BOUNDED:
-            # anchor at the block's first column: exp(G_r - G_a) <= 1 for r >= c0, exp(G_a - G_i) <= e^{-lb (BC-1)}
-            b_ga = _load_row(gc, c0, i_b, i_h, T, H, K)
+            # anchor at the first column c0: exp(G_r - G_a) <= 1 for r >= c0, exp(G_a - G_i) <= e^{-lb (BC-1)}
+            b_ga = _load_row(gc, tl.minimum(c0, T - 1), i_b, i_h, T, H, K)
             m_x = m_r & (o_r >= c0)
             b_xa = b_x * tl.exp(tl.where(m_x[:, None], b_gr - b_ga[None, :], float("-inf")))
             b_y = tl.dot(_dot_cast(b_mt, LOWP), _dot_cast(b_xa, LOWP))
@@ -892,6 +892,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     dh = torch.empty(B, H, NT, K, V, device=dev, dtype=h.dtype)
     dh0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
     BV = _block_v(V, B * H * max(1, V // 64))
+    # no software pipelining over the chunk loop: its buffered loads (A_qk, q, k, G, W per stage) asked for
+    # 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1
     _state_bwd_kernel[(V // BV, B * H)](
         q,
         k,
@@ -916,6 +918,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         HAS_DHT=dht is not None,
         LOWP=lowp,
         num_warps=_num_warps(K * BV >= 128 * 64),
+        num_stages=1,
     )
     dq = torch.empty(B, T, H, K, device=dev, dtype=f32)
     dk = torch.empty(B, T, H, K, device=dev, dtype=f32)
