@@ -179,5 +179,14 @@ def test_bad_arguments_raise() -> None:
     q = torch.randn(1, 8, 1, 16)
     with pytest.raises(ValueError, match="chunk_size=48"):
         triton_chunk(q, q, q, None, None, chunk_size=48)
-    with pytest.raises(ValueError, match="lower_bound=-8"):
-        triton_chunk(q, q, q, -torch.rand(1, 8, 1, 16), torch.rand(1, 8, 1), lower_bound=-8.0)
+    with pytest.raises(ValueError, match="lower_bound=0.5"):
+        triton_chunk(q, q, q, -torch.rand(1, 8, 1, 16), torch.rand(1, 8, 1), lower_bound=0.5)
+
+
+def test_too_loose_lower_bound_takes_the_general_path() -> None:
+    # g_min = -8 cannot use the dense diagonal (e^{8 * 15} overflows); the promise is then ignored
+    inputs = make_inputs("channel", True, 1, 40, 1, K=16, V=16, seed=4, lower_bound=-8.0)
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    o_loose, _ = triton_chunk(*args, lower_bound=-8.0)
+    o_general, _ = triton_chunk(*args)
+    assert torch.equal(o_loose, o_general)
