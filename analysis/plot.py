@@ -39,6 +39,8 @@ from analysis.collect import collect_dirs, read_table  # noqa: E402
 from analysis.colours import VARIANT_STYLES, mixer_colour, mixer_order  # noqa: E402
 
 SCORED = ("completed", "diverged")
+# Kimi Linear Fig. 4's panel order; other tasks follow alphabetically.
+TASK_ORDER = ("palindrome", "mqar", "stack")
 CELL = ["task", "series", "mixer", "variant", "seq_len", "lr"]
 
 
@@ -50,6 +52,11 @@ def load(paths: list[Path]) -> pd.DataFrame:
         if not path.is_dir():
             raise ValueError(f"{path} is neither a table (.csv/.parquet) nor a sweep directory")
     return collect_dirs(paths)
+
+
+def _task_order(tasks: pd.Series) -> list[str]:
+    present = set(tasks.unique())
+    return [t for t in TASK_ORDER if t in present] + sorted(present - set(TASK_ORDER))
 
 
 def _series_name(mixer: str, variant: str) -> str:
@@ -149,7 +156,7 @@ def _length_axis(ax: plt.Axes, lengths: list[int]) -> None:
 
 def plot_acc_vs_length(best: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Kimi Fig. 4 (top): per task, peak accuracy vs training length at the best lr, seed band."""
-    tasks = sorted(best["task"].unique())
+    tasks = _task_order(best["task"])
     styles = _style(best)
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
@@ -260,7 +267,7 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, length: int, out_d
         "n_seeds",
     ]
     data = pd.concat(curves, ignore_index=True)[columns] if curves else pd.DataFrame(columns=columns)
-    tasks = sorted(at_length["task"].unique())
+    tasks = _task_order(at_length["task"])
     styles = _style(at_length)
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
@@ -292,7 +299,7 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, length: int, out_d
 
 def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Heat map of mean accuracy per (series, lr), one panel per (task, length)."""
-    tasks = sorted(cell_table["task"].unique())
+    tasks = _task_order(cell_table["task"])
     lengths = sorted(int(v) for v in cell_table["seq_len"].unique())
     fig, axes = plt.subplots(
         len(tasks),
@@ -349,7 +356,7 @@ def plot_acc_vs_state_size(best: pd.DataFrame, out_dir: Path) -> list[Path]:
         raise ValueError(
             "no state_size in the table (summary.json lacks it); cannot draw accuracy vs state size"
         )
-    tasks = sorted(data["task"].unique())
+    tasks = _task_order(data["task"])
     styles = _style(data)
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
@@ -410,7 +417,7 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path) -> lis
         "then the median steps to the accuracy threshold.",
         "",
     ]
-    for task in sorted(best["task"].unique()):
+    for task in _task_order(best["task"]):
         frame = best[best["task"] == task]
         lengths = sorted(int(v) for v in frame["seq_len"].unique())
         lines += [
