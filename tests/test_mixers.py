@@ -52,7 +52,6 @@ CASES: list[dict[str, Any]] = [
     {"num_heads": 3, "head_dim": 8},
     {"value_dim": 24},
     {"chunk_size": 32},
-    {"backend": "naive"},
 ]
 
 
