@@ -25,4 +25,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge
-echo "tests/slurm/install.sh: installed $(sbatch --version)"
+echo "tests/slurm/install.sh: installed $(dpkg-query -W -f='${Package} ${Version}\n' slurmctld munge | tr '\n' ' ')"
