@@ -5,8 +5,9 @@
 
 Times forward (under no_grad) and forward+backward (loss = sum of o * a fixed random cotangent) for each op
 at B=8, H=2, K=V=128, fp32, and prints one table with both backends side by side and the speedup. Each
-figure is the minimum wall-clock time over --reps runs (the torch backend after one warm-up run). The loop
-at T=2048 with backward holds every step's state for autograd: several GB of memory. Writes
+figure is the minimum wall-clock time over a few runs (--reps for the torch backend, after a warm-up;
+--naive-reps for the loop's forward; its backward once: at T=2048 it takes a minute and holds every step's
+state for autograd, several GB of memory). Writes
 cpu_ops_<date>.csv and .md to --out with the date, CPU, torch version, thread count and load average, so the
 figures can be read in context.
 """
@@ -65,7 +66,9 @@ def time_call(fn: Callable[[], None], reps: int, warmup: bool) -> float:
     return best
 
 
-def bench_one(op: str, backend: str, inputs: list[torch.Tensor], reps: int) -> tuple[float, float]:
+def bench_one(
+    op: str, backend: str, inputs: list[torch.Tensor], reps: int, reps_backward: int
+) -> tuple[float, float]:
     """(forward seconds, forward+backward seconds) for one op and backend."""
     chunk_op = getattr(kernels, f"chunk_{op}")
     do = torch.randn(*inputs[2].shape, generator=torch.Generator().manual_seed(1))
@@ -80,7 +83,7 @@ def bench_one(op: str, backend: str, inputs: list[torch.Tensor], reps: int) -> t
         (o * do).sum().backward()
 
     warmup = backend != "naive"
-    return time_call(forward, reps, warmup), time_call(forward_backward, reps, warmup)
+    return time_call(forward, reps, warmup), time_call(forward_backward, reps_backward, warmup)
 
 
 def cpu_name() -> str:
@@ -101,7 +104,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=128, help="K = V")
-    parser.add_argument("--reps", type=int, default=2, help="timed runs per figure (after one warm-up)")
+    parser.add_argument("--reps", type=int, default=3, help="timed runs per torch figure (after a warm-up)")
+    parser.add_argument(
+        "--naive-reps", type=int, default=2, help="timed forward runs of the loop (its backward: once)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--seed", type=int, default=0)
@@ -120,8 +126,8 @@ def main() -> None:
     for op in args.ops:
         for T in args.lengths:
             inputs = make_inputs(op, B, T, H, K, K, torch.Generator().manual_seed(args.seed))
-            naive_f, naive_fb = bench_one(op, "naive", inputs, args.reps)
-            torch_f, torch_fb = bench_one(op, "torch", inputs, args.reps)
+            naive_f, naive_fb = bench_one(op, "naive", inputs, args.naive_reps, 1)
+            torch_f, torch_fb = bench_one(op, "torch", inputs, args.reps, args.reps)
             row = {
                 "op": op,
                 "T": T,
@@ -144,7 +150,8 @@ def main() -> None:
         f"date {now:%Y-%m-%d %H:%M} UTC; CPU {cpu_name()} ({os.cpu_count()} cores); "
         f"torch {torch.__version__}; "
         f"threads {torch.get_num_threads()}; load average at end {os.getloadavg()[0]:.1f}; "
-        f"B={B}, H={H}, K=V={K}, fp32, chunk_size=64, min of {args.reps} runs"
+        f"B={B}, H={H}, K=V={K}, fp32, chunk_size=64; min over runs: torch {args.reps} after a warm-up, "
+        f"naive forward {args.naive_reps}, naive forward+backward 1"
     )
     print(context)
     args.out.mkdir(parents=True, exist_ok=True)

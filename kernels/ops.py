@@ -214,10 +214,14 @@ def _chunk(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     backend = _resolve(backend, q)
+    # the references compute in float32 by design; an enclosing autocast would silently run their
+    # matmuls in bf16/fp16
     if backend == "naive":
-        return naive_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state)
+        with torch.autocast(q.device.type, enabled=False):
+            return naive_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state)
     if backend == "torch":
-        return chunk_torch(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+        with torch.autocast(q.device.type, enabled=False):
+            return chunk_torch(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
     # lower_bound only changes how the Triton kernels compute (same result), so it is passed only there
     extra = {} if lower_bound is None else {"lower_bound": lower_bound}
     return _import_triton().triton_chunk(
@@ -252,7 +256,8 @@ def _step(
     if backend == "triton":
         return _import_triton().triton_recurrent_step(q, k, v, g, beta, state, scale)
     # "torch" and "naive" share the recurrence: one token has no chunk structure to exploit
-    o, new_state = recurrent_step(q, k, v, g, beta, state, scale)
+    with torch.autocast(q.device.type, enabled=False):
+        o, new_state = recurrent_step(q, k, v, g, beta, state, scale)
     return o.to(q.dtype), new_state
 
 

@@ -222,6 +222,17 @@ def test_lower_bound_is_checked_and_changes_nothing() -> None:
         op.chunk(q, k, v, g, beta, backend="torch", lower_bound=1.0)
 
 
+def test_autocast_does_not_lower_the_reference_precision() -> None:
+    op = OPS[-1]
+    inputs = make_inputs(op, 70, seed=1)
+    o_ref, _ = op.chunk(*inputs, backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o, _ = op.chunk(*inputs, backend="torch")
+        o_step, _ = op.step(*[x[:, 0] for x in inputs], torch.zeros(B, H, K, V), backend="torch")
+    assert o.dtype == torch.float32 and torch.equal(o, o_ref)
+    assert o_step.dtype == torch.float32 and rel_rms(o_ref[:, 0], o_step) <= FP32_BOUND
+
+
 def test_auto_backend_is_torch_on_cpu() -> None:
     op = OPS[-1]
     inputs = make_inputs(op, 70, seed=1)
