@@ -142,8 +142,8 @@ ConfigStore.instance().store(name="base_config", node=Config)
 # conf/task/mqar.yaml is the paper-sized MQAR; this one overrides its sizes, keeping the Kimi form and
 # the default rule num_pairs = seq_len // 8 (4 pairs at length 32).
 ConfigStore.instance().store(group="task", name="mqar_small", node=TaskConfig(
-    name="mqar", seq_len=32, eval_seq_lens=None, num_train=20_000, num_eval=500,
-    params={"form": "kimi", "vocab_size": 32},
+    name="mqar", seq_len=32, eval_seq_lens=None, num_train=10_000, num_eval=500,
+    params={"form": "kimi", "vocab_size": 64},
 ))
 
 
@@ -297,6 +297,19 @@ def evaluate(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
     model.train()
     total, scored = max(total, 1), max(scored, 1)
     return {"loss": loss_sum / total, "acc": correct / total, "seq_acc": perfect / scored}
+
+
+def evaluate_lengths(model: torch.nn.Module, eval_sets: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                     seq_len: int, batch_size: int, device: torch.device,
+                     autocast: Callable[[], Any]) -> dict[str, float]:
+    """eval/{loss,acc,seq_acc} at the training length, and eval/{acc,seq_acc}@<len> at every length."""
+    evals = {}
+    for length, (inputs, labels) in eval_sets.items():
+        result = evaluate(model, inputs, labels, batch_size, device, autocast)
+        if length == seq_len:
+            evals.update({f"eval/{key}": value for key, value in result.items()})
+        evals[f"eval/acc@{length}"], evals[f"eval/seq_acc@{length}"] = result["acc"], result["seq_acc"]
+    return evals
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -474,12 +487,8 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                     record = {"train/loss": loss_value, "train/acc": correct / max(total, 1), "lr": lr}
                     bar.set_postfix(loss=f"{loss_value:.3f}", acc=f"{record['train/acc']:.3f}", refresh=False)
                 if is_eval:
-                    evals = {}
-                    for n, (inputs, labels) in eval_sets.items():
-                        result = evaluate(model, inputs, labels, trainer.eval_batch_size, device, autocast)
-                        if n == task.seq_len:
-                            evals.update({f"eval/{k}": v for k, v in result.items()})
-                        evals[f"eval/acc@{n}"], evals[f"eval/seq_acc@{n}"] = result["acc"], result["seq_acc"]
+                    evals = evaluate_lengths(model, eval_sets, task.seq_len, trainer.eval_batch_size, device,
+                                             autocast)
                     progress.last_eval = evals
                     progress.best_eval_acc = max(progress.best_eval_acc or 0.0, evals["eval/acc"])
                     if progress.steps_to_threshold is None and evals["eval/acc"] >= trainer.acc_threshold:
