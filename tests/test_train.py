@@ -178,3 +178,34 @@ def test_command_line_single_run_and_multirun(tmp_path: Path) -> None:
     assert _summary(tmp_path / "sweep" / "0")["mixer"] == "attention"
     assert _summary(tmp_path / "sweep" / "1")["status"] == "failed"
     assert (tmp_path / "sweep" / "0" / "train.log").exists()
+
+
+def test_device_auto_packs_multirun_jobs_round_robin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    packed = [train.resolve_device("auto", job_num) for job_num in range(6)]
+    assert packed == [torch.device("cuda", i) for i in (0, 1, 2, 3, 0, 1)]
+    assert train.resolve_device("auto") == torch.device("cuda", 0)
+    assert train.resolve_device("cuda:3") == torch.device("cuda", 3)
+    with pytest.raises(ValueError, match="cuda:4"):
+        train.resolve_device("cuda:4")
+    with pytest.raises(ValueError, match="trainer.device='gpu'"):
+        train.resolve_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert train.resolve_device("auto", 3) == torch.device("cpu")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        train.resolve_device("cuda")
+
+
+def test_schedule_and_batch_order() -> None:
+    factors = [train.lr_factor(s, warmup_steps=10, max_steps=100, min_lr_ratio=0.1) for s in range(101)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(factors[:9], factors[1:10], strict=True))  # warmup rises
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))  # cosine falls
+    assert factors[100] == pytest.approx(0.1)
+    # Batches walk a fresh permutation per epoch: every sequence once per epoch, across batch borders.
+    sampler = train.EpochSampler(num_train=10, batch_size=4, seed=0)
+    order = torch.cat([sampler.indices(step) for step in range(5)])  # 20 draws = 2 epochs
+    assert sorted(order[:10].tolist()) == sorted(order[10:].tolist()) == list(range(10))
+    assert not torch.equal(order[:10], order[10:])
+    assert torch.equal(train.EpochSampler(10, 4, seed=0).indices(3), sampler.indices(3))
