@@ -41,6 +41,24 @@ OPS = [
     ("kda", "channel", True, None),
     ("kda_bounded", "channel", True, -5.0),
 ]
+FIELDS = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd"]
+
+
+class Table(list):
+    """Rows of timings, rewritten to CSV after every row: a run cut short by its time limit keeps them."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        with open(self.path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(self)
+
+
 COLORS = {"ours": "tab:red", "fla": "tab:blue", "torch": "tab:gray", "sdpa": "tab:green"}
 
 
@@ -319,7 +337,7 @@ def main() -> None:
     args = parser.parse_args()
     deadline = time.time() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
+    rows = Table(args.out / "h200_bench.csv")
     if not args.skip_decode:
         decode(rows)
     # ours and SDPA first everywhere, then FLA (its autotuning compiles many configs), then torch
@@ -343,11 +361,6 @@ def main() -> None:
             for name in [n for n in ("kda", "kda_bounded") if n in args.ops]:
                 lb = -5.0 if name == "kda_bounded" else None
                 measure(rows, "sweep", name, who, 1, T, 16, lb, "channel", True, deadline)
-    fields = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd"]
-    with open(args.out / "h200_bench.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
     try:
         import fla
 

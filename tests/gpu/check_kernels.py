@@ -8,7 +8,8 @@ Run on the device machine (a CUDA GPU; FLA optional):
 For every op of DESIGN.md §3 (and KDA with the bounded gate, lower_bound=-5) at T in {63, 1000, 2048,
 8192}, H in {2, 16}, K = V = 128, B = 1, with an initial state and the final state: relative RMS error
 of o, the final state and every gradient, against `naive_recurrent` in fp32 on the same (bf16-rounded)
-inputs. Bounds (FLA's own test bounds): o and final state 5e-3, dq/dk/dv/dh0 8e-3, dg/dbeta 2e-2.
+inputs, and the decode step at B=32, H=16. Bounds (FLA's own test bounds): o and final state 5e-3,
+dq/dk/dv/dh0 8e-3, dg/dbeta 2e-2.
 Where FLA 0.6.0 is importable its kernel is measured the same way, as a cross-check of the bounds.
 Writes errors.csv into --out and prints a table; exits 1 if one of our errors is over its bound.
 """
@@ -27,8 +28,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kernels.naive import naive_recurrent  # noqa: E402
-from kernels.triton import triton_chunk  # noqa: E402
+from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
+from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
 
 # (name, decay, delta, lower_bound)
 OPS = [
@@ -127,6 +128,45 @@ def errors_of(fn, inputs: dict, ref_out: tuple, ref_grads: dict, do: torch.Tenso
     return errs
 
 
+def write_rows(rows: list[dict], out: Path | None) -> None:
+    """errors.csv, rewritten after every config so that a run cut short keeps what it measured."""
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "errors.csv", "w", newline="") as f:
+        writer = csv.DictWriter(
+            f, fieldnames=["op", "T", "H", "impl", *BOUNDS, "over", "note"], extrasaction="ignore"
+        )
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def check_step(rows: list[dict]) -> bool:
+    """The decode step (one KDA token, B=32, H=16, K=V=128, bf16 inputs, fp32 state) vs the torch step."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    B, H, D = 32, 16, 128
+    q = torch.randn(B, H, D, device="cuda", generator=gen).to(torch.bfloat16)
+    k = F.normalize(torch.randn(B, H, D, device="cuda", generator=gen), dim=-1).to(torch.bfloat16)
+    v = torch.randn(B, H, D, device="cuda", generator=gen).to(torch.bfloat16)
+    g = -5.0 * torch.sigmoid(torch.randn(B, H, D, device="cuda", generator=gen))
+    beta = torch.sigmoid(torch.randn(B, H, device="cuda", generator=gen)).to(torch.bfloat16)
+    state = torch.randn(B, H, D, D, device="cuda", generator=gen)
+    with torch.no_grad():
+        o, new_state = triton_recurrent_step(q, k, v, g, beta, state, None)
+        o_ref, state_ref = recurrent_step(*(x.float() for x in (q, k, v, g, beta)), state, D**-0.5)
+    errs = {"o": rel_rms(o, o_ref), "final_state": rel_rms(new_state, state_ref)}
+    bad = [n for n, e in errs.items() if not e <= BOUNDS[n]]
+    print(
+        f"{'kda_step':18s} {1:5d} {H:3d} ours  o={errs['o']:.1e} state={errs['final_state']:.1e}"
+        + (f"  OVER: {','.join(bad)}" if bad else ""),
+        flush=True,
+    )
+    rows.append(
+        {"op": "kda_step", "T": 1, "H": H, "impl": "ours", **errs, "over": ";".join(bad), "note": "B=32"}
+    )
+    return not bad
+
+
 def run(
     Ts: list[int],
     Hs: list[int],
@@ -195,13 +235,9 @@ def run(
                     )
                 del ref_grads, ref_out
                 torch.cuda.empty_cache()
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        fields = ["op", "T", "H", "impl", *BOUNDS, "over", "note"]
-        with open(out / "errors.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+                write_rows(rows, out)
+    ok = check_step(rows) and ok
+    write_rows(rows, out)
     return ok
 
 
