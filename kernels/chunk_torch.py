@@ -71,20 +71,23 @@ def _channel_grams(rows: tuple[torch.Tensor, ...], b: torch.Tensor, G: torch.Ten
 
 
 def _intra_grams(
-    q: torch.Tensor, k: torch.Tensor, G: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Aqk incl. diagonal, Akk strictly lower) with the decay between the two positions; [..., C, C] each."""
+    q: torch.Tensor, k: torch.Tensor, G: torch.Tensor | None, delta: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Aqk (incl. diagonal) and, for the delta rule only, Akk (strictly lower), with the decay between the two
+    positions; [..., C, C] each."""
     C = q.shape[-2]
     incl = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     strict = incl.tril(-1)
     if G is None:
-        return (q @ k.transpose(-1, -2)) * incl, (k @ k.transpose(-1, -2)) * strict
-    if G.shape[-1] == 1:
+        decay = incl
+    elif G.shape[-1] == 1:
         # scalar decay factors out of the inner product: one [C, C] decay matrix
         decay = (G - G.transpose(-1, -2)).masked_fill(~incl, float("-inf")).to(q.dtype).exp()  # [..., C, C]
-        return (q @ k.transpose(-1, -2)) * decay, (k @ k.transpose(-1, -2)) * decay * strict
-    A_qk, A_kk = _channel_grams((q, k), k, G)
-    return A_qk, A_kk * strict
+    else:
+        grams = _channel_grams((q, k) if delta else (q,), k, G)
+        return grams[0], grams[1] * strict if delta else None
+    A_qk = (q @ k.transpose(-1, -2)) * decay
+    return A_qk, (k @ k.transpose(-1, -2)) * decay * strict if delta else None
 
 
 def chunk_torch(
@@ -121,7 +124,7 @@ def chunk_torch(
         else _to_chunks(g if g.dim() == 4 else g.unsqueeze(-1), T, C, torch.float64).cumsum(-2)
     )
 
-    A_qk, A_kk = _intra_grams(q_c, k_c, G)  # [B, H, N, C, C]
+    A_qk, A_kk = _intra_grams(q_c, k_c, G, beta is not None)  # [B, H, N, C, C]
     if G is None:
         q_in, k_in, k_out, decay_chunk = q_c, k_c, k_c, None
     else:
