@@ -45,6 +45,8 @@ from mixers.model import LanguageModel
 
 log = logging.getLogger("train")
 
+CONFIG_DIR = Path(__file__).resolve().parent / "conf"
+
 # The eval set's seed is the run's seed shifted by a large prime, so train and eval never share a stream.
 EVAL_SEED_OFFSET = 1_000_003
 # Statuses after which re-running the same directory does nothing: both are deterministic outcomes.
@@ -572,7 +574,9 @@ def _attach_log_file(path: Path) -> None:
     log.addHandler(handler)
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+# An absolute config path: the `kda-train` console script imports this module, and Hydra would read a
+# relative path as a Python package there.
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the final eval accuracy (NaN if the run failed) for sweepers."""
     hydra_cfg = HydraConfig.get()
