@@ -140,13 +140,6 @@ class Config:
 
 
 ConfigStore.instance().store(name="base_config", node=Config)
-# The main job's task (`python train.py`): MQAR small enough to learn in minutes on two CPU cores.
-# conf/task/mqar.yaml is the paper-sized MQAR; this one overrides its sizes, keeping the Kimi form and
-# the default rule num_pairs = seq_len // 8 (4 pairs at length 32).
-ConfigStore.instance().store(group="task", name="mqar_small", node=TaskConfig(
-    name="mqar", seq_len=32, eval_seq_lens=None, num_train=10_000, num_eval=500,
-    params={"form": "kimi", "vocab_size": 64},
-))
 
 
 @dataclass
