@@ -98,6 +98,23 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
     assert "resumed from" in (parts / "train.log").read_text()
 
 
+def test_main_job_and_experiments_compose() -> None:
+    """`python train.py` composes the main job from conf/ alone; `experiment=` needs no `+`."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(train.CONFIG_DIR), version_base="1.3"):
+        main_job = compose("config", return_hydra_config=True)
+        smoke = compose("config", overrides=["experiment=smoke"], return_hydra_config=True)
+    assert main_job.hydra.runtime.choices["task"] == "mqar_small"
+    assert (main_job.task.name, main_job.task.seq_len, main_job.task.num_train, main_job.task.num_eval) == (
+        "mqar", 32, 10_000, 500)
+    assert dict(main_job.task.params) == {"form": "kimi", "vocab_size": 64}
+    choices = main_job.hydra.runtime.choices
+    assert choices["mixer"] == "kda" and choices["experiment"] is None
+    assert smoke.task.seq_len == 32 and smoke.model.d_model == 32 and smoke.trainer.max_steps == 200
+    assert smoke.hydra.sweeper.params["mixer"] == "gdn,kda"
+
+
 def test_misspelt_keys_are_errors(make_cfg: MakeCfg, tmp_path: Path) -> None:
     for override in ["trainer.max_stepz=3", "model.d_modle=64", "optim.learning_rate=1e-3", "sede=1",
                      "logger.wandb.mdoe=offline", "task.seqlen=8"]:
