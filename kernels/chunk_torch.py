@@ -146,7 +146,7 @@ def chunk_torch(
         U, W = v_c, None
 
     S = q.new_zeros(B, H, K, V, dtype=acc) if initial_state is None else initial_state.to(acc)
-    # unbind, not indexing: the backward of N index ops would write N full-size zero gradients (O(N^2) memory)
+    # unbind, not indexing: the backward of N index ops would write N full-size zero gradients (O(N^2) work)
     U_n = U.unbind(2)  # N x [B, H, C, V]
     W_n = [None] * N if W is None else W.unbind(2)  # N x [B, H, C, K]
     k_out_n = k_out.transpose(-1, -2).unbind(2)  # N x [B, H, K, C]
