@@ -9,7 +9,8 @@ misspelt key is an error; the mixer group is free-form (`_target_` + the mixer's
 against its constructor). Every run writes into its Hydra run directory:
 
     metrics.jsonl   one JSON object per logged step (train/loss, train/acc, lr, time_s; eval/* on eval steps)
-    summary.json    status (completed | diverged | failed), accuracies, steps_to_threshold, throughput, sizes
+    summary.json    status (completed | diverged | failed | incomplete: interrupted, resumable), accuracies,
+                    steps_to_threshold, throughput, sizes
     checkpoint.pt   model + optimizer + scheduler + progress; re-running in the same directory resumes
     train.log       the log, with the traceback if the run failed
 """
@@ -307,6 +308,40 @@ def evaluate_lengths(model: torch.nn.Module, eval_sets: dict[int, tuple[torch.Te
     return evals
 
 
+def first_nonfinite(model: torch.nn.Module, x: torch.Tensor, autocast: Callable[[], Any]) -> str | None:
+    """The first parameter, or module output of a forward on `x`, that holds a NaN or an infinity; None if
+    all are finite.
+
+    For a forward that raised: huge but finite weights (a step at a diverging lr) can make a mixer's
+    internals non-finite (e.g. exp(A_log) overflows, and 0 * inf is NaN), and a kernel that validates its
+    inputs then raises before any loss exists. Non-finite values upstream of the raise mean the run
+    diverged; none means the error is a real bug.
+    """
+    for name, parameter in model.named_parameters():
+        if not torch.isfinite(parameter).all():
+            return f"parameter {name}"
+    found: list[str] = []
+
+    def check(name: str, output: Any) -> None:
+        tensors = [t for t in (output if isinstance(output, (tuple, list)) else [output])
+                   if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if not found and any(not torch.isfinite(t).all() for t in tensors):
+            found.append(f"the output of {name or 'the model'}")
+
+    # Forward hooks fire as each module returns, innermost first: the first hit is where values broke.
+    handles = [module.register_forward_hook(lambda _m, _i, out, name=name: check(name, out))
+               for name, module in model.named_modules()]
+    try:
+        with torch.no_grad(), autocast():
+            model(x)
+    except Exception:  # the same error again; the hooks have seen what came before it
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[0] if found else None
+
+
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
     """Write via a temporary file so a kill mid-write never leaves a truncated file behind."""
     tmp = path.with_name(path.name + ".tmp")
@@ -354,7 +389,9 @@ def _start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress:
         project=wb.project, entity=wb.entity, group=group, mode=wb.mode, dir=str(run_dir),
         name=wb.name or f"{meta['task']}/{meta['mixer']}/{run_dir.name}",
         tags=sorted({*wb.tags, str(meta["task"]), str(meta["mixer"])}),
-        config=OmegaConf.to_container(cfg, resolve=True),
+        # Top-level copies of what dashboards group by; the mixer's yaml name is not in the config itself.
+        config={"mixer_name": meta["mixer"], "task_name": meta["task"], "seq_len": meta["seq_len"],
+                "lr": meta["lr"], **OmegaConf.to_container(cfg, resolve=True)},
         id=progress.wandb_id, resume="allow" if progress.wandb_id else None,
     )
     progress.wandb_id = run.id
@@ -444,6 +481,8 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     sampler = EpochSampler(task.num_train, trainer.batch_size, cfg.seed)
     segment_start, wall_before = time.perf_counter(), progress.wall_time_s
     status = "completed"
+    # True while model, optimizer and scheduler hold exactly the state after `progress.step` steps.
+    at_step_boundary = True
     model.train()
     try:
         with open(metrics_path, "a") as metrics_file, logging_redirect_tqdm(), tqdm(
@@ -455,19 +494,34 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                 index = sampler.indices(step - 1).to(device)
                 x, y = train_inputs[index], train_labels[index]  # [B, T]
                 lr = scheduler.get_last_lr()[0]
-                with autocast():
-                    logits = model(x)  # [B, T, vocab]
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip or math.inf)
-                loss_value = float(loss.detach())
-                if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
-                    what = "loss" if not math.isfinite(loss_value) else "gradient norm"
-                    meta["error"] = f"{what} became non-finite at step {step} (lr {lr:.3g})"
-                    log.error("diverged: %s", meta["error"])
+                divergence = None
+                try:
+                    with autocast():
+                        logits = model(x)  # [B, T, vocab]
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                except Exception as error:
+                    where = first_nonfinite(model, x, autocast)
+                    if where is None:
+                        raise
+                    divergence = (f"{where} became non-finite at step {step} (lr {lr:.3g}), and then "
+                                  f"{type(error).__name__}: {error}")
+                if divergence is None:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip or math.inf)
+                    loss_value = float(loss.detach())
+                    # Checked before optimizer.step(): a NaN gradient would be written into every weight.
+                    if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
+                        what = "loss" if not math.isfinite(loss_value) else "gradient norm"
+                        divergence = f"{what} became non-finite at step {step} (lr {lr:.3g})"
+                if divergence is not None:
+                    meta["error"] = divergence
+                    log.error("diverged: %s", divergence)
                     status = "diverged"
                     break
+                # From the update until the step's bookkeeping is done, the weights are ahead of
+                # `progress`: an interrupt there must not checkpoint them.
+                at_step_boundary = False
                 optimizer.step()
                 scheduler.step()
                 progress.step = step
@@ -482,8 +536,19 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                     record = {"train/loss": loss_value, "train/acc": correct / max(total, 1), "lr": lr}
                     bar.set_postfix(loss=f"{loss_value:.3f}", acc=f"{record['train/acc']:.3f}", refresh=False)
                 if is_eval:
-                    evals = evaluate_lengths(model, eval_sets, task.seq_len, trainer.eval_batch_size, device,
-                                             autocast)
+                    try:
+                        evals = evaluate_lengths(model, eval_sets, task.seq_len, trainer.eval_batch_size,
+                                                 device, autocast)
+                    except Exception as error:
+                        # This step's update made the weights unusable: the same test as in training.
+                        where = first_nonfinite(model, x, autocast)
+                        if where is None:
+                            raise
+                        meta["error"] = (f"{where} became non-finite after step {step} (lr {lr:.3g}), and "
+                                         f"then {type(error).__name__}: {error}")
+                        log.error("diverged: %s", meta["error"])
+                        status = "diverged"
+                        break
                     progress.last_eval = evals
                     progress.best_eval_acc = max(progress.best_eval_acc or 0.0, evals["eval/acc"])
                     if progress.steps_to_threshold is None and evals["eval/acc"] >= trainer.acc_threshold:
@@ -501,7 +566,22 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                         wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=step)
                 if step % trainer.checkpoint_every == 0 or step == trainer.max_steps:
                     save_checkpoint()
+                at_step_boundary = True
                 bar.update(1)
+    except (KeyboardInterrupt, SystemExit) as interrupt:
+        # Stopped from outside (Ctrl-C; submitit exits with SystemExit after SLURM's SIGUSR2 and requeues
+        # the job): keep every finished step, so that re-launching resumes exactly here.
+        if at_step_boundary:
+            save_checkpoint()
+            log.warning("interrupted (%s) after step %d: checkpoint saved, re-launch to resume",
+                        type(interrupt).__name__, progress.step)
+        else:
+            log.warning("interrupted (%s) inside step %d: re-launching resumes from the last checkpoint",
+                        type(interrupt).__name__, progress.step)
+        if wandb_run is not None:
+            wandb_run.summary["status"] = "incomplete"
+            wandb_run.finish(exit_code=1)
+        raise
     except BaseException:
         if wandb_run is not None:
             wandb_run.finish(exit_code=1)
@@ -519,7 +599,8 @@ def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None
     """Train (or resume, or skip if finished) the run in `run_dir`; returns its summary.
 
     On an exception the summary says `failed` with the error, the traceback goes to train.log, and the
-    exception is re-raised (the caller decides whether a sweep goes on).
+    exception is re-raised (the caller decides whether a sweep goes on). An interrupt (KeyboardInterrupt,
+    SystemExit) checkpoints the last finished step, leaves status `incomplete` and is re-raised.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -539,6 +620,11 @@ def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None
     progress = Progress()
     try:
         status = _run(cfg, run_dir, meta, progress, job_num, sweep_dir)
+    except (KeyboardInterrupt, SystemExit) as interrupt:
+        # Not a failure: analysis/collect.py counts `incomplete` runs as resumable, not broken.
+        extra = {"error": f"{type(interrupt).__name__}: {interrupt}"}
+        _write_json(summary_path, _summary("incomplete", progress, meta, extra))
+        raise
     except BaseException as error:
         log.error("run failed:\n%s", traceback.format_exc())
         extra = {"error": f"{type(error).__name__}: {error}"}

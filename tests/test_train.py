@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,30 +63,49 @@ def test_short_run_learns_and_writes_the_run_directory(make_cfg: MakeCfg, tmp_pa
     assert (tmp_path / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.parametrize("where", ["step_start", "after_update"])
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
 def test_resume_after_interruption_matches_an_uninterrupted_run(
-        make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt: type[BaseException],
+        where: str) -> None:
     cfg = make_cfg("trainer.max_steps=30", "trainer.eval_every=10", "trainer.log_every=1",
                    "trainer.checkpoint_every=10", "task.num_train=200")  # 200 / 16: batches cross epochs
     whole = tmp_path / "whole"
     train.train(cfg, whole, mixer_name="attention")
 
-    # Interrupt the second run during step 25: the last checkpoint is at step 20, metrics go to 24.
-    indices = train.EpochSampler.indices
+    # Ctrl-C or submitit's requeue (SystemExit) during step 25: either as it starts, or just after its
+    # weight update, before its bookkeeping (then the weights are ahead of the step count).
+    indices, adamw_step = train.EpochSampler.indices, torch.optim.AdamW.step
+    calls = []
 
-    def crash_at_step_25(self: train.EpochSampler, step: int) -> torch.Tensor:
+    def interrupt_step_25(self: train.EpochSampler, step: int) -> torch.Tensor:
         if step == 24:
-            raise KeyboardInterrupt("killed")
+            raise interrupt("killed")
         return indices(self, step)
 
+    def interrupt_after_update_25(self: torch.optim.AdamW, *args: object, **kwargs: object) -> object:
+        result = adamw_step(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 25:
+            raise interrupt("killed")
+        return result
+
     parts = tmp_path / "parts"
-    monkeypatch.setattr(train.EpochSampler, "indices", crash_at_step_25)
-    with pytest.raises(KeyboardInterrupt):
+    if where == "step_start":
+        monkeypatch.setattr(train.EpochSampler, "indices", interrupt_step_25)
+    else:
+        monkeypatch.setattr(torch.optim.AdamW, "step", interrupt_after_update_25)
+    with pytest.raises(interrupt):
         train.train(cfg, parts, mixer_name="attention")
-    assert _summary(parts)["status"] == "failed" and "KeyboardInterrupt" in _summary(parts)["error"]
+    # Not a failure: incomplete, and at a step boundary checkpointed so no finished step is lost.
+    assert _summary(parts)["status"] == "incomplete" and interrupt.__name__ in _summary(parts)["error"]
     assert _metrics(parts)[-1]["step"] == 24
-    assert torch.load(parts / "checkpoint.pt", weights_only=True)["progress"]["step"] == 20
-    monkeypatch.setattr(train.EpochSampler, "indices", indices)
+    checkpointed = torch.load(parts / "checkpoint.pt", weights_only=True)["progress"]["step"]
+    assert checkpointed == (24 if where == "step_start" else 20)
+    monkeypatch.undo()
     resumed = train.train(cfg, parts, mixer_name="attention")
+    log = (parts / "train.log").read_text()
+    assert f"resumed from {parts / 'checkpoint.pt'} at step {checkpointed}" in log
 
     def without_time(rows: list[dict]) -> list[dict]:
         return [{k: v for k, v in row.items() if k != "time_s"} for row in rows]
@@ -95,7 +115,8 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
     reference = _summary(whole)
     for key in ("status", "steps", "final_eval_acc", "best_eval_acc", "steps_to_threshold"):
         assert resumed[key] == reference[key]
-    assert "resumed from" in (parts / "train.log").read_text()
+    # Done: an interrupt is not a finished status, a completed run is.
+    assert _summary(parts)["status"] == "completed"
 
 
 def test_main_job_and_experiments_compose() -> None:
@@ -149,6 +170,64 @@ def test_nan_loss_stops_with_status_diverged(make_cfg: MakeCfg, tmp_path: Path) 
     assert all(m["step"] <= summary["steps"] for m in _metrics(tmp_path))
     # A diverged run is finished: launching it again does not train.
     assert train.train(cfg, tmp_path, mixer_name="attention")["steps"] == summary["steps"]
+
+
+def test_diverging_linear_mixer_is_diverged_not_failed(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    # GDN at lr 1e4 (after warmup's 100 at step 1): that update makes A_log ~ 100, exp(A_log) overflows,
+    # 0 * inf puts NaN in g, and the chunk kernel's input check raises a ValueError before any loss exists.
+    cfg = make_cfg("mixer=gdn", "optim.lr=1e4", "optim.warmup_steps=100", "trainer.max_steps=10", "task=mqar",
+                   "task.seq_len=32", "task.params.vocab_size=64", "task.num_train=256", "task.num_eval=32")
+    summary = train.train(cfg, tmp_path, mixer_name="gdn")
+    assert summary["status"] == "diverged", summary.get("error")
+    assert "mixer" in summary["error"] and "non-finite" in summary["error"]
+    assert 0 < summary["steps"] < 10
+    assert "Traceback" not in (tmp_path / "train.log").read_text()
+
+
+def test_forward_error_with_finite_values_is_a_failure(make_cfg: MakeCfg, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The divergence test does not hide bugs: an error raised with every value finite fails the run."""
+    from mixers.attention import Attention
+
+    forward = Attention.forward
+    calls = []
+
+    def broken_after_3(self: Attention, x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) > 6:  # 2 layers per forward: fails in step 4
+            raise ValueError("a bug")
+        return forward(self, x)
+
+    monkeypatch.setattr(Attention, "forward", broken_after_3)
+    with pytest.raises(ValueError, match="a bug"):
+        train.train(make_cfg("trainer.max_steps=10"), tmp_path, mixer_name="attention")
+    assert _summary(tmp_path)["status"] == "failed" and "a bug" in _summary(tmp_path)["error"]
+
+
+def test_wandb_config_names_the_mixer_and_task(make_cfg: MakeCfg, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dashboards group by the mixer's yaml name, the task, length and lr: top-level config fields."""
+    seen: dict = {}
+
+    class FakeRun:
+        id, summary = "fake", {}
+
+        def log(self, *args: object, **kwargs: object) -> None: ...
+
+        def finish(self, exit_code: int = 0) -> None:
+            seen["exit_code"] = exit_code
+
+    def init(**kwargs: object) -> FakeRun:
+        seen.update(kwargs)
+        return FakeRun()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    cfg = make_cfg("logger.wandb.mode=offline", "trainer.max_steps=2", "optim.lr=2e-3")
+    train.train(cfg, tmp_path, mixer_name="attention")
+    config = seen["config"]
+    assert (config["mixer_name"], config["task_name"], config["seq_len"], config["lr"]) == (
+        "attention", "stand_in", 16, 2e-3)
+    assert config["model"]["d_model"] == 32 and seen["exit_code"] == 0
 
 
 def test_wandb_offline_writes_a_run(make_cfg: MakeCfg, tmp_path: Path,
