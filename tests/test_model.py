@@ -26,9 +26,11 @@ def _model(mixer: dict | None = None, **kwargs: object) -> LanguageModel:
 
 @pytest.mark.parametrize("rope", [True, False])
 @pytest.mark.parametrize("value_dim", [None, 8])
-def test_attention_shapes_causality_and_step(rope: bool, value_dim: int | None) -> None:
+@pytest.mark.parametrize("use_short_conv", [False, True])
+def test_attention_shapes_causality_and_step(rope: bool, value_dim: int | None, use_short_conv: bool) -> None:
     torch.manual_seed(0)
-    mixer = Attention(24, num_heads=3, head_dim=8, value_dim=value_dim, rope=rope).double()
+    mixer = Attention(24, num_heads=3, head_dim=8, value_dim=value_dim, rope=rope,
+                      use_short_conv=use_short_conv, conv_size=3).double()
     x = torch.randn(2, 13, 24, dtype=torch.float64)
     y = mixer(x)
     assert y.shape == x.shape
@@ -45,7 +47,8 @@ def test_attention_shapes_causality_and_step(rope: bool, value_dim: int | None) 
     torch.testing.assert_close(steps, y, rtol=1e-10, atol=1e-10)
     # state_size counts exactly what the cache holds after seq_len tokens.
     held = sum(tensor[0].numel() for tensor in cache.values())
-    assert mixer.state_size(13) == held == 3 * (8 + (value_dim or 8)) * 13
+    convs = 2 * 3 * (2 * 8 + (value_dim or 8)) if use_short_conv else 0  # 2 past inputs per conv channel
+    assert mixer.state_size(13) == held == 3 * (8 + (value_dim or 8)) * 13 + convs
 
 
 def test_rope_makes_attention_position_aware() -> None:
@@ -64,6 +67,8 @@ def test_attention_rejects_bad_sizes() -> None:
         Attention(16, num_heads=2, head_dim=7)
     with pytest.raises(ValueError, match="seq_len"):
         Attention(16, num_heads=2, head_dim=8).state_size()
+    with pytest.raises(ValueError, match="conv_size=1"):
+        Attention(16, num_heads=2, head_dim=8, use_short_conv=True, conv_size=1)
 
 
 @pytest.mark.parametrize("mlp", ["swiglu", "gelu"])
