@@ -33,61 +33,79 @@ def _to_chunks(x: torch.Tensor, T: int, C: int, dtype: torch.dtype) -> torch.Ten
     return x.unflatten(2, (-1, C)).contiguous()
 
 
-def _channel_grams(rows: tuple[torch.Tensor, ...], b: torch.Tensor, G: torch.Tensor) -> list[torch.Tensor]:
-    """For each a in rows: L[r, i] = sum_c a_rc b_ic exp(G_rc - G_ic) for i <= r, 0 above the diagonal.
+def _channel_grams(
+    q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, delta: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Per-channel decay: Aqk[r, i] = sum_c q_rc k_ic exp(G_rc - G_ic) for i <= r (and, delta rule only, Akk
+    the same with k_r, for i < r), 0 above the diagonal; plus the decayed operands that the state pass needs.
 
-    a, b: [..., C, K], G: [..., C, K] per-channel cumulative log-decay -> [..., C, C] per a.
+    q, k, g: [..., C, K] (g: the per-token log-decays, <= 0). Returns Aqk, Akk or None ([..., C, C]),
+    exp(G) * q, exp(G) * k or None, exp(G_C - G) * k ([..., C, K]) and exp(G_C) ([..., 1, K]), where G is the
+    in-chunk cumulative log-decay.
+
     exp(G_r - G_i) cannot be split as exp(G_r) exp(-G_i) over a whole chunk (exp(-G_i) overflows once the
     decay has accumulated below about -88), and the pairwise [C, C, K] exponent is too big to build. Instead
-    the lower triangle is assembled bottom-up by halving (see kernels/README.md): a block of 2m tokens is
-    [[L_first, 0], [X, L_second]] where the off-diagonal block X (rows: second half, columns: first half)
-    splits at the reference point G_ref = G at the last token of the first half,
-        exp(G_r - G_i) = exp(G_r - G_ref) exp(G_ref - G_i),
-    both factors <= 1, so X is one matmul. Each level costs O(C K) elementwise per chunk, log2(C) levels.
-    The rows share the decay factors, so q and k are handled in one pass.
+    the lower triangle is assembled by halving (see kernels/README.md): in a block of 2m tokens, the block X
+    (rows: second half, columns: first half) splits at ref, the last token of the first half,
+        exp(G_r - G_i) = exp(sum of g over (ref, r]) * exp(sum of g over (i, ref]),
+    both factors <= 1, so X is one matmul of row-scaled operands. The operands are carried from level to
+    level already scaled: `rows` holds a_r exp(sum of g from the start of r's m-block through r), `cols`
+    holds k_i exp(sum of g after i through the end of i's m-block); going to blocks of 2m multiplies the
+    second (first) half by exp(total of the other half). Every exponent is a sum of g over a window of at
+    most C tokens, never a difference of chunk-wide cumulative sums, so it is <= 0 (no overflow, no masking
+    needed) and accurate relative to itself in float32 (a difference of two cumulative sums of size ~100
+    would carry their rounding, ~1e-5, into every factor, also for neighbouring tokens). After the last
+    level, the carried operands are exactly the chunk-level exp(G) q, exp(G) k and exp(G_C - G) k.
     """
-    C = G.shape[-2]
-    dtype = b.dtype
-    # level m = 1: the diagonal, no decay between a token and itself; C diagonal blocks of size 1
-    Ls = [(a * b).sum(-1)[..., None, None] for a in rows]  # [..., C, 1, 1]
+    C = g.shape[-2]
+    decay = g.exp()  # [..., C, K], <= 1
+    rows = [q * decay, k * decay] if delta else [q * decay]  # level m = 1: the window (ref, r] is {r}
+    cols = k  # level m = 1: the window (i, ref] is empty
+    totals = g  # [..., C / m, K]: the sum of g over each m-block
+    grams = [q.new_zeros(*q.shape[:-1], C) for _ in rows]  # [..., C, C]
+    grams[0].diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))  # no decay between a token and itself
     m = 1
     while m < C:
         n_blk = C // (2 * m)
-        # unbind, not indexing: its backward is one stack, not a zero-filled full-size tensor per index
-        G_1, G_2 = G.unflatten(-2, (n_blk, 2, m)).unbind(-3)  # [..., n_blk, m, K] first / second halves
-        G_ref = G_1[..., -1:, :]  # [..., n_blk, 1, K]
-        # exponents are differences of the (float64) cumsum, formed before rounding to the compute dtype
-        decay_row = (G_2 - G_ref).to(dtype).exp()  # <= 1
-        decay_col = (G_ref - G_1).to(dtype).exp()  # <= 1
-        b_1 = b.unflatten(-2, (n_blk, 2, m)).unbind(-3)[0] * decay_col  # [..., n_blk, m, K]
+        # the two halves of each 2m-block as strided views [..., n_blk, m, K]: no copies
+        cols_1 = cols.unflatten(-2, (n_blk, 2, m))[..., 0, :, :].transpose(-1, -2)  # [..., n_blk, K, m]
         for i, a in enumerate(rows):
-            a_2 = a.unflatten(-2, (n_blk, 2, m)).unbind(-3)[1] * decay_row
-            X = a_2 @ b_1.transpose(-1, -2)  # [..., n_blk, m, m]
-            L_1, L_2 = Ls[i].unflatten(-3, (n_blk, 2)).unbind(-3)  # [..., n_blk, m, m] each
-            top = torch.cat([L_1, torch.zeros_like(X)], dim=-1)
-            Ls[i] = torch.cat([top, torch.cat([X, L_2], dim=-1)], dim=-2)  # [..., n_blk, 2m, 2m]
+            X = a.unflatten(-2, (n_blk, 2, m))[..., 1, :, :] @ cols_1  # [..., n_blk, m, m]
+            # the n_blk diagonal 2m-blocks of the gram as a view [..., 2m, 2m, n_blk]; X is their lower-left
+            diag = grams[i].unflatten(-1, (n_blk, 2 * m)).unflatten(-3, (n_blk, 2 * m))
+            diag.diagonal(dim1=-4, dim2=-2)[..., m:, :m, :].copy_(X.movedim(-3, -1))
+        # to blocks of 2m: the second half's row windows extend back over the whole first half, the first
+        # half's column windows forward over the whole second half
+        tot = totals.unflatten(-2, (n_blk, 2))  # [..., n_blk, 2, K]
+        ext = tot.flip(-2).exp().unsqueeze(-2)  # [..., n_blk, 2, 1, K]: exp(total of the other half) <= 1
+        one = torch.ones_like(ext[..., :1, :, :])
+        rows = [
+            (a.unflatten(-2, (n_blk, 2, m)) * torch.cat([one, ext[..., 1:, :, :]], dim=-3)).flatten(-4, -2)
+            for a in rows
+        ]
+        cols = (cols.unflatten(-2, (n_blk, 2, m)) * torch.cat([ext[..., :1, :, :], one], dim=-3)).flatten(
+            -4, -2
+        )
+        totals = tot.sum(-2)  # [..., n_blk, K]
         m *= 2
-    return [L.squeeze(-3) for L in Ls]
+    A_kk = grams[1] if delta else None
+    return grams[0], A_kk, rows[0], rows[1] if delta else None, cols, totals.exp()
 
 
 def _intra_grams(
     q: torch.Tensor, k: torch.Tensor, G: torch.Tensor | None, delta: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Aqk (incl. diagonal) and, for the delta rule only, Akk (strictly lower), with the decay between the two
-    positions; [..., C, C] each."""
+    """Aqk (incl. diagonal) and, for the delta rule only, Akk (strictly lower), with the (scalar or no) decay
+    between the two positions; [..., C, C] each."""
     C = q.shape[-2]
     incl = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    strict = incl.tril(-1)
     if G is None:
         decay = incl
-    elif G.shape[-1] == 1:
+    else:
         # scalar decay factors out of the inner product: one [C, C] decay matrix
         decay = (G - G.transpose(-1, -2)).masked_fill(~incl, float("-inf")).to(q.dtype).exp()  # [..., C, C]
-    else:
-        grams = _channel_grams((q, k) if delta else (q,), k, G)
-        return grams[0], grams[1] * strict if delta else None
     A_qk = (q @ k.transpose(-1, -2)) * decay
-    return A_qk, (k @ k.transpose(-1, -2)) * decay * strict if delta else None
+    return A_qk, (k @ k.transpose(-1, -2)) * decay * incl.tril(-1) if delta else None
 
 
 def chunk_torch(
@@ -115,24 +133,27 @@ def chunk_torch(
     k_c = _to_chunks(k, T, C, acc)  # [B, H, N, C, K]
     v_c = _to_chunks(v, T, C, acc)  # [B, H, N, C, V]
     N = q_c.shape[2]
-    # G_r: log of the decay accumulated from the chunk start through token r, [B, H, N, C, 1 or K]. Kept in
-    # float64: exponents are differences G_r - G_i of values that reach -100s, and in float32 the rounding of
-    # G (ulp(300) ~ 3e-5) would show up directly as a relative error of every decay factor.
-    G = (
-        None
-        if g is None
-        else _to_chunks(g if g.dim() == 4 else g.unsqueeze(-1), T, C, torch.float64).cumsum(-2)
-    )
-
-    A_qk, A_kk = _intra_grams(q_c, k_c, G, beta is not None)  # [B, H, N, C, C]
-    if G is None:
+    if g is None:
+        A_qk, A_kk = _intra_grams(q_c, k_c, None, beta is not None)  # [B, H, N, C, C]
         q_in, k_in, k_out, decay_chunk = q_c, k_c, k_c, None
     else:
-        G_last = G[..., -1:, :]  # [B, H, N, 1, K or 1]
-        decay_in = G.to(acc).exp()  # [B, H, N, C, K or 1], <= 1
-        q_in, k_in = q_c * decay_in, k_c * decay_in  # read the decayed chunk-start state
-        k_out = k_c * (G_last - G).to(acc).exp()  # a write at r decays until the chunk end
-        decay_chunk = G_last.to(acc).exp().transpose(-1, -2)  # [B, H, N, K or 1, 1]: rows of the state
+        if g.dim() == 4:
+            # per-channel decay: the decay windows are built inside the halving, in the compute dtype
+            A_qk, A_kk, q_in, k_in, k_out, decay_last = _channel_grams(
+                q_c, k_c, _to_chunks(g, T, C, acc), beta is not None
+            )  # [B, H, N, C, C] x 2, [B, H, N, C, K] x 3, [B, H, N, 1, K]
+        else:
+            # G_r: log of the decay accumulated from the chunk start through token r, [B, H, N, C, 1]. Kept
+            # in float64: exponents are differences G_r - G_i of values that reach -100s, and in float32 the
+            # rounding of G (ulp(300) ~ 3e-5) would show up directly as a relative error of every factor.
+            G = _to_chunks(g.unsqueeze(-1), T, C, torch.float64).cumsum(-2)
+            A_qk, A_kk = _intra_grams(q_c, k_c, G, beta is not None)  # [B, H, N, C, C]
+            G_last = G[..., -1:, :]  # [B, H, N, 1, 1]
+            decay_in = G.to(acc).exp()  # [B, H, N, C, 1], <= 1
+            q_in, k_in = q_c * decay_in, k_c * decay_in  # read the decayed chunk-start state
+            k_out = k_c * (G_last - G).to(acc).exp()  # a write at r decays until the chunk end
+            decay_last = G_last.to(acc).exp()
+        decay_chunk = decay_last.transpose(-1, -2)  # [B, H, N, K or 1, 1]: rows of the state
 
     if beta is not None:
         b = _to_chunks(beta, T, C, acc).unsqueeze(-1)  # [B, H, N, C, 1]
@@ -151,17 +172,18 @@ def chunk_torch(
     W_n = [None] * N if W is None else W.unbind(2)  # N x [B, H, C, K]
     k_out_n = k_out.transpose(-1, -2).unbind(2)  # N x [B, H, K, C]
     decay_n = [None] * N if decay_chunk is None else decay_chunk.unbind(2)  # N x [B, H, K or 1, 1]
-    starts, deltas = [], []
+    A_qk_n = A_qk.unbind(2)  # N x [B, H, C, C]
+    q_in_n = q_in.unbind(2)  # N x [B, H, C, K]
+    outs = []
     for n in range(N):
-        starts.append(S)
         # pseudo-values: what each token writes once the chunk-start state has been erased
         delta = U_n[n] if W_n[n] is None else U_n[n] - W_n[n] @ S  # [B, H, C, V]
-        deltas.append(delta)
+        # the output reads the decayed chunk-start state and the chunk's own writes; computed here, so that
+        # the N chunk-start states are never stacked (an [N, K, V] tensor per head). In place on fresh results
+        # (matmul does not save its output for backward), to spare an allocation per op.
+        outs.append((q_in_n[n] @ S).add_(A_qk_n[n] @ delta).mul_(scale))  # [B, H, C, V]
         S_decayed = S if decay_n[n] is None else decay_n[n] * S
-        S = S_decayed + k_out_n[n] @ delta  # [B, H, K, V]
-    S0 = torch.stack(starts, dim=2)  # [B, H, N, K, V]
-    D = torch.stack(deltas, dim=2)  # [B, H, N, C, V]
-
-    o = (q_in @ S0 + A_qk @ D) * scale  # [B, H, N, C, V]
+        S = (k_out_n[n] @ delta).add_(S_decayed)  # [B, H, K, V]
+    o = torch.stack(outs, dim=2)  # [B, H, N, C, V]
     o = o.flatten(2, 3)[:, :, :T].movedim(2, 1)  # [B, T, H, V]
     return o.to(q.dtype), S if output_final_state else None
