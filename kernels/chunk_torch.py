@@ -58,6 +58,8 @@ def _channel_grams(
     level, the carried operands are exactly the chunk-level exp(G) q, exp(G) k and exp(G_C - G) k.
     """
     C = g.shape[-2]
+    # forward only (no graph recorded): the carried operands are updated in place
+    inplace = not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, g)))
     decay = g.exp()  # [..., C, K], <= 1
     rows = [q * decay, k * decay] if delta else [q * decay]  # level m = 1: the window (ref, r] is {r}
     cols = k  # level m = 1: the window (i, ref] is empty
@@ -78,14 +80,18 @@ def _channel_grams(
         # half's column windows forward over the whole second half
         tot = totals.unflatten(-2, (n_blk, 2))  # [..., n_blk, 2, K]
         ext = tot.flip(-2).exp().unsqueeze(-2)  # [..., n_blk, 2, 1, K]: exp(total of the other half) <= 1
-        one = torch.ones_like(ext[..., :1, :, :])
-        rows = [
-            (a.unflatten(-2, (n_blk, 2, m)) * torch.cat([one, ext[..., 1:, :, :]], dim=-3)).flatten(-4, -2)
-            for a in rows
-        ]
-        cols = (cols.unflatten(-2, (n_blk, 2, m)) * torch.cat([ext[..., :1, :, :], one], dim=-3)).flatten(
-            -4, -2
-        )
+        if inplace and m > 1:  # (at m = 1, cols is still k itself)
+            # no autograd graph: scale just the half that changes, in place (no full-size temporaries)
+            for a in rows:
+                a.unflatten(-2, (n_blk, 2, m))[..., 1, :, :].mul_(ext[..., 1, :, :])
+            cols.unflatten(-2, (n_blk, 2, m))[..., 0, :, :].mul_(ext[..., 0, :, :])
+        else:
+            # autograd saved the halves read by the matmuls above: new tensors, the unchanged half times 1
+            one = torch.ones_like(ext[..., :1, :, :])
+            to_second = torch.cat([one, ext[..., 1:, :, :]], dim=-3)  # [..., n_blk, 2, 1, K]
+            rows = [(a.unflatten(-2, (n_blk, 2, m)) * to_second).flatten(-4, -2) for a in rows]
+            to_first = torch.cat([ext[..., :1, :, :], one], dim=-3)
+            cols = (cols.unflatten(-2, (n_blk, 2, m)) * to_first).flatten(-4, -2)
         totals = tot.sum(-2)  # [..., n_blk, K]
         m *= 2
     A_kk = grams[1] if delta else None
@@ -158,11 +164,15 @@ def chunk_torch(
     if beta is not None:
         b = _to_chunks(beta, T, C, acc).unsqueeze(-1)  # [B, H, N, C, 1]
         eye = torch.eye(C, dtype=acc, device=q.device)
-        # UT transform: (I + Diag(beta) Akk) [U, W] = Diag(beta) [V, exp(G) K], one triangular solve per chunk
-        UW = torch.linalg.solve_triangular(
-            eye + b * A_kk, b * torch.cat([v_c, k_in], dim=-1), upper=False, unitriangular=True
-        )
-        U, W = UW[..., :V], UW[..., V:]  # [B, H, N, C, V], [B, H, N, C, K]
+        # UT transform: [U, W] = (I + Diag(beta) Akk)^-1 Diag(beta) [V, exp(G) K]. The inverse of the unit
+        # triangular C x C matrix (one triangular solve per chunk) times the right-hand sides as two batched
+        # matmuls is cheaper than solving for the [C, V + K] right-hand side: LAPACK would first copy it to
+        # column-major, and there is no concatenated [V, exp(G) K] to build.
+        T_inv = torch.linalg.solve_triangular(
+            eye + b * A_kk, eye.expand_as(A_kk), upper=False, unitriangular=True
+        )  # [B, H, N, C, C]
+        T_beta = T_inv * b.transpose(-1, -2)  # T Diag(beta): scales column i by beta_i
+        U, W = T_beta @ v_c, T_beta @ k_in  # [B, H, N, C, V], [B, H, N, C, K]
     else:
         U, W = v_c, None
 
