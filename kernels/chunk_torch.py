@@ -62,7 +62,7 @@ def _channel_grams(
     inplace = not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, g)))
     decay = g.exp()  # [..., C, K], <= 1
     rows = [q * decay, k * decay] if delta else [q * decay]  # level m = 1: the window (ref, r] is {r}
-    cols = k  # level m = 1: the window (i, ref] is empty
+    cols = k.clone() if inplace else k  # level m = 1: the window (i, ref] is empty
     totals = g  # [..., C / m, K]: the sum of g over each m-block
     grams = [q.new_zeros(*q.shape[:-1], C) for _ in rows]  # [..., C, C]
     grams[0].diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))  # no decay between a token and itself
@@ -79,16 +79,18 @@ def _channel_grams(
         # to blocks of 2m: the second half's row windows extend back over the whole first half, the first
         # half's column windows forward over the whole second half
         tot = totals.unflatten(-2, (n_blk, 2))  # [..., n_blk, 2, K]
-        ext = tot.flip(-2).exp().unsqueeze(-2)  # [..., n_blk, 2, 1, K]: exp(total of the other half) <= 1
-        if inplace and m > 1:  # (at m = 1, cols is still k itself)
-            # no autograd graph: scale just the half that changes, in place (no full-size temporaries)
+        if inplace:
+            # no autograd graph: scale just the half that changes, in place (no full-size temporaries);
+            # exp(total of the other half) <= 1, at m = 1 simply the other token's decay
+            halves = decay.unflatten(-2, (n_blk, 2)) if m == 1 else tot.exp()
             for a in rows:
-                a.unflatten(-2, (n_blk, 2, m))[..., 1, :, :].mul_(ext[..., 1, :, :])
-            cols.unflatten(-2, (n_blk, 2, m))[..., 0, :, :].mul_(ext[..., 0, :, :])
+                a.unflatten(-2, (n_blk, 2, m))[..., 1, :, :].mul_(halves[..., :1, :])
+            cols.unflatten(-2, (n_blk, 2, m))[..., 0, :, :].mul_(halves[..., 1:, :])
         else:
             # autograd saved the halves read by the matmuls above: new tensors, the unchanged half times 1
+            ext = tot.flip(-2).exp().unsqueeze(-2)  # [..., n_blk, 2, 1, K]: exp(total of the other half)
             one = torch.ones_like(ext[..., :1, :, :])
-            to_second = torch.cat([one, ext[..., 1:, :, :]], dim=-3)  # [..., n_blk, 2, 1, K]
+            to_second = torch.cat([one, ext[..., 1:, :, :]], dim=-3)
             rows = [(a.unflatten(-2, (n_blk, 2, m)) * to_second).flatten(-4, -2) for a in rows]
             to_first = torch.cat([ext[..., :1, :, :], one], dim=-3)
             cols = (cols.unflatten(-2, (n_blk, 2, m)) * to_first).flatten(-4, -2)
@@ -192,8 +194,8 @@ def chunk_torch(
         # the N chunk-start states are never stacked (an [N, K, V] tensor per head). In place on fresh results
         # (matmul does not save its output for backward), to spare an allocation per op.
         outs.append((q_in_n[n] @ S).add_(A_qk_n[n] @ delta).mul_(scale))  # [B, H, C, V]
-        S_decayed = S if decay_n[n] is None else decay_n[n] * S
-        S = (k_out_n[n] @ delta).add_(S_decayed)  # [B, H, K, V]
+        write = k_out_n[n] @ delta  # [B, H, K, V]
+        S = write.add_(S) if decay_n[n] is None else torch.addcmul(write, decay_n[n], S)
     o = torch.stack(outs, dim=2)  # [B, H, N, C, V]
     o = o.flatten(2, 3)[:, :, :T].movedim(2, 1)  # [B, T, H, V]
     return o.to(q.dtype), S if output_final_state else None
