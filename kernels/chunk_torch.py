@@ -166,22 +166,21 @@ def chunk_torch(
     if beta is not None:
         b = _to_chunks(beta, T, C, acc).unsqueeze(-1)  # [B, H, N, C, 1]
         eye = torch.eye(C, dtype=acc, device=q.device)
-        # UT transform: [U, W] = (I + Diag(beta) Akk)^-1 Diag(beta) [V, exp(G) K]. The inverse of the unit
-        # triangular C x C matrix (one triangular solve per chunk) times the right-hand sides as two batched
-        # matmuls is cheaper than solving for the [C, V + K] right-hand side: LAPACK would first copy it to
-        # column-major, and there is no concatenated [V, exp(G) K] to build.
+        # UT transform: Delta = U - W S0, [U, W] = T Diag(beta) [V, exp(G) K], T = (I + Diag(beta) Akk)^-1.
+        # The state pass applies it as Delta = (T Diag(beta)) (V - (exp(G) K) S0): the same products, but no
+        # U and W to precompute, and the explicit inverse of the unit-triangular C x C matrix (one triangular
+        # solve per chunk) spares LAPACK's column-major copy of a [C, V + K] right-hand side.
         T_inv = torch.linalg.solve_triangular(
             eye + b * A_kk, eye.expand_as(A_kk), upper=False, unitriangular=True
         )  # [B, H, N, C, C]
-        T_beta = T_inv * b.transpose(-1, -2)  # T Diag(beta): scales column i by beta_i
-        U, W = T_beta @ v_c, T_beta @ k_in  # [B, H, N, C, V], [B, H, N, C, K]
+        T_n = (T_inv * b.transpose(-1, -2)).unbind(2)  # N x [B, H, C, C]: T Diag(beta), column i times beta_i
     else:
-        U, W = v_c, None
+        T_n = [None] * N
 
     S = q.new_zeros(B, H, K, V, dtype=acc) if initial_state is None else initial_state.to(acc)
     # unbind, not indexing: the backward of N index ops would write N full-size zero gradients (O(N^2) work)
-    U_n = U.unbind(2)  # N x [B, H, C, V]
-    W_n = [None] * N if W is None else W.unbind(2)  # N x [B, H, C, K]
+    v_n = v_c.unbind(2)  # N x [B, H, C, V]
+    k_in_n = [None] * N if k_in is None else k_in.unbind(2)  # N x [B, H, C, K]
     k_out_n = k_out.transpose(-1, -2).unbind(2)  # N x [B, H, K, C]
     decay_n = [None] * N if decay_chunk is None else decay_chunk.unbind(2)  # N x [B, H, K or 1, 1]
     A_qk_n = A_qk.unbind(2)  # N x [B, H, C, C]
@@ -189,7 +188,7 @@ def chunk_torch(
     outs = []
     for n in range(N):
         # pseudo-values: what each token writes once the chunk-start state has been erased
-        delta = U_n[n] if W_n[n] is None else U_n[n] - W_n[n] @ S  # [B, H, C, V]
+        delta = v_n[n] if T_n[n] is None else T_n[n] @ (v_n[n] - k_in_n[n] @ S)  # [B, H, C, V]
         # the output reads the decayed chunk-start state and the chunk's own writes; computed here, so that
         # the N chunk-start states are never stacked (an [N, K, V] tensor per head). In place on fresh results
         # (matmul does not save its output for backward), to spare an allocation per op.
