@@ -51,11 +51,13 @@ def _channel_grams(
     both factors <= 1, so X is one matmul of row-scaled operands. The operands are carried from level to
     level already scaled: `rows` holds a_r exp(sum of g from the start of r's m-block through r), `cols`
     holds k_i exp(sum of g after i through the end of i's m-block); going to blocks of 2m multiplies the
-    second (first) half by exp(total of the other half). Every exponent is a sum of g over a window of at
-    most C tokens, never a difference of chunk-wide cumulative sums, so it is <= 0 (no overflow, no masking
-    needed) and accurate relative to itself in float32 (a difference of two cumulative sums of size ~100
-    would carry their rounding, ~1e-5, into every factor, also for neighbouring tokens). After the last
-    level, the carried operands are exactly the chunk-level exp(G) q, exp(G) k and exp(G_C - G) k.
+    second (first) half by the decay over the other half (the product of the two halves' decays, kept per
+    block). So every factor is a product of at most log2(C) + 1 factors exp(g) or block decays, all <= 1:
+    no exponent is ever positive (no overflow, no masking needed), and no decay is a difference of
+    chunk-wide cumulative sums, so float32 keeps it accurate relative to itself (a difference of two
+    cumulative sums of size ~100 would carry their rounding, ~1e-5, into every factor, also for neighbouring
+    tokens). After the last level, the carried operands are exactly the chunk-level exp(G) q, exp(G) k and
+    exp(G_C - G) k, and the block decay is exp(G_C).
     """
     C = g.shape[-2]
     # forward only (no graph recorded): the carried operands are updated in place
@@ -63,9 +65,10 @@ def _channel_grams(
     decay = g.exp()  # [..., C, K], <= 1
     rows = [q * decay, k * decay] if delta else [q * decay]  # level m = 1: the window (ref, r] is {r}
     cols = k.clone() if inplace else k  # level m = 1: the window (i, ref] is empty
-    totals = g  # [..., C / m, K]: the sum of g over each m-block
+    block_decay = decay  # [..., C / m, K]: the decay over each m-block, exp(sum of its g) <= 1
     grams = [q.new_zeros(*q.shape[:-1], C) for _ in rows]  # [..., C, C]
-    grams[0].diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1))  # no decay between a token and itself
+    # the diagonal: no decay between a token and itself; q_r . k_r as a batched matmul (no [C, K] temporary)
+    grams[0].diagonal(dim1=-2, dim2=-1).copy_((q.unsqueeze(-2) @ k.unsqueeze(-1)).flatten(-3))
     m = 1
     while m < C:
         n_blk = C // (2 * m)
@@ -78,26 +81,24 @@ def _channel_grams(
             diag.diagonal(dim1=-4, dim2=-2)[..., m:, :m, :].copy_(X.movedim(-3, -1))
         # to blocks of 2m: the second half's row windows extend back over the whole first half, the first
         # half's column windows forward over the whole second half
-        tot = totals.unflatten(-2, (n_blk, 2))  # [..., n_blk, 2, K]
+        halves = block_decay.unflatten(-2, (n_blk, 2))  # [..., n_blk, 2, K]: the decay over each half
         if inplace:
-            # no autograd graph: scale just the half that changes, in place (no full-size temporaries);
-            # exp(total of the other half) <= 1, at m = 1 simply the other token's decay
-            halves = decay.unflatten(-2, (n_blk, 2)) if m == 1 else tot.exp()
+            # no autograd graph: scale just the half that changes, in place (no full-size temporaries)
             for a in rows:
                 a.unflatten(-2, (n_blk, 2, m))[..., 1, :, :].mul_(halves[..., :1, :])
             cols.unflatten(-2, (n_blk, 2, m))[..., 0, :, :].mul_(halves[..., 1:, :])
         else:
             # autograd saved the halves read by the matmuls above: new tensors, the unchanged half times 1
-            ext = tot.flip(-2).exp().unsqueeze(-2)  # [..., n_blk, 2, 1, K]: exp(total of the other half)
+            ext = halves.flip(-2).unsqueeze(-2)  # [..., n_blk, 2, 1, K]: the decay over the other half
             one = torch.ones_like(ext[..., :1, :, :])
             to_second = torch.cat([one, ext[..., 1:, :, :]], dim=-3)
             rows = [(a.unflatten(-2, (n_blk, 2, m)) * to_second).flatten(-4, -2) for a in rows]
             to_first = torch.cat([ext[..., :1, :, :], one], dim=-3)
             cols = (cols.unflatten(-2, (n_blk, 2, m)) * to_first).flatten(-4, -2)
-        totals = tot.sum(-2)  # [..., n_blk, K]
+        block_decay = halves[..., 0, :] * halves[..., 1, :]  # [..., n_blk, K]
         m *= 2
     A_kk = grams[1] if delta else None
-    return grams[0], A_kk, rows[0], rows[1] if delta else None, cols, totals.exp()
+    return grams[0], A_kk, rows[0], rows[1] if delta else None, cols, block_decay
 
 
 def _intra_grams(
