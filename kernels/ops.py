@@ -47,6 +47,11 @@ def _check_float(name: str, t: torch.Tensor) -> None:
 
 def _check_g_values(op: str, g: torch.Tensor) -> None:
     g_max = g.detach().max().item() if g.numel() else 0.0
+    if g_max != g_max:
+        raise ValueError(
+            f"{op}: g contains NaN; the values feeding the decay are no longer finite (in training: the run "
+            "diverged; lower the learning rate)"
+        )
     if not g_max <= G_POSITIVE_TOLERANCE:
         raise ValueError(
             f"{op}: g has a maximum value of {g_max:.3g}; g is the log-decay and must be <= 0 "

@@ -271,6 +271,7 @@ BAD_CHUNK_CALLS = [
     ),
     ("g_channel_to_gdn", "gated_delta_rule", {}, r"g has shape \[2, 8, 2, 16\]; expected \[B, T, H\]"),
     ("g_positive", "kda", {"g": torch.full((B, 8, H, K), 0.5)}, r"g has a maximum value of 0.5"),
+    ("g_nan", "kda", {"g": torch.full((B, 8, H, K), float("nan"))}, r"g contains NaN.*diverged"),
     ("g_missing", "kda", {"g": None}, r"g \(log-decay of shape \[B, T, H, K\]"),
     ("beta_shape", "kda", {"beta": torch.rand(B, 8, H, 1)}, r"beta has shape \[2, 8, 2, 1\]"),
     ("beta_missing", "kda", {"beta": None}, r"beta \(the delta-rule write strength"),
