@@ -29,18 +29,9 @@ from triton.testing import do_bench
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kernels.triton import VARIANTS as OPS  # noqa: E402
 from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
 
-# (name, decay, delta, lower_bound) — kda_bounded is KDA with K3's g_min = -5
-OPS = [
-    ("linear_attn", None, False, None),
-    ("simple_gla", "scalar", False, None),
-    ("gla", "channel", False, None),
-    ("delta_rule", None, True, None),
-    ("gated_delta_rule", "scalar", True, None),
-    ("kda", "channel", True, None),
-    ("kda_bounded", "channel", True, -5.0),
-]
 FIELDS = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd"]
 
 

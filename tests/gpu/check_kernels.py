@@ -29,18 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
+from kernels.triton import VARIANTS as OPS  # noqa: E402
 from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
 
-# (name, decay, delta, lower_bound)
-OPS = [
-    ("linear_attn", None, False, None),
-    ("simple_gla", "scalar", False, None),
-    ("gla", "channel", False, None),
-    ("delta_rule", None, True, None),
-    ("gated_delta_rule", "scalar", True, None),
-    ("kda", "channel", True, None),
-    ("kda_bounded", "channel", True, -5.0),
-]
 BOUNDS = {
     "o": 5e-3,
     "final_state": 5e-3,
