@@ -53,6 +53,23 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
 
 
 @triton.jit
+def _rev_cumsum_kernel(dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr):
+    # G = chunk-local cumsum(g), so dg is the reverse cumsum of dG inside each chunk (summed over K first
+    # for the scalar decay), written in g's dtype
+    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    b_dg = _load_rows(dgk, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 2:
+        p = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+        tl.store(dg + p, tl.cumsum(b_dg, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t[:, None])
+    else:
+        b_s = tl.cumsum(tl.sum(b_dg, 1), axis=0, reverse=True)
+        tl.store(dg + (i_b * T + o_t) * H + i_h, b_s.to(dg.dtype.element_ty), mask=m_t)
+
+
+@triton.jit
 def _load_rows(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
     # rows o_t of a [B, T, H, D] tensor for head (i_b, i_h), as fp32 [len(o_t), D]; invalid rows are 0
     o_d = tl.arange(0, D)
@@ -124,7 +141,7 @@ def _intra_fwd_kernel(
             o_k = tl.arange(0, K)
             p_kj = k + ((i_b * T + r0) * H + i_h) * K + o_k
             p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
-            for j in tl.static_range(BC):
+            for j in range(BC):
                 t_j = r0 + j
                 m_kj = (o_k * 0 + t_j) < T
                 b_kj = tl.load(p_kj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
@@ -152,6 +169,39 @@ def _intra_fwd_kernel(
 
 
 @triton.jit
+def _a_block(
+    akk,
+    beta,
+    t0,
+    i: tl.constexpr,
+    j: tl.constexpr,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+):
+    # block (i, j) (BC x BC) of diag(beta) A_kk inside the chunk starting at t0; rows past T are 0
+    o_b = tl.arange(0, BC)
+    o_r = t0 + i * BC + o_b
+    m_r = o_r < T
+    b_a = tl.load(
+        akk + ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :],
+        mask=m_r[:, None],
+        other=0.0,
+    )
+    return b_a * _load_vec(beta, o_r, m_r, i_b, i_h, T, H)[:, None]
+
+
+@triton.jit
+def _pick(x, n: tl.constexpr, NC: tl.constexpr):
+    # x[n] of a [NC, BC, BC] tile (a register tile cannot be indexed)
+    o_n = tl.arange(0, NC)
+    return tl.sum(tl.where(o_n[:, None, None] == n, x, 0.0), 0)
+
+
+@triton.jit
 def _solve_kernel(
     k,
     v,
@@ -170,55 +220,77 @@ def _solve_kernel(
     DECAY: tl.constexpr,
     LOWP: tl.constexpr,
 ):
-    # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: forward substitution inside each diagonal block,
-    # then L_ij = -L_ii sum_{j <= m < i} A_im L_mj below it (through memory: blocks cannot be sliced).
+    # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: forward substitution on the NC diagonal blocks at
+    # once (one [NC, BC, BC] tile, BC - 1 steps, each row of A read from memory), then the blocks below the
+    # diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4).
     # W = L diag(beta) (Gamma K), U = L diag(beta) V
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT
+    NC: tl.constexpr = BT // BC
+    o_n = tl.arange(0, NC)
+    o_b = tl.arange(0, BC)
+    eye = tl.where(o_b[:, None] == o_b[None, :], 1.0, 0.0)
+    b_l = tl.zeros([NC, BC, BC], dtype=tl.float32) + eye[None, :, :]
+    for r in range(1, BC):
+        # row r of every diagonal block: e_r - sum_{j < r} A_rj L_j (rows j < r are final already)
+        t_r = t0 + o_n * BC + r  # [NC]
+        m_r = t_r < T
+        p_r = akk + ((i_b * T + t_r[:, None]) * H + i_h) * BT + (o_n * BC)[:, None] + o_b[None, :]
+        b_ar = tl.load(p_r, mask=m_r[:, None] & (o_b[None, :] < r), other=0.0)
+        b_ar *= tl.load(beta + (i_b * T + t_r) * H + i_h, mask=m_r, other=0.0).to(tl.float32)[:, None]
+        b_row = -tl.sum(b_ar[:, :, None] * b_l, 1)  # [NC, BC]
+        b_row = tl.where(o_b[None, :] == r, 1.0, b_row)
+        b_l = tl.where(o_b[None, :, None] == r, b_row[:, None, :], b_l)
+    b_l00 = _pick(b_l, 0, NC)
+    _store_block(linv, b_l00, t0, 0, 0, i_b, i_h, T, H, BT, BC)
+    if NC >= 2:
+        b_l11 = _pick(b_l, 1, NC)
+        b_l10 = -tl.dot(
+            b_l11,
+            tl.dot(_a_block(akk, beta, t0, 1, 0, i_b, i_h, T, H, BT, BC), b_l00, input_precision="ieee"),
+            input_precision="ieee",
+        )
+        _store_block(linv, b_l11, t0, 1, 1, i_b, i_h, T, H, BT, BC)
+        _store_block(linv, b_l10, t0, 1, 0, i_b, i_h, T, H, BT, BC)
+    if NC == 4:
+        b_l22 = _pick(b_l, 2, NC)
+        b_l33 = _pick(b_l, 3, NC)
+        b_a20 = _a_block(akk, beta, t0, 2, 0, i_b, i_h, T, H, BT, BC)
+        b_a21 = _a_block(akk, beta, t0, 2, 1, i_b, i_h, T, H, BT, BC)
+        b_a30 = _a_block(akk, beta, t0, 3, 0, i_b, i_h, T, H, BT, BC)
+        b_a31 = _a_block(akk, beta, t0, 3, 1, i_b, i_h, T, H, BT, BC)
+        b_a32 = _a_block(akk, beta, t0, 3, 2, i_b, i_h, T, H, BT, BC)
+        b_l21 = -tl.dot(b_l22, tl.dot(b_a21, b_l11, input_precision="ieee"), input_precision="ieee")
+        b_l32 = -tl.dot(b_l33, tl.dot(b_a32, b_l22, input_precision="ieee"), input_precision="ieee")
+        b_s20 = tl.dot(b_a20, b_l00, input_precision="ieee") + tl.dot(b_a21, b_l10, input_precision="ieee")
+        b_l20 = -tl.dot(b_l22, b_s20, input_precision="ieee")
+        b_s31 = tl.dot(b_a31, b_l11, input_precision="ieee") + tl.dot(b_a32, b_l21, input_precision="ieee")
+        b_l31 = -tl.dot(b_l33, b_s31, input_precision="ieee")
+        b_s30 = tl.dot(b_a30, b_l00, input_precision="ieee") + tl.dot(b_a31, b_l10, input_precision="ieee")
+        b_s30 += tl.dot(b_a32, b_l20, input_precision="ieee")
+        b_l30 = -tl.dot(b_l33, b_s30, input_precision="ieee")
+        _store_block(linv, b_l22, t0, 2, 2, i_b, i_h, T, H, BT, BC)
+        _store_block(linv, b_l33, t0, 3, 3, i_b, i_h, T, H, BT, BC)
+        _store_block(linv, b_l21, t0, 2, 1, i_b, i_h, T, H, BT, BC)
+        _store_block(linv, b_l32, t0, 3, 2, i_b, i_h, T, H, BT, BC)
+        _store_block(linv, b_l20, t0, 2, 0, i_b, i_h, T, H, BT, BC)
+        _store_block(linv, b_l31, t0, 3, 1, i_b, i_h, T, H, BT, BC)
+        _store_block(linv, b_l30, t0, 3, 0, i_b, i_h, T, H, BT, BC)
+    # the blocks above the diagonal are 0; L is read back whole below (and by the backward)
     o_t = t0 + tl.arange(0, BT)
     m_t = o_t < T
     o_c = tl.arange(0, BT)
-    o_b = tl.arange(0, BC)
-    NC: tl.constexpr = BT // BC
     p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
-    # zero the upper part of L first: it is read back whole below
-    tl.store(linv + p_a, tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0), mask=m_t[:, None])
+    tl.store(
+        linv + p_a,
+        tl.zeros([BT, BT], dtype=tl.float32),
+        mask=m_t[:, None] & (o_c[None, :] // BC > o_c[:, None] // BC),
+    )
     tl.debug_barrier()
-    for i in tl.static_range(NC):
-        o_r = t0 + i * BC + o_b
-        m_r = o_r < T
-        p_ii = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (i * BC + o_b)[None, :]
-        b_beta_r = _load_vec(beta, o_r, m_r, i_b, i_h, T, H)
-        b_a = tl.load(akk + p_ii, mask=m_r[:, None], other=0.0) * b_beta_r[:, None]  # strict lower
-        b_l = tl.where(o_b[:, None] == o_b[None, :], 1.0, 0.0)
-        for r in range(1, BC):
-            # row r of L_ii = e_r - sum_{j<r} A_rj L_j (rows j < r are final already)
-            b_ar = tl.sum(tl.where(o_b[:, None] == r, b_a, 0.0), 0)
-            b_row = tl.where(o_b == r, 1.0, -tl.sum(b_ar[:, None] * b_l, 0))
-            b_l = tl.where(o_b[:, None] == r, b_row[None, :], b_l)
-        tl.store(linv + p_ii, b_l, mask=m_r[:, None])
-    tl.debug_barrier()
-    for i in tl.static_range(1, NC):
-        o_r = t0 + i * BC + o_b
-        m_r = o_r < T
-        b_beta_r = _load_vec(beta, o_r, m_r, i_b, i_h, T, H)
-        p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
-        b_lii = tl.load(linv + p_row + (i * BC + o_b)[None, :], mask=m_r[:, None], other=0.0)
-        for j in tl.static_range(i):
-            b_acc = tl.zeros([BC, BC], dtype=tl.float32)
-            for m in tl.static_range(j, i):
-                o_m = t0 + m * BC + o_b
-                b_aim = tl.load(akk + p_row + (m * BC + o_b)[None, :], mask=m_r[:, None], other=0.0)
-                p_lmj = ((i_b * T + o_m[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :]
-                b_lmj = tl.load(linv + p_lmj, mask=(o_m < T)[:, None], other=0.0)
-                b_acc += tl.dot(b_aim * b_beta_r[:, None], b_lmj, input_precision="ieee")
-            b_lij = -tl.dot(b_lii, b_acc, input_precision="ieee")
-            tl.store(linv + p_row + (j * BC + o_b)[None, :], b_lij, mask=m_r[:, None])
-        tl.debug_barrier()
     b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)  # [BT]
-    b_l = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
-    b_tm = _dot_cast(b_l * b_beta[None, :], LOWP)
+    b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
+    b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
     if DECAY == 2:
         b_k = b_k * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
@@ -231,6 +303,29 @@ def _solve_kernel(
     b_u = tl.dot(b_tm, _dot_cast(b_v, LOWP))  # [BT, V]
     p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + tl.arange(0, V)[None, :]
     tl.store(u + p_u, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+
+
+@triton.jit
+def _store_block(
+    linv,
+    b_x,
+    t0,
+    i: tl.constexpr,
+    j: tl.constexpr,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+):
+    o_b = tl.arange(0, BC)
+    o_r = t0 + i * BC + o_b
+    tl.store(
+        linv + ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :],
+        b_x,
+        mask=(o_r < T)[:, None],
+    )
 
 
 @triton.jit
@@ -602,7 +697,7 @@ def _rel_rows(
             p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
             # column j of M's diagonal block, straight from memory
             p_mj = m + ((i_b * T + o_r) * H + i_h) * BT + (r0 - t0)
-            for j in tl.static_range(BC):
+            for j in range(BC):
                 t_j = r0 + j
                 m_kj = (o_k * 0 + t_j) < T
                 b_yj = tl.load(p_yj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
@@ -672,7 +767,7 @@ def _rel_cols(
             p_gj = gc + ((i_b * T + c0) * H + i_h) * K + o_k
             # row j of M's diagonal block (M[c0 + j, o_c]), straight from memory
             p_mj = m + ((i_b * T + c0) * H + i_h) * BT + (o_c - t0)
-            for j in tl.static_range(BC):
+            for j in range(BC):
                 t_j = c0 + j
                 m_kj = (o_k * 0 + t_j) < T
                 b_xj = tl.load(p_xj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
@@ -702,6 +797,8 @@ def _intra_bwd_kernel(
     dq,
     dk,
     dgk,
+    dq_out,
+    dk_out,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -740,8 +837,11 @@ def _intra_bwd_kernel(
         b_dk += b_dkr + b_dkc
         b_dg += b_k * (b_dkr - b_dkc)
     p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-    tl.store(dq + p_k, tl.load(dq + p_k, mask=m_r[:, None], other=0.0) + b_dq, mask=m_r[:, None])
-    tl.store(dk + p_k, tl.load(dk + p_k, mask=m_r[:, None], other=0.0) + b_dk, mask=m_r[:, None])
+    # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
+    b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0)
+    b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0)
+    tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
+    tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
     if DECAY > 0:
         tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
@@ -963,6 +1063,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         num_warps=_num_warps(True),
         num_stages=1,
     )
+    dq_out = torch.empty_like(q)
+    dk_out = torch.empty_like(k)
     # tf32 rather than bf16 operands here: dG = x dx - y dy cancels, and the bounded path's e^75-scaled
     # operands left dg at 2.1e-2 relative error in bf16 on the H200
     _intra_bwd_kernel[(NT * (BT // BC), B * H)](
@@ -974,6 +1076,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         dq,
         dk,
         dgk,
+        dq_out,
+        dk_out,
         T,
         H=H,
         K=K,
@@ -987,13 +1091,9 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     )
     dg = None
     if decay:
-        # G = chunk-local cumsum(g), so dg is the reverse cumsum of dG inside each chunk
-        dG = dgk if decay == 2 else dgk.sum(-1)
-        pad = NT * BT - T
-        rest = dG.shape[2:]  # (H,) or (H, K)
-        dGp = torch.nn.functional.pad(dG, [0, 0] * len(rest) + [0, pad]).view(B, NT, BT, *rest)
-        dg = dGp.flip(2).cumsum(2).flip(2).reshape(B, NT * BT, *rest)[:, :T]
-    return dq, dk, dv, dg, dbeta, dh0
+        dg = torch.empty_like(g)
+        _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
+    return dq_out, dk_out, dv, dg, dbeta, dh0
 
 
 class ChunkFunction(torch.autograd.Function):
