@@ -6,8 +6,9 @@ bounded-gate fast path are in README.md beside this file. Pipeline (one program 
 
     forward : cumsum(g) -> intra (A_qk, A_kk, per 16-row block) -> solve (L = (I + diag(beta) A_kk)^-1,
               W, U; delta only) -> state pass (sequential over chunks, per V block) -> output
-    backward: reverse state pass (dS per chunk, dVt) -> dense per-chunk grads -> intra-chunk relative
-              grads (per 16-row block) -> reverse cumsum of dG (torch)
+    backward: reverse state pass (dS per chunk, dVt) -> dense per-chunk grads (dq/dk/dG per K block;
+              M_qk, M_kk, dv, dbeta) -> intra-chunk relative grads (per 16-row block) -> reverse cumsum
+              of dG (torch)
 """
 
 from __future__ import annotations
@@ -526,7 +527,14 @@ def _state_bwd_kernel(
 
 
 @triton.jit
-def _dense_bwd_kernel(
+def _load_block(x, o_t, m_t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t, columns o_d of a [B, T, H, D] tensor for head (i_b, i_h), as fp32; invalid rows are 0
+    p = x + ((i_b * T + o_t[:, None]) * H + i_h) * D + o_d[None, :]
+    return tl.load(p, mask=m_t[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _dqk_bwd_kernel(
     q,
     k,
     v,
@@ -537,12 +545,112 @@ def _dense_bwd_kernel(
     dh,
     do,
     dvt,
-    akk,
     linv,
     dq,
     dk,
-    dv,
     dgk,
+    scale,
+    T,
+    NT,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    DECAY: tl.constexpr,
+    DELTA: tl.constexpr,
+    LOWP: tl.constexpr,
+):
+    # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
+    # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
+    # _intra_bwd_kernel
+    i_t, i_k, i_bh = (
+        tl.program_id(0).to(tl.int64),
+        tl.program_id(1).to(tl.int64),
+        tl.program_id(2).to(tl.int64),
+    )
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k = i_k * BK + tl.arange(0, BK)
+    t_last = tl.minimum(i_t * BT + BT, T) - 1
+    b_dqs = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
+    b_dkd = tl.zeros([BT, BK], dtype=tl.float32)  # Vt dS'^T
+    b_dws = tl.zeros([BT, BK], dtype=tl.float32)  # dVt S^T
+    b_dgl = tl.zeros([BK], dtype=tl.float32)  # sum_v S * dS' (times exp(G_last) below): the carried decay
+    for i_v in range(V // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
+        b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        if DELTA:
+            b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        else:
+            b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_s = tl.load(h + p_s).to(tl.float32)  # [BK, BV]
+        b_dsn = tl.load(dh + p_s).to(tl.float32)
+        b_dqs += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
+        b_dkd += tl.dot(_dot_cast(b_vt, LOWP), tl.trans(_dot_cast(b_dsn, LOWP)))
+        b_dgl += tl.sum(b_s * b_dsn, 1)
+        if DELTA:
+            b_dvt = tl.load(dvt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_dws += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
+    b_q = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K)
+    b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
+    if DECAY == 2:
+        b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
+        b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
+        b_eg = tl.exp(b_g)
+        b_ed = tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
+        b_dgl = b_dgl * tl.exp(b_gl)
+    elif DECAY == 1:
+        b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+        b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
+        b_0 = tl.zeros([BT, BK], dtype=tl.float32)
+        b_eg = tl.exp(b_g)[:, None] + b_0
+        b_ed = tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None] + b_0
+        b_dgl = b_dgl * tl.exp(b_gl)
+    else:
+        b_eg = tl.full([BT, BK], 1.0, dtype=tl.float32)
+        b_ed = tl.full([BT, BK], 1.0, dtype=tl.float32)
+    # O = scale (Q Gamma) S: dq = scale (dO S^T) Gamma, and the log-decay sees q * dq
+    b_dq = b_dqs * b_eg * scale
+    b_dg = b_q * b_dq
+    # S' = Gamma_last S + K_d^T Vt with K_d = K Gamma_last / Gamma
+    b_dk = b_dkd * b_ed
+    b_dg -= b_k * b_dk
+    b_dgl += tl.sum(b_k * b_dk, 0)
+    if DELTA:
+        # Vt = U - W S: dW = -dVt S^T; W = T (Gamma K) with T = L diag(beta): d(Gamma K) = T^T dW
+        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+        b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+        b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0) * b_beta[None, :]
+        b_dw = -b_dws
+        b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dw, LOWP)) * b_eg
+        b_dk += b_dkg
+        b_dg += b_k * b_dkg
+    # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
+    b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
+    p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    tl.store(dq + p_k, b_dq, mask=m_t[:, None])
+    tl.store(dk + p_k, b_dk, mask=m_t[:, None])
+    tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
+
+
+@triton.jit
+def _dvt_bwd_kernel(
+    k,
+    v,
+    gc,
+    beta,
+    vt,
+    h,
+    do,
+    dvt,
+    akk,
+    linv,
+    dv,
     dbeta,
     m_qk,
     m_kk,
@@ -558,85 +666,45 @@ def _dense_bwd_kernel(
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
 ):
-    # every gradient of one chunk that is a plain matrix product; the relative-decay parts are
-    # left as the matrices m_qk (for A_qk) and m_kk (for A_kk) for _intra_bwd_kernel
+    # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
+    # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_c = tl.arange(0, BT)
     o_k = tl.arange(0, K)
-    t_last = tl.minimum(i_t * BT + BT, T) - 1
-    b_dp = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dqs = tl.zeros([BT, K], dtype=tl.float32)  # dO S^T
-    b_dkd = tl.zeros([BT, K], dtype=tl.float32)  # Vt dS'^T
-    b_dws = tl.zeros([BT, K], dtype=tl.float32)  # dVt S^T
-    b_dtm = tl.zeros([BT, BT], dtype=tl.float32)  # dVt V^T (+ dW (Gamma K)^T below)
-    b_dgl = tl.zeros(
-        [K], dtype=tl.float32
-    )  # sum_v S * dS' (times exp(G_last) below): the carried state's decay
     p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
+    b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO Vt^T
     if DELTA:
         b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
-        b_l = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
-        b_tm = b_l * b_beta[None, :]
+        b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0) * b_beta[None, :]
+        b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY), LOWP)  # Gamma K
+        # dT = dVt V^T + dW (Gamma K)^T with dW = -dVt S^T, i.e. dVt (V - (Gamma K) S)^T
+        b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(V // BV):
         o_v = i_v * BV + tl.arange(0, BV)
         p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         if DELTA:
             b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         else:
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-        b_s = tl.load(h + p_s).to(tl.float32)  # [K, BV]
-        b_dsn = tl.load(dh + p_s).to(tl.float32)
         b_dp += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_vt, LOWP)))
-        b_dqs += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
-        b_dkd += tl.dot(_dot_cast(b_vt, LOWP), tl.trans(_dot_cast(b_dsn, LOWP)))
-        b_dgl += tl.sum(b_s * b_dsn, 1)
         if DELTA:
+            p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
+            b_s = tl.load(h + p_s).to(tl.float32)  # [K, BV]
             b_dvt = tl.load(dvt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-            b_dws += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
-            b_dtm += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_v, LOWP)))
             b_dv = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dvt, LOWP))
             tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_t[:, None])
+            b_x = b_v - tl.dot(b_kg, _dot_cast(b_s, LOWP))
+            b_dtm += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_x, LOWP)))
     b_dp = tl.where((o_c[:, None] >= o_c[None, :]) & m_t[:, None], b_dp, 0.0) * scale
     tl.store(m_qk + p_a, b_dp, mask=m_t[:, None])
-    b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
-    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2:
-        b_g = _load_rows(gc, o_t, m_t, i_b, i_h, T, H, K)
-        b_gl = _load_row(gc, t_last, i_b, i_h, T, H, K)
-        b_eg = tl.exp(b_g)
-        b_ed = tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
-        b_dgl = b_dgl * tl.exp(b_gl)
-    elif DECAY == 1:
-        b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
-        b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
-        b_eg = tl.exp(b_g)[:, None] + tl.zeros([BT, K], dtype=tl.float32)
-        b_ed = tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None] + tl.zeros([BT, K], dtype=tl.float32)
-        b_dgl = b_dgl * tl.exp(b_gl)
-    else:
-        b_eg = tl.full([BT, K], 1.0, dtype=tl.float32)
-        b_ed = tl.full([BT, K], 1.0, dtype=tl.float32)
-    # O = scale (Q Gamma) S: dq = scale (dO S^T) Gamma, and the log-decay sees q * dq
-    b_dq = b_dqs * b_eg * scale
-    b_dg = b_q * b_dq
-    # S' = Gamma_last S + K_d^T Vt with K_d = K Gamma_last / Gamma
-    b_dk = b_dkd * b_ed
-    b_dg -= b_k * b_dk
-    b_dgl += tl.sum(b_k * b_dk, 0)
     if DELTA:
-        b_kg = b_k * b_eg
-        b_dw = -b_dws  # Vt = U - W S
-        b_dtm += tl.dot(_dot_cast(b_dw, LOWP), tl.trans(_dot_cast(b_kg, LOWP)))
-        # W = T (Gamma K): d(Gamma K) = T^T dW
-        b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dw, LOWP)) * b_eg
-        b_dk += b_dkg
-        b_dg += b_k * b_dkg
         # T = L diag(beta), L = (I + A)^-1 with A = diag(beta) A_kk
+        b_l = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
         b_dl = b_dtm * b_beta[None, :]
         b_db = tl.sum(b_l * b_dtm, 0)
         b_da = -tl.dot(tl.dot(tl.trans(b_l), b_dl), tl.trans(b_l))
@@ -645,12 +713,6 @@ def _dense_bwd_kernel(
         b_db += tl.sum(b_da * b_akk, 1)
         tl.store(m_kk + p_a, b_da * b_beta[:, None], mask=m_t[:, None])
         tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db, mask=m_t)
-    # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
-    b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
-    p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    tl.store(dq + p_k, b_dq, mask=m_t[:, None])
-    tl.store(dk + p_k, b_dk, mask=m_t[:, None])
-    tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
 @triton.jit
@@ -1027,9 +1089,10 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     m_kk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else m_qk
     dv = torch.empty(B, T, H, V, device=dev, dtype=v.dtype) if delta else dvt
     dbeta = torch.empty(B, T, H, device=dev, dtype=f32) if delta else None
-    # one V block of 32 per step keeps the [BT, BV] operands of the V loop within shared memory
-    BVd = min(V, 32)
-    _dense_bwd_kernel[(NT, B * H)](
+    # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
+    # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
+    BK, BVd = min(K, 64), min(V, 64)
+    _dqk_bwd_kernel[(NT, K // BK, B * H)](
         q,
         k,
         v,
@@ -1040,12 +1103,38 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         dh,
         do,
         dvt,
-        akk if delta else aqk,
         linv if delta else aqk,
         dq,
         dk,
-        dv,
         dgk,
+        scale,
+        T,
+        NT,
+        H=H,
+        K=K,
+        V=V,
+        BT=BT,
+        BK=BK,
+        BV=BVd,
+        DECAY=decay,
+        DELTA=delta,
+        LOWP=lowp,
+        num_warps=4,
+        num_stages=2,
+    )
+    # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
+    _dvt_bwd_kernel[(NT, B * H)](
+        k,
+        v,
+        gcx,
+        beta if delta else q,
+        vt if delta else v,
+        h,
+        do,
+        dvt,
+        akk if delta else aqk,
+        linv if delta else aqk,
+        dv,
         dbeta if delta else dq,
         m_qk,
         m_kk,
@@ -1060,7 +1149,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DECAY=decay,
         DELTA=delta,
         LOWP=lowp,
-        num_warps=_num_warps(True),
+        num_warps=_num_warps(delta and K >= 128),
         num_stages=1,
     )
     dq_out = torch.empty_like(q)
