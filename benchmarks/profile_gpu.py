@@ -60,7 +60,22 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--ops", nargs="*", default=[v[0] for v in VARIANTS])
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KERNEL=WARPS",
+        help="override kernels.triton.chunk.NUM_WARPS entries, e.g. --set solve=2",
+    )
     args = ap.parse_args()
+    from kernels.triton import chunk
+
+    for item in args.set:
+        key, value = item.split("=")
+        if key not in chunk.NUM_WARPS:
+            raise SystemExit(f"--set {item}: unknown kernel {key!r}; known: {sorted(chunk.NUM_WARPS)}")
+        chunk.NUM_WARPS[key] = int(value)
+    print("NUM_WARPS", chunk.NUM_WARPS)
     rows = []
     for name, decay, delta, lb in VARIANTS:
         if name not in args.ops:
@@ -70,7 +85,9 @@ def main() -> None:
         print(f"\n== {name}  B{args.B} T{args.T} H{args.H}: {total:.3f} ms GPU time per fwd+bwd", flush=True)
         for kname, ms in times.items():
             print(f"  {ms:8.3f} ms  {100 * ms / total:5.1f}%  {kname[:90]}")
-            rows.append({"op": name, "B": args.B, "T": args.T, "H": args.H, "kernel": kname, "ms": round(ms, 4)})
+            rows.append(
+                {"op": name, "B": args.B, "T": args.T, "H": args.H, "kernel": kname, "ms": round(ms, 4)}
+            )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w", newline="") as f:

@@ -83,7 +83,8 @@ def runs_of(sweep_dir: Path) -> list[dict]:
     for summary in sorted(sweep_dir.rglob("summary.json")):
         s = json.loads(summary.read_text())
         log = (summary.parent / "train.log").read_text() if (summary.parent / "train.log").exists() else ""
-        device = next((ln.split("| device ")[1].split(" |")[0] for ln in log.splitlines() if "| device " in ln), "?")
+        marks = [ln.split("| device ")[1] for ln in log.splitlines() if "| device " in ln]
+        device = marks[0].split(" |")[0] if marks else "?"
         rows.append(
             {
                 "run": str(summary.parent.relative_to(sweep_dir)),
@@ -117,13 +118,15 @@ def main() -> None:
         w.writerows(rows)
     import torch
 
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     lines = [
-        f"# Packing runs on a GPU with joblib_gpu ({datetime.date.today()}, "
-        f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}, torch {torch.__version__})",
+        f"# Packing runs on a GPU with joblib_gpu ({datetime.date.today()}, {gpu}, "
+        f"torch {torch.__version__})",
         "",
         f"Grid: {' '.join(GRID)}; common overrides: {' '.join(COMMON)}.",
         "",
-        f"- packed (joblib_gpu, n_jobs={args.jobs}): {wall_p:.1f} s wall; most processes seen per GPU: {peak}",
+        f"- packed (joblib_gpu, n_jobs={args.jobs}): {wall_p:.1f} s wall; "
+        f"most processes seen per GPU: {peak}",
     ]
     if wall_s is not None:
         lines.append(f"- serial (basic launcher): {wall_s:.1f} s wall; speed-up {wall_s / wall_p:.2f}x")

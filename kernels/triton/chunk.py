@@ -204,27 +204,18 @@ def _pick(x, n: tl.constexpr, NC: tl.constexpr):
 
 @triton.jit
 def _solve_kernel(
-    k,
-    v,
-    gc,
     beta,
     akk,
     linv,
-    w,
-    u,
     T,
     H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
-    DECAY: tl.constexpr,
-    LOWP: tl.constexpr,
 ):
     # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: forward substitution on the NC diagonal blocks at
     # once (one [NC, BC, BC] tile, BC - 1 steps, each row of A read from memory), then the blocks below the
     # diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4).
-    # W = L diag(beta) (Gamma K), U = L diag(beta) V
+    # Few warps per program: the substitution is a chain of small reductions, latency- not throughput-bound.
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT
@@ -278,7 +269,7 @@ def _solve_kernel(
         _store_block(linv, b_l20, t0, 2, 0, i_b, i_h, T, H, BT, BC)
         _store_block(linv, b_l31, t0, 3, 1, i_b, i_h, T, H, BT, BC)
         _store_block(linv, b_l30, t0, 3, 0, i_b, i_h, T, H, BT, BC)
-    # the blocks above the diagonal are 0; L is read back whole below (and by the backward)
+    # the blocks above the diagonal are 0; the W/U kernel and the backward read L whole
     o_t = t0 + tl.arange(0, BT)
     m_t = o_t < T
     o_c = tl.arange(0, BT)
@@ -288,7 +279,31 @@ def _solve_kernel(
         tl.zeros([BT, BT], dtype=tl.float32),
         mask=m_t[:, None] & (o_c[None, :] // BC > o_c[:, None] // BC),
     )
-    tl.debug_barrier()
+
+
+@triton.jit
+def _wu_kernel(
+    k,
+    v,
+    gc,
+    beta,
+    linv,
+    w,
+    u,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    DECAY: tl.constexpr,
+    LOWP: tl.constexpr,
+):
+    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program
+    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
     b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)  # [BT]
     b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
     b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
@@ -908,6 +923,11 @@ def _intra_bwd_kernel(
         tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
+# Warps per program of the kernels whose best setting is not simply "more for bigger tiles" (set on an H200;
+# benchmarks/profile_gpu.py --set solve=2 tries another value).
+NUM_WARPS = {"solve": 1}
+
+
 def _num_warps(big: bool) -> int:
     return 8 if big and not INTERPRET else 4
 
@@ -960,12 +980,12 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         linv = torch.empty(B, T, H, BT, device=dev, dtype=f32)
         w = torch.empty_like(k)
         u = torch.empty_like(v)
-        _solve_kernel[(NT, B * H)](
+        _solve_kernel[(NT, B * H)](beta, akk, linv, T, H=H, BT=BT, BC=BC, num_warps=NUM_WARPS["solve"])
+        _wu_kernel[(NT, B * H)](
             k,
             v,
             gcx,
             beta,
-            akk,
             linv,
             w,
             u,
@@ -974,7 +994,6 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
             K=K,
             V=V,
             BT=BT,
-            BC=BC,
             DECAY=decay,
             LOWP=lowp,
             num_warps=_num_warps(K >= 128 or V >= 128),
