@@ -64,18 +64,18 @@ def main() -> None:
         "--set",
         nargs="*",
         default=[],
-        metavar="KERNEL=WARPS",
-        help="override kernels.triton.chunk.NUM_WARPS entries, e.g. --set solve=2",
+        metavar="KEY=VALUE",
+        help="override kernels.triton.chunk.TUNE entries, e.g. --set solve.warps=2 state_bwd.stages=2",
     )
     args = ap.parse_args()
     from kernels.triton import chunk
 
     for item in args.set:
         key, value = item.split("=")
-        if key not in chunk.NUM_WARPS:
-            raise SystemExit(f"--set {item}: unknown kernel {key!r}; known: {sorted(chunk.NUM_WARPS)}")
-        chunk.NUM_WARPS[key] = int(value)
-    print("NUM_WARPS", chunk.NUM_WARPS)
+        if key not in chunk.TUNE:
+            raise SystemExit(f"--set {item}: unknown key {key!r}; known: {sorted(chunk.TUNE)}")
+        chunk.TUNE[key] = int(value)
+    print("TUNE", chunk.TUNE)
     rows = []
     for name, decay, delta, lb in VARIANTS:
         if name not in args.ops:

@@ -98,6 +98,8 @@ def _intra_fwd_kernel(
     gc,
     akk,
     aqk,
+    qg,
+    kd,
     scale,
     T,
     H: tl.constexpr,
@@ -128,6 +130,14 @@ def _intra_fwd_kernel(
         # anchor: the block's first row, in the past of every row it serves (causal, unlike a midpoint)
         b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # [K]
         b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
+        # the decayed operands of the state pass, the output and the reverse state pass, written once here:
+        # Q exp(G) (queries read the state from the chunk start), K exp(G_last - G) (keys carried to its end)
+        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+        p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+        b_qg = b_q * tl.exp(tl.where(m_r[:, None], b_gr, 0.0))
+        tl.store(qg + p_rk, b_qg.to(qg.dtype.element_ty), mask=m_r[:, None])
+        b_kdr = b_kr * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_gr, 0.0))
+        tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
         if BOUNDED:
             # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
             m_y = m_i & (o_i < r0 + BC)
@@ -346,11 +356,26 @@ def _store_block(
 
 @triton.jit
 def _key_decay_to_end(
-    k, gc, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr
+    k,
+    gc,
+    o_t,
+    m_t,
+    t_last,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    DECAY: tl.constexpr,
+    PRE: tl.constexpr,
 ):
-    # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K])
+    # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K]).
+    # PRE: for the per-channel decay, k already holds K_d (written by the intra kernel)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2:
+    if DECAY == 2 and PRE:
+        b_kd = b_k
+        b_dl = tl.exp(_load_row(gc, t_last, i_b, i_h, T, H, K))
+    elif DECAY == 2:
         b_gl = _load_row(gc, t_last, i_b, i_h, T, H, K)
         b_g = _load_rows(gc, o_t, m_t, i_b, i_h, T, H, K)
         b_kd = b_k * tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
@@ -367,10 +392,13 @@ def _key_decay_to_end(
 
 
 @triton.jit
-def _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
-    # Q * exp(G) ([BT, K]): queries read the state decayed from the chunk start
+def _load_qg(
+    q, gc, o_t, m_t, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr, PRE: tl.constexpr
+):
+    # Q * exp(G) ([BT, K]): queries read the state decayed from the chunk start.
+    # PRE: for the per-channel decay, q already holds Q * exp(G) (written by the intra kernel)
     b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2:
+    if DECAY == 2 and not PRE:
         b_q = b_q * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
     elif DECAY == 1:
         b_q = b_q * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
@@ -427,7 +455,7 @@ def _state_fwd_kernel(
         else:
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY, True)
         b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
     if STORE_HT:
         tl.store(ht + p_s, b_s)
@@ -466,7 +494,7 @@ def _output_kernel(
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     b_s = tl.load(h + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
-    b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY)
+    b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
     p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
     b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
     p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
@@ -526,11 +554,11 @@ def _state_bwd_kernel(
         b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY, True)
         b_dvt = tl.dot(tl.trans(_dot_cast(b_a, LOWP)), _dot_cast(b_do, LOWP))
         b_dvt += tl.dot(_dot_cast(b_kd, LOWP), _dot_cast(b_ds, LOWP))
         tl.store(dvt + p_v, b_dvt.to(dvt.dtype.element_ty), mask=m_t[:, None])
-        b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY)
+        b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
         b_ds_new = (
             b_ds * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_qg, LOWP)), _dot_cast(b_do, LOWP)) * scale
         )
@@ -694,7 +722,7 @@ def _dvt_bwd_kernel(
     if DELTA:
         b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
         b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0) * b_beta[None, :]
-        b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY), LOWP)  # Gamma K
+        b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, False), LOWP)  # Gamma K
         # dT = dVt V^T + dW (Gamma K)^T with dW = -dVt S^T, i.e. dVt (V - (Gamma K) S)^T
         b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(V // BV):
@@ -923,9 +951,24 @@ def _intra_bwd_kernel(
         tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
-# Warps per program of the kernels whose best setting is not simply "more for bigger tiles" (set on an H200;
-# benchmarks/profile_gpu.py --set solve=2 tries another value).
-NUM_WARPS = {"solve": 1}
+# Launch settings (warps per program, software-pipelining stages) set on an H200; None = the size rule in
+# the launch code. `python benchmarks/profile_gpu.py --set solve.warps=2 state_bwd.stages=2` tries others.
+TUNE: dict[str, int | None] = {
+    "solve.warps": 1,
+    "wu.warps": None,
+    "state_fwd.warps": None,
+    "state_bwd.warps": None,
+    "state_bwd.stages": 1,
+    "dqk.warps": 4,
+    "dqk.stages": 2,
+    "dvt.warps": None,
+    "dvt.stages": 1,
+}
+
+
+def _tuned(key: str, default: int) -> int:
+    value = TUNE[key]
+    return default if value is None else value
 
 
 def _num_warps(big: bool) -> int:
@@ -957,12 +1000,20 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else aqk
+    qg = kd = None
+    if decay == 2:
+        # decayed queries and keys for the later kernels; they only ever feed dots (bf16 operands for 16-bit
+        # inputs), so they are kept in that precision
+        qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else f32)
+        kd = torch.empty_like(qg)
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
         gcx,
         akk,
         aqk,
+        qg if qg is not None else q,
+        kd if kd is not None else k,
         scale,
         T,
         H=H,
@@ -980,7 +1031,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         linv = torch.empty(B, T, H, BT, device=dev, dtype=f32)
         w = torch.empty_like(k)
         u = torch.empty_like(v)
-        _solve_kernel[(NT, B * H)](beta, akk, linv, T, H=H, BT=BT, BC=BC, num_warps=NUM_WARPS["solve"])
+        _solve_kernel[(NT, B * H)](beta, akk, linv, T, H=H, BT=BT, BC=BC, num_warps=_tuned("solve.warps", 1))
         _wu_kernel[(NT, B * H)](
             k,
             v,
@@ -996,7 +1047,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
             BT=BT,
             DECAY=decay,
             LOWP=lowp,
-            num_warps=_num_warps(K >= 128 or V >= 128),
+            num_warps=_tuned("wu.warps", _num_warps(K >= 128 or V >= 128)),
         )
         vt = torch.empty_like(v)
     # intermediate states in bf16 for bf16 inputs (they feed bf16 dots anyway), fp32 otherwise
@@ -1006,7 +1057,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     BV = _block_v(V, B * H * max(1, V // 64))
     h0 = initial_state.contiguous() if initial_state is not None else None
     _state_fwd_kernel[(V // BV, B * H)](
-        k,
+        kd if kd is not None else k,
         v,
         gcx,
         w if delta else k,
@@ -1027,12 +1078,12 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         HAS_H0=h0 is not None,
         STORE_HT=output_final_state,
         LOWP=lowp,
-        num_warps=_num_warps(K * BV >= 128 * 64),
+        num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64)),
     )
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
     BVo = min(V, 64)
     _output_kernel[(NT, V // BVo, B * H)](
-        q,
+        qg if qg is not None else q,
         v,
         gcx,
         aqk,
@@ -1052,11 +1103,11 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         LOWP=lowp,
         num_warps=4,
     )
-    return o, ht, (gc, aqk, akk, linv, w, vt, h)
+    return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd)
 
 
 def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, saved):
-    gc, aqk, akk, linv, w, vt, h = saved
+    gc, aqk, akk, linv, w, vt, h, qg, kd = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = chunk_size
@@ -1076,8 +1127,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # no software pipelining over the chunk loop: its buffered loads (A_qk, q, k, G, W per stage) asked for
     # 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1
     _state_bwd_kernel[(V // BV, B * H)](
-        q,
-        k,
+        qg if qg is not None else q,
+        kd if kd is not None else k,
         gcx,
         w if delta else k,
         aqk,
@@ -1098,8 +1149,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         HAS_DHT=dht is not None,
         LOWP=lowp,
-        num_warps=_num_warps(K * BV >= 128 * 64),
-        num_stages=1,
+        num_warps=_tuned("state_bwd.warps", _num_warps(K * BV >= 128 * 64)),
+        num_stages=_tuned("state_bwd.stages", 1),
     )
     dq = torch.empty(B, T, H, K, device=dev, dtype=f32)
     dk = torch.empty(B, T, H, K, device=dev, dtype=f32)
@@ -1138,8 +1189,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DECAY=decay,
         DELTA=delta,
         LOWP=lowp,
-        num_warps=4,
-        num_stages=2,
+        num_warps=_tuned("dqk.warps", 4),
+        num_stages=_tuned("dqk.stages", 2),
     )
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
     _dvt_bwd_kernel[(NT, B * H)](
@@ -1168,8 +1219,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DECAY=decay,
         DELTA=delta,
         LOWP=lowp,
-        num_warps=_num_warps(delta and K >= 128),
-        num_stages=1,
+        num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
+        num_stages=_tuned("dvt.stages", 1),
     )
     dq_out = torch.empty_like(q)
     dk_out = torch.empty_like(k)
