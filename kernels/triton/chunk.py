@@ -951,18 +951,20 @@ def _intra_bwd_kernel(
         tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
-# Launch settings (warps per program, software-pipelining stages) set on an H200; None = the size rule in
-# the launch code. `python benchmarks/profile_gpu.py --set solve.warps=2 state_bwd.stages=2` tries others.
+# Launch settings (warps per program, software-pipelining stages), chosen from per-kernel profiles on an
+# H200 at B8 T8K H16 (benchmarks/results/h200_profile_*.csv); None = the rule in the launch code. More stages buffer
+# more tiles in shared memory (227 KB on the H200), so the deeper settings apply to 16-bit inputs only.
+# `python benchmarks/profile_gpu.py --set solve.warps=2 state_bwd.stages=1` tries others.
 TUNE: dict[str, int | None] = {
     "solve.warps": 1,
     "wu.warps": None,
     "state_fwd.warps": None,
-    "state_bwd.warps": None,
-    "state_bwd.stages": 1,
+    "state_bwd.warps": 4,
+    "state_bwd.stages": None,  # 2 for 16-bit inputs, else 1
     "dqk.warps": 4,
-    "dqk.stages": 2,
-    "dvt.warps": None,
-    "dvt.stages": 1,
+    "dqk.stages": None,  # 3 for 16-bit inputs, else 2
+    "dvt.warps": 4,
+    "dvt.stages": None,  # 2 for 16-bit inputs, else 1
 }
 
 
@@ -1124,8 +1126,9 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     dh = torch.empty(B, H, NT, K, V, device=dev, dtype=h.dtype)
     dh0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
     BV = _block_v(V, B * H * max(1, V // 64))
-    # no software pipelining over the chunk loop: its buffered loads (A_qk, q, k, G, W per stage) asked for
-    # 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1
+    # software pipelining over the chunk loop: 3 stages of its buffered loads (A_qk, q, k, G, W per stage)
+    # asked for 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1; with the decayed q, k
+    # precomputed, 2 stages of 16-bit tiles fit (B8 T8K H16: 1.46 -> 0.81-0.90 ms with 4 warps)
     _state_bwd_kernel[(V // BV, B * H)](
         qg if qg is not None else q,
         kd if kd is not None else k,
@@ -1150,7 +1153,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         HAS_DHT=dht is not None,
         LOWP=lowp,
         num_warps=_tuned("state_bwd.warps", _num_warps(K * BV >= 128 * 64)),
-        num_stages=_tuned("state_bwd.stages", 1),
+        num_stages=_tuned("state_bwd.stages", 2 if lowp else 1),
     )
     dq = torch.empty(B, T, H, K, device=dev, dtype=f32)
     dk = torch.empty(B, T, H, K, device=dev, dtype=f32)
@@ -1190,7 +1193,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         LOWP=lowp,
         num_warps=_tuned("dqk.warps", 4),
-        num_stages=_tuned("dqk.stages", 2),
+        num_stages=_tuned("dqk.stages", 3 if lowp else 2),
     )
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
     _dvt_bwd_kernel[(NT, B * H)](
@@ -1220,7 +1223,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         LOWP=lowp,
         num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
-        num_stages=_tuned("dvt.stages", 1),
+        num_stages=_tuned("dvt.stages", 2 if lowp else 1),
     )
     dq_out = torch.empty_like(q)
     dk_out = torch.empty_like(k)
