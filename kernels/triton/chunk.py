@@ -952,8 +952,8 @@ def _intra_bwd_kernel(
 
 
 # Launch settings (warps per program, software-pipelining stages), chosen from per-kernel profiles on an
-# H200 at B8 T8K H16 (benchmarks/results/h200_profile_*.csv); None = the rule in the launch code. More stages buffer
-# more tiles in shared memory (227 KB on the H200), so the deeper settings apply to 16-bit inputs only.
+# H200 at B8 T8K H16 (benchmarks/results/h200_profile_*.csv); None = the rule in the launch code. More
+# stages buffer more tiles in shared memory (227 KB on the H200): the deeper settings are for 16-bit inputs.
 # `python benchmarks/profile_gpu.py --set solve.warps=2 state_bwd.stages=1` tries others.
 TUNE: dict[str, int | None] = {
     "solve.warps": 1,
