@@ -173,7 +173,7 @@ def _intra_fwd_kernel(
             b_akk = b_akk * b_d
     b_aqk = tl.where((o_r[:, None] >= o_i[None, :]) & m_i[None, :], b_aqk, 0.0) * scale
     p_a = ((i_b * T + o_r[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-    tl.store(aqk + p_a, b_aqk, mask=m_r[:, None])
+    tl.store(aqk + p_a, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
     if DELTA:
         b_akk = tl.where((o_r[:, None] > o_i[None, :]) & m_i[None, :], b_akk, 0.0)
         tl.store(akk + p_a, b_akk, mask=m_r[:, None])
@@ -1000,8 +1000,9 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         gc = torch.empty(g.shape, device=dev, dtype=f32)
         _cumsum_kernel[(NT, B * H)](g, gc, T, H=H, K=K, BT=BT, DECAY=decay)
     gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
-    aqk = torch.empty(B, T, H, BT, device=dev, dtype=f32)
-    akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else aqk
+    # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
+    aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
+    akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
     qg = kd = None
     if decay == 2:
         # decayed queries and keys for the later kernels; they only ever feed dots (bf16 operands for 16-bit
@@ -1012,7 +1013,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         q,
         k,
         gcx,
-        akk,
+        akk if delta else aqk,
         aqk,
         qg if qg is not None else q,
         kd if kd is not None else k,
