@@ -25,8 +25,13 @@ CONF = ROOT / "conf"
 TINY = ["model.d_model=32", "mixer.num_heads=2", "mixer.head_dim=16", "model.mlp_ratio=2.0"]
 
 
-def _previous_token(num_examples: int, seq_len: int, *, seed: int, vocab_size: int = 16,
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def _previous_token(
+    num_examples: int,
+    seq_len: int,
+    *,
+    seed: int,
+    vocab_size: int = 16,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stand-in task: random tokens; the label at t is the token at t - 1 (none at t = 0).
 
     generate(1, 4, seed=0, vocab_size=16) -> inputs [a, b, c, d], labels [-100, a, b, c].
@@ -53,10 +58,18 @@ def stand_in_task() -> Iterator[str]:
     module.num_tokens = _num_tokens
     sys.modules["tasks.stand_in"] = module
     tasks.stand_in = module
-    ConfigStore.instance().store(group="task", name="stand_in", node={
-        "name": "stand_in", "seq_len": 16, "eval_seq_lens": None, "num_train": 2048, "num_eval": 128,
-        "params": {"vocab_size": 16},
-    })
+    ConfigStore.instance().store(
+        group="task",
+        name="stand_in",
+        node={
+            "name": "stand_in",
+            "seq_len": 16,
+            "eval_seq_lens": None,
+            "num_train": 2048,
+            "num_eval": 128,
+            "params": {"vocab_size": 16},
+        },
+    )
     yield "stand_in"
     del sys.modules["tasks.stand_in"]
     del tasks.stand_in
@@ -69,8 +82,15 @@ def make_cfg() -> Iterator[Callable[..., DictConfig]]:
 
     def make(*overrides: str, tiny: bool = True) -> DictConfig:
         # One CPU thread: tiny models on a busy 2-core machine run many times faster without OpenMP workers.
-        base = ["task=stand_in", "mixer=attention", "trainer.device=cpu", "trainer.cpu_threads=1",
-                "trainer.batch_size=16", "trainer.eval_batch_size=64", "optim.warmup_steps=5"]
+        base = [
+            "task=stand_in",
+            "mixer=attention",
+            "trainer.device=cpu",
+            "trainer.cpu_threads=1",
+            "trainer.batch_size=16",
+            "trainer.eval_batch_size=64",
+            "optim.warmup_steps=5",
+        ]
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             return compose("config", overrides=[*base, *(TINY if tiny else []), *overrides])
 

@@ -29,8 +29,15 @@ def _model(mixer: dict | None = None, **kwargs: object) -> LanguageModel:
 @pytest.mark.parametrize("use_short_conv", [False, True])
 def test_attention_shapes_causality_and_step(rope: bool, value_dim: int | None, use_short_conv: bool) -> None:
     torch.manual_seed(0)
-    mixer = Attention(24, num_heads=3, head_dim=8, value_dim=value_dim, rope=rope,
-                      use_short_conv=use_short_conv, conv_size=3).double()
+    mixer = Attention(
+        24,
+        num_heads=3,
+        head_dim=8,
+        value_dim=value_dim,
+        rope=rope,
+        use_short_conv=use_short_conv,
+        conv_size=3,
+    ).double()
     x = torch.randn(2, 13, 24, dtype=torch.float64)
     y = mixer(x)
     assert y.shape == x.shape
@@ -116,8 +123,9 @@ def test_every_mixer_yaml_builds_in_the_backbone(name: str) -> None:
     import train  # noqa: F401  (registers the structured schema)
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["task=stand_in", f"mixer={name}", "model.d_model=32",
-                                           "mixer.head_dim=16"])
+        cfg = compose(
+            "config", overrides=["task=stand_in", f"mixer={name}", "model.d_model=32", "mixer.head_dim=16"]
+        )
     torch.manual_seed(0)
     model = LanguageModel(16, cfg.mixer, d_model=cfg.model.d_model, num_layers=2, mixer_name=name)
     tokens = torch.randint(0, 16, (2, 10))

@@ -30,8 +30,14 @@ def _summary(run_dir: Path) -> dict:
 
 
 def test_short_run_learns_and_writes_the_run_directory(make_cfg: MakeCfg, tmp_path: Path) -> None:
-    cfg = make_cfg("trainer.max_steps=120", "trainer.eval_every=40", "trainer.log_every=10",
-                   "trainer.checkpoint_every=50", "optim.lr=3e-3", "task.eval_seq_lens=[16,32]")
+    cfg = make_cfg(
+        "trainer.max_steps=120",
+        "trainer.eval_every=40",
+        "trainer.log_every=10",
+        "trainer.checkpoint_every=50",
+        "optim.lr=3e-3",
+        "task.eval_seq_lens=[16,32]",
+    )
     summary = train.train(cfg, tmp_path, mixer_name="attention")
     metrics = _metrics(tmp_path)
     steps = [m["step"] for m in metrics]
@@ -51,7 +57,12 @@ def test_short_run_learns_and_writes_the_run_directory(make_cfg: MakeCfg, tmp_pa
     assert summary["steps_to_threshold"] == (first_above[0] if first_above else None)
     assert summary["final_eval/acc@32"] == evals[-1]["eval/acc@32"]
     assert (summary["task"], summary["mixer"], summary["seq_len"], summary["lr"], summary["seed"]) == (
-        "stand_in", "attention", 16, 3e-3, 0)
+        "stand_in",
+        "attention",
+        16,
+        3e-3,
+        0,
+    )
     # State: K and V caches, 2 layers x 2 heads x (16 + 16) x 16 tokens.
     assert summary["state_size"] == 2 * 2 * 32 * 16
     assert summary["n_params"] > 0 and summary["tokens_per_s"] > 0 and summary["wall_time_s"] > 0
@@ -66,10 +77,19 @@ def test_short_run_learns_and_writes_the_run_directory(make_cfg: MakeCfg, tmp_pa
 @pytest.mark.parametrize("where", ["step_start", "after_update"])
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
 def test_resume_after_interruption_matches_an_uninterrupted_run(
-        make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt: type[BaseException],
-        where: str) -> None:
-    cfg = make_cfg("trainer.max_steps=30", "trainer.eval_every=10", "trainer.log_every=1",
-                   "trainer.checkpoint_every=10", "task.num_train=200")  # 200 / 16: batches cross epochs
+    make_cfg: MakeCfg,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    interrupt: type[BaseException],
+    where: str,
+) -> None:
+    cfg = make_cfg(
+        "trainer.max_steps=30",
+        "trainer.eval_every=10",
+        "trainer.log_every=1",
+        "trainer.checkpoint_every=10",
+        "task.num_train=200",
+    )  # 200 / 16: batches cross epochs
     whole = tmp_path / "whole"
     train.train(cfg, whole, mixer_name="attention")
 
@@ -128,7 +148,11 @@ def test_main_job_and_experiments_compose() -> None:
         smoke = compose("config", overrides=["experiment=smoke"], return_hydra_config=True)
     assert main_job.hydra.runtime.choices["task"] == "mqar_small"
     assert (main_job.task.name, main_job.task.seq_len, main_job.task.num_train, main_job.task.num_eval) == (
-        "mqar", 32, 10_000, 500)
+        "mqar",
+        32,
+        10_000,
+        500,
+    )
     assert dict(main_job.task.params) == {"form": "kimi", "vocab_size": 64}
     choices = main_job.hydra.runtime.choices
     assert choices["mixer"] == "kda" and choices["experiment"] is None
@@ -137,8 +161,14 @@ def test_main_job_and_experiments_compose() -> None:
 
 
 def test_misspelt_keys_are_errors(make_cfg: MakeCfg, tmp_path: Path) -> None:
-    for override in ["trainer.max_stepz=3", "model.d_modle=64", "optim.learning_rate=1e-3", "sede=1",
-                     "logger.wandb.mdoe=offline", "task.seqlen=8"]:
+    for override in [
+        "trainer.max_stepz=3",
+        "model.d_modle=64",
+        "optim.learning_rate=1e-3",
+        "sede=1",
+        "logger.wandb.mdoe=offline",
+        "task.seqlen=8",
+    ]:
         with pytest.raises(ConfigCompositionException):
             make_cfg(override)
     # The mixer group is free-form, so its keys are checked against the mixer's constructor instead.
@@ -149,10 +179,12 @@ def test_misspelt_keys_are_errors(make_cfg: MakeCfg, tmp_path: Path) -> None:
 
 
 def test_bad_values_fail_with_the_key_named(make_cfg: MakeCfg, tmp_path: Path) -> None:
-    cases = {"unknown_param": ("+task.params.vocab_sise=8", "vocab_sise"),
-             "device": ("trainer.device=tpu", "trainer.device"),
-             "steps": ("trainer.max_steps=0", "trainer.max_steps"),
-             "task": ("task.name=no_such_task", "no_such_task")}
+    cases = {
+        "unknown_param": ("+task.params.vocab_sise=8", "vocab_sise"),
+        "device": ("trainer.device=tpu", "trainer.device"),
+        "steps": ("trainer.max_steps=0", "trainer.max_steps"),
+        "task": ("task.name=no_such_task", "no_such_task"),
+    }
     for name, (override, expected) in cases.items():
         with pytest.raises(ValueError, match=expected):
             train.train(make_cfg(override), tmp_path / name, mixer_name="attention")
@@ -175,8 +207,17 @@ def test_nan_loss_stops_with_status_diverged(make_cfg: MakeCfg, tmp_path: Path) 
 def test_diverging_linear_mixer_is_diverged_not_failed(make_cfg: MakeCfg, tmp_path: Path) -> None:
     # GDN at lr 1e4 (after warmup's 100 at step 1): that update makes A_log ~ 100, exp(A_log) overflows,
     # 0 * inf puts NaN in g, and the chunk kernel's input check raises a ValueError before any loss exists.
-    cfg = make_cfg("mixer=gdn", "optim.lr=1e4", "optim.warmup_steps=100", "trainer.max_steps=10", "task=mqar",
-                   "task.seq_len=32", "task.params.vocab_size=64", "task.num_train=256", "task.num_eval=32")
+    cfg = make_cfg(
+        "mixer=gdn",
+        "optim.lr=1e4",
+        "optim.warmup_steps=100",
+        "trainer.max_steps=10",
+        "task=mqar",
+        "task.seq_len=32",
+        "task.params.vocab_size=64",
+        "task.num_train=256",
+        "task.num_eval=32",
+    )
     summary = train.train(cfg, tmp_path, mixer_name="gdn")
     assert summary["status"] == "diverged", summary.get("error")
     assert "mixer" in summary["error"] and "non-finite" in summary["error"]
@@ -184,8 +225,9 @@ def test_diverging_linear_mixer_is_diverged_not_failed(make_cfg: MakeCfg, tmp_pa
     assert "Traceback" not in (tmp_path / "train.log").read_text()
 
 
-def test_forward_error_with_finite_values_is_a_failure(make_cfg: MakeCfg, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forward_error_with_finite_values_is_a_failure(
+    make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The divergence test does not hide bugs: an error raised with every value finite fails the run."""
     from mixers.attention import Attention
 
@@ -204,8 +246,9 @@ def test_forward_error_with_finite_values_is_a_failure(make_cfg: MakeCfg, tmp_pa
     assert _summary(tmp_path)["status"] == "failed" and "a bug" in _summary(tmp_path)["error"]
 
 
-def test_wandb_config_names_the_mixer_and_task(make_cfg: MakeCfg, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_config_names_the_mixer_and_task(
+    make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Dashboards group by the mixer's yaml name, the task, length and lr: top-level config fields."""
     seen: dict = {}
 
@@ -226,31 +269,52 @@ def test_wandb_config_names_the_mixer_and_task(make_cfg: MakeCfg, tmp_path: Path
     train.train(cfg, tmp_path, mixer_name="attention")
     config = seen["config"]
     assert (config["mixer_name"], config["task_name"], config["seq_len"], config["lr"]) == (
-        "attention", "stand_in", 16, 2e-3)
+        "attention",
+        "stand_in",
+        16,
+        2e-3,
+    )
     assert config["model"]["d_model"] == 32 and seen["exit_code"] == 0
 
 
-def test_wandb_offline_writes_a_run(make_cfg: MakeCfg, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_offline_writes_a_run(
+    make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = make_cfg("logger.wandb.mode=offline", "trainer.max_steps=4", "trainer.eval_every=2",
-                   "trainer.log_every=1", "+logger.wandb.tags=[smoke]")
+    cfg = make_cfg(
+        "logger.wandb.mode=offline",
+        "trainer.max_steps=4",
+        "trainer.eval_every=2",
+        "trainer.log_every=1",
+        "+logger.wandb.tags=[smoke]",
+    )
     train.train(cfg, tmp_path / "run", mixer_name="attention")
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
 # A real task at a tiny size, for runs in a fresh process (the stand-in task exists only in this one).
-CLI_TINY = ["task=palindrome", "mixer=attention", "task.seq_len=16", "task.num_train=64", "task.num_eval=16",
-            "task.params.vocab_size=8", "model.d_model=16", "mixer.head_dim=8", "trainer.batch_size=8",
-            "trainer.device=cpu", "trainer.cpu_threads=1"]
+CLI_TINY = [
+    "task=palindrome",
+    "mixer=attention",
+    "task.seq_len=16",
+    "task.num_train=64",
+    "task.num_eval=16",
+    "task.params.vocab_size=8",
+    "model.d_model=16",
+    "mixer.head_dim=8",
+    "trainer.batch_size=8",
+    "trainer.device=cpu",
+    "trainer.cpu_threads=1",
+]
 
 
-def test_disabled_wandb_is_never_imported(make_cfg: MakeCfg, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disabled_wandb_is_never_imported(
+    make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A None entry in sys.modules makes any `import wandb` raise ImportError.
     monkeypatch.setitem(sys.modules, "wandb", None)
     summary = train.train(make_cfg("trainer.max_steps=2"), tmp_path, mixer_name="attention")
@@ -261,14 +325,29 @@ def test_command_line_single_run_and_multirun(tmp_path: Path) -> None:
     """`python train.py ...`: a failing single run exits non-zero; in a multirun the sweep goes on."""
     tiny = CLI_TINY
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    single = subprocess.run([sys.executable, "train.py", *tiny, "trainer.max_steps=0",
-                             f"hydra.run.dir={tmp_path / 'single'}"], cwd=ROOT, env=env, capture_output=True,
-                            text=True)
+    single = subprocess.run(
+        [sys.executable, "train.py", *tiny, "trainer.max_steps=0", f"hydra.run.dir={tmp_path / 'single'}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert single.returncode != 0 and "trainer.max_steps" in single.stderr
     assert _summary(tmp_path / "single")["status"] == "failed"
-    sweep = subprocess.run([sys.executable, "train.py", "-m", *tiny, "trainer.max_steps=3,0",
-                            f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT, env=env, capture_output=True,
-                           text=True)
+    sweep = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            *tiny,
+            "trainer.max_steps=3,0",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     assert _summary(tmp_path / "sweep" / "0")["status"] == "completed"
     assert _summary(tmp_path / "sweep" / "0")["mixer"] == "attention"

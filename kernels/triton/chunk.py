@@ -1053,8 +1053,8 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
             num_warps=_tuned("wu.warps", _num_warps(K >= 128 or V >= 128)),
         )
         vt = torch.empty_like(v)
-    # intermediate states in bf16 for bf16 inputs (they feed bf16 dots anyway), fp32 otherwise
-    h_dtype = torch.bfloat16 if q.dtype == torch.bfloat16 else f32
+    # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
+    h_dtype = torch.bfloat16 if lowp else f32
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype)
     ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
     BV = _block_v(V, B * H * max(1, V // 64))

@@ -59,8 +59,9 @@ def make_inputs(
     gen: torch.Generator,
     K: int = 128,
     V: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> dict[str, torch.Tensor | None]:
-    dev, bf = "cuda", torch.bfloat16
+    dev, bf = "cuda", dtype
     q = torch.randn(1, T, H, K, device=dev, generator=gen).to(bf)
     k = F.normalize(torch.randn(1, T, H, K, device=dev, generator=gen), dim=-1).to(bf)
     v = torch.randn(1, T, H, V, device=dev, generator=gen).to(bf)
@@ -165,6 +166,7 @@ def run(
     budget_s: float = 1e9,
     fla_at: tuple = ((1000, 16),),
     ops: list[str] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> bool:
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, ok = [], True
@@ -181,7 +183,7 @@ def run(
                     rows.append({"op": name, "T": T, "H": H, "impl": "ours", "note": "skipped: time budget"})
                     ok = False
                     continue
-                inputs = make_inputs(decay, delta, lower_bound, T, H, gen)
+                inputs = make_inputs(decay, delta, lower_bound, T, H, gen, dtype=dtype)
                 ref_in = {
                     n: (t.float().requires_grad_(True) if t is not None else None) for n, t in inputs.items()
                 }
@@ -206,7 +208,7 @@ def run(
                     return triton_chunk(q, k, v, g, beta, None, initial_state, output_final_state, 64, lb)
 
                 providers = [("ours", ours)]
-                fla = fla_call(name) if (T, H) in fla_at else None
+                fla = fla_call(name) if (T, H) in fla_at and dtype == torch.bfloat16 else None
                 if fla is not None:
                     providers.append(("fla", fla))
                 for who, fn in providers:
@@ -221,6 +223,8 @@ def run(
                     cells = " ".join(f"{errs.get(n, float('nan')):8.1e}" for n in BOUNDS)
                     flag = f"  OVER: {','.join(bad)}" if bad else ""
                     print(f"{name:18s} {T:5d} {H:3d} {who:5s} {cells}{flag} {note}", flush=True)
+                    if dtype != torch.bfloat16:
+                        note = f"{str(dtype).removeprefix('torch.')} inputs {note}".strip()
                     rows.append(
                         {"op": name, "T": T, "H": H, "impl": who, **errs, "over": ";".join(bad), "note": note}
                     )
@@ -241,11 +245,18 @@ def main() -> None:
     parser.add_argument(
         "--budget-s", type=float, default=1e9, help="skip (and fail) configs started after this"
     )
+    parser.add_argument(
+        "--dtype",
+        choices=["bf16", "fp16", "fp32"],
+        default="bf16",
+        help="dtype of q, k, v, beta (g stays fp32)",
+    )
     args = parser.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if not torch.cuda.is_available():
         raise SystemExit("check_kernels.py needs a CUDA GPU (it checks the compiled kernels in bf16)")
     start = time.time()
-    ok = run(args.T, args.H, args.out, args.budget_s, ops=args.ops)
+    ok = run(args.T, args.H, args.out, args.budget_s, ops=args.ops, dtype=dtype)
     print(f"{'ALL WITHIN BOUNDS' if ok else 'SOME ERRORS OVER BOUNDS'} ({time.time() - start:.0f} s)")
     sys.exit(0 if ok else 1)
 
