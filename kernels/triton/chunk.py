@@ -953,16 +953,19 @@ def _intra_bwd_kernel(
 
 # Launch settings (warps per program, software-pipelining stages), chosen from per-kernel profiles on an
 # H200 at B8 T8K H16 (benchmarks/results/h200_profile_*.csv); None = the rule in the launch code. More
-# stages buffer more tiles in shared memory (227 KB on the H200): the deeper settings are for 16-bit inputs.
+# stages buffer more tiles in shared memory (227 KB on the H200): the deeper settings are for 16-bit inputs;
+# fp32 inputs (fp32 tiles, twice the bytes) asked for 240 KB with them and run the loops unpipelined.
 # `python benchmarks/profile_gpu.py --set solve.warps=2 state_bwd.stages=1` tries others.
 TUNE: dict[str, int | None] = {
+    "intra_fwd.warps": 4,
     "solve.warps": 1,
     "wu.warps": None,
     "state_fwd.warps": None,
+    "state_fwd.stages": None,  # 3 (Triton's default) for 16-bit inputs, else 1
     "state_bwd.warps": 4,
-    "state_bwd.stages": None,  # 2 for 16-bit inputs, else 1
+    "state_bwd.stages": None,  # 2 for 16-bit inputs, else 1 (fp32 tiles: one stage, see below)
     "dqk.warps": 4,
-    "dqk.stages": None,  # 3 for 16-bit inputs, else 2
+    "dqk.stages": None,  # 3 for 16-bit inputs, else 1
     "dvt.warps": 4,
     "dvt.stages": None,  # 2 for 16-bit inputs, else 1
 }
@@ -1027,7 +1030,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=lowp,
-        num_warps=4,
+        num_warps=_tuned("intra_fwd.warps", 4),
     )
     linv = w = u = vt = None
     if delta:
@@ -1082,6 +1085,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         STORE_HT=output_final_state,
         LOWP=lowp,
         num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64)),
+        num_stages=_tuned("state_fwd.stages", 3 if lowp else 1),
     )
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
     BVo = min(V, 64)
@@ -1194,7 +1198,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         LOWP=lowp,
         num_warps=_tuned("dqk.warps", 4),
-        num_stages=_tuned("dqk.stages", 3 if lowp else 2),
+        num_stages=_tuned("dqk.stages", 3 if lowp else 1),
     )
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
     _dvt_bwd_kernel[(NT, B * H)](
