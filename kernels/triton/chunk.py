@@ -7,8 +7,8 @@ bounded-gate fast path are in README.md beside this file. Pipeline (one program 
     forward : cumsum(g) -> intra (A_qk, A_kk, per 16-row block) -> solve (L = (I + diag(beta) A_kk)^-1,
               W, U; delta only) -> state pass (sequential over chunks, per V block) -> output
     backward: reverse state pass (dS per chunk, dVt) -> dense per-chunk grads (dq/dk/dG per K block;
-              M_qk, M_kk, dv, dbeta) -> intra-chunk relative grads (per 16-row block) -> reverse cumsum
-              of dG (torch)
+              M_qk, M_kk, dv, dbeta) -> intra-chunk relative grads (per 16-row block and K block) ->
+              reverse cumsum of dG (torch)
 """
 
 from __future__ import annotations
@@ -790,14 +790,22 @@ def _dvt_bwd_kernel(
 
 
 @triton.jit
+def _load_row_block(x, t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # one row t, columns o_d of a [B, T, H, D] tensor as fp32 (0 if t >= T)
+    return tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _rel_rows(
     m,
+    m2,
     y,
     gc,
     o_r,
     m_r,
     o_i,
     m_i,
+    o_k,
     t0,
     r0,
     i_b,
@@ -809,59 +817,65 @@ def _rel_rows(
     BC: tl.constexpr,
     DECAY: tl.constexpr,
     BOUNDED: tl.constexpr,
+    TWO: tl.constexpr,
     LOWP: tl.constexpr,
 ):
-    # X'_r = sum_{i <= r} M_ri y_i exp(G_r - G_i) for the BC rows o_r (M is lower triangular)
-    b_m = tl.load(
-        m + ((i_b * T + o_r[:, None]) * H + i_h) * BT + (o_i - t0)[None, :], mask=m_r[:, None], other=0.0
-    )
-    b_y = _load_rows(y, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
+    # X'_r = sum_{i <= r} M_ri y_i exp(G_r - G_i) for the BC rows o_r and the key columns o_k (M is lower
+    # triangular), for M = m and, with TWO, also M = m2 (same y: the decay factors are shared). Returns
+    # (X' for m, X' for m2 or again for m). The unbounded per-channel path leaves the diagonal block to
+    # _rel_diag.
+    p_m = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (o_i - t0)[None, :]
+    b_m = tl.load(m + p_m, mask=m_r[:, None], other=0.0)
+    b_y = _load_block(y, o_i, m_i, o_k, i_b, i_h, T, H, K)  # [BT, BK]
     if DECAY == 2:
-        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
-        b_gi = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)
-        b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)
+        b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
+        b_gi = _load_block(gc, o_i, m_i, o_k, i_b, i_h, T, H, K)
+        b_ga = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
         if BOUNDED:
             m_y = m_i & (o_i < r0 + BC)
         else:
             m_y = m_i & (o_i < r0)
-        b_ya = b_y * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf")))
-        b_x = tl.dot(_dot_cast(b_m, LOWP), _dot_cast(b_ya, LOWP))
-        b_x = b_x * tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))
-        if not BOUNDED:
-            o_k = tl.arange(0, K)
-            p_yj = y + ((i_b * T + r0) * H + i_h) * K + o_k
-            p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
-            # column j of M's diagonal block, straight from memory
-            p_mj = m + ((i_b * T + o_r) * H + i_h) * BT + (r0 - t0)
-            for j in range(BC):
-                t_j = r0 + j
-                m_kj = (o_k * 0 + t_j) < T
-                b_yj = tl.load(p_yj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
-                b_gj = tl.load(p_gj + j * H * K, mask=m_kj, other=0.0)
-                b_mj = tl.load(p_mj + j, mask=m_r, other=0.0)  # [BC]
-                m_j = (o_r[:, None] >= t_j) & m_kj[None, :]
-                b_e = tl.exp(tl.where(m_j, b_gr - b_gj[None, :], float("-inf")))
-                b_x += b_mj[:, None] * b_yj[None, :] * b_e
+        b_ya = _dot_cast(b_y * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf"))), LOWP)
+        b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))
+        b_x = tl.dot(_dot_cast(b_m, LOWP), b_ya) * b_er
+        if TWO:
+            b_m2 = tl.load(m2 + p_m, mask=m_r[:, None], other=0.0)
+            b_x2 = tl.dot(_dot_cast(b_m2, LOWP), b_ya) * b_er
+        else:
+            b_x2 = b_x
     elif DECAY == 1:
         b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
         b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
         m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
         b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gi[None, :], float("-inf")))
         b_x = tl.dot(_dot_cast(b_m * b_d, LOWP), _dot_cast(b_y, LOWP))
+        if TWO:
+            b_m2 = tl.load(m2 + p_m, mask=m_r[:, None], other=0.0)
+            b_x2 = tl.dot(_dot_cast(b_m2 * b_d, LOWP), _dot_cast(b_y, LOWP))
+        else:
+            b_x2 = b_x
     else:
         b_x = tl.dot(_dot_cast(b_m, LOWP), _dot_cast(b_y, LOWP))
-    return b_x
+        if TWO:
+            b_m2 = tl.load(m2 + p_m, mask=m_r[:, None], other=0.0)
+            b_x2 = tl.dot(_dot_cast(b_m2, LOWP), _dot_cast(b_y, LOWP))
+        else:
+            b_x2 = b_x
+    return b_x, b_x2
 
 
 @triton.jit
 def _rel_cols(
     m,
     x,
+    m2,
+    x2,
     gc,
     o_c,
     m_c,
     o_r,
     m_r,
+    o_k,
     t0,
     c0,
     i_b,
@@ -873,54 +887,104 @@ def _rel_cols(
     BC: tl.constexpr,
     DECAY: tl.constexpr,
     BOUNDED: tl.constexpr,
+    TWO: tl.constexpr,
     LOWP: tl.constexpr,
 ):
-    # Y'_i = sum_{r >= i} M_ri x_r exp(G_r - G_i) for the BC columns o_c; o_r runs over the chunk
-    b_mt = tl.load(
-        m + ((i_b * T + o_r[None, :]) * H + i_h) * BT + (o_c - t0)[:, None], mask=m_r[None, :], other=0.0
-    )
-    b_x = _load_rows(x, o_r, m_r, i_b, i_h, T, H, K)  # [BT, K]
+    # Y'_i = sum_{r >= i} M_ri x_r exp(G_r - G_i) for the BC columns o_c and the key columns o_k; o_r runs
+    # over the chunk. With TWO, the sum of it for (m, x) and for (m2, x2) (the decay factors are shared).
+    # The unbounded per-channel path leaves the diagonal block to _rel_diag.
+    p_mt = ((i_b * T + o_r[None, :]) * H + i_h) * BT + (o_c - t0)[:, None]
+    b_mt = tl.load(m + p_mt, mask=m_r[None, :], other=0.0)
+    b_x = _load_block(x, o_r, m_r, o_k, i_b, i_h, T, H, K)  # [BT, BK]
+    if TWO:
+        b_mt2 = tl.load(m2 + p_mt, mask=m_r[None, :], other=0.0)
+        b_x2 = _load_block(x2, o_r, m_r, o_k, i_b, i_h, T, H, K)  # [BT, BK]
     if DECAY == 2:
-        b_gc = _load_rows(gc, o_c, m_c, i_b, i_h, T, H, K)  # [BC, K]
-        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)  # [BT, K]
+        b_gc = _load_block(gc, o_c, m_c, o_k, i_b, i_h, T, H, K)  # [BC, BK]
+        b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)  # [BT, BK]
         if BOUNDED:
             # anchor at the first column c0: exp(G_r - G_a) <= 1 for r >= c0, exp(G_a - G_i) <= e^{-lb (BC-1)}
-            b_ga = _load_row(gc, tl.minimum(c0, T - 1), i_b, i_h, T, H, K)
+            b_ga = _load_row_block(gc, tl.minimum(c0, T - 1), o_k, i_b, i_h, T, H, K)
             m_x = m_r & (o_r >= c0)
-            b_xa = b_x * tl.exp(tl.where(m_x[:, None], b_gr - b_ga[None, :], float("-inf")))
-            b_y = tl.dot(_dot_cast(b_mt, LOWP), _dot_cast(b_xa, LOWP))
-            b_y = b_y * tl.exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")))
         else:
-            # rows after the block, anchored at its last valid row; the diagonal block column by column
+            # rows after the block, anchored at its last valid row; the diagonal block is _rel_diag's
             t_a = tl.minimum(c0 + BC, T) - 1
-            b_ga = _load_row(gc, t_a, i_b, i_h, T, H, K)
+            b_ga = _load_row_block(gc, t_a, o_k, i_b, i_h, T, H, K)
             m_x = m_r & (o_r >= c0 + BC)
-            b_xa = b_x * tl.exp(tl.where(m_x[:, None], b_gr - b_ga[None, :], float("-inf")))
-            b_y = tl.dot(_dot_cast(b_mt, LOWP), _dot_cast(b_xa, LOWP))
-            b_y = b_y * tl.exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")))
-            o_k = tl.arange(0, K)
-            p_xj = x + ((i_b * T + c0) * H + i_h) * K + o_k
-            p_gj = gc + ((i_b * T + c0) * H + i_h) * K + o_k
-            # row j of M's diagonal block (M[c0 + j, o_c]), straight from memory
-            p_mj = m + ((i_b * T + c0) * H + i_h) * BT + (o_c - t0)
-            for j in range(BC):
-                t_j = c0 + j
-                m_kj = (o_k * 0 + t_j) < T
-                b_xj = tl.load(p_xj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
-                b_gj = tl.load(p_gj + j * H * K, mask=m_kj, other=0.0)
-                b_mj = tl.load(p_mj + j * H * BT, mask=(o_c * 0 + t_j) < T, other=0.0)  # [BC]
-                m_j = (o_c[:, None] <= t_j) & m_kj[None, :]
-                b_e = tl.exp(tl.where(m_j, b_gj[None, :] - b_gc, float("-inf")))
-                b_y += b_mj[:, None] * b_xj[None, :] * b_e
+        b_ex = tl.exp(tl.where(m_x[:, None], b_gr - b_ga[None, :], float("-inf")))
+        b_y = tl.dot(_dot_cast(b_mt, LOWP), _dot_cast(b_x * b_ex, LOWP))
+        if TWO:
+            b_y += tl.dot(_dot_cast(b_mt2, LOWP), _dot_cast(b_x2 * b_ex, LOWP))
+        b_y = b_y * tl.exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")))
     elif DECAY == 1:
         b_gc = _load_vec(gc, o_c, m_c, i_b, i_h, T, H)
         b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
         m_d = (o_r[None, :] >= o_c[:, None]) & m_r[None, :]
         b_d = tl.exp(tl.where(m_d, b_gr[None, :] - b_gc[:, None], float("-inf")))  # [BC, BT]
         b_y = tl.dot(_dot_cast(b_mt * b_d, LOWP), _dot_cast(b_x, LOWP))
+        if TWO:
+            b_y += tl.dot(_dot_cast(b_mt2 * b_d, LOWP), _dot_cast(b_x2, LOWP))
     else:
         b_y = tl.dot(_dot_cast(b_mt, LOWP), _dot_cast(b_x, LOWP))
+        if TWO:
+            b_y += tl.dot(_dot_cast(b_mt2, LOWP), _dot_cast(b_x2, LOWP))
     return b_y
+
+
+@triton.jit
+def _rel_diag(
+    b_dq,
+    b_dkr,
+    b_dkc,
+    m_qk,
+    m_kk,
+    q,
+    k,
+    gc,
+    o_r,
+    m_r,
+    o_k,
+    t0,
+    r0,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    DELTA: tl.constexpr,
+):
+    # the diagonal BC x BC block of the unbounded per-channel path, one position t_j = r0 + j at a time with
+    # the exact exp(G_r - G_j), masked before the exp: column j of M times k_j for the rows (dq from M_qk,
+    # with DELTA dkr from M_kk) and row j of M times q_j (and k_j) for the columns (dkc). One loop serves
+    # both sides, so each j loads G_j, k_j, q_j once and computes each of its two [BC, BK] exponentials once.
+    b_g = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)  # [BC, BK]
+    p_j = ((i_b * T + r0) * H + i_h) * K + o_k  # row r0 (+ j H K), columns o_k
+    p_mc = ((i_b * T + o_r) * H + i_h) * BT + (r0 - t0)  # column r0 - t0 (+ j) of M, rows o_r
+    p_mr = ((i_b * T + r0) * H + i_h) * BT + (o_r - t0)  # row r0 (+ j), columns o_r - t0 of M
+    for j in range(BC):
+        t_j = r0 + j
+        m_kj = (o_k * 0 + t_j) < T
+        m_cj = (o_r * 0 + t_j) < T
+        p = p_j + j * H * K
+        b_kj = tl.load(k + p, mask=m_kj, other=0.0).to(tl.float32)
+        b_qj = tl.load(q + p, mask=m_kj, other=0.0).to(tl.float32)
+        b_gj = tl.load(gc + p, mask=m_kj, other=0.0)
+        # rows r >= t_j: sum over the column j of M
+        b_e = tl.exp(tl.where((o_r[:, None] >= t_j) & m_kj[None, :], b_g - b_gj[None, :], float("-inf")))
+        b_ke = b_kj[None, :] * b_e
+        b_dq += tl.load(m_qk + p_mc + j, mask=m_r, other=0.0)[:, None] * b_ke
+        # columns c <= t_j: row j of M
+        b_e = tl.exp(tl.where((o_r[:, None] <= t_j) & m_kj[None, :], b_gj[None, :] - b_g, float("-inf")))
+        b_mq = tl.load(m_qk + p_mr + j * H * BT, mask=m_cj, other=0.0)  # [BC]
+        if DELTA:
+            b_dkr += tl.load(m_kk + p_mc + j, mask=m_r, other=0.0)[:, None] * b_ke
+            b_mk = tl.load(m_kk + p_mr + j * H * BT, mask=m_cj, other=0.0)  # [BC]
+            b_dkc += (b_mq[:, None] * b_qj[None, :] + b_mk[:, None] * b_kj[None, :]) * b_e
+        else:
+            b_dkc += b_mq[:, None] * b_qj[None, :] * b_e
+    return b_dq, b_dkr, b_dkc
 
 
 @triton.jit
@@ -940,15 +1004,21 @@ def _intra_bwd_kernel(
     K: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
+    BK: tl.constexpr,
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
 ):
-    # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows at a time:
+    # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
+    # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
     # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
     # and the log-decay gets x * dx - y * dy
-    i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_tc, i_k, i_bh = (
+        tl.program_id(0).to(tl.int64),
+        tl.program_id(1).to(tl.int64),
+        tl.program_id(2).to(tl.int64),
+    )
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
@@ -958,21 +1028,71 @@ def _intra_bwd_kernel(
     m_r = o_r < T
     o_i = t0 + tl.arange(0, BT)
     m_i = o_i < T
-    b_dq = _rel_rows(m_qk, k, gc, o_r, m_r, o_i, m_i, t0, r0, i_b, i_h, T, H, K, BT, BC, DECAY, BOUNDED, LOWP)
-    b_dk = _rel_cols(m_qk, q, gc, o_r, m_r, o_i, m_i, t0, r0, i_b, i_h, T, H, K, BT, BC, DECAY, BOUNDED, LOWP)
-    b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)
-    b_k = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
-    b_dg = b_q * b_dq - b_k * b_dk
+    o_k = i_k * BK + tl.arange(0, BK)
+    # dq = rel_rows(M_qk, k); with DELTA also dkr = rel_rows(M_kk, k)
+    b_dq, b_dkr = _rel_rows(
+        m_qk,
+        m_kk,
+        k,
+        gc,
+        o_r,
+        m_r,
+        o_i,
+        m_i,
+        o_k,
+        t0,
+        r0,
+        i_b,
+        i_h,
+        T,
+        H,
+        K,
+        BT,
+        BC,
+        DECAY,
+        BOUNDED,
+        DELTA,
+        LOWP,
+    )
+    # dkc = rel_cols(M_qk, q), plus rel_cols(M_kk, k) with DELTA
+    b_dkc = _rel_cols(
+        m_qk,
+        q,
+        m_kk,
+        k,
+        gc,
+        o_r,
+        m_r,
+        o_i,
+        m_i,
+        o_k,
+        t0,
+        r0,
+        i_b,
+        i_h,
+        T,
+        H,
+        K,
+        BT,
+        BC,
+        DECAY,
+        BOUNDED,
+        DELTA,
+        LOWP,
+    )
+    if DECAY == 2 and not BOUNDED:
+        b_dq, b_dkr, b_dkc = _rel_diag(
+            b_dq, b_dkr, b_dkc, m_qk, m_kk, q, k, gc, o_r, m_r, o_k, t0, r0, i_b, i_h, T, H, K, BT, BC, DELTA
+        )
+    b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
+    b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
     if DELTA:
-        b_dkr = _rel_rows(
-            m_kk, k, gc, o_r, m_r, o_i, m_i, t0, r0, i_b, i_h, T, H, K, BT, BC, DECAY, BOUNDED, LOWP
-        )
-        b_dkc = _rel_cols(
-            m_kk, k, gc, o_r, m_r, o_i, m_i, t0, r0, i_b, i_h, T, H, K, BT, BC, DECAY, BOUNDED, LOWP
-        )
-        b_dk += b_dkr + b_dkc
-        b_dg += b_k * (b_dkr - b_dkc)
-    p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+        b_dk = b_dkc + b_dkr
+        b_dg = b_q * b_dq + b_k * (b_dkr - b_dkc)
+    else:
+        b_dk = b_dkc
+        b_dg = b_q * b_dq - b_k * b_dkc
+    p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
     # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
     b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0)
     b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0)
@@ -1265,7 +1385,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     dk_out = torch.empty_like(k)
     # tf32 rather than bf16 operands here: dG = x dx - y dy cancels, and the bounded path's e^75-scaled
     # operands left dg at 2.1e-2 relative error in bf16 on the H200
-    _intra_bwd_kernel[(NT * (BT // BC), B * H)](
+    # one program per 16-row block and per block of BK key columns (every term is separable over the channel)
+    _intra_bwd_kernel[(NT * (BT // BC), K // BK, B * H)](
         q,
         k,
         gcx,
@@ -1281,6 +1402,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         K=K,
         BT=BT,
         BC=BC,
+        BK=BK,
         DECAY=decay,
         DELTA=delta,
         BOUNDED=bounded,
