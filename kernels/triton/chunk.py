@@ -1119,6 +1119,7 @@ TUNE: dict[str, int | None] = {
     "dqk.stages": None,  # 3 for 16-bit inputs, else 1
     "dvt.warps": 4,
     "dvt.stages": None,  # 2 for 16-bit inputs, else 1
+    "intra_bwd.warps": 4,
 }
 
 
@@ -1407,7 +1408,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=False,
-        num_warps=4,
+        num_warps=_tuned("intra_bwd.warps", 4),
     )
     dg = None
     if decay:
