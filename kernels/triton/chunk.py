@@ -111,22 +111,22 @@ def _intra_fwd_kernel(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
 ):
-    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...), one
-    # BC x BC block at a time: the blocks left of the diagonal, the diagonal one, zeros right of it
+    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
     t0 = i_t * BT
     r0 = t0 + i_c * BC
-    o_b = tl.arange(0, BC)
-    o_r = r0 + o_b  # rows of this block
-    m_r = o_r < T
+    o_r = r0 + tl.arange(0, BC)  # rows of this block
+    o_i = t0 + tl.arange(0, BT)  # columns: the whole chunk
+    m_r, m_i = o_r < T, o_i < T
     b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
-    p_blk = ((i_b * T + o_r[:, None]) * H + i_h) * BT + o_b[None, :]  # + j * BC: column block j
+    b_ki = _load_rows(k, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
     if DECAY == 2:
         b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
+        b_gi = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
         # anchor: the block's first row, in the past of every row it serves (causal, unlike a midpoint)
         b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # [K]
         b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
@@ -138,46 +138,17 @@ def _intra_fwd_kernel(
         tl.store(qg + p_rk, b_qg.to(qg.dtype.element_ty), mask=m_r[:, None])
         b_kdr = b_kr * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_gr, 0.0))
         tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
-        b_qa = _dot_cast(b_q * b_er, LOWP)
-        b_ka = _dot_cast(b_kr * b_er, LOWP)
-    else:
-        b_qa = _dot_cast(b_q, LOWP)
-        b_ka = _dot_cast(b_kr, LOWP)
-        if DECAY == 1:
-            b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
-    # blocks left of the diagonal: every column is in the past of every row
-    for j in range(0, i_c):
-        o_j = t0 + j * BC + o_b
-        m_j = o_j < T
-        b_kj = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
-        if DECAY == 2:
-            b_gj = _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
-            b_y = _dot_cast(b_kj * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
-            b_aqk = tl.dot(b_qa, tl.trans(b_y))
-            b_akk = tl.dot(b_ka, tl.trans(b_y))
-        else:
-            b_aqk = tl.dot(b_qa, tl.trans(_dot_cast(b_kj, LOWP)))
-            b_akk = tl.dot(b_ka, tl.trans(_dot_cast(b_kj, LOWP)))
-            if DECAY == 1:
-                b_gj = _load_vec(gc, o_j, m_j, i_b, i_h, T, H)
-                b_d = tl.exp(tl.where(m_j[None, :], b_gr[:, None] - b_gj[None, :], float("-inf")))
-                b_aqk = b_aqk * b_d
-                b_akk = b_akk * b_d
-        b_aqk = tl.where(m_j[None, :], b_aqk, 0.0) * scale
-        tl.store(aqk + p_blk + j * BC, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
-        if DELTA:
-            tl.store(akk + p_blk + j * BC, tl.where(m_j[None, :], b_akk, 0.0), mask=m_r[:, None])
-    # the diagonal block
-    if DECAY == 2:
         if BOUNDED:
-            # inside the block exp(G_r0 - G_i) <= exp(-lower_bound * (BC - 1)): finite, one dense dot
-            b_y = _dot_cast(b_kr * tl.exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf"))), LOWP)
-            b_aqk = tl.dot(b_qa, tl.trans(b_y))
-            b_akk = tl.dot(b_ka, tl.trans(b_y))
+            # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
+            m_y = m_i & (o_i < r0 + BC)
         else:
-            # general gates: one column at a time with the exact relative decay
-            b_aqk = tl.zeros([BC, BC], dtype=tl.float32)
-            b_akk = tl.zeros([BC, BC], dtype=tl.float32)
+            m_y = m_i & (o_i < r0)
+        b_y = b_ki * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf")))
+        b_y = _dot_cast(b_y, LOWP)
+        b_aqk = tl.dot(_dot_cast(b_q * b_er, LOWP), tl.trans(b_y))  # [BC, BT]
+        b_akk = tl.dot(_dot_cast(b_kr * b_er, LOWP), tl.trans(b_y))
+        if not BOUNDED:
+            # diagonal block, unbounded gates: one column at a time with the exact relative decay
             o_k = tl.arange(0, K)
             p_kj = k + ((i_b * T + r0) * H + i_h) * K + o_k
             p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
@@ -186,28 +157,26 @@ def _intra_fwd_kernel(
                 m_kj = (o_k * 0 + t_j) < T
                 b_kj = tl.load(p_kj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
                 b_gj = tl.load(p_gj + j * H * K, mask=m_kj, other=0.0)
-                m_jj = (o_r[:, None] >= t_j) & m_kj[None, :]
-                b_e = tl.exp(tl.where(m_jj, b_gr - b_gj[None, :], float("-inf")))  # [BC, K]
-                b_aqk = tl.where(o_b[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_e, 1)[:, None], b_aqk)
-                b_akk = tl.where(o_b[None, :] == j, tl.sum(b_kr * b_kj[None, :] * b_e, 1)[:, None], b_akk)
+                m_j = (o_r[:, None] >= t_j) & m_kj[None, :]
+                b_e = tl.exp(tl.where(m_j, b_gr - b_gj[None, :], float("-inf")))  # [BC, K]
+                b_aqk = tl.where(o_i[None, :] == t_j, tl.sum(b_q * b_kj[None, :] * b_e, 1)[:, None], b_aqk)
+                b_akk = tl.where(o_i[None, :] == t_j, tl.sum(b_kr * b_kj[None, :] * b_e, 1)[:, None], b_akk)
     else:
-        b_aqk = tl.dot(b_qa, tl.trans(b_ka))
-        b_akk = tl.dot(b_ka, tl.trans(b_ka))
+        b_aqk = tl.dot(_dot_cast(b_q, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
+        b_akk = tl.dot(_dot_cast(b_kr, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
         if DECAY == 1:
-            m_d = (o_b[:, None] >= o_b[None, :]) & m_r[None, :]
-            b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gr[None, :], float("-inf")))
+            b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
+            b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
+            m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
+            b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gi[None, :], float("-inf")))
             b_aqk = b_aqk * b_d
             b_akk = b_akk * b_d
-    b_aqk = tl.where((o_b[:, None] >= o_b[None, :]) & m_r[None, :], b_aqk, 0.0) * scale
-    tl.store(aqk + p_blk + i_c * BC, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
+    b_aqk = tl.where((o_r[:, None] >= o_i[None, :]) & m_i[None, :], b_aqk, 0.0) * scale
+    p_a = ((i_b * T + o_r[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+    tl.store(aqk + p_a, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
     if DELTA:
-        b_akk = tl.where((o_b[:, None] > o_b[None, :]) & m_r[None, :], b_akk, 0.0)
-        tl.store(akk + p_blk + i_c * BC, b_akk, mask=m_r[:, None])
-    # right of the diagonal: zeros (A_qk and A_kk are read whole later)
-    for j in range(i_c + 1, NC):
-        tl.store(aqk + p_blk + j * BC, tl.zeros([BC, BC], dtype=aqk.dtype.element_ty), mask=m_r[:, None])
-        if DELTA:
-            tl.store(akk + p_blk + j * BC, tl.zeros([BC, BC], dtype=tl.float32), mask=m_r[:, None])
+        b_akk = tl.where((o_r[:, None] > o_i[None, :]) & m_i[None, :], b_akk, 0.0)
+        tl.store(akk + p_a, b_akk, mask=m_r[:, None])
 
 
 @triton.jit
