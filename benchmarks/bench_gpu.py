@@ -243,6 +243,13 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
         sd = by.get((shape, "sdpa", "sdpa"), {})
         for name, *_ in OPS:
             o, f, t = (by.get((shape, name, w), {}) for w in ("ours", "fla", "torch"))
+            if not f and (shape, name, "fla_anchor") in by:
+                # FLA's figure from the anchors file (same GPU and versions, another run), marked with a
+                f = {
+                    m: (f"{v} (a)" if isinstance(v, float) else v)
+                    for m, v in by[(shape, name, "fla_anchor")].items()
+                }
+                f["raw"] = by[(shape, name, "fla_anchor")]
             cells = [
                 o.get("ms_fwd", "-"),
                 f.get("ms_fwd", "-"),
@@ -252,13 +259,20 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
                 f.get("ms_fwdbwd", "-"),
                 t.get("ms_fwdbwd", "-"),
                 sd.get("ms_fwdbwd", "-"),
-                ratio(o.get("ms_fwd"), f.get("ms_fwd")),
-                ratio(o.get("ms_fwdbwd"), f.get("ms_fwdbwd")),
+                ratio(o.get("ms_fwd"), f.get("raw", f).get("ms_fwd")),
+                ratio(o.get("ms_fwdbwd"), f.get("raw", f).get("ms_fwdbwd")),
                 ratio(o.get("ms_fwd"), sd.get("ms_fwd")),
                 ratio(o.get("ms_fwdbwd"), sd.get("ms_fwdbwd")),
             ]
             cells = [str(c)[:40] for c in cells]
             lines.append(f"| {shape} | {name} | " + " | ".join(cells) + " |")
+    if any(r["impl"] == "fla_anchor" for r in rows):
+        lines += [
+            "",
+            "(a): FLA 0.6.0 from ../shared/anchors/fla-0.6.0_h200.csv (same H200, torch 2.11, Triton 3.6; "
+            "another run), where this run has no FLA timing of its own; ERR: FLA refuses that backward on "
+            "Triton 3.6 (its issue #640).",
+        ]
     sweep = [r for r in rows if r["shape"] == "sweep"]
     if sweep:
         lines += [
@@ -317,6 +331,61 @@ def plot(rows: list, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+ANCHOR_OPS = {  # op names in ../shared/anchors/fla-0.6.0_h200.csv -> ours
+    "kda": "kda",
+    "kda_safe_gate": "kda_bounded",
+    "gla": "gla",
+    "deltanet": "delta_rule",
+    "linear_attn": "linear_attn",
+    "mamba2(simple_gla)": "simple_gla",
+    "gdn": "gated_delta_rule",
+}
+
+
+def _number(x: str):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return x if x else "-"
+
+
+def load_rows(csv_path: Path, anchors: Path | None) -> list[dict]:
+    """Rows of a benchmark CSV; with `anchors`, FLA 0.6.0's figures from that file as impl 'fla_anchor'."""
+    with open(csv_path) as f:
+        rows = [
+            {k: (_number(v) if k.startswith("ms_") else v) for k, v in r.items()} for r in csv.DictReader(f)
+        ]
+    for r in rows:
+        r["T"] = int(r["T"])
+    if anchors is not None:
+        shapes = {(32, 2048, 2): "B32T2K", (8, 8192, 16): "B8T8K"}
+        with open(anchors) as f:
+            lines = [ln for ln in f if not ln.startswith("#")]
+        seen = set()
+        for r in csv.DictReader(lines):
+            shape = shapes.get((int(r["B"]), int(r["T"]), int(r["H"])))
+            op = ANCHOR_OPS.get(r["op"])
+            if shape is None or op is None or (shape, op) in seen:
+                continue
+            seen.add((shape, op))
+            if r["ms_fwd"] == "ERR":  # FLA refuses the gated backward on Triton 3.6 / Hopper
+                r["ms_fwd"] = r["ms_fwdbwd"] = "refused (#640)"
+            rows.append(
+                {
+                    "shape": shape,
+                    "op": op,
+                    "impl": "fla_anchor",
+                    "B": r["B"],
+                    "T": int(r["T"]),
+                    "H": r["H"],
+                    "D": r["D"],
+                    "ms_fwd": _number(r["ms_fwd"]),
+                    "ms_fwdbwd": _number(r["ms_fwdbwd"]),
+                }
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -325,14 +394,38 @@ def main() -> None:
     parser.add_argument("--ops", nargs="+", default=[op[0] for op in OPS], help="subset of ops")
     parser.add_argument("--skip-decode", action="store_true")
     parser.add_argument("--impls", nargs="+", default=["ours", "sdpa", "fla", "torch"])
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help="no timing: rewrite the markdown and plot into --out from this CSV of an earlier run",
+    )
+    parser.add_argument(
+        "--anchors",
+        type=Path,
+        default=None,
+        help="with --report: FLA figures measured earlier on the same GPU "
+        "(../shared/anchors/fla-0.6.0_h200.csv) for the shapes where the run has no FLA row of its own",
+    )
+    parser.add_argument("--title", default=None, help="with --report: the markdown's first line")
     args = parser.parse_args()
-    deadline = time.time() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report is not None:
+        rows = load_rows(args.report, args.anchors)
+        write_markdown(
+            rows, args.out / "h200_bench.md", args.title or f"# GPU benchmark (from {args.report.name})"
+        )
+        plot(rows, args.out / "h200_sweep.png")
+        print((args.out / "h200_bench.md").read_text())
+        return
+    deadline = time.time() + args.budget_s
     rows = Table(args.out / "h200_bench.csv")
     if not args.skip_decode:
         decode(rows)
-    # ours and SDPA first everywhere, then FLA (its autotuning compiles many configs), then torch
-    for who in [w for w in ("ours", "sdpa", "fla", "torch") if w in args.impls]:
+    impls = [w for w in ("ours", "sdpa", "fla", "torch") if w in args.impls]
+    # the two fixed shapes for every implementation first (FLA's autotuning compiles many configs, so it
+    # comes after ours and SDPA), then the length sweep: a run cut short by the budget keeps the comparison
+    for who in impls:
         for shape, B, T, H in (("B32T2K", 32, 2048, 2), ("B8T8K", 8, 8192, 16)):
             if who == "sdpa":
                 measure(rows, shape, "sdpa", "sdpa", B, T, H, None, None, False, deadline)
@@ -341,8 +434,7 @@ def main() -> None:
             for name, decay, delta, lb in OPS if who == "ours" else OPS[::-1]:
                 if name in args.ops:
                     measure(rows, shape, name, who, B, T, H, lb, decay, delta, deadline)
-        if args.skip_sweep:
-            continue
+    for who in [] if args.skip_sweep else impls:
         for T in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
             if who == "sdpa":
                 measure(rows, "sweep", "sdpa", "sdpa", 1, T, 16, None, None, False, deadline)
