@@ -97,22 +97,9 @@ def runs_of(sweep_dir: Path) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=4, help="runs at once (joblib_gpu n_jobs)")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--skip-serial", action="store_true")
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    packed_dir = args.out / "packed"
-    wall_p, peak = run_sweep(
-        "packed", ["hydra/launcher=joblib_gpu", f"hydra.launcher.n_jobs={args.jobs}"], packed_dir, poll=True
-    )
-    wall_s = None
-    if not args.skip_serial:
-        wall_s, _ = run_sweep("serial", ["hydra/launcher=basic"], args.out / "serial", poll=False)
-    rows = runs_of(packed_dir)
-    with open(args.out / "packing.csv", "w", newline="") as f:
+def report(out: Path, jobs: int, wall_p: float, peak: dict, wall_s: float | None, rows: list[dict]) -> None:
+    """packing.csv and packing.md; written after the packed sweep and again after the serial one."""
+    with open(out / "packing.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["run", "status", "device", "final_acc", "wall_s"])
         w.writeheader()
         w.writerows(rows)
@@ -125,18 +112,40 @@ def main() -> None:
         "",
         f"Grid: {' '.join(GRID)}; common overrides: {' '.join(COMMON)}.",
         "",
-        f"- packed (joblib_gpu, n_jobs={args.jobs}): {wall_p:.1f} s wall; "
-        f"most processes seen per GPU: {peak}",
+        f"- packed (joblib_gpu, n_jobs={jobs}): {wall_p:.1f} s wall; most processes seen per GPU: {peak}",
     ]
     if wall_s is not None:
         lines.append(f"- serial (basic launcher): {wall_s:.1f} s wall; speed-up {wall_s / wall_p:.2f}x")
-    lines += ["", "| run | status | device | final acc |", "|---|---|---|---|"]
-    lines += [f"| {r['run']} | {r['status']} | {r['device']} | {r['final_acc']} |" for r in rows]
-    (args.out / "packing.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    else:
+        lines.append("- serial (basic launcher): not finished (yet)")
+    lines += ["", "| run | status | device | final acc | wall s |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {r['run']} | {r['status']} | {r['device']} | {r['final_acc']} | {r['wall_s']} |" for r in rows
+    ]
+    (out / "packing.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=4, help="runs at once (joblib_gpu n_jobs)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--skip-serial", action="store_true")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    packed_dir = args.out / "packed"
+    wall_p, peak = run_sweep(
+        "packed", ["hydra/launcher=joblib_gpu", f"hydra.launcher.n_jobs={args.jobs}"], packed_dir, poll=True
+    )
+    rows = runs_of(packed_dir)
+    # written now too: a serial sweep cut short by a time limit leaves the packed result behind
+    report(args.out, args.jobs, wall_p, peak, None, rows)
     bad = [r for r in rows if r["status"] != "completed"]
     if bad or not peak or max(peak.values()) < 2:
         raise SystemExit(f"packing check failed: {len(bad)} runs not completed, peak processes {peak}")
+    if not args.skip_serial:
+        wall_s, _ = run_sweep("serial", ["hydra/launcher=basic"], args.out / "serial", poll=False)
+        report(args.out, args.jobs, wall_p, peak, wall_s, rows)
 
 
 if __name__ == "__main__":
