@@ -1,0 +1,72 @@
+"""benchmarks/bench_gpu.py --report: the markdown table rebuilt from a CSV, with FLA's anchor figures."""
+
+from __future__ import annotations
+
+import os
+
+# bench_gpu imports kernels.triton; keep the interpreter setting the Triton tests of this process expect
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from benchmarks.bench_gpu import load_rows, write_markdown  # noqa: E402
+
+FIELDS = "shape,op,impl,B,T,H,D,ms_fwd,ms_fwdbwd"
+ANCHORS = """# FLA 0.6.0 on some GPU, a comment line
+op,B,T,H,D,ms_fwd,ms_fwdbwd,Mtok_per_s_fwd
+gdn,32,2048,2,128,ERR,RuntimeError: Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results
+kda_safe_gate,32,2048,2,128,0.528,2.437
+kda_safe_gate,8,8192,16,128,3.063,15.427
+"""
+
+
+def _table_line(md: str, shape: str, op: str) -> list[str]:
+    line = next(ln for ln in md.splitlines() if ln.startswith(f"| {shape} | {op} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_report_uses_anchors_only_where_the_run_has_no_fla(tmp_path: Path) -> None:
+    csv_path = tmp_path / "bench.csv"
+    csv_path.write_text(
+        "\n".join(
+            [
+                FIELDS,
+                "B32T2K,kda_bounded,ours,32,2048,2,128,0.5,2.0",
+                "B32T2K,gated_delta_rule,ours,32,2048,2,128,0.3,1.4",
+                "B32T2K,sdpa,sdpa,32,2048,2,128,0.25,1.0",
+                "B8T8K,kda_bounded,ours,8,8192,16,128,3.0,12.0",
+                "B8T8K,kda_bounded,fla,8,8192,16,128,2.0,10.0",
+            ]
+        )
+        + "\n"
+    )
+    anchors = tmp_path / "anchors.csv"
+    anchors.write_text(ANCHORS)
+    write_markdown(load_rows(csv_path, anchors), tmp_path / "out.md", "# test")
+    md = (tmp_path / "out.md").read_text()
+    # columns: shape, op, ours fwd, FLA fwd, torch fwd, SDPA fwd, ours fwd+bwd, FLA fwd+bwd, torch fwd+bwd,
+    # SDPA fwd+bwd, ours/FLA fwd, ours/FLA fwd+bwd, ours/SDPA fwd, ours/SDPA fwd+bwd
+    small = _table_line(md, "B32T2K", "kda_bounded")
+    assert small[3] == "0.528 (a)" and small[7] == "2.437 (a)"
+    assert small[10] == f"{0.5 / 0.528:.2f}" and small[11] == f"{2.0 / 2.437:.2f}"
+    assert small[12] == "2.00" and small[13] == "2.00"
+    # a side-by-side FLA timing wins over the anchor
+    big = _table_line(md, "B8T8K", "kda_bounded")
+    assert big[3] == "2.0" and big[11] == "1.20"
+    # FLA's refusal on Triton 3.6 / Hopper is named, not a number
+    gated = _table_line(md, "B32T2K", "gated_delta_rule")
+    assert gated[3] == "refused (#640)" and gated[10] == "-"
+    assert "(a): FLA 0.6.0 from" in md
+
+
+def test_report_without_anchors_has_no_fla_column_values(tmp_path: Path) -> None:
+    csv_path = tmp_path / "bench.csv"
+    csv_path.write_text(FIELDS + "\nB32T2K,kda_bounded,ours,32,2048,2,128,0.5,2.0\n")
+    write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
+    md = (tmp_path / "out.md").read_text()
+    assert _table_line(md, "B32T2K", "kda_bounded")[3] == "-"
+    assert "(a):" not in md
