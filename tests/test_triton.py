@@ -190,3 +190,19 @@ def test_too_loose_lower_bound_takes_the_general_path() -> None:
     o_loose, _ = triton_chunk(*args, lower_bound=-8.0)
     o_general, _ = triton_chunk(*args)
     assert torch.equal(o_loose, o_general)
+
+
+def test_out_of_gpu_resources_names_the_call_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a GPU that cannot fit a kernel (e.g. K = V = 256 in fp32) raises Triton's OutOfResources from the
+    # launch; the op turns it into an error naming the head sizes, the dtype and what to change
+    from triton.runtime.errors import OutOfResources
+
+    from kernels.triton import chunk
+
+    def too_big(*args, **kwargs):
+        raise OutOfResources(245760, 232448, "shared memory")
+
+    x = make_inputs("channel", True, B=1, T=20, H=1, K=32, V=16, seed=0)
+    monkeypatch.setattr(chunk, "_chunk_fwd", too_big)
+    with pytest.raises(chunk.KernelResourceError, match=r"K=32, V=16 with float32 inputs.*backend='torch'"):
+        triton_chunk(x["q"], x["k"], x["v"], x["g"], x["beta"])

@@ -13,11 +13,13 @@ bounded-gate fast path are in README.md beside this file. Pipeline (one program 
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 # The interpreter runs on the CPU: one config, no autotune, and fp32 dots only (the caller's job).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -1389,12 +1391,32 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     return dq_out, dk_out, dv, dg, dbeta, dh0
 
 
+class KernelResourceError(RuntimeError):
+    """A kernel of the family asked the GPU for more shared memory (or registers) than it has."""
+
+
+@contextlib.contextmanager
+def _resources(q: torch.Tensor, v: torch.Tensor, where: str):
+    # Triton's OutOfResources names the kernel and the bytes, not the call that got there or what to change
+    try:
+        yield
+    except OutOfResources as exc:
+        K, V = q.shape[-1], v.shape[-1]
+        dtype = str(q.dtype).removeprefix("torch.")
+        raise KernelResourceError(
+            f"the Triton {where} at head sizes K={K}, V={V} with {dtype} inputs needs more GPU resources "
+            f"than this GPU has ({exc}). Use head sizes <= 128 (checked on an H200), 16-bit inputs, or the "
+            f"torch chunkwise op (backend='torch') for this layer."
+        ) from exc
+
+
 class ChunkFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
-        o, ht, saved = _chunk_fwd(
-            q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound
-        )
+        with _resources(q, v, "chunk forward"):
+            o, ht, saved = _chunk_fwd(
+                q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound
+            )
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *saved)
         ctx.scale, ctx.chunk_size, ctx.lower_bound = scale, chunk_size, lower_bound
         if ht is not None:
@@ -1404,9 +1426,10 @@ class ChunkFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht=None):
         q, k, v, g, beta, h0, *saved = ctx.saved_tensors
-        dq, dk, dv, dg, dbeta, dh0 = _chunk_bwd(
-            q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.chunk_size, ctx.lower_bound, saved
-        )
+        with _resources(q, v, "chunk backward"):
+            dq, dk, dv, dg, dbeta, dh0 = _chunk_bwd(
+                q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.chunk_size, ctx.lower_bound, saved
+            )
         return (
             dq.to(q.dtype),
             dk.to(k.dtype),
