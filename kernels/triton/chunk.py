@@ -1083,8 +1083,10 @@ TUNE: dict[str, int | None] = {
     "solve.warps": 1,
     "wu.warps": None,
     "state_fwd.warps": None,
+    "state_fwd.bv": None,  # V columns per program (16-128): 32 below 256 programs, else 64
     "state_fwd.stages": None,  # 3 (Triton's default) for 16-bit inputs, else 1
     "state_bwd.warps": 4,
+    "state_bwd.bv": None,
     "state_bwd.stages": None,  # 2 for 16-bit inputs, else 1 (fp32 tiles: one stage, see below)
     "dqk.warps": 4,
     "dqk.stages": None,  # 3 for 16-bit inputs, else 1
@@ -1103,10 +1105,12 @@ def _num_warps(big: bool) -> int:
     return 8 if big and not INTERPRET else 4
 
 
-def _block_v(V: int, programs: int) -> int:
+def _block_v(V: int, programs: int, key: str) -> int:
     # the state passes are sequential over chunks: split V finer when B * H alone cannot fill the GPU
     if INTERPRET:
         return min(V, 32)
+    if TUNE[key] is not None:
+        return min(V, TUNE[key])
     return min(V, 32 if programs < 256 else 64)
 
 
@@ -1183,7 +1187,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     h_dtype = torch.bfloat16 if lowp else f32
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype)
     ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
-    BV = _block_v(V, B * H * max(1, V // 64))
+    BV = _block_v(V, B * H * max(1, V // 64), "state_fwd.bv")
     h0 = initial_state.contiguous() if initial_state is not None else None
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
@@ -1253,7 +1257,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     dvt = torch.empty(B, T, H, V, device=dev, dtype=f32 if not lowp else q.dtype)
     dh = torch.empty(B, H, NT, K, V, device=dev, dtype=h.dtype)
     dh0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
-    BV = _block_v(V, B * H * max(1, V // 64))
+    BV = _block_v(V, B * H * max(1, V // 64), "state_bwd.bv")
     # software pipelining over the chunk loop: 3 stages of its buffered loads (A_qk, q, k, G, W per stage)
     # asked for 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1; with the decayed q, k
     # precomputed, 2 stages of 16-bit tiles fit (B8 T8K H16: 1.46 -> 0.81-0.90 ms with 4 warps)
