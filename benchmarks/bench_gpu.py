@@ -390,6 +390,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--skip-sweep", action="store_true")
+    parser.add_argument("--skip-fixed", action="store_true", help="only the length sweep (and decode)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new timings after this")
     parser.add_argument("--ops", nargs="+", default=[op[0] for op in OPS], help="subset of ops")
     parser.add_argument("--skip-decode", action="store_true")
@@ -425,7 +426,7 @@ def main() -> None:
     impls = [w for w in ("ours", "sdpa", "fla", "torch") if w in args.impls]
     # the two fixed shapes for every implementation first (FLA's autotuning compiles many configs, so it
     # comes after ours and SDPA), then the length sweep: a run cut short by the budget keeps the comparison
-    for who in impls:
+    for who in [] if args.skip_fixed else impls:
         for shape, B, T, H in (("B32T2K", 32, 2048, 2), ("B8T8K", 8, 8192, 16)):
             if who == "sdpa":
                 measure(rows, shape, "sdpa", "sdpa", B, T, H, None, None, False, deadline)

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One GPU session's measurements, most important first, each step under its own time limit, every
+# result written under OUT as soon as it exists (a session cut short keeps what it measured).
+#
+#   bash benchmarks/gpu_session.sh OUT [STEPS]        STEPS: a subset of "check profile fla bench sweep packing"
+#
+# Optional inputs, if present beside the checkout: .whl/ (Hydra wheels, for the packing step: built with
+# `bash ../shared/device-wheels.sh .whl` on a machine with a package index) and .device/fla_core-*.whl
+# (FLA 0.6.0, for the side-by-side steps). Both are installed into /tmp/site, never into the image.
+#
+# Steps and their limits (seconds), about 14 minutes in all on an H200:
+#   check    120  bf16 correctness, all variants, T=63/1000 H=16 and KDA at T=8192 H=2; fp32 and fp16 at T=1000
+#   profile   90  GPU time per kernel at B8 T8K H16 (benchmarks/profile_gpu.py)
+#   fla      300  the two fixed shapes, ours and FLA and SDPA side by side (FLA autotunes on first use)
+#   bench    120  the fixed shapes with the torch reference, and decode
+#   sweep    120  T = 1K..64K at B=1 H=16, KDA and SDPA
+#   packing  150  several training runs packed on the GPU (benchmarks/sweep_packing.py)
+set -u
+OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
+STEPS="${2:-check profile fla bench sweep packing}"
+mkdir -p "$OUT"
+wheels=$(ls .whl/*.whl .device/fla_core-*.whl 2>/dev/null)
+if [ -n "$wheels" ]; then
+  # shellcheck disable=SC2086
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+quiet() { grep -v -i "warn"; }
+for step in $STEPS; do
+  echo "== $step ($(date -u +%H:%M:%S))"
+  case "$step" in
+    check)
+      timeout 60 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --out "$OUT/check_bf16" | quiet | tail -17
+      timeout 30 python3 tests/gpu/check_kernels.py --T 8192 --H 2 --ops kda kda_bounded --out "$OUT/check_long" | quiet | tail -4
+      for d in fp32 fp16; do
+        timeout 15 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops kda_bounded gla delta_rule --dtype $d \
+          --out "$OUT/check_$d" | quiet | tail -5
+      done ;;
+    profile)
+      timeout 90 python3 benchmarks/profile_gpu.py --out "$OUT/profile.csv" | quiet | grep -v " 0\.[0-9]%" ;;
+    fla)
+      timeout 300 python3 benchmarks/bench_gpu.py --out "$OUT/fla" --impls ours fla sdpa --skip-sweep --skip-decode \
+        --budget-s 270 | quiet | tail -30 ;;
+    bench)
+      timeout 120 python3 benchmarks/bench_gpu.py --out "$OUT/bench" --impls ours torch --skip-sweep --budget-s 100 \
+        | quiet | tail -20 ;;
+    sweep)
+      timeout 120 python3 benchmarks/bench_gpu.py --out "$OUT/sweep" --impls ours sdpa fla --skip-decode --skip-fixed \
+        --budget-s 100 --ops kda kda_bounded | quiet | tail -20 ;;
+    packing)
+      timeout 150 python3 benchmarks/sweep_packing.py --jobs 4 --out "$OUT/packing" | tail -14 ;;
+    *) echo "unknown step $step (choose from: check profile fla bench sweep packing)"; exit 2 ;;
+  esac
+done
