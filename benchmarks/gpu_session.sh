@@ -15,6 +15,7 @@
 #   bench    120  the fixed shapes with the torch reference, and decode
 #   sweep    120  T = 1K..64K at B=1 H=16, KDA and SDPA
 #   packing  150  several training runs packed on the GPU (benchmarks/sweep_packing.py)
+#   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
 STEPS="${2:-check profile fla bench sweep packing}"
@@ -32,14 +33,18 @@ for step in $STEPS; do
   echo "== $step ($(date -u +%H:%M:%S))"
   case "$step" in
     check)
-      timeout 60 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --out "$OUT/check_bf16" | quiet | tail -17
-      timeout 30 python3 tests/gpu/check_kernels.py --T 8192 --H 2 --ops kda kda_bounded --out "$OUT/check_long" | quiet | tail -4
+      timeout 60 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --out "$OUT/check_bf16" | quiet | tail -17
+      timeout 30 python3 tests/gpu/check_kernels.py --T 8192 --H 2 --ops kda kda_bounded --out "$OUT/check_long" \
+        | quiet | tail -4
       for d in fp32 fp16; do
         timeout 15 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops kda_bounded gla delta_rule --dtype $d \
           --out "$OUT/check_$d" | quiet | tail -5
       done ;;
     profile)
       timeout 90 python3 benchmarks/profile_gpu.py --out "$OUT/profile.csv" | quiet | grep -v " 0\.[0-9]%" ;;
+    flacheck)
+      # FLA's kernels measured against the same reference at T=1000 H=16 (a cross-check of the bounds)
+      timeout 240 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --out "$OUT/check_fla" | quiet | tail -16 ;;
     fla)
       timeout 300 python3 benchmarks/bench_gpu.py --out "$OUT/fla" --impls ours fla sdpa --skip-sweep --skip-decode \
         --budget-s 270 | quiet | tail -30 ;;
@@ -51,6 +56,6 @@ for step in $STEPS; do
         --budget-s 100 --ops kda kda_bounded | quiet | tail -20 ;;
     packing)
       timeout 150 python3 benchmarks/sweep_packing.py --jobs 4 --out "$OUT/packing" | tail -14 ;;
-    *) echo "unknown step $step (choose from: check profile fla bench sweep packing)"; exit 2 ;;
+    *) echo "unknown step $step (choose from: check profile fla bench sweep packing flacheck)"; exit 2 ;;
   esac
 done
