@@ -8,7 +8,8 @@ KDA with K3's bounded gate (ours: lower_bound=-5; FLA: safe_gate=True, lower_bou
 (B=32, T=2048, H=2) and (B=8, T=8192, H=16), K = V = 128, and a T = 1K..64K sweep at B=1, H=16
 (KDA and SDPA; the torch reference only up to 8K). SDPA is causal softmax attention on the same
 q, k, v (flash attention where PyTorch picks it). Decode: one KDA step at B=32, H=16 from an fp32
-state. Writes h200_bench.csv, h200_bench.md (ratios ours/FLA and ours/SDPA) and h200_sweep.png.
+state. Also the peak GPU memory of one forward+backward above the inputs (torch's allocator peak).
+Writes h200_bench.csv, h200_bench.md (ratios ours/FLA and ours/SDPA) and h200_sweep.png.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from kernels.triton import VARIANTS as OPS  # noqa: E402
 from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
 
-FIELDS = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd"]
+FIELDS = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd", "mb_fwdbwd"]
 
 
 class Table(list):
@@ -130,6 +131,26 @@ def time_fn(fn: Callable, inputs: dict, backward: bool) -> float:
     return ms
 
 
+def peak_mb(fn: Callable, inputs: dict) -> float:
+    """Peak GPU memory of one forward+backward above what the inputs already hold (MiB): activations and
+    saved intermediates, gradients, the kernels' workspace."""
+    leaves = [t for t in inputs.values() if t is not None]
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    for t in leaves:
+        t.requires_grad_(True)
+    do = torch.randn_like(inputs["v"])
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn(*args).backward(do)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    for t in leaves:
+        t.requires_grad_(False)
+        t.grad = None
+    return round(peak / 2**20, 1)
+
+
 def measure(
     rows: list,
     shape: str,
@@ -157,10 +178,16 @@ def measure(
         except Exception as exc:  # FLA refuses gated backwards on Triton 3.6/Hopper (#640); OOM for torch
             row[mode] = f"ERR {type(exc).__name__}: {str(exc)[:80]}".replace(",", ";").replace("\n", " ")
         torch.cuda.empty_cache()
+    if isinstance(row.get("ms_fwdbwd"), float):
+        try:
+            row["mb_fwdbwd"] = peak_mb(fn, make_inputs(decay, delta, lower_bound, B, T, H))
+        except Exception as exc:
+            row["mb_fwdbwd"] = f"ERR {type(exc).__name__}"
+        torch.cuda.empty_cache()
     rows.append(row)
     print(
         f"{shape:8s} {name:18s} {who:6s} B={B:<3d} T={T:<6d} H={H:<3d} "
-        f"fwd={row['ms_fwd']} fwdbwd={row['ms_fwdbwd']}",
+        f"fwd={row['ms_fwd']} fwdbwd={row['ms_fwdbwd']} peak_MiB={row.get('mb_fwdbwd', '-')}",
         flush=True,
     )
 
@@ -273,6 +300,23 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
             "another run), where this run has no FLA timing of its own; ERR: FLA refuses that backward on "
             "Triton 3.6 (its issue #640).",
         ]
+    if any(isinstance(r.get("mb_fwdbwd"), float) for r in rows):
+        lines += [
+            "",
+            "## Peak memory of one forward+backward above the inputs (MiB)",
+            "",
+            "| shape | op | ours | FLA | torch | SDPA | ours/FLA | ours/SDPA |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for shape in ("B32T2K", "B8T8K"):
+            sd = by.get((shape, "sdpa", "sdpa"), {}).get("mb_fwdbwd", "-")
+            for name, *_ in OPS:
+                o, f, t = (
+                    by.get((shape, name, w), {}).get("mb_fwdbwd", "-") for w in ("ours", "fla", "torch")
+                )
+                lines.append(
+                    f"| {shape} | {name} | {o} | {f} | {t} | {sd} | {ratio(o, f)} | {ratio(o, sd)} |"
+                )
     sweep = [r for r in rows if r["shape"] == "sweep"]
     if sweep:
         lines += [
@@ -353,7 +397,8 @@ def load_rows(csv_path: Path, anchors: Path | None) -> list[dict]:
     """Rows of a benchmark CSV; with `anchors`, FLA 0.6.0's figures from that file as impl 'fla_anchor'."""
     with open(csv_path) as f:
         rows = [
-            {k: (_number(v) if k.startswith("ms_") else v) for k, v in r.items()} for r in csv.DictReader(f)
+            {k: (_number(v) if k.startswith(("ms_", "mb_")) else v) for k, v in r.items()}
+            for r in csv.DictReader(f)
         ]
     for r in rows:
         r["T"] = int(r["T"])

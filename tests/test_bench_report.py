@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 from benchmarks.bench_gpu import load_rows, write_markdown  # noqa: E402
 
-FIELDS = "shape,op,impl,B,T,H,D,ms_fwd,ms_fwdbwd"
+FIELDS = "shape,op,impl,B,T,H,D,ms_fwd,ms_fwdbwd,mb_fwdbwd"
 ANCHORS = """# FLA 0.6.0 on some GPU, a comment line
 op,B,T,H,D,ms_fwd,ms_fwdbwd,Mtok_per_s_fwd
 gdn,32,2048,2,128,ERR,RuntimeError: Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results
@@ -35,11 +35,11 @@ def test_report_uses_anchors_only_where_the_run_has_no_fla(tmp_path: Path) -> No
         "\n".join(
             [
                 FIELDS,
-                "B32T2K,kda_bounded,ours,32,2048,2,128,0.5,2.0",
-                "B32T2K,gated_delta_rule,ours,32,2048,2,128,0.3,1.4",
-                "B32T2K,sdpa,sdpa,32,2048,2,128,0.25,1.0",
-                "B8T8K,kda_bounded,ours,8,8192,16,128,3.0,12.0",
-                "B8T8K,kda_bounded,fla,8,8192,16,128,2.0,10.0",
+                "B32T2K,kda_bounded,ours,32,2048,2,128,0.5,2.0,300.0",
+                "B32T2K,gated_delta_rule,ours,32,2048,2,128,0.3,1.4,",
+                "B32T2K,sdpa,sdpa,32,2048,2,128,0.25,1.0,100.0",
+                "B8T8K,kda_bounded,ours,8,8192,16,128,3.0,12.0,4000.0",
+                "B8T8K,kda_bounded,fla,8,8192,16,128,2.0,10.0,5000.0",
             ]
         )
         + "\n"
@@ -61,12 +61,20 @@ def test_report_uses_anchors_only_where_the_run_has_no_fla(tmp_path: Path) -> No
     gated = _table_line(md, "B32T2K", "gated_delta_rule")
     assert gated[3] == "refused (#640)" and gated[10] == "-"
     assert "(a): FLA 0.6.0 from" in md
+    # the memory table: MiB side by side, ratios where both sides have a number
+    mem = md.split("## Peak memory")[1]
+    assert "| B32T2K | kda_bounded | 300.0 | - | - | 100.0 | - | 3.00 |" in mem
+    assert "| B8T8K | kda_bounded | 4000.0 | 5000.0 | - | - | 0.80 | - |" in mem
 
 
 def test_report_without_anchors_has_no_fla_column_values(tmp_path: Path) -> None:
     csv_path = tmp_path / "bench.csv"
-    csv_path.write_text(FIELDS + "\nB32T2K,kda_bounded,ours,32,2048,2,128,0.5,2.0\n")
+    # a CSV of an earlier run, before the memory column existed
+    csv_path.write_text(
+        "shape,op,impl,B,T,H,D,ms_fwd,ms_fwdbwd\nB32T2K,kda_bounded,ours,32,2048,2,128,0.5,2.0\n"
+    )
     write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
     md = (tmp_path / "out.md").read_text()
     assert _table_line(md, "B32T2K", "kda_bounded")[3] == "-"
     assert "(a):" not in md
+    assert "## Peak memory" not in md
