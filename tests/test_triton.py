@@ -124,6 +124,23 @@ def test_kda_bounded_gate_matches_naive(T: int, with_state: bool) -> None:
     check_against_naive(inputs, lower_bound=-5.0)
 
 
+@pytest.mark.parametrize("T", [63, 100])
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound",
+    [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
+)
+def test_decayed_operands_from_the_cumsum_kernel(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int
+) -> None:
+    # the launch setting that moves Q exp(G), K exp(G_last - G) and K exp(G) into the cumsum kernel
+    # (default off until timed on a GPU) computes the same op
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "decayed_in_cumsum", 1)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T, lower_bound=lower_bound)
+    check_against_naive(inputs, lower_bound=lower_bound)
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:

@@ -39,7 +39,25 @@ def _dot_cast(x, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _cumsum_kernel(g, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr):
+def _cumsum_kernel(
+    g,
+    gc,
+    q,
+    k,
+    qg,
+    kd,
+    kg,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    DECAY: tl.constexpr,
+    DECAYED: tl.constexpr,
+    DELTA: tl.constexpr,
+):
+    # G = chunk-local cumsum of g (fp32). DECAYED (per-channel decay, TUNE["decayed_in_cumsum"]): also the
+    # decayed operands Q exp(G), K exp(G_last - G) and, for the delta rule, K exp(G) (for W and dvt), here
+    # where G is in registers anyway, instead of in the intra kernel
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -48,7 +66,16 @@ def _cumsum_kernel(g, gc, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
         o_k = tl.arange(0, K)
         p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
         b_g = tl.load(g + p, mask=m_t[:, None], other=0.0).to(tl.float32)
-        tl.store(gc + p, tl.cumsum(b_g, axis=0), mask=m_t[:, None])
+        b_gc = tl.cumsum(b_g, axis=0)
+        tl.store(gc + p, b_gc, mask=m_t[:, None])
+        if DECAYED:
+            b_gl = tl.sum(b_g, 0)  # G at the chunk's last valid row (rows past T hold g = 0)
+            b_q = tl.load(q + p, mask=m_t[:, None], other=0.0).to(tl.float32)
+            tl.store(qg + p, (b_q * tl.exp(b_gc)).to(qg.dtype.element_ty), mask=m_t[:, None])
+            b_k = tl.load(k + p, mask=m_t[:, None], other=0.0).to(tl.float32)
+            tl.store(kd + p, (b_k * tl.exp(b_gl[None, :] - b_gc)).to(kd.dtype.element_ty), mask=m_t[:, None])
+            if DELTA:
+                tl.store(kg + p, (b_k * tl.exp(b_gc)).to(kg.dtype.element_ty), mask=m_t[:, None])
     else:
         p = (i_b * T + o_t) * H + i_h
         b_g = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
@@ -112,6 +139,7 @@ def _intra_fwd_kernel(
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
+    STORE_DECAYED: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -134,12 +162,13 @@ def _intra_fwd_kernel(
         b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
         # the decayed operands of the state pass, the output and the reverse state pass, written once here:
         # Q exp(G) (queries read the state from the chunk start), K exp(G_last - G) (keys carried to its end)
-        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-        p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-        b_qg = b_q * tl.exp(tl.where(m_r[:, None], b_gr, 0.0))
-        tl.store(qg + p_rk, b_qg.to(qg.dtype.element_ty), mask=m_r[:, None])
-        b_kdr = b_kr * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_gr, 0.0))
-        tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
+        if STORE_DECAYED:
+            b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+            p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+            b_qg = b_q * tl.exp(tl.where(m_r[:, None], b_gr, 0.0))
+            tl.store(qg + p_rk, b_qg.to(qg.dtype.element_ty), mask=m_r[:, None])
+            b_kdr = b_kr * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_gr, 0.0))
+            tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
         if BOUNDED:
             # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
             m_y = m_i & (o_i < r0 + BC)
@@ -309,8 +338,10 @@ def _wu_kernel(
     BT: tl.constexpr,
     DECAY: tl.constexpr,
     LOWP: tl.constexpr,
+    PRE_KG: tl.constexpr,
 ):
-    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program
+    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program.
+    # PRE_KG: k already holds Gamma K (written by the cumsum kernel)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -320,7 +351,7 @@ def _wu_kernel(
     b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
     b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2:
+    if DECAY == 2 and not PRE_KG:
         b_k = b_k * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
     elif DECAY == 1:
         b_k = b_k * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
@@ -710,6 +741,7 @@ def _dvt_bwd_kernel(
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
+    PRE_KG: tl.constexpr,
 ):
     # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
     # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel)
@@ -724,7 +756,7 @@ def _dvt_bwd_kernel(
     if DELTA:
         b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
         b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0) * b_beta[None, :]
-        b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, False), LOWP)  # Gamma K
+        b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, PRE_KG), LOWP)  # Gamma K
         # dT = dVt V^T + dW (Gamma K)^T with dW = -dVt S^T, i.e. dVt (V - (Gamma K) S)^T
         b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(V // BV):
@@ -1093,6 +1125,9 @@ TUNE: dict[str, int | None] = {
     "dvt.warps": 4,
     "dvt.stages": None,  # 2 for 16-bit inputs, else 1
     "intra_bwd.warps": 4,
+    # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
+    # (the first two) by the intra kernel. Not yet timed on the GPU: 0 stays the default until it is
+    "decayed_in_cumsum": 0,
 }
 
 
@@ -1125,20 +1160,38 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     lowp = q.dtype != torch.float32
     dev = q.device
     f32 = torch.float32
-    gc = None
-    if decay:
-        gc = torch.empty(g.shape, device=dev, dtype=f32)
-        _cumsum_kernel[(NT, B * H)](g, gc, T, H=H, K=K, BT=BT, DECAY=decay)
-    gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
-    # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
-    aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
-    akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
-    qg = kd = None
+    qg = kd = kg = None
+    # written by the cumsum kernel (TUNE["decayed_in_cumsum"]) or else by the intra kernel
+    early = decay == 2 and bool(TUNE["decayed_in_cumsum"])
     if decay == 2:
         # decayed queries and keys for the later kernels; they only ever feed dots (bf16 operands for 16-bit
         # inputs), so they are kept in that precision
         qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else f32)
         kd = torch.empty_like(qg)
+        kg = torch.empty_like(qg) if early and delta else None
+    gc = None
+    if decay:
+        gc = torch.empty(g.shape, device=dev, dtype=f32)
+        _cumsum_kernel[(NT, B * H)](
+            g,
+            gc,
+            q,
+            k,
+            qg if qg is not None else q,
+            kd if kd is not None else k,
+            kg if kg is not None else k,
+            T,
+            H=H,
+            K=K,
+            BT=BT,
+            DECAY=decay,
+            DECAYED=early,
+            DELTA=delta,
+        )
+    gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
+    # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
+    aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
+    akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
@@ -1157,6 +1210,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=lowp,
+        STORE_DECAYED=not early,
         num_warps=_tuned("intra_fwd.warps", 4),
     )
     linv = w = u = vt = None
@@ -1166,7 +1220,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         u = torch.empty_like(v)
         _solve_kernel[(NT, B * H)](beta, akk, linv, T, H=H, BT=BT, BC=BC, num_warps=_tuned("solve.warps", 1))
         _wu_kernel[(NT, B * H)](
-            k,
+            kg if kg is not None else k,
             v,
             gcx,
             beta,
@@ -1180,6 +1234,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
             BT=BT,
             DECAY=decay,
             LOWP=lowp,
+            PRE_KG=kg is not None,
             num_warps=_tuned("wu.warps", _num_warps(K >= 128 or V >= 128)),
         )
         vt = torch.empty_like(v)
@@ -1237,11 +1292,11 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         LOWP=lowp,
         num_warps=4,
     )
-    return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd)
+    return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd, kg)
 
 
 def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, saved):
-    gc, aqk, akk, linv, w, vt, h, qg, kd = saved
+    gc, aqk, akk, linv, w, vt, h, qg, kd, kg = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = chunk_size
@@ -1329,7 +1384,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     )
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
     _dvt_bwd_kernel[(NT, B * H)](
-        k,
+        kg if kg is not None else k,
         v,
         gcx,
         beta if delta else q,
@@ -1354,6 +1409,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DECAY=decay,
         DELTA=delta,
         LOWP=lowp,
+        PRE_KG=kg is not None,
         num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
         num_stages=_tuned("dvt.stages", 2 if lowp else 1),
     )
