@@ -15,6 +15,7 @@
 #   bench    120  the fixed shapes with the torch reference, and decode
 #   sweep    120  T = 1K..64K at B=1 H=16, KDA and SDPA
 #   packing  150  several training runs packed on the GPU (benchmarks/sweep_packing.py)
+#   tune     320  (not in the default list) per-kernel profiles of bounded KDA and GLA for each untried TUNE setting
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
@@ -42,6 +43,16 @@ for step in $STEPS; do
       done ;;
     profile)
       timeout 90 python3 benchmarks/profile_gpu.py --out "$OUT/profile.csv" | quiet | grep -v " 0\.[0-9]%" ;;
+    tune)
+      # one profile per untried launch setting of kernels.triton.chunk.TUNE, against the default just above
+      timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded gla | quiet | grep "=="
+      for set in decayed_in_cumsum=1 intra_bwd.bk=128 dqk.bk=128 "state_fwd.bv=32 state_bwd.bv=32" \
+                 intra_fwd.warps=2 wu.warps=4 "intra_bwd.warps=2"; do
+        echo "-- --set $set"
+        # shellcheck disable=SC2086
+        timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded gla --set $set | quiet | grep -v " 0\.[0-9]%" \
+          | grep -v TUNE
+      done ;;
     flacheck)
       # FLA's kernels measured against the same reference at T=1000 H=16 (a cross-check of the bounds)
       timeout 240 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --out "$OUT/check_fla" | quiet | tail -16 ;;
@@ -56,6 +67,6 @@ for step in $STEPS; do
         --budget-s 100 --ops kda kda_bounded | quiet | tail -20 ;;
     packing)
       timeout 150 python3 benchmarks/sweep_packing.py --jobs 4 --out "$OUT/packing" | tail -14 ;;
-    *) echo "unknown step $step (choose from: check profile fla bench sweep packing flacheck)"; exit 2 ;;
+    *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune flacheck)"; exit 2 ;;
   esac
 done

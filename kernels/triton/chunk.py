@@ -1121,10 +1121,12 @@ TUNE: dict[str, int | None] = {
     "state_bwd.bv": None,
     "state_bwd.stages": None,  # 2 for 16-bit inputs, else 1 (fp32 tiles: one stage, see below)
     "dqk.warps": 4,
+    "dqk.bk": None,  # key columns per program (16-128): 64
     "dqk.stages": None,  # 3 for 16-bit inputs, else 1
     "dvt.warps": 4,
     "dvt.stages": None,  # 2 for 16-bit inputs, else 1
     "intra_bwd.warps": 4,
+    "intra_bwd.bk": None,  # key columns per program (16-128): 64 for the per-channel decay, else 128
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
     # (the first two) by the intra kernel. Not yet timed on the GPU: 0 stays the default until it is
     "decayed_in_cumsum": 0,
@@ -1351,7 +1353,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     dbeta = torch.empty(B, T, H, device=dev, dtype=f32) if delta else None
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
-    BK, BVd = min(K, 64), min(V, 64)
+    BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
     _dqk_bwd_kernel[(NT, K // BK, B * H)](
         q,
         k,
@@ -1420,7 +1422,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # one program per 16-row block and per block of BKi key columns (each term is separable over channels).
     # H200, B8 T8K H16: blocks of 64 took the per-channel decay's intra backward from 7.3 to 5.0 ms (GLA)
     # and 14.3 to 8.6 ms (KDA); the other decays lost 0.15-0.4 ms to reading M twice: they keep whole rows
-    BKi = min(K, 64) if decay == 2 else min(K, 128)
+    BKi = min(K, _tuned("intra_bwd.bk", 64 if decay == 2 else 128))
     _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
         q,
         k,
