@@ -100,18 +100,28 @@ def _rev_cumsum_kernel(dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.cons
 
 
 @triton.jit
-def _load_rows(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # rows o_t of a [B, T, H, D] tensor for head (i_b, i_h), as fp32 [len(o_t), D]; invalid rows are 0
-    o_d = tl.arange(0, D)
+def _load_block(x, o_t, m_t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t, columns o_d of a [B, T, H, D] tensor for head (i_b, i_h), as fp32; invalid rows are 0
     p = x + ((i_b * T + o_t[:, None]) * H + i_h) * D + o_d[None, :]
     return tl.load(p, mask=m_t[:, None], other=0.0).to(tl.float32)
 
 
 @triton.jit
+def _load_row_block(x, t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # one row t, columns o_d of a [B, T, H, D] tensor as fp32 (0 if t >= T)
+    return tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_rows(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t of a [B, T, H, D] tensor for head (i_b, i_h), as fp32 [len(o_t), D]; invalid rows are 0
+    return _load_block(x, o_t, m_t, tl.arange(0, D), i_b, i_h, T, H, D)
+
+
+@triton.jit
 def _load_row(x, t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
     # one row t of a [B, T, H, D] tensor as fp32 [D] (0 if t >= T)
-    o_d = tl.arange(0, D)
-    return tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
+    return _load_row_block(x, t, tl.arange(0, D), i_b, i_h, T, H, D)
 
 
 @triton.jit
@@ -389,30 +399,14 @@ def _store_block(
 
 @triton.jit
 def _key_decay_to_end(
-    k,
-    gc,
-    o_t,
-    m_t,
-    t_last,
-    i_b,
-    i_h,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    DECAY: tl.constexpr,
-    PRE: tl.constexpr,
+    k, gc, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr
 ):
     # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K]).
-    # PRE: for the per-channel decay, k already holds K_d (written by the intra kernel)
+    # For the per-channel decay, k already holds K_d (written by the intra or the cumsum kernel)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2 and PRE:
+    if DECAY == 2:
         b_kd = b_k
         b_dl = tl.exp(_load_row(gc, t_last, i_b, i_h, T, H, K))
-    elif DECAY == 2:
-        b_gl = _load_row(gc, t_last, i_b, i_h, T, H, K)
-        b_g = _load_rows(gc, o_t, m_t, i_b, i_h, T, H, K)
-        b_kd = b_k * tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
-        b_dl = tl.exp(b_gl)
     elif DECAY == 1:
         b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
         b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
@@ -429,7 +423,7 @@ def _load_qg(
     q, gc, o_t, m_t, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr, PRE: tl.constexpr
 ):
     # Q * exp(G) ([BT, K]): queries read the state decayed from the chunk start.
-    # PRE: for the per-channel decay, q already holds Q * exp(G) (written by the intra kernel)
+    # PRE: for the per-channel decay, q already holds Q * exp(G) (written by the intra or the cumsum kernel)
     b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
     if DECAY == 2 and not PRE:
         b_q = b_q * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
@@ -488,7 +482,7 @@ def _state_fwd_kernel(
         else:
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY, True)
+        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
     if STORE_HT:
         tl.store(ht + p_s, b_s)
@@ -587,7 +581,7 @@ def _state_bwd_kernel(
         b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY, True)
+        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         b_dvt = tl.dot(tl.trans(_dot_cast(b_a, LOWP)), _dot_cast(b_do, LOWP))
         b_dvt += tl.dot(_dot_cast(b_kd, LOWP), _dot_cast(b_ds, LOWP))
         tl.store(dvt + p_v, b_dvt.to(dvt.dtype.element_ty), mask=m_t[:, None])
@@ -600,13 +594,6 @@ def _state_bwd_kernel(
             b_ds_new -= tl.dot(tl.trans(_dot_cast(b_w, LOWP)), _dot_cast(b_dvt, LOWP))
         b_ds = b_ds_new
     tl.store(dh0 + p_s, b_ds)
-
-
-@triton.jit
-def _load_block(x, o_t, m_t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # rows o_t, columns o_d of a [B, T, H, D] tensor for head (i_b, i_h), as fp32; invalid rows are 0
-    p = x + ((i_b * T + o_t[:, None]) * H + i_h) * D + o_d[None, :]
-    return tl.load(p, mask=m_t[:, None], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -790,12 +777,6 @@ def _dvt_bwd_kernel(
         b_db += tl.sum(b_da * b_akk, 1)
         tl.store(m_kk + p_a, b_da * b_beta[:, None], mask=m_t[:, None])
         tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db, mask=m_t)
-
-
-@triton.jit
-def _load_row_block(x, t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # one row t, columns o_d of a [B, T, H, D] tensor as fp32 (0 if t >= T)
-    return tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
 
 
 @triton.jit
