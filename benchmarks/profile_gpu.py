@@ -3,9 +3,9 @@
     python benchmarks/profile_gpu.py --B 8 --T 8192 --H 16 --out /tmp/prof.csv
     python benchmarks/profile_gpu.py --ops kda_bounded delta_rule
 
-For each op of kernels.triton.VARIANTS (bf16, K = V = 128, as in bench_gpu.py) it runs a few warm-up
-forward+backward passes, then `--iters` profiled ones, and prints each CUDA kernel's mean time per
-pass (ms) and its share; kernels that torch launches (the reverse cumsum of dg, casts) appear under
+For each op of kernels.triton.VARIANTS (bf16, K = V = 128, as in bench_gpu.py) and each pass (`--passes`:
+the inference forward without autograd, and forward+backward) it runs a few warm-up passes, then
+`--iters` profiled ones, and prints each CUDA kernel's mean time per pass (ms) and its share; kernels that torch launches (the reverse cumsum of dg, casts) appear under
 their own names. Writes one CSV row per (op, kernel).
 """
 
@@ -27,12 +27,20 @@ from benchmarks.bench_gpu import make_inputs  # noqa: E402
 from kernels.triton import VARIANTS, triton_chunk  # noqa: E402
 
 
-def kernel_times(name: str, decay, delta: bool, lower_bound, B: int, T: int, H: int, iters: int) -> dict:
+def kernel_times(
+    name: str, decay, delta: bool, lower_bound, B: int, T: int, H: int, iters: int, train: bool = True
+) -> dict:
+    """Mean GPU time per pass of each kernel: one forward+backward (train) or one inference forward (no
+    autograd graph: the fused state pass and output, nothing kept for a backward)."""
     inputs = make_inputs(decay, delta, lower_bound, B, T, H)
-    grads = [t.requires_grad_(True) for t in inputs.values() if t is not None]
+    grads = [t.requires_grad_(train) for t in inputs.values() if t is not None]
     do = torch.randn_like(inputs["v"])
 
     def step() -> None:
+        if not train:
+            with torch.no_grad():
+                triton_chunk(**inputs, lower_bound=lower_bound)
+            return
         o, _ = triton_chunk(**inputs, lower_bound=lower_bound)
         o.backward(do)
         for t in grads:
@@ -61,6 +69,13 @@ def main() -> None:
     ap.add_argument("--ops", nargs="*", default=[v[0] for v in VARIANTS])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
+        "--passes",
+        nargs="*",
+        default=["infer", "train"],
+        choices=["infer", "train"],
+        help="infer: the no-grad forward; train: forward+backward",
+    )
+    ap.add_argument(
         "--set",
         nargs="*",
         default=[],
@@ -80,18 +95,28 @@ def main() -> None:
     for name, decay, delta, lb in VARIANTS:
         if name not in args.ops:
             continue
-        times = kernel_times(name, decay, delta, lb, args.B, args.T, args.H, args.iters)
-        total = sum(times.values())
-        print(f"\n== {name}  B{args.B} T{args.T} H{args.H}: {total:.3f} ms GPU time per fwd+bwd", flush=True)
-        for kname, ms in times.items():
-            print(f"  {ms:8.3f} ms  {100 * ms / total:5.1f}%  {kname[:90]}")
-            rows.append(
-                {"op": name, "B": args.B, "T": args.T, "H": args.H, "kernel": kname, "ms": round(ms, 4)}
-            )
+        for pass_ in args.passes:
+            times = kernel_times(name, decay, delta, lb, args.B, args.T, args.H, args.iters, pass_ == "train")
+            total = sum(times.values())
+            what = "fwd+bwd" if pass_ == "train" else "inference fwd"
+            print(f"\n== {name}  B{args.B} T{args.T} H{args.H}: {total:.3f} ms GPU time per {what}", flush=True)
+            for kname, ms in times.items():
+                print(f"  {ms:8.3f} ms  {100 * ms / total:5.1f}%  {kname[:90]}")
+                rows.append(
+                    {
+                        "op": name,
+                        "pass": pass_,
+                        "B": args.B,
+                        "T": args.T,
+                        "H": args.H,
+                        "kernel": kname,
+                        "ms": round(ms, 4),
+                    }
+                )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["op", "B", "T", "H", "kernel", "ms"])
+            w = csv.DictWriter(f, fieldnames=["op", "pass", "B", "T", "H", "kernel", "ms"])
             w.writeheader()
             w.writerows(rows)
 
