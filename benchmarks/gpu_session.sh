@@ -38,7 +38,7 @@ for step in $STEPS; do
       timeout 30 python3 tests/gpu/check_kernels.py --T 8192 --H 2 --ops kda kda_bounded --out "$OUT/check_long" \
         | quiet | tail -6
       for d in fp32 fp16; do
-        timeout 15 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops kda_bounded gla delta_rule --dtype $d \
+        timeout 30 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops kda_bounded gla delta_rule --dtype $d \
           --out "$OUT/check_$d" | quiet | tail -8
       done ;;
     profile)
