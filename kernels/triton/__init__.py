@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels.triton import chunk as _chunk
 from kernels.triton.chunk import MIN_LOWER_BOUND, ChunkFunction
 from kernels.triton.recurrent import recurrent_step_fwd
 
@@ -82,15 +81,6 @@ def triton_chunk(
         o = q.new_zeros(B, 0, H, V)
         state = initial_state if initial_state is not None else q.new_zeros(B, H, K, V, dtype=torch.float32)
         return o, state if output_final_state else None
-    inputs = (q, k, v, g, beta, initial_state)
-    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)):
-        # inference: the forward that keeps nothing for a backward (fused state pass and output)
-        with _chunk._resources(q, v, "chunk forward"):
-            o, ht, _ = _chunk._chunk_fwd(
-                q, k, v, g, beta, float(scale), initial_state, output_final_state, chunk_size, lower_bound,
-                for_backward=False,
-            )
-        return o, ht
     out = ChunkFunction.apply(
         q, k, v, g, beta, float(scale), initial_state, output_final_state, chunk_size, lower_bound
     )

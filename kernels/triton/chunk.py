@@ -221,95 +221,6 @@ def _intra_fwd_kernel(
 
 
 @triton.jit
-def _prep_fwd_kernel(
-    g,
-    q,
-    k,
-    gc,
-    gl,
-    qg,
-    kd,
-    kg,
-    akk,
-    aqk,
-    scale,
-    T,
-    NT,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    DELTA: tl.constexpr,
-    BOUNDED: tl.constexpr,
-    LOWP: tl.constexpr,
-    STORE_G: tl.constexpr,
-):
-    # Per-channel decay, one chunk per program: the cumsum kernel and the intra kernel in one. G stays in
-    # registers (written to gc only for the backward, STORE_G); G_last goes to gl ([B*H, NT, K]) for the
-    # state pass; Q exp(G), K exp(G_last - G) and K exp(G) are written for the later kernels; then, per
-    # 16-row block, the rows of A_qk and A_kk exactly as _intra_fwd_kernel computes them (same anchors).
-    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    NC: tl.constexpr = BT // BC
-    t0 = i_t * BT
-    o_c = tl.arange(0, BT)
-    o_i = t0 + o_c
-    m_i = o_i < T
-    o_k = tl.arange(0, K)
-    p_i = ((i_b * T + o_i[:, None]) * H + i_h) * K + o_k[None, :]
-    b_g = tl.load(g + p_i, mask=m_i[:, None], other=0.0).to(tl.float32)
-    b_gi = tl.cumsum(b_g, axis=0)  # G; rows past T hold g = 0, so G stays at G_last there
-    b_gl = tl.sum(b_g, 0)
-    tl.store(gl + (i_bh * NT + i_t) * K + o_k, b_gl)
-    if STORE_G:
-        tl.store(gc + p_i, b_gi, mask=m_i[:, None])
-    b_q = tl.load(q + p_i, mask=m_i[:, None], other=0.0).to(tl.float32)
-    tl.store(qg + p_i, (b_q * tl.exp(b_gi)).to(qg.dtype.element_ty), mask=m_i[:, None])
-    b_ki = tl.load(k + p_i, mask=m_i[:, None], other=0.0).to(tl.float32)
-    tl.store(kd + p_i, (b_ki * tl.exp(b_gl[None, :] - b_gi)).to(kd.dtype.element_ty), mask=m_i[:, None])
-    if DELTA:
-        tl.store(kg + p_i, (b_ki * tl.exp(b_gi)).to(kg.dtype.element_ty), mask=m_i[:, None])
-    o_b = tl.arange(0, BC)
-    o_n = tl.arange(0, NC)
-    for i_c in tl.static_range(NC):
-        r0 = t0 + i_c * BC
-        o_r = r0 + o_b
-        m_r = o_r < T
-        # the anchor G at the block's first row, and G - anchor on the block's rows from its own g
-        # the anchor G at the block's first row, and G on the block's rows, taken from the G tile itself (a
-        # second cumsum of the block's g would differ from it by rounding, ~1e-5 of |G| ~ 300 here, and the
-        # diagonal block's factors exp(G_r - G_r0) exp(G_r0 - G_i) ~ e^75 would not cancel to that precision)
-        b_ga = tl.sum(tl.where((o_c == i_c * BC)[:, None], b_gi, 0.0), 0)  # [K]
-        b_gr = tl.sum(tl.where((o_n == i_c)[:, None, None], tl.reshape(b_gi, (NC, BC, K)), 0.0), 0)
-        b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
-        b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)
-        b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
-        if BOUNDED:
-            m_y = m_i & (o_i < r0 + BC)
-        else:
-            m_y = m_i & (o_i < r0)
-        b_y = _dot_cast(b_ki * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf"))), LOWP)
-        b_aqk = tl.dot(_dot_cast(b_q * b_er, LOWP), tl.trans(b_y))  # [BC, BT]
-        b_akk = tl.dot(_dot_cast(b_kr * b_er, LOWP), tl.trans(b_y))
-        if not BOUNDED:
-            # the diagonal block with the exact relative decay, one column at a time (as _intra_fwd_kernel)
-            for j in range(BC):
-                t_j = r0 + j
-                b_kj = _load_row(k, t_j, i_b, i_h, T, H, K)
-                b_gj = tl.sum(tl.where((o_b == j)[:, None], b_gr, 0.0), 0)
-                m_j = (o_r[:, None] >= t_j) & ((o_k * 0 + t_j) < T)[None, :]
-                b_e = tl.exp(tl.where(m_j, b_gr - b_gj[None, :], float("-inf")))
-                b_aqk = tl.where(o_i[None, :] == t_j, tl.sum(b_q * b_kj[None, :] * b_e, 1)[:, None], b_aqk)
-                b_akk = tl.where(o_i[None, :] == t_j, tl.sum(b_kr * b_kj[None, :] * b_e, 1)[:, None], b_akk)
-        b_aqk = tl.where((o_r[:, None] >= o_i[None, :]) & m_i[None, :], b_aqk, 0.0) * scale
-        p_a = ((i_b * T + o_r[:, None]) * H + i_h) * BT + o_c[None, :]
-        tl.store(aqk + p_a, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
-        if DELTA:
-            b_akk = tl.where((o_r[:, None] > o_i[None, :]) & m_i[None, :], b_akk, 0.0)
-            tl.store(akk + p_a, b_akk, mask=m_r[:, None])
-
-
-@triton.jit
 def _a_block(
     akk,
     beta,
@@ -365,7 +276,8 @@ def _solve_kernel(
     eye = tl.where(o_b[:, None] == o_b[None, :], 1.0, 0.0)
     b_l = tl.zeros([NC, BC, BC], dtype=tl.float32) + eye[None, :, :]
     # the NC diagonal blocks of diag(beta) A_kk, loaded once: the substitution's chain of BC - 1 steps then
-    # reads its rows from registers instead of waiting on a memory load per step
+    # reads its rows from registers instead of waiting on a memory load per step (H200, B8 T8K H16:
+    # 0.44 -> 0.35 ms)
     t_d = t0 + o_n[:, None] * BC + o_b[None, :]  # [NC, BC] rows
     m_d = t_d < T
     p_d = akk + ((i_b * T + t_d[:, :, None]) * H + i_h) * BT + (o_n * BC)[:, None, None] + o_b[None, None, :]
@@ -625,83 +537,6 @@ def _output_kernel(
     b_o = tl.dot(_dot_cast(b_qg, LOWP), _dot_cast(b_s, LOWP)) * scale
     b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vt, LOWP))
     tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
-
-
-@triton.jit
-def _state_out_kernel(
-    q,
-    k,
-    v,
-    gc,
-    gl,
-    kg,
-    beta,
-    linv,
-    aqk,
-    o,
-    h0,
-    ht,
-    scale,
-    T,
-    NT,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BV: tl.constexpr,
-    DECAY: tl.constexpr,
-    DELTA: tl.constexpr,
-    HAS_H0: tl.constexpr,
-    STORE_HT: tl.constexpr,
-    LOWP: tl.constexpr,
-    GL_BUF: tl.constexpr,
-):
-    # The forward without a backward to feed: the state pass and the output in one sequential pass per
-    # (batch, head, V block), no per-chunk states h and no W, U or Vt in memory. With DELTA the pseudo-values
-    # come from L directly: Vt = L diag(beta) (V - (Gamma K) S), which is U - W S without forming W and U.
-    # DECAY == 2: q, k hold Q exp(G) and K exp(G_last - G), kg holds K exp(G); G_last per chunk comes from
-    # gl ([B*H, NT, K], GL_BUF: the fused prep kernel's) or else from G (gc) at the chunk's last row.
-    i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-    if HAS_H0:
-        b_s = tl.load(h0 + p_s).to(tl.float32)
-    else:
-        b_s = tl.zeros([K, BV], dtype=tl.float32)
-    for i_t in range(NT):
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-        b_sd = _dot_cast(b_s, LOWP)
-        if DELTA:
-            if DECAY == 2:
-                b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
-            else:
-                b_kg = _load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, False)
-            b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
-            p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-            b_lb = tl.load(linv + p_a, mask=m_t[:, None], other=0.0) * b_beta[None, :]
-            b_vt -= tl.dot(_dot_cast(b_kg, LOWP), b_sd)
-            b_vt = tl.dot(_dot_cast(b_lb, LOWP), _dot_cast(b_vt, LOWP))
-        b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
-        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-        b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
-        b_vd = _dot_cast(b_vt, LOWP)
-        b_o = tl.dot(_dot_cast(b_qg, LOWP), b_sd) * scale + tl.dot(_dot_cast(b_a, LOWP), b_vd)
-        tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
-        if DECAY == 2 and GL_BUF:
-            b_kd = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-            b_dl = tl.exp(tl.load(gl + (i_bh * NT + i_t) * K + o_k))
-        else:
-            b_kd, b_dl = _key_decay_to_end(
-                k, gc, o_t, m_t, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K, DECAY
-            )
-        b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), b_vd)
-    if STORE_HT:
-        tl.store(ht + p_s, b_s)
 
 
 @triton.jit
@@ -1281,13 +1116,6 @@ TUNE: dict[str, int | None] = {
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
     # (the first two) by the intra kernel. Not yet timed on the GPU: 0 stays the default until it is
     "decayed_in_cumsum": 0,
-    # 1: the per-channel decay's cumsum and intra kernels as one per-chunk kernel (_prep_fwd_kernel), which
-    # keeps G in registers. Not yet timed on the GPU
-    "prep_fused": 1,
-    "prep.warps": None,  # 8 for K >= 64
-    "state_out.warps": None,  # the inference forward's fused state pass and output (no backward)
-    "state_out.bv": None,
-    "state_out.stages": None,  # 2 for 16-bit inputs, else 1
 }
 
 
@@ -1309,12 +1137,7 @@ def _block_v(V: int, programs: int, key: str) -> int:
     return min(V, 32 if programs < 256 else 64)
 
 
-def _chunk_fwd(
-    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, for_backward=True
-):
-    # for_backward=False: inference (no autograd graph), so nothing is kept for a backward: the state pass
-    # and the output run as one kernel (_state_out_kernel) and the per-chunk states, W, U and Vt are never
-    # written. Returns (o, final state or None, the buffers the backward reads or None).
+def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = chunk_size
@@ -1325,135 +1148,65 @@ def _chunk_fwd(
     lowp = q.dtype != torch.float32
     dev = q.device
     f32 = torch.float32
-    qg = kd = kg = gl = None
-    # per-channel decay: cumsum and intra in one per-chunk kernel (TUNE["prep_fused"]), or else Q exp(G),
-    # K exp(G_last - G) (and K exp(G)) written by the cumsum kernel (TUNE["decayed_in_cumsum"], and always
-    # without a backward: the fused state pass reads K exp(G)) or by the intra kernel
-    prep = decay == 2 and bool(TUNE["prep_fused"])
-    early = decay == 2 and not prep and (bool(TUNE["decayed_in_cumsum"]) or not for_backward)
+    qg = kd = kg = None
+    # written by the cumsum kernel (TUNE["decayed_in_cumsum"]) or else by the intra kernel
+    early = decay == 2 and bool(TUNE["decayed_in_cumsum"])
     if decay == 2:
         # decayed queries and keys for the later kernels; they only ever feed dots (bf16 operands for 16-bit
         # inputs), so they are kept in that precision
         qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else f32)
         kd = torch.empty_like(qg)
-        kg = torch.empty_like(qg) if (early or prep) and delta else None
+        kg = torch.empty_like(qg) if early and delta else None
+    gc = None
+    if decay:
+        gc = torch.empty(g.shape, device=dev, dtype=f32)
+        _cumsum_kernel[(NT, B * H)](
+            g,
+            gc,
+            q,
+            k,
+            qg if qg is not None else q,
+            kd if kd is not None else k,
+            kg if kg is not None else k,
+            T,
+            H=H,
+            K=K,
+            BT=BT,
+            DECAY=decay,
+            DECAYED=early,
+            DELTA=delta,
+        )
+    gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
-    gc = None
-    if prep:
-        gc = torch.empty(g.shape, device=dev, dtype=f32) if for_backward else None
-        gl = torch.empty(B, H, NT, K, device=dev, dtype=f32)
-        _prep_fwd_kernel[(NT, B * H)](
-            g,
-            q,
-            k,
-            gc if gc is not None else gl,
-            gl,
-            qg,
-            kd,
-            kg if kg is not None else kd,
-            akk if delta else aqk,
-            aqk,
-            scale,
-            T,
-            NT,
-            H=H,
-            K=K,
-            BT=BT,
-            BC=BC,
-            DELTA=delta,
-            BOUNDED=bounded,
-            LOWP=lowp,
-            STORE_G=for_backward,
-            num_warps=_tuned("prep.warps", _num_warps(K >= 64)),
-        )
-    else:
-        if decay:
-            gc = torch.empty(g.shape, device=dev, dtype=f32)
-            _cumsum_kernel[(NT, B * H)](
-                g,
-                gc,
-                q,
-                k,
-                qg if qg is not None else q,
-                kd if kd is not None else k,
-                kg if kg is not None else k,
-                T,
-                H=H,
-                K=K,
-                BT=BT,
-                DECAY=decay,
-                DECAYED=early,
-                DELTA=delta,
-            )
-        gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
-        _intra_fwd_kernel[(NT * (BT // BC), B * H)](
-            q,
-            k,
-            gcx,
-            akk if delta else aqk,
-            aqk,
-            qg if qg is not None else q,
-            kd if kd is not None else k,
-            scale,
-            T,
-            H=H,
-            K=K,
-            BT=BT,
-            BC=BC,
-            DECAY=decay,
-            DELTA=delta,
-            BOUNDED=bounded,
-            LOWP=lowp,
-            STORE_DECAYED=not early,
-            num_warps=_tuned("intra_fwd.warps", 4),
-        )
-    gcx = gc if gc is not None else q
-    h0 = initial_state.contiguous() if initial_state is not None else None
-    linv = None
+    _intra_fwd_kernel[(NT * (BT // BC), B * H)](
+        q,
+        k,
+        gcx,
+        akk if delta else aqk,
+        aqk,
+        qg if qg is not None else q,
+        kd if kd is not None else k,
+        scale,
+        T,
+        H=H,
+        K=K,
+        BT=BT,
+        BC=BC,
+        DECAY=decay,
+        DELTA=delta,
+        BOUNDED=bounded,
+        LOWP=lowp,
+        STORE_DECAYED=not early,
+        num_warps=_tuned("intra_fwd.warps", 4),
+    )
+    linv = w = u = vt = None
     if delta:
         linv = torch.empty(B, T, H, BT, device=dev, dtype=f32)
-        _solve_kernel[(NT, B * H)](beta, akk, linv, T, H=H, BT=BT, BC=BC, num_warps=_tuned("solve.warps", 1))
-    if not for_backward:
-        o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
-        ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
-        BV = _block_v(V, B * H * max(1, V // 64), "state_out.bv")
-        _state_out_kernel[(V // BV, B * H)](
-            qg if qg is not None else q,
-            kd if kd is not None else k,
-            v,
-            gcx,
-            gl if gl is not None else gcx,
-            kg if kg is not None else k,
-            beta if delta else q,
-            linv if delta else aqk,
-            aqk,
-            o,
-            h0 if h0 is not None else o,
-            ht if ht is not None else o,
-            scale,
-            T,
-            NT,
-            H=H,
-            K=K,
-            V=V,
-            BT=BT,
-            BV=BV,
-            DECAY=decay,
-            DELTA=delta,
-            HAS_H0=h0 is not None,
-            STORE_HT=output_final_state,
-            LOWP=lowp,
-            GL_BUF=gl is not None,
-            num_warps=_tuned("state_out.warps", _num_warps(K * BV >= 128 * 64)),
-            num_stages=_tuned("state_out.stages", 2 if lowp else 1),
-        )
-        return o, ht, None
-    w = u = vt = None
-    if delta:
         w = torch.empty_like(k)
         u = torch.empty_like(v)
+        _solve_kernel[(NT, B * H)](beta, akk, linv, T, H=H, BT=BT, BC=BC, num_warps=_tuned("solve.warps", 1))
         _wu_kernel[(NT, B * H)](
             kg if kg is not None else k,
             v,
@@ -1478,6 +1231,7 @@ def _chunk_fwd(
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype)
     ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
     BV = _block_v(V, B * H * max(1, V // 64), "state_fwd.bv")
+    h0 = initial_state.contiguous() if initial_state is not None else None
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
         v,
