@@ -15,7 +15,8 @@
 #   bench    120  the fixed shapes with the torch reference, and decode
 #   sweep    120  T = 1K..64K at B=1 H=16, KDA and SDPA
 #   packing  150  several training runs packed on the GPU (benchmarks/sweep_packing.py)
-#   tune     320  (not in the default list) per-kernel profiles of bounded KDA and GLA for each untried TUNE setting
+#   tune     440  (not in the default list) per-kernel profiles of KDA (bounded and not) for each untried TUNE setting
+#   shapes   260  (not in the default list) correctness at K, V = 64/256 and chunk sizes 32, 16
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
@@ -45,13 +46,24 @@ for step in $STEPS; do
       timeout 150 python3 benchmarks/profile_gpu.py --out "$OUT/profile.csv" | quiet | grep -v " 0\.[0-9]%" ;;
     tune)
       # one profile per untried launch setting of kernels.triton.chunk.TUNE, against the default just above
-      timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded gla | quiet | grep "=="
-      for set in decayed_in_cumsum=1 intra_bwd.bk=128 dqk.bk=128 "state_fwd.bv=32 state_bwd.bv=32" \
-                 intra_fwd.warps=2 wu.warps=4 "intra_bwd.warps=2"; do
+      timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train | quiet | grep "=="
+      for set in intra_fwd.by_cols=1 "intra_fwd.by_cols=1 intra_cols.warps=4" "state_fwd.bv=32 state_bwd.bv=32" \
+                 intra_bwd.bk=128 intra_bwd.bk=32 dqk.bk=128 intra_bwd.warps=8 intra_fwd.warps=8 solve.warps=2; do
         echo "-- --set $set"
         # shellcheck disable=SC2086
-        timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded gla --set $set | quiet | grep -v " 0\.[0-9]%" \
-          | grep -v TUNE
+        timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set $set | quiet \
+          | grep -v " 0\.[0-9]%" | grep -v TUNE
+      done ;;
+    shapes)
+      # head sizes other than 128 and chunk sizes other than 64, bf16, T=1000 H=4
+      for kv in "64 64" "256 256" "64 128"; do
+        set -- $kv
+        timeout 60 python3 tests/gpu/check_kernels.py --T 1000 --H 4 --K "$1" --V "$2" --no-fla --no-step \
+          --ops kda_bounded kda gla delta_rule linear_attn --out "$OUT/check_k$1_v$2" | quiet | tail -7
+      done
+      for c in 32 16; do
+        timeout 40 python3 tests/gpu/check_kernels.py --T 1000 --H 4 --chunk $c --no-fla --no-step \
+          --ops kda_bounded kda gated_delta_rule --out "$OUT/check_chunk$c" | quiet | tail -5
       done ;;
     flacheck)
       # FLA's kernels measured against the same reference at T=1000 H=16 (a cross-check of the bounds)
@@ -67,6 +79,6 @@ for step in $STEPS; do
         --budget-s 100 --ops kda kda_bounded | quiet | tail -20 ;;
     packing)
       timeout 150 python3 benchmarks/sweep_packing.py --jobs 4 --out "$OUT/packing" | tail -14 ;;
-    *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune flacheck)"; exit 2 ;;
+    *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune shapes flacheck)"; exit 2 ;;
   esac
 done

@@ -167,6 +167,10 @@ def run(
     fla_at: tuple = ((1000, 16),),
     ops: list[str] | None = None,
     dtype: torch.dtype = torch.bfloat16,
+    K: int = 128,
+    V: int = 128,
+    chunk_size: int = 64,
+    step: bool = True,
 ) -> bool:
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, ok = [], True
@@ -183,7 +187,7 @@ def run(
                     rows.append({"op": name, "T": T, "H": H, "impl": "ours", "note": "skipped: time budget"})
                     ok = False
                     continue
-                inputs = make_inputs(decay, delta, lower_bound, T, H, gen, dtype=dtype)
+                inputs = make_inputs(decay, delta, lower_bound, T, H, gen, K=K, V=V, dtype=dtype)
                 ref_in = {
                     n: (t.float().requires_grad_(True) if t is not None else None) for n, t in inputs.items()
                 }
@@ -205,10 +209,14 @@ def run(
                 del o_ref, ht_ref, ref_in
 
                 def ours(q, k, v, g, beta, initial_state, output_final_state, lb=lower_bound):
-                    return triton_chunk(q, k, v, g, beta, None, initial_state, output_final_state, 64, lb)
+                    return triton_chunk(
+                        q, k, v, g, beta, None, initial_state, output_final_state, chunk_size, lb
+                    )
 
                 providers = [("ours", ours)]
-                fla = fla_call(name) if (T, H) in fla_at and dtype == torch.bfloat16 else None
+                fla = None
+                if (T, H) in fla_at and dtype == torch.bfloat16 and (K, V, chunk_size) == (128, 128, 64):
+                    fla = fla_call(name)
                 if fla is not None:
                     providers.append(("fla", fla))
                 for who, fn in providers:
@@ -225,13 +233,16 @@ def run(
                     print(f"{name:18s} {T:5d} {H:3d} {who:5s} {cells}{flag} {note}", flush=True)
                     if dtype != torch.bfloat16:
                         note = f"{str(dtype).removeprefix('torch.')} inputs {note}".strip()
+                    if (K, V, chunk_size) != (128, 128, 64):
+                        note = f"K={K} V={V} chunk={chunk_size} {note}".strip()
                     rows.append(
                         {"op": name, "T": T, "H": H, "impl": who, **errs, "over": ";".join(bad), "note": note}
                     )
                 del ref_grads, ref_out
                 torch.cuda.empty_cache()
                 write_rows(rows, out)
-    ok = check_step(rows) and ok
+    if step:
+        ok = check_step(rows) and ok
     write_rows(rows, out)
     return ok
 
@@ -251,6 +262,10 @@ def main() -> None:
         default="bf16",
         help="dtype of q, k, v, beta (g stays fp32)",
     )
+    parser.add_argument("--K", type=int, default=128, help="key head size")
+    parser.add_argument("--V", type=int, default=128, help="value head size")
+    parser.add_argument("--chunk", type=int, default=64, help="chunk size (16, 32 or 64)")
+    parser.add_argument("--no-step", action="store_true", help="skip the decode-step check")
     parser.add_argument(
         "--no-fla", action="store_true", help="skip the FLA cross-check (its autotuning takes minutes)"
     )
@@ -260,7 +275,19 @@ def main() -> None:
         raise SystemExit("check_kernels.py needs a CUDA GPU (it checks the compiled kernels in bf16)")
     start = time.time()
     fla_at = () if args.no_fla else ((1000, 16),)
-    ok = run(args.T, args.H, args.out, args.budget_s, fla_at=fla_at, ops=args.ops, dtype=dtype)
+    ok = run(
+        args.T,
+        args.H,
+        args.out,
+        args.budget_s,
+        fla_at=fla_at,
+        ops=args.ops,
+        dtype=dtype,
+        K=args.K,
+        V=args.V,
+        chunk_size=args.chunk,
+        step=not args.no_step,
+    )
     print(f"{'ALL WITHIN BOUNDS' if ok else 'SOME ERRORS OVER BOUNDS'} ({time.time() - start:.0f} s)")
     sys.exit(0 if ok else 1)
 
