@@ -1198,15 +1198,15 @@ TUNE: dict[str, int | None] = {
     "wu.warps": None,
     "state_fwd.warps": None,
     "state_fwd.bv": None,  # V columns per program (16-128): 32 below 256 programs, else 64
-    "state_fwd.stages": None,  # 3 (Triton's default) for 16-bit inputs, else 1
+    "state_fwd.stages": None,  # 3 (Triton's default) for 16-bit inputs with K, V <= 128, else 1
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
-    "state_bwd.stages": None,  # 2 for 16-bit inputs, else 1 (fp32 tiles: one stage, see below)
+    "state_bwd.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1 (see below)
     "dqk.warps": 4,
     "dqk.bk": None,  # key columns per program (16-128): 64
-    "dqk.stages": None,  # 3 for 16-bit inputs, else 1
+    "dqk.stages": None,  # 3 for 16-bit inputs with K, V <= 128, else 1
     "dvt.warps": 4,
-    "dvt.stages": None,  # 2 for 16-bit inputs, else 1
+    "dvt.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1
     "intra_bwd.warps": 4,
     "intra_bwd.bk": None,  # key columns per program (16-128): 64 for the per-channel decay, else 128
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
@@ -1246,6 +1246,9 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     delta = beta is not None
     bounded = lower_bound is not None
     lowp = q.dtype != torch.float32
+    # software-pipelined loops for 16-bit inputs at head sizes <= 128; fp32 tiles, or 256-wide ones, in several
+    # stages overflow the 227 KB of shared memory (K = V = 256 in bf16: the backward asked for more on the H200)
+    pipelined = lowp and max(K, V) <= 128
     dev = q.device
     f32 = torch.float32
     qg = kd = kg = None
@@ -1377,7 +1380,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         STORE_HT=output_final_state,
         LOWP=lowp,
         num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64)),
-        num_stages=_tuned("state_fwd.stages", 3 if lowp else 1),
+        num_stages=_tuned("state_fwd.stages", 3 if pipelined else 1),
     )
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
     BVo = min(V, 64)
@@ -1409,6 +1412,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     gc, aqk, akk, linv, w, vt, h, qg, kd, kg = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
+    pipelined = q.dtype != torch.float32 and max(K, V) <= 128  # as in _chunk_fwd
     BT = chunk_size
     NT = triton.cdiv(T, BT)
     decay = 0 if g is None else (1 if g.dim() == 3 else 2)
@@ -1450,7 +1454,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         HAS_DHT=dht is not None,
         LOWP=lowp,
         num_warps=_tuned("state_bwd.warps", _num_warps(K * BV >= 128 * 64)),
-        num_stages=_tuned("state_bwd.stages", 2 if lowp else 1),
+        num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
     )
     dq = torch.empty(B, T, H, K, device=dev, dtype=f32)
     dk = torch.empty(B, T, H, K, device=dev, dtype=f32)
@@ -1490,7 +1494,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         LOWP=lowp,
         num_warps=_tuned("dqk.warps", 4),
-        num_stages=_tuned("dqk.stages", 3 if lowp else 1),
+        num_stages=_tuned("dqk.stages", 3 if pipelined else 1),
     )
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
     _dvt_bwd_kernel[(NT, B * H)](
@@ -1521,7 +1525,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         LOWP=lowp,
         PRE_KG=kg is not None,
         num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
-        num_stages=_tuned("dvt.stages", 2 if lowp else 1),
+        num_stages=_tuned("dvt.stages", 2 if pipelined else 1),
     )
     dq_out = torch.empty_like(q)
     dk_out = torch.empty_like(k)
