@@ -141,25 +141,6 @@ def test_decayed_operands_from_the_cumsum_kernel(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
-@pytest.mark.parametrize("T", [1, 63, 100])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound",
-    [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
-)
-def test_intra_forward_by_column_blocks(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int
-) -> None:
-    # the per-chunk intra forward by column blocks (TUNE["intra_fwd.by_cols"]) computes the same op, with the
-    # decayed operands from the intra kernel (default) and from the cumsum kernel
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.by_cols", 1)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 1, lower_bound=lower_bound)
-    check_against_naive(inputs, lower_bound=lower_bound)
-    monkeypatch.setitem(chunk.TUNE, "decayed_in_cumsum", 1)
-    check_against_naive(inputs, lower_bound=lower_bound, chunk_size=32)
-
-
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:
@@ -170,13 +151,9 @@ def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | N
 
 @pytest.mark.parametrize("T", [64, 100])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
-@pytest.mark.parametrize("by_cols", [0, 1], ids=["row_blocks", "col_blocks"])
-def test_kda_is_causal(monkeypatch: pytest.MonkeyPatch, T: int, lower_bound: float | None, by_cols: int) -> None:
+def test_kda_is_causal(T: int, lower_bound: float | None) -> None:
     # FLA issue #1240: a sub-chunk anchor after t made o_t depend on later gates; ours anchors in the past.
-    # T=64: one full chunk; T=100: the cut lands inside a partial last chunk. Both intra forwards.
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.by_cols", by_cols)
+    # T=64: one full chunk; T=100: the cut lands inside a partial last chunk.
     inputs = make_inputs("channel", True, 1, T, 2, K=16, V=16, seed=11, lower_bound=lower_bound or -5.0)
     gen = torch.Generator().manual_seed(5)
     for t in (T - 40, T - 9):

@@ -221,102 +221,6 @@ def _intra_fwd_kernel(
 
 
 @triton.jit
-def _intra_cols_fwd_kernel(
-    q,
-    k,
-    gc,
-    akk,
-    aqk,
-    qg,
-    kd,
-    scale,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    DELTA: tl.constexpr,
-    BOUNDED: tl.constexpr,
-    LOWP: tl.constexpr,
-    STORE_DECAYED: tl.constexpr,
-):
-    # Per-channel decay, one chunk per program (TUNE["intra_fwd.by_cols"]): A_qk and A_kk by column blocks
-    # of BC instead of row blocks, so the chunk's q, k and G tiles are read once. For column block j the
-    # anchor a is a row at or before every row it serves: bounded gate, a = the block's first row (rows from
-    # it on: exp(G_r - G_a) <= 1, columns of the block: exp(G_a - G_i) <= e^{-lb (BC-1)}); general gates,
-    # a = the block's last valid row (rows after the block: both factors <= 1), and the diagonal block goes
-    # one column at a time as in _intra_fwd_kernel. Causal: a is in the past of every row it serves.
-    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    NC: tl.constexpr = BT // BC
-    t0 = i_t * BT
-    o_i = t0 + tl.arange(0, BT)
-    m_i = o_i < T
-    o_k = tl.arange(0, K)
-    b_q = _load_rows(q, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
-    b_k = _load_rows(k, o_i, m_i, i_b, i_h, T, H, K)
-    b_g = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)
-    if STORE_DECAYED:
-        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-        p_i = ((i_b * T + o_i[:, None]) * H + i_h) * K + o_k[None, :]
-        b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_g, 0.0))
-        tl.store(qg + p_i, b_qg.to(qg.dtype.element_ty), mask=m_i[:, None])
-        b_kd = b_k * tl.exp(tl.where(m_i[:, None], b_gl[None, :] - b_g, 0.0))
-        tl.store(kd + p_i, b_kd.to(kd.dtype.element_ty), mask=m_i[:, None])
-    o_b = tl.arange(0, BC)
-    for j in tl.static_range(NC):
-        c0 = t0 + j * BC
-        o_j = c0 + o_b  # the columns of this block
-        m_j = o_j < T
-        if BOUNDED:
-            b_ga = _load_row(gc, tl.minimum(c0, T - 1), i_b, i_h, T, H, K)
-            m_x = m_i & (o_i >= c0)
-        else:
-            b_ga = _load_row(gc, tl.minimum(c0 + BC, T) - 1, i_b, i_h, T, H, K)
-            m_x = m_i & (o_i >= c0 + BC)
-        b_e = tl.exp(tl.where(m_x[:, None], b_g - b_ga[None, :], float("-inf")))  # [BT, K]
-        b_kj = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)  # [BC, K]
-        b_gj = _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
-        b_y = _dot_cast(b_kj * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
-        b_aq = tl.dot(_dot_cast(b_q * b_e, LOWP), tl.trans(b_y))  # [BT, BC]
-        p_a = ((i_b * T + o_i[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :]
-        b_aq = tl.where((o_i[:, None] >= o_j[None, :]) & m_j[None, :], b_aq, 0.0) * scale
-        if DELTA:
-            b_ak = tl.dot(_dot_cast(b_k * b_e, LOWP), tl.trans(b_y))
-            b_ak = tl.where((o_i[:, None] > o_j[None, :]) & m_j[None, :], b_ak, 0.0)
-        if BOUNDED:
-            tl.store(aqk + p_a, b_aq.to(aqk.dtype.element_ty), mask=m_i[:, None])
-            if DELTA:
-                tl.store(akk + p_a, b_ak, mask=m_i[:, None])
-        else:
-            # rows outside the block here; the block's own rows (the diagonal block) below
-            m_o = m_i & ((o_i < c0) | (o_i >= c0 + BC))
-            tl.store(aqk + p_a, b_aq.to(aqk.dtype.element_ty), mask=m_o[:, None])
-            if DELTA:
-                tl.store(akk + p_a, b_ak, mask=m_o[:, None])
-            b_qj = _load_rows(q, o_j, m_j, i_b, i_h, T, H, K)
-            b_dq = tl.zeros([BC, BC], dtype=tl.float32)
-            b_dk = tl.zeros([BC, BC], dtype=tl.float32)
-            p_kt = k + ((i_b * T + c0) * H + i_h) * K + o_k
-            p_gt = gc + ((i_b * T + c0) * H + i_h) * K + o_k
-            for jj in range(BC):
-                t_c = c0 + jj
-                m_kt = (o_k * 0 + t_c) < T
-                b_kt = tl.load(p_kt + jj * H * K, mask=m_kt, other=0.0).to(tl.float32)
-                b_gt = tl.load(p_gt + jj * H * K, mask=m_kt, other=0.0)
-                m_e = (o_j[:, None] >= t_c) & m_kt[None, :]
-                b_ed = tl.exp(tl.where(m_e, b_gj - b_gt[None, :], float("-inf")))  # [BC, K]
-                b_dq = tl.where(o_b[None, :] == jj, tl.sum(b_qj * b_kt[None, :] * b_ed, 1)[:, None], b_dq)
-                b_dk = tl.where(o_b[None, :] == jj, tl.sum(b_kj * b_kt[None, :] * b_ed, 1)[:, None], b_dk)
-            p_d = ((i_b * T + o_j[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :]
-            m_d = (o_j[:, None] >= o_j[None, :]) & m_j[None, :]
-            tl.store(aqk + p_d, (tl.where(m_d, b_dq, 0.0) * scale).to(aqk.dtype.element_ty), mask=m_j[:, None])
-            if DELTA:
-                m_d = (o_j[:, None] > o_j[None, :]) & m_j[None, :]
-                tl.store(akk + p_d, tl.where(m_d, b_dk, 0.0), mask=m_j[:, None])
-
-
-@triton.jit
 def _a_block(
     akk,
     beta,
@@ -1212,10 +1116,6 @@ TUNE: dict[str, int | None] = {
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
     # (the first two) by the intra kernel. Not yet timed on the GPU: 0 stays the default until it is
     "decayed_in_cumsum": 0,
-    # 1: the per-channel decay's intra forward by column blocks, one program per chunk (_intra_cols_fwd_kernel)
-    # instead of one per 16-row block; not yet timed on the GPU
-    "intra_fwd.by_cols": 0,
-    "intra_cols.warps": None,  # 8 for K >= 128
 }
 
 
@@ -1283,49 +1183,27 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
-    if decay == 2 and TUNE["intra_fwd.by_cols"]:
-        _intra_cols_fwd_kernel[(NT, B * H)](
-            q,
-            k,
-            gcx,
-            akk if delta else aqk,
-            aqk,
-            qg if qg is not None else q,
-            kd if kd is not None else k,
-            scale,
-            T,
-            H=H,
-            K=K,
-            BT=BT,
-            BC=BC,
-            DELTA=delta,
-            BOUNDED=bounded,
-            LOWP=lowp,
-            STORE_DECAYED=not early,
-            num_warps=_tuned("intra_cols.warps", _num_warps(K >= 128)),
-        )
-    else:
-        _intra_fwd_kernel[(NT * (BT // BC), B * H)](
-            q,
-            k,
-            gcx,
-            akk if delta else aqk,
-            aqk,
-            qg if qg is not None else q,
-            kd if kd is not None else k,
-            scale,
-            T,
-            H=H,
-            K=K,
-            BT=BT,
-            BC=BC,
-            DECAY=decay,
-            DELTA=delta,
-            BOUNDED=bounded,
-            LOWP=lowp,
-            STORE_DECAYED=not early,
-            num_warps=_tuned("intra_fwd.warps", 4),
-        )
+    _intra_fwd_kernel[(NT * (BT // BC), B * H)](
+        q,
+        k,
+        gcx,
+        akk if delta else aqk,
+        aqk,
+        qg if qg is not None else q,
+        kd if kd is not None else k,
+        scale,
+        T,
+        H=H,
+        K=K,
+        BT=BT,
+        BC=BC,
+        DECAY=decay,
+        DELTA=delta,
+        BOUNDED=bounded,
+        LOWP=lowp,
+        STORE_DECAYED=not early,
+        num_warps=_tuned("intra_fwd.warps", 4),
+    )
     linv = w = u = vt = None
     if delta:
         linv = torch.empty(B, T, H, BT, device=dev, dtype=f32)
