@@ -439,6 +439,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new timings after this")
     parser.add_argument("--ops", nargs="+", default=[op[0] for op in OPS], help="subset of ops")
     parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument(
+        "--shapes", nargs="+", default=["B32T2K", "B8T8K"], choices=["B32T2K", "B8T8K"], help="fixed shapes to time"
+    )
     parser.add_argument("--impls", nargs="+", default=["ours", "sdpa", "fla", "torch"])
     parser.add_argument(
         "--report",
@@ -473,6 +476,8 @@ def main() -> None:
     # comes after ours and SDPA), then the length sweep: a run cut short by the budget keeps the comparison
     for who in [] if args.skip_fixed else impls:
         for shape, B, T, H in (("B32T2K", 32, 2048, 2), ("B8T8K", 8, 8192, 16)):
+            if shape not in args.shapes:
+                continue
             if who == "sdpa":
                 measure(rows, shape, "sdpa", "sdpa", B, T, H, None, None, False, deadline)
                 continue
