@@ -31,7 +31,11 @@ fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 quiet() { grep -v -i "warn"; }
+# every step's printout also goes to OUT/STEP.log: the device returns only the last 12,000 characters of
+# the output, and run 11's tune profiles were lost that way
+exec 3>&1
 for step in $STEPS; do
+  exec > >(tee -a "$OUT/$step.log" >&3) 2>&1
   echo "== $step ($(date -u +%H:%M:%S))"
   case "$step" in
     check)
