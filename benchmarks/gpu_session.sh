@@ -8,6 +8,15 @@
 # `bash ../shared/device-wheels.sh .whl` on a machine with a package index) and .device/fla_core-*.whl
 # (FLA 0.6.0, for the side-by-side steps). Both are installed into /tmp/site, never into the image.
 #
+# FLA autotunes every kernel on first use (about 200 s per op and shape on the H200, more than a session's
+# device time for the whole table). Triton keeps the autotuning results on disk (FLA asks it to), so the
+# script points TRITON_CACHE_DIR at /tmp/triton_cache, seeds it from .device/triton_autotune/ if present,
+# and copies every *.autotune.json back to OUT/triton_autotune/ after each step. Copy that folder to
+# .device/triton_autotune/ (git-ignored) and carry ".device": the next session's FLA timings then compile
+# only the chosen configs instead of benchmarking all of them, and the results accumulate over sessions.
+# (The cache key includes the Triton build, the GPU and FLA's source: the same device image reuses it.
+# Written 2026-11-29 after the last device call of that session: not yet exercised on the device.)
+#
 # Steps and their limits (seconds), about 14 minutes in all on an H200:
 #   check    150  bf16 correctness, all variants, T=63/1000 H=16 and KDA at T=8192 H=2; fp32 and fp16 at T=1000
 #   profile  150  GPU time per kernel at B8 T8K H16, inference forward and fwd+bwd (benchmarks/profile_gpu.py)
@@ -31,6 +40,17 @@ fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 quiet() { grep -v -i "warn"; }
+export TRITON_CACHE_DIR=/tmp/triton_cache
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -d .device/triton_autotune ]; then
+  cp -r .device/triton_autotune/. "$TRITON_CACHE_DIR/"
+  echo "seeded the Triton cache with $(find .device/triton_autotune -name '*.autotune.json' | wc -l) autotuning results"
+fi
+save_autotune() {
+  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | while read -r f; do
+    mkdir -p "$OUT/triton_autotune/$(dirname "$f")" && cp "$f" "$OUT/triton_autotune/$f"
+  done)
+}
 # every step's printout also goes to OUT/STEP.log: the device returns only the last 12,000 characters of
 # the output, and run 11's tune profiles were lost that way
 exec 3>&1
@@ -86,4 +106,5 @@ for step in $STEPS; do
       timeout 150 python3 benchmarks/sweep_packing.py --jobs 4 --out "$OUT/packing" | tail -14 ;;
     *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune shapes flacheck)"; exit 2 ;;
   esac
+  save_autotune
 done
