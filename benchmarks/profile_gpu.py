@@ -30,8 +30,8 @@ from kernels.triton import VARIANTS, triton_chunk  # noqa: E402
 def kernel_times(
     name: str, decay, delta: bool, lower_bound, B: int, T: int, H: int, iters: int, train: bool = True
 ) -> dict:
-    """Mean GPU time per pass of each kernel: one forward+backward (train) or one inference forward (no
-    autograd graph: the fused state pass and output, nothing kept for a backward)."""
+    """Mean GPU time per pass of each kernel: one forward+backward (train) or one forward under
+    torch.no_grad (infer: the same forward kernels, what bench_gpu.py times as "fwd")."""
     inputs = make_inputs(decay, delta, lower_bound, B, T, H)
     grads = [t.requires_grad_(train) for t in inputs.values() if t is not None]
     do = torch.randn_like(inputs["v"])
