@@ -440,7 +440,11 @@ def main() -> None:
     parser.add_argument("--ops", nargs="+", default=[op[0] for op in OPS], help="subset of ops")
     parser.add_argument("--skip-decode", action="store_true")
     parser.add_argument(
-        "--shapes", nargs="+", default=["B32T2K", "B8T8K"], choices=["B32T2K", "B8T8K"], help="fixed shapes to time"
+        "--shapes",
+        nargs="+",
+        default=["B32T2K", "B8T8K"],
+        choices=["B32T2K", "B8T8K"],
+        help="fixed shapes to time",
     )
     parser.add_argument("--impls", nargs="+", default=["ours", "sdpa", "fla", "torch"])
     parser.add_argument(
@@ -457,7 +461,23 @@ def main() -> None:
         "(../shared/anchors/fla-0.6.0_h200.csv) for the shapes where the run has no FLA row of its own",
     )
     parser.add_argument("--title", default=None, help="with --report: the markdown's first line")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override kernels.triton.chunk.TUNE entries (launch settings and tested alternatives), "
+        "e.g. --set decayed_in_cumsum=1",
+    )
     args = parser.parse_args()
+    from kernels.triton import chunk as _chunk
+
+    try:
+        overrides = _chunk.set_tune(args.set)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if overrides:
+        print("TUNE", _chunk.TUNE)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report is not None:
         rows = load_rows(args.report, args.anchors)
@@ -505,6 +525,11 @@ def main() -> None:
         f"# GPU benchmark: {torch.cuda.get_device_name()}, {datetime.date.today()}, "
         f"torch {torch.__version__}, "
         f"triton {triton.__version__}, FLA {fla_version}"
+        + (
+            f"; launch settings changed: {' '.join(f'{k}={v}' for k, v in overrides.items())}"
+            if overrides
+            else ""
+        )
     )
     write_markdown(rows, args.out / "h200_bench.md", header)
     plot(rows, args.out / "h200_sweep.png")

@@ -3,10 +3,11 @@
     python benchmarks/profile_gpu.py --B 8 --T 8192 --H 16 --out /tmp/prof.csv
     python benchmarks/profile_gpu.py --ops kda_bounded delta_rule
 
-For each op of kernels.triton.VARIANTS (bf16, K = V = 128, as in bench_gpu.py) and each pass (`--passes`:
-the inference forward without autograd, and forward+backward) it runs a few warm-up passes, then
-`--iters` profiled ones, and prints each CUDA kernel's mean time per pass (ms) and its share; kernels that torch launches (the reverse cumsum of dg, casts) appear under
-their own names. Writes one CSV row per (op, kernel).
+For each op of kernels.triton.VARIANTS (bf16, K = V = 128, as in bench_gpu.py) and each pass
+(`--passes`: the forward under torch.no_grad, and forward+backward) it runs a few warm-up passes, then
+`--iters` profiled ones, and prints each CUDA kernel's mean time per pass (ms) and its share; kernels
+that torch launches (casts) appear under their own names. Writes one CSV row per (op, pass, kernel).
+`--set KEY=VALUE` changes an entry of kernels.triton.chunk.TUNE for the run.
 """
 
 from __future__ import annotations
@@ -85,11 +86,10 @@ def main() -> None:
     args = ap.parse_args()
     from kernels.triton import chunk
 
-    for item in args.set:
-        key, value = item.split("=")
-        if key not in chunk.TUNE:
-            raise SystemExit(f"--set {item}: unknown key {key!r}; known: {sorted(chunk.TUNE)}")
-        chunk.TUNE[key] = int(value)
+    try:
+        chunk.set_tune(args.set)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     print("TUNE", chunk.TUNE)
     rows = []
     for name, decay, delta, lb in VARIANTS:
@@ -99,7 +99,9 @@ def main() -> None:
             times = kernel_times(name, decay, delta, lb, args.B, args.T, args.H, args.iters, pass_ == "train")
             total = sum(times.values())
             what = "fwd+bwd" if pass_ == "train" else "inference fwd"
-            print(f"\n== {name}  B{args.B} T{args.T} H{args.H}: {total:.3f} ms GPU time per {what}", flush=True)
+            print(
+                f"\n== {name}  B{args.B} T{args.T} H{args.H}: {total:.3f} ms GPU time per {what}", flush=True
+            )
             for kname, ms in times.items():
                 print(f"  {ms:8.3f} ms  {100 * ms / total:5.1f}%  {kname[:90]}")
                 rows.append(

@@ -223,3 +223,19 @@ def test_out_of_gpu_resources_names_the_call_and_the_fix(monkeypatch: pytest.Mon
     monkeypatch.setattr(chunk, "_chunk_fwd", too_big)
     with pytest.raises(chunk.KernelResourceError, match=r"K=32, V=16 with float32 inputs.*backend='torch'"):
         triton_chunk(x["q"], x["k"], x["v"], x["g"], x["beta"])
+
+
+def test_set_tune_applies_overrides_and_names_bad_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the scripts' --set KEY=VALUE (profile_gpu.py, bench_gpu.py, check_kernels.py)
+    from kernels.triton import chunk
+
+    monkeypatch.setattr(chunk, "TUNE", dict(chunk.TUNE))
+    assert chunk.set_tune(["solve.warps=2", "dqk.bk=none"]) == {"solve.warps": 2, "dqk.bk": None}
+    assert chunk.TUNE["solve.warps"] == 2 and chunk.TUNE["dqk.bk"] is None
+    with pytest.raises(ValueError, match=r"unknown key 'solve.warp'.*solve.warps"):
+        chunk.set_tune(["solve.warp=2"])
+    with pytest.raises(ValueError, match=r"'two' is not an integer"):
+        chunk.set_tune(["solve.warps=two"])
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        chunk.set_tune(["solve.warps"])
+    assert chunk.TUNE["solve.warps"] == 2  # a bad item changes nothing

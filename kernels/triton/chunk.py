@@ -1119,6 +1119,30 @@ TUNE: dict[str, int | None] = {
 }
 
 
+def set_tune(items: list[str]) -> dict[str, int | None]:
+    """Apply `KEY=VALUE` overrides (the scripts' `--set`) to TUNE; returns the changed entries.
+    A key TUNE does not have, or a value that is not an integer (or `none` for the launch rule), is a
+    ValueError naming it and what is allowed."""
+    changed: dict[str, int | None] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. solve.warps=2")
+        if key not in TUNE:
+            raise ValueError(f"--set {item!r}: unknown key {key!r}; TUNE has {sorted(TUNE)}")
+        if value.lower() == "none":
+            changed[key] = None
+        else:
+            try:
+                changed[key] = int(value)
+            except ValueError:
+                raise ValueError(
+                    f"--set {item!r}: {value!r} is not an integer (or none for the default rule)"
+                ) from None
+    TUNE.update(changed)
+    return changed
+
+
 def _tuned(key: str, default: int) -> int:
     value = TUNE[key]
     return default if value is None else value
@@ -1146,8 +1170,8 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     delta = beta is not None
     bounded = lower_bound is not None
     lowp = q.dtype != torch.float32
-    # software-pipelined loops for 16-bit inputs at head sizes <= 128; fp32 tiles, or 256-wide ones, in several
-    # stages overflow the 227 KB of shared memory (K = V = 256 in bf16: the backward asked for more on the H200)
+    # software-pipelined loops for 16-bit inputs at head sizes <= 128; fp32 tiles, or 256-wide ones, in
+    # several stages overflow the 227 KB of shared memory (K = V = 256 bf16: the backward asked for more)
     pipelined = lowp and max(K, V) <= 128
     dev = q.device
     f32 = torch.float32

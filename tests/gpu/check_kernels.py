@@ -269,7 +269,22 @@ def main() -> None:
     parser.add_argument(
         "--no-fla", action="store_true", help="skip the FLA cross-check (its autotuning takes minutes)"
     )
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override kernels.triton.chunk.TUNE entries (launch settings and tested alternatives), "
+        "e.g. --set decayed_in_cumsum=1",
+    )
     args = parser.parse_args()
+    from kernels.triton import chunk as _chunk
+
+    try:
+        if _chunk.set_tune(args.set):
+            print("TUNE", _chunk.TUNE)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if not torch.cuda.is_available():
         raise SystemExit("check_kernels.py needs a CUDA GPU (it checks the compiled kernels in bf16)")
