@@ -73,7 +73,7 @@ for step in $STEPS; do
       timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train | quiet | grep "=="
       # (tried on the H200 in runs 11-12 and slower there: state_fwd.bv=32 state_bwd.bv=32, intra_bwd.bk=32,
       # dqk.bk=128, intra_bwd.warps=8, solve.warps=2; intra_fwd.warps=8 was 0.1 ms faster for unbounded KDA only)
-      for set in intra_bwd.bk=128 wu.warps=4 decayed_in_cumsum=1; do
+      for set in intra_fwd.warps=2 intra_bwd.warps=2 wu.warps=4 decayed_in_cumsum=1 intra_bwd.bk=128; do
         echo "-- --set $set"
         # shellcheck disable=SC2086
         timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set $set | quiet \
