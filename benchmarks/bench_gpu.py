@@ -31,7 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kernels.triton import VARIANTS as OPS  # noqa: E402
-from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
+from kernels.triton import (  # noqa: E402
+    chunk,
+    triton_chunk,
+    triton_recurrent_step,
+)
 
 FIELDS = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd", "mb_fwdbwd"]
 
@@ -461,23 +465,11 @@ def main() -> None:
         "(../shared/anchors/fla-0.6.0_h200.csv) for the shapes where the run has no FLA row of its own",
     )
     parser.add_argument("--title", default=None, help="with --report: the markdown's first line")
-    parser.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override kernels.triton.chunk.TUNE entries (launch settings and tested alternatives), "
-        "e.g. --set decayed_in_cumsum=1",
-    )
+    chunk.add_tune_argument(parser)
     args = parser.parse_args()
-    from kernels.triton import chunk as _chunk
-
-    try:
-        overrides = _chunk.set_tune(args.set)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    overrides = chunk.tune_from_args(args)
     if overrides:
-        print("TUNE", _chunk.TUNE)
+        print("TUNE", chunk.TUNE)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report is not None:
         rows = load_rows(args.report, args.anchors)

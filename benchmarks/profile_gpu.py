@@ -25,7 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_gpu import make_inputs  # noqa: E402
-from kernels.triton import VARIANTS, triton_chunk  # noqa: E402
+from kernels.triton import (  # noqa: E402
+    VARIANTS,
+    chunk,
+    triton_chunk,
+)
 
 
 def kernel_times(
@@ -76,20 +80,9 @@ def main() -> None:
         choices=["infer", "train"],
         help="infer: the no-grad forward; train: forward+backward",
     )
-    ap.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override kernels.triton.chunk.TUNE entries, e.g. --set solve.warps=2 state_bwd.stages=2",
-    )
+    chunk.add_tune_argument(ap)
     args = ap.parse_args()
-    from kernels.triton import chunk
-
-    try:
-        chunk.set_tune(args.set)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    chunk.tune_from_args(args)
     print("TUNE", chunk.TUNE)
     rows = []
     for name, decay, delta, lb in VARIANTS:

@@ -1143,6 +1143,32 @@ def set_tune(items: list[str]) -> dict[str, int | None]:
     return changed
 
 
+def add_tune_argument(parser) -> None:
+    """The scripts' `--set KEY=VALUE ...` (profile_gpu.py, bench_gpu.py, check_kernels.py)."""
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override kernels.triton.chunk.TUNE entries (launch settings and tested alternatives), "
+        "e.g. --set solve.warps=2 decayed_in_cumsum=1",
+    )
+
+
+def tune_from_args(args) -> dict[str, int | None]:
+    """Apply the parsed `--set` to TUNE (set_tune); a bad item exits with set_tune's message."""
+    try:
+        return set_tune(args.set)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def _pipelined(q: torch.Tensor, K: int, V: int) -> bool:
+    # software-pipelined loops for 16-bit inputs at head sizes <= 128; fp32 tiles, or 256-wide ones, in
+    # several stages overflow the 227 KB of shared memory (K = V = 256 bf16: the backward asked for more)
+    return q.dtype != torch.float32 and max(K, V) <= 128
+
+
 def _tuned(key: str, default: int) -> int:
     value = TUNE[key]
     return default if value is None else value
@@ -1170,9 +1196,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     delta = beta is not None
     bounded = lower_bound is not None
     lowp = q.dtype != torch.float32
-    # software-pipelined loops for 16-bit inputs at head sizes <= 128; fp32 tiles, or 256-wide ones, in
-    # several stages overflow the 227 KB of shared memory (K = V = 256 bf16: the backward asked for more)
-    pipelined = lowp and max(K, V) <= 128
+    pipelined = _pipelined(q, K, V)
     dev = q.device
     f32 = torch.float32
     qg = kd = kg = None
@@ -1314,7 +1338,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     gc, aqk, akk, linv, w, vt, h, qg, kd, kg = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
-    pipelined = q.dtype != torch.float32 and max(K, V) <= 128  # as in _chunk_fwd
+    pipelined = _pipelined(q, K, V)
     BT = chunk_size
     NT = triton.cdiv(T, BT)
     decay = 0 if g is None else (1 if g.dim() == 3 else 2)

@@ -30,7 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import VARIANTS as OPS  # noqa: E402
-from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
+from kernels.triton import (  # noqa: E402
+    chunk,
+    triton_chunk,
+    triton_recurrent_step,
+)
 
 BOUNDS = {
     "o": 5e-3,
@@ -269,22 +273,10 @@ def main() -> None:
     parser.add_argument(
         "--no-fla", action="store_true", help="skip the FLA cross-check (its autotuning takes minutes)"
     )
-    parser.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override kernels.triton.chunk.TUNE entries (launch settings and tested alternatives), "
-        "e.g. --set decayed_in_cumsum=1",
-    )
+    chunk.add_tune_argument(parser)
     args = parser.parse_args()
-    from kernels.triton import chunk as _chunk
-
-    try:
-        if _chunk.set_tune(args.set):
-            print("TUNE", _chunk.TUNE)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    if chunk.tune_from_args(args):
+        print("TUNE", chunk.TUNE)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if not torch.cuda.is_available():
         raise SystemExit("check_kernels.py needs a CUDA GPU (it checks the compiled kernels in bf16)")
