@@ -254,6 +254,49 @@ def decode(rows: list) -> None:
         print(f"decode fla: {type(exc).__name__}: {exc}"[:200], flush=True)
 
 
+def compile_only(ops: list[str], shapes: list[str], impls: list[str]) -> None:
+    """Compile every autotuning config of the given implementations' kernels without timing any of them.
+
+    FLA autotunes each kernel on first use: one process compiles and times every config, about 200 s per
+    op and shape on the H200. Run one process per op and shape with this flag (and FLA_CACHE_RESULTS=0, so
+    the untimed choices are not kept) side by side: the compiles share the CPU cores and land in Triton's
+    on-disk cache, and the timed run afterwards only benchmarks the configs it loads from there.
+    """
+    from triton.runtime import autotuner
+
+    def run_once(kernel_call, quantiles):
+        kernel_call()  # compiles this config (or raises OutOfResources: the autotuner then skips it)
+        return [1.0, 1.0, 1.0]
+
+    # a property whose setter ignores assignments: whether the Triton build sets do_bench in __init__ or not
+    autotuner.Autotuner.do_bench = property(lambda self: run_once, lambda self, value: None)
+    for who in impls:
+        for shape, B, T, H in (("B32T2K", 32, 2048, 2), ("B8T8K", 8, 8192, 16)):
+            if shape not in shapes:
+                continue
+            for name, decay, delta, lb in OPS:
+                fn = provider(who, name, lb) if name in ops else None
+                if fn is None:
+                    continue
+                t0 = time.time()
+                for backward in (False, True):
+                    inputs = make_inputs(decay, delta, lb, B, T, H)
+                    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+                    try:
+                        if backward:
+                            for t in inputs.values():
+                                if t is not None:
+                                    t.requires_grad_(True)
+                            fn(*args).backward(torch.randn_like(inputs["v"]))
+                        else:
+                            with torch.no_grad():
+                                fn(*args)
+                        torch.cuda.synchronize()
+                    except Exception as exc:  # e.g. FLA refusing a gated backward (#640)
+                        print(f"compile {who} {name} {shape} backward={backward}: {type(exc).__name__}")
+                print(f"compiled {who} {name} {shape} in {time.time() - t0:.0f} s", flush=True)
+
+
 def ratio(a, b) -> str:
     return f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) and b > 0 else "-"
 
@@ -465,6 +508,12 @@ def main() -> None:
         "(../shared/anchors/fla-0.6.0_h200.csv) for the shapes where the run has no FLA row of its own",
     )
     parser.add_argument("--title", default=None, help="with --report: the markdown's first line")
+    parser.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="no timing: compile every autotuning config of --impls for --ops at --shapes, then exit "
+        "(run one process per op and shape side by side, with FLA_CACHE_RESULTS=0; see compile_only)",
+    )
     chunk.add_tune_argument(parser)
     args = parser.parse_args()
     overrides = chunk.tune_from_args(args)
@@ -478,6 +527,9 @@ def main() -> None:
         )
         plot(rows, args.out / "h200_sweep.png")
         print((args.out / "h200_bench.md").read_text())
+        return
+    if args.compile_only:
+        compile_only(args.ops, args.shapes, args.impls)
         return
     deadline = time.time() + args.budget_s
     rows = Table(args.out / "h200_bench.csv")
