@@ -141,6 +141,24 @@ def test_decayed_operands_from_the_cumsum_kernel(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound",
+    [(*op, None) for op in OPS] + [("kda_bounded", "channel", True, -5.0)],
+    ids=[op[0] for op in OPS] + ["kda_bounded"],
+)
+def test_one_program_per_chunk_in_the_intra_kernels(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, delta: bool, lower_bound: float | None
+) -> None:
+    # the launch settings that loop over a chunk's row blocks inside one program of the intra forward and
+    # backward (off until timed on a GPU) compute the same op; T=100: a full chunk and a partial one
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "intra_fwd.loop", 1)
+    monkeypatch.setitem(chunk.TUNE, "intra_bwd.loop", 1)
+    inputs = make_inputs(decay, delta, 1, 100, 2, K=16, V=32, seed=3, lower_bound=lower_bound)
+    check_against_naive(inputs, lower_bound=lower_bound)
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:

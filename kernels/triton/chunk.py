@@ -150,12 +150,92 @@ def _intra_fwd_kernel(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
-    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
+    # one BC-row block per program, or with LOOP (TUNE["intra_fwd.loop"]) the chunk's NC blocks one after
+    # the other in one program (the chunk's k and G then come from the SM's L1 for the later blocks)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    i_t, i_c = i_tc // NC, i_tc % NC
+    if LOOP:
+        for i_c in range(NC):
+            _intra_fwd_rows(
+                q,
+                k,
+                gc,
+                akk,
+                aqk,
+                qg,
+                kd,
+                scale,
+                T,
+                i_tc,
+                i_c,
+                i_b,
+                i_h,
+                H,
+                K,
+                BT,
+                BC,
+                DECAY,
+                DELTA,
+                BOUNDED,
+                LOWP,
+                STORE_DECAYED,
+            )
+    else:
+        _intra_fwd_rows(
+            q,
+            k,
+            gc,
+            akk,
+            aqk,
+            qg,
+            kd,
+            scale,
+            T,
+            i_tc // NC,
+            i_tc % NC,
+            i_b,
+            i_h,
+            H,
+            K,
+            BT,
+            BC,
+            DECAY,
+            DELTA,
+            BOUNDED,
+            LOWP,
+            STORE_DECAYED,
+        )
+
+
+@triton.jit
+def _intra_fwd_rows(
+    q,
+    k,
+    gc,
+    akk,
+    aqk,
+    qg,
+    kd,
+    scale,
+    T,
+    i_t,
+    i_c,
+    i_b,
+    i_h,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    DECAY: tl.constexpr,
+    DELTA: tl.constexpr,
+    BOUNDED: tl.constexpr,
+    LOWP: tl.constexpr,
+    STORE_DECAYED: tl.constexpr,
+):
+    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     t0 = i_t * BT
     r0 = t0 + i_c * BC
     o_r = r0 + tl.arange(0, BC)  # rows of this block
@@ -701,8 +781,8 @@ def _dqk_bwd_kernel(
     # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
     b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    tl.store(dq + p_k, b_dq, mask=m_t[:, None])
-    tl.store(dk + p_k, b_dk, mask=m_t[:, None])
+    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
+    tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
     tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
@@ -998,11 +1078,10 @@ def _intra_bwd_kernel(
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
-    # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
-    # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
-    # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
-    # and the log-decay gets x * dx - y * dy
+    # one BC-row block per program, or with LOOP (TUNE["intra_bwd.loop"]) the chunk's NC blocks one after
+    # the other in one program (the chunk-wide tiles then come from the SM's L1 for the later blocks)
     i_tc, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -1010,7 +1089,97 @@ def _intra_bwd_kernel(
     )
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    i_t, i_c = i_tc // NC, i_tc % NC
+    if LOOP:
+        for i_c in range(NC):
+            _intra_bwd_rows(
+                q,
+                k,
+                gc,
+                m_qk,
+                m_kk,
+                dq,
+                dk,
+                dgk,
+                dq_out,
+                dk_out,
+                T,
+                i_tc,
+                i_c,
+                i_k,
+                i_b,
+                i_h,
+                H,
+                K,
+                BT,
+                BC,
+                BK,
+                DECAY,
+                DELTA,
+                BOUNDED,
+                LOWP,
+            )
+    else:
+        _intra_bwd_rows(
+            q,
+            k,
+            gc,
+            m_qk,
+            m_kk,
+            dq,
+            dk,
+            dgk,
+            dq_out,
+            dk_out,
+            T,
+            i_tc // NC,
+            i_tc % NC,
+            i_k,
+            i_b,
+            i_h,
+            H,
+            K,
+            BT,
+            BC,
+            BK,
+            DECAY,
+            DELTA,
+            BOUNDED,
+            LOWP,
+        )
+
+
+@triton.jit
+def _intra_bwd_rows(
+    q,
+    k,
+    gc,
+    m_qk,
+    m_kk,
+    dq,
+    dk,
+    dgk,
+    dq_out,
+    dk_out,
+    T,
+    i_t,
+    i_c,
+    i_k,
+    i_b,
+    i_h,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    DECAY: tl.constexpr,
+    DELTA: tl.constexpr,
+    BOUNDED: tl.constexpr,
+    LOWP: tl.constexpr,
+):
+    # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
+    # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
+    # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
+    # and the log-decay gets x * dx - y * dy
     t0 = i_t * BT
     r0 = t0 + i_c * BC
     o_r = r0 + tl.arange(0, BC)
@@ -1083,8 +1252,8 @@ def _intra_bwd_kernel(
         b_dg = b_q * b_dq - b_k * b_dkc
     p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
     # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
-    b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0)
-    b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0)
+    b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+    b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
     tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
     tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
     if DECAY > 0:
@@ -1116,6 +1285,13 @@ TUNE: dict[str, int | None] = {
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
     # (the first two) by the intra kernel. Not yet timed on the GPU: 0 stays the default until it is
     "decayed_in_cumsum": 0,
+    # 1: one program per chunk in the intra kernels, looping over its BC-row blocks, instead of one program
+    # per block (the chunk-wide tiles each block reads then come from L1, not L2). Not yet timed on the GPU
+    "intra_fwd.loop": 0,
+    "intra_bwd.loop": 0,
+    # 1: the partial dq, dk that the dqk kernel hands to the intra backward in the inputs' 16-bit dtype
+    # instead of fp32 (half the bytes written and read). Not yet timed or checked on the GPU
+    "dqk.partial_lowp": 0,
 }
 
 
@@ -1231,7 +1407,8 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
-    _intra_fwd_kernel[(NT * (BT // BC), B * H)](
+    loop_fwd = bool(TUNE["intra_fwd.loop"])
+    _intra_fwd_kernel[(NT * (1 if loop_fwd else BT // BC), B * H)](
         q,
         k,
         gcx,
@@ -1250,6 +1427,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         BOUNDED=bounded,
         LOWP=lowp,
         STORE_DECAYED=not early,
+        LOOP=loop_fwd,
         num_warps=_tuned("intra_fwd.warps", 4),
     )
     linv = w = u = vt = None
@@ -1382,8 +1560,9 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         num_warps=_tuned("state_bwd.warps", _num_warps(K * BV >= 128 * 64)),
         num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
     )
-    dq = torch.empty(B, T, H, K, device=dev, dtype=f32)
-    dk = torch.empty(B, T, H, K, device=dev, dtype=f32)
+    partial = q.dtype if lowp and TUNE["dqk.partial_lowp"] else f32
+    dq = torch.empty(B, T, H, K, device=dev, dtype=partial)
+    dk = torch.empty(B, T, H, K, device=dev, dtype=partial)
     dgk = torch.empty(B, T, H, K, device=dev, dtype=f32)
     m_qk = torch.empty(B, T, H, BT, device=dev, dtype=f32)
     m_kk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else m_qk
@@ -1461,7 +1640,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # H200, B8 T8K H16: blocks of 64 took the per-channel decay's intra backward from 7.3 to 5.0 ms (GLA)
     # and 14.3 to 8.6 ms (KDA); the other decays lost 0.15-0.4 ms to reading M twice: they keep whole rows
     BKi = min(K, _tuned("intra_bwd.bk", 64 if decay == 2 else 128))
-    _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
+    loop_bwd = bool(TUNE["intra_bwd.loop"])
+    _intra_bwd_kernel[(NT * (1 if loop_bwd else BT // BC), K // BKi, B * H)](
         q,
         k,
         gcx,
@@ -1482,6 +1662,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=False,
+        LOOP=loop_bwd,
         num_warps=_tuned("intra_bwd.warps", 4),
     )
     dg = None
