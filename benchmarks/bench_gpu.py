@@ -254,6 +254,17 @@ def decode(rows: list) -> None:
         print(f"decode fla: {type(exc).__name__}: {exc}"[:200], flush=True)
 
 
+def autotune_rep(rep: float) -> None:
+    """Triton's autotuner (FLA's kernels) times each config for `rep` ms after `rep / 4` of warm-up."""
+    from triton.runtime import autotuner
+
+    def bench(kernel_call, quantiles):
+        return do_bench(kernel_call, warmup=rep / 4, rep=rep, quantiles=quantiles)
+
+    # a property whose setter ignores assignments: whether the Triton build sets do_bench in __init__ or not
+    autotuner.Autotuner.do_bench = property(lambda self: bench, lambda self, value: None)
+
+
 def compile_only(ops: list[str], shapes: list[str], impls: list[str]) -> None:
     """Compile every autotuning config of the given implementations' kernels without timing any of them.
 
@@ -509,6 +520,13 @@ def main() -> None:
     )
     parser.add_argument("--title", default=None, help="with --report: the markdown's first line")
     parser.add_argument(
+        "--autotune-rep",
+        type=float,
+        default=None,
+        help="ms for which Triton's autotuner times each config (its default: 100, after 25 of warm-up); "
+        "a quarter of it warms up",
+    )
+    parser.add_argument(
         "--compile-only",
         action="store_true",
         help="no timing: compile every autotuning config of --impls for --ops at --shapes, then exit "
@@ -528,6 +546,8 @@ def main() -> None:
         plot(rows, args.out / "h200_sweep.png")
         print((args.out / "h200_bench.md").read_text())
         return
+    if args.autotune_rep is not None:
+        autotune_rep(args.autotune_rep)
     if args.compile_only:
         compile_only(args.ops, args.shapes, args.impls)
         return

@@ -3,6 +3,7 @@
 # result written under OUT as soon as it exists (a session cut short keeps what it measured).
 #
 #   bash benchmarks/gpu_session.sh OUT [STEPS]        STEPS: a subset of "check profile fla bench sweep packing"
+#   PACK=$OUT/run.tgz bash benchmarks/gpu_session.sh /tmp/run STEPS     (on the device tool: one archive back)
 #
 # Optional inputs, if present beside the checkout: .whl/ (Hydra wheels, for the packing step: built with
 # `bash ../shared/device-wheels.sh .whl` on a machine with a package index) and .device/fla_core-*.whl
@@ -100,19 +101,27 @@ for step in $STEPS; do
     fla)
       # FLA's configs compiled first, one process per op and shape side by side (bench_gpu.py --compile-only:
       # nothing timed, nothing kept), so that the timed run below only benchmarks configs from the disk cache
+      # (ours too, one process per shape, meanwhile). Every process appends to one
+      # log (the device returns at most 8 files). `wait` names the processes: a bare `wait` also waits for
+      # the `tee` behind this step's output, which never ends (run A hung there until its time limit)
       t=$(date +%s)
-      mkdir -p "$OUT/fla_compile"
+      pids=()
       for shape in B32T2K B8T8K; do
         for op in kda_bounded kda gla delta_rule linear_attn simple_gla gated_delta_rule; do
-          FLA_CACHE_RESULTS=0 timeout 240 python3 benchmarks/bench_gpu.py --compile-only --impls fla --ops "$op" \
-            --shapes "$shape" --out "$OUT/fla" >"$OUT/fla_compile/${op}_$shape.log" 2>&1 &
+          FLA_CACHE_RESULTS=0 timeout 200 python3 benchmarks/bench_gpu.py --compile-only --impls fla --ops "$op" \
+            --shapes "$shape" --out "$OUT/fla" 2>&1 | grep -e "^compile" >>"$OUT/fla_compile.log" &
+          pids+=($!)
         done
+        timeout 200 python3 benchmarks/bench_gpu.py --compile-only --impls ours --shapes "$shape" --out "$OUT/fla" 2>&1 \
+          | grep -e "^compile" >>"$OUT/fla_compile.log" &
+        pids+=($!)
       done
-      wait
-      echo "FLA's configs compiled in $(($(date +%s) - t)) s:"
-      cat "$OUT"/fla_compile/*.log | grep -e "^compile" | sort
+      wait "${pids[@]}"
+      echo "compiled in $(($(date +%s) - t)) s:"
+      sort "$OUT/fla_compile.log"
+      # FLA's autotuning times each config for 20 ms (Triton's default: 100), from the compiled cache
       timeout 330 python3 benchmarks/bench_gpu.py --out "$OUT/fla" --impls ours fla sdpa --skip-sweep --skip-decode \
-        --budget-s 300 | quiet | tail -40 ;;
+        --budget-s 300 --autotune-rep 20 | quiet ;;
     bench)
       timeout 120 python3 benchmarks/bench_gpu.py --out "$OUT/bench" --impls ours torch --skip-sweep --budget-s 100 \
         | quiet | tail -20 ;;
@@ -124,4 +133,7 @@ for step in $STEPS; do
     *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune shapes flacheck)"; exit 2 ;;
   esac
   save_autotune
+  # PACK=FILE: everything under OUT in one archive after every step (the device returns at most 8 files,
+  # two folders deep; a session cut short by its time limit keeps the steps done)
+  if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$(dirname "$OUT")" "$(basename "$OUT")"; fi
 done
