@@ -72,16 +72,17 @@ for step in $STEPS; do
     tune)
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
       timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --out "$OUT/check_alt" \
-        --set intra_fwd.loop=1 intra_bwd.loop=1 dqk.partial_lowp=1 | quiet | tail -18
+        --set intra_fwd.loop=1 intra_bwd.loop=1 intra_bwd.tri=1 dqk.partial_lowp=1 | quiet | tail -18
       # one profile per untried launch setting of kernels.triton.chunk.TUNE, against the default just above
       timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train | quiet | grep "=="
       # (tried on the H200 in runs 11-12 and slower there: state_fwd.bv=32 state_bwd.bv=32, intra_bwd.bk=32,
       # dqk.bk=128, intra_bwd.warps=8, solve.warps=2; intra_fwd.warps=8 was 0.1 ms faster for unbounded KDA only)
-      for set in intra_fwd.loop=1 intra_bwd.loop=1 dqk.partial_lowp=1 intra_fwd.warps=2 intra_bwd.warps=2 \
-        wu.warps=4 decayed_in_cumsum=1 intra_bwd.bk=128; do
+      # (a comma joins settings tried together)
+      for set in intra_bwd.tri=1 intra_bwd.loop=1 intra_bwd.tri=1,intra_bwd.loop=1 intra_fwd.loop=1 \
+        dqk.partial_lowp=1 intra_fwd.warps=2 intra_bwd.warps=2 wu.warps=4 decayed_in_cumsum=1 intra_bwd.bk=128; do
         echo "-- --set $set"
         # shellcheck disable=SC2086
-        timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set $set | quiet \
+        timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set ${set//,/ } | quiet \
           | grep -v " 0\.[0-9]%" | grep -v TUNE
       done ;;
     shapes)

@@ -159,6 +159,31 @@ def test_one_program_per_chunk_in_the_intra_kernels(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
+@pytest.mark.parametrize("loop", [0, 1])
+@pytest.mark.parametrize("T", [63, 100, 200])
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound",
+    [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
+)
+def test_triangular_intra_backward(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str,
+    delta: bool,
+    lower_bound: float | None,
+    T: int,
+    loop: int,
+) -> None:
+    # the intra backward that visits only the reachable 16-row blocks (off until timed on a GPU), alone and
+    # inside the per-chunk loop; T=63/100/200: partial last chunks, one to four chunks
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "intra_bwd.tri", 1)
+    monkeypatch.setitem(chunk.TUNE, "intra_bwd.loop", loop)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + loop, lower_bound=lower_bound)
+    check_against_naive(inputs, lower_bound=lower_bound)
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:
