@@ -74,15 +74,23 @@ for step in $STEPS; do
       timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --out "$OUT/check_alt" \
         --set intra_fwd.loop=1 intra_bwd.loop=1 intra_bwd.tri=1 dqk.partial_lowp=1 | quiet | tail -18
       # one profile per untried launch setting of kernels.triton.chunk.TUNE, against the default just above
-      timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train | quiet | grep "=="
+      timeout 60 python3 benchmarks/profile_gpu.py --ops kda_bounded kda delta_rule linear_attn --passes train | quiet \
+        | grep -v " 0\.[0-9]%" | grep -v TUNE
       # (tried on the H200 in runs 11-12 and slower there: state_fwd.bv=32 state_bwd.bv=32, intra_bwd.bk=32,
       # dqk.bk=128, intra_bwd.warps=8, solve.warps=2; intra_fwd.warps=8 was 0.1 ms faster for unbounded KDA only)
       # (a comma joins settings tried together)
       for set in intra_bwd.tri=1 intra_bwd.loop=1 intra_bwd.tri=1,intra_bwd.loop=1 intra_fwd.loop=1 \
-        dqk.partial_lowp=1 intra_fwd.warps=2 intra_bwd.warps=2 wu.warps=4 decayed_in_cumsum=1 intra_bwd.bk=128; do
+        dqk.partial_lowp=1; do
         echo "-- --set $set"
         # shellcheck disable=SC2086
         timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set ${set//,/ } | quiet \
+          | grep -v " 0\.[0-9]%" | grep -v TUNE
+      done ;;
+    tune2)
+      # launch settings not yet tried on the H200
+      for set in intra_fwd.warps=2 intra_bwd.warps=2 wu.warps=4 decayed_in_cumsum=1 intra_bwd.bk=128; do
+        echo "-- --set $set"
+        timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set "$set" | quiet \
           | grep -v " 0\.[0-9]%" | grep -v TUNE
       done ;;
     shapes)
@@ -131,7 +139,7 @@ for step in $STEPS; do
         --budget-s 100 --ops kda kda_bounded | quiet | tail -20 ;;
     packing)
       timeout 150 python3 benchmarks/sweep_packing.py --jobs 4 --out "$OUT/packing" | tail -14 ;;
-    *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune shapes flacheck)"; exit 2 ;;
+    *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune tune2 shapes flacheck)"; exit 2 ;;
   esac
   save_autotune
   # PACK=FILE: everything under OUT in one archive after every step (the device returns at most 8 files,
