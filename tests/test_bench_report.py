@@ -61,6 +61,10 @@ def test_report_uses_anchors_only_where_the_run_has_no_fla(tmp_path: Path) -> No
     gated = _table_line(md, "B32T2K", "gated_delta_rule")
     assert gated[3] == "refused (#640)" and gated[10] == "-"
     assert "(a): FLA 0.6.0 from" in md
+    # where the run timed FLA and the anchors have it too, both side by side in their own table
+    versus = md.split("## FLA in this run against the anchor file")[1].split("##")[0]
+    assert "| B8T8K | kda_bounded | 2.0 | 3.063 | 10.0 | 15.427 |" in versus
+    assert "| B32T2K | kda_bounded |" not in versus
     # the memory table: MiB side by side, ratios where both sides have a number
     mem = md.split("## Peak memory")[1]
     assert "| B32T2K | kda_bounded | 300.0 | - | - | 100.0 | - | 3.00 |" in mem
@@ -78,3 +82,16 @@ def test_report_without_anchors_has_no_fla_column_values(tmp_path: Path) -> None
     assert _table_line(md, "B32T2K", "kda_bounded")[3] == "-"
     assert "(a):" not in md
     assert "## Peak memory" not in md
+    assert "against the anchor file" not in md
+
+
+def test_report_names_fla_refusals_timed_in_the_run(tmp_path: Path) -> None:
+    csv_path = tmp_path / "bench.csv"
+    err = "ERR RuntimeError: Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated"
+    csv_path.write_text(
+        FIELDS
+        + f"\nB8T8K,simple_gla,ours,8,8192,16,128,0.9,4.3,\nB8T8K,simple_gla,fla,8,8192,16,128,0.8,{err},\n"
+    )
+    write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
+    line = _table_line((tmp_path / "out.md").read_text(), "B8T8K", "simple_gla")
+    assert line[3] == "0.8" and line[7] == "refused (#640)" and line[11] == "-"
