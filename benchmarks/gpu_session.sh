@@ -86,6 +86,61 @@ for step in $STEPS; do
         timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set ${set//,/ } | quiet \
           | grep -v " 0\.[0-9]%" | grep -v TUNE
       done ;;
+    verify)
+      # after a kernel change, in little device time: our kernels for the benchmark shapes compile in the
+      # background (with and without the alternative ALT, default intra_fwd.tri=1) while the checks run
+      alt="${ALT:-intra_fwd.tri=1}"
+      pids=()
+      for shape in B32T2K B8T8K; do
+        for set in none "$alt"; do
+          # shellcheck disable=SC2046
+          timeout 110 python3 benchmarks/bench_gpu.py --compile-only --impls ours --shapes "$shape" --out "$OUT/bench" \
+            $([ "$set" = none ] || echo --set "${set//,/ }") 2>&1 | grep -e "^compile" >>"$OUT/compile.log" &
+          pids+=($!)
+        done
+      done
+      # the long, the fp16 and the FLA cross-checks side by side with the rest (correctness only: sharing the
+      # GPU is harmless). FLA's kernels (bf16 at H = 2 and 16) reuse the autotuning results of the fla step
+      # (.device/triton_autotune), so they compile their chosen configs only
+      timeout 110 python3 tests/gpu/check_kernels.py --T 8192 --H 2 --ops kda kda_bounded --no-step \
+        --out "$OUT/check_long" >"$OUT/check_long.txt" 2>&1 &
+      pids+=($!)
+      timeout 110 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops kda_bounded kda gla delta_rule linear_attn \
+        --no-step --out "$OUT/check_fla" >"$OUT/check_fla.txt" 2>&1 &
+      pids+=($!)
+      timeout 110 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops kda_bounded gla delta_rule --dtype fp16 \
+        --no-step --no-fla --out "$OUT/check_fp16" >"$OUT/check_fp16.txt" 2>&1 &
+      pids+=($!)
+      timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --out "$OUT/check_bf16" | quiet | tail -17
+      # shellcheck disable=SC2086
+      timeout 50 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --ops gla kda kda_bounded \
+        --set ${alt//,/ } --out "$OUT/check_alt" | quiet | tail -8
+      wait "${pids[@]}"
+      quiet <"$OUT/check_long.txt" | tail -6
+      quiet <"$OUT/check_fla.txt" | tail -12
+      quiet <"$OUT/check_fp16.txt" | tail -5
+      echo "compiled: $(grep -c compiled "$OUT/compile.log") of 28" ;;
+    final)
+      # the default against ALT per kernel, then the benchmark (ours, SDPA) with the faster of the two for
+      # bounded KDA's forward+backward
+      alt="${ALT:-intra_fwd.tri=1}"
+      timeout 35 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --out "$OUT/profile_default.csv" | quiet \
+        | grep -v " 0\.[0-9]%" | grep -v TUNE
+      # shellcheck disable=SC2086
+      timeout 35 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --out "$OUT/profile_alt.csv" --set ${alt//,/ } \
+        | quiet | grep -v " 0\.[0-9]%"
+      pick=$(python3 - "$OUT/profile_default.csv" "$OUT/profile_alt.csv" <<'PY'
+import csv, sys
+tot = [sum(float(r["ms"]) for r in csv.DictReader(open(f)) if r["op"] == "kda_bounded" and r["pass"] == "train")
+       for f in sys.argv[1:]]
+print("alt" if tot[1] < tot[0] else "default", file=sys.stderr)
+print("yes" if tot[1] < tot[0] else "")
+PY
+)
+      if [ -n "$pick" ]; then echo "--set ${alt//,/ }" >"$OUT/pick_set.txt"; else : >"$OUT/pick_set.txt"; fi
+      # shellcheck disable=SC2046
+      timeout 100 python3 benchmarks/bench_gpu.py --out "$OUT/bench" --impls ours sdpa --skip-sweep --skip-decode \
+        --budget-s 90 $(cat "$OUT/pick_set.txt") | quiet | grep -v "^|" ;;
     tune2)
       # launch settings not yet tried on the H200
       for set in intra_fwd.warps=2 intra_bwd.warps=2 wu.warps=4 decayed_in_cumsum=1 intra_bwd.bk=128; do
@@ -135,11 +190,14 @@ for step in $STEPS; do
       timeout 120 python3 benchmarks/bench_gpu.py --out "$OUT/bench" --impls ours torch --skip-sweep --budget-s 100 \
         | quiet | tail -20 ;;
     sweep)
+      # (with the settings the final step picked, if it ran)
+      # shellcheck disable=SC2046
       timeout 120 python3 benchmarks/bench_gpu.py --out "$OUT/sweep" --impls ours sdpa fla --skip-decode --skip-fixed \
-        --budget-s 100 --ops kda kda_bounded | quiet | tail -20 ;;
+        --budget-s 100 --ops kda kda_bounded $(cat "$OUT/pick_set.txt" 2>/dev/null) | quiet | grep -v "^|" ;;
     packing)
       timeout 150 python3 benchmarks/sweep_packing.py --jobs 4 --out "$OUT/packing" | tail -14 ;;
-    *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune tune2 shapes flacheck)"; exit 2 ;;
+    *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune tune2 shapes flacheck verify final)"
+      exit 2 ;;
   esac
   save_autotune
   # PACK=FILE: everything under OUT in one archive after every step (the device returns at most 8 files,

@@ -141,46 +141,38 @@ def test_decayed_operands_from_the_cumsum_kernel(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound",
-    [(*op, None) for op in OPS] + [("kda_bounded", "channel", True, -5.0)],
-    ids=[op[0] for op in OPS] + ["kda_bounded"],
-)
-def test_one_program_per_chunk_in_the_intra_kernels(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, delta: bool, lower_bound: float | None
-) -> None:
-    # the launch settings that loop over a chunk's row blocks inside one program of the intra forward and
-    # backward (off until timed on a GPU) compute the same op; T=100: a full chunk and a partial one
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.loop", 1)
-    monkeypatch.setitem(chunk.TUNE, "intra_bwd.loop", 1)
-    inputs = make_inputs(decay, delta, 1, 100, 2, K=16, V=32, seed=3, lower_bound=lower_bound)
-    check_against_naive(inputs, lower_bound=lower_bound)
-
-
-@pytest.mark.parametrize("loop", [0, 1])
 @pytest.mark.parametrize("T", [63, 100, 200])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
     [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
 )
-def test_triangular_intra_backward(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str,
-    delta: bool,
-    lower_bound: float | None,
-    T: int,
-    loop: int,
+def test_whole_chunk_intra_backward(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int
 ) -> None:
-    # the intra backward that visits only the reachable 16-row blocks (off until timed on a GPU), alone and
-    # inside the per-chunk loop; T=63/100/200: partial last chunks, one to four chunks
+    # the default intra backward of the per-channel decay visits only the reachable 16-row blocks
+    # (intra_bwd.tri=1, every other test); the whole-chunk masked form it replaced stays as an alternative
+    # and computes the same op. T=63/100/200: partial last chunks, one to four chunks
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "intra_bwd.tri", 1)
-    monkeypatch.setitem(chunk.TUNE, "intra_bwd.loop", loop)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + loop, lower_bound=lower_bound)
+    monkeypatch.setitem(chunk.TUNE, "intra_bwd.tri", 0)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T, lower_bound=lower_bound)
+    check_against_naive(inputs, lower_bound=lower_bound)
+
+
+@pytest.mark.parametrize("T", [63, 100, 200])
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound",
+    [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
+)
+def test_triangular_intra_forward(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int
+) -> None:
+    # the intra forward over only the reachable column blocks (intra_fwd.tri=1, off until timed on a GPU)
+    # computes the same op, the zeros after the diagonal included (the output kernel reads whole rows)
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "intra_fwd.tri", 1)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 1, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
 
 

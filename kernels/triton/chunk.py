@@ -150,41 +150,15 @@ def _intra_fwd_kernel(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
-    LOOP: tl.constexpr,
+    TRI: tl.constexpr,
 ):
-    # one BC-row block per program, or with LOOP (TUNE["intra_fwd.loop"]) the chunk's NC blocks one after
-    # the other in one program (the chunk's k and G then come from the SM's L1 for the later blocks)
+    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    if LOOP:
-        for i_c in range(NC):
-            _intra_fwd_rows(
-                q,
-                k,
-                gc,
-                akk,
-                aqk,
-                qg,
-                kd,
-                scale,
-                T,
-                i_tc,
-                i_c,
-                i_b,
-                i_h,
-                H,
-                K,
-                BT,
-                BC,
-                DECAY,
-                DELTA,
-                BOUNDED,
-                LOWP,
-                STORE_DECAYED,
-            )
-    else:
-        _intra_fwd_rows(
+    i_t, i_c = i_tc // NC, i_tc % NC
+    if DECAY == 2 and TRI:
+        _intra_fwd_tri(
             q,
             k,
             gc,
@@ -194,24 +168,92 @@ def _intra_fwd_kernel(
             kd,
             scale,
             T,
-            i_tc // NC,
-            i_tc % NC,
+            i_t,
+            i_c,
             i_b,
             i_h,
             H,
             K,
             BT,
             BC,
-            DECAY,
             DELTA,
             BOUNDED,
             LOWP,
             STORE_DECAYED,
         )
+    else:
+        t0 = i_t * BT
+        r0 = t0 + i_c * BC
+        o_r = r0 + tl.arange(0, BC)  # rows of this block
+        o_i = t0 + tl.arange(0, BT)  # columns: the whole chunk
+        m_r, m_i = o_r < T, o_i < T
+        b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
+        b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
+        b_ki = _load_rows(k, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
+        if DECAY == 2:
+            b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
+            b_gi = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
+            # anchor: the block's first row, in the past of every row it serves (causal, unlike a midpoint)
+            b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # [K]
+            b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
+            # the decayed operands of the state pass, the output and the reverse state pass, written once
+            # here: Q exp(G) (queries read the state from the chunk start), K exp(G_last - G) (keys carried
+            # to its end)
+            if STORE_DECAYED:
+                b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+                p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+                b_qg = b_q * tl.exp(tl.where(m_r[:, None], b_gr, 0.0))
+                tl.store(qg + p_rk, b_qg.to(qg.dtype.element_ty), mask=m_r[:, None])
+                b_kdr = b_kr * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_gr, 0.0))
+                tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
+            if BOUNDED:
+                # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
+                m_y = m_i & (o_i < r0 + BC)
+            else:
+                m_y = m_i & (o_i < r0)
+            b_y = b_ki * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf")))
+            b_y = _dot_cast(b_y, LOWP)
+            b_aqk = tl.dot(_dot_cast(b_q * b_er, LOWP), tl.trans(b_y))  # [BC, BT]
+            b_akk = tl.dot(_dot_cast(b_kr * b_er, LOWP), tl.trans(b_y))
+            if not BOUNDED:
+                # diagonal block, unbounded gates: one column at a time with the exact relative decay
+                o_k = tl.arange(0, K)
+                p_kj = k + ((i_b * T + r0) * H + i_h) * K + o_k
+                p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
+                for j in range(BC):
+                    t_j = r0 + j
+                    m_kj = (o_k * 0 + t_j) < T
+                    b_kj = tl.load(p_kj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
+                    b_gj = tl.load(p_gj + j * H * K, mask=m_kj, other=0.0)
+                    # rows past T too: their G is 0, and exp(0 - G_j) overflows
+                    m_j = (o_r[:, None] >= t_j) & m_r[:, None] & m_kj[None, :]
+                    b_e = tl.exp(tl.where(m_j, b_gr - b_gj[None, :], float("-inf")))  # [BC, K]
+                    b_aqk = tl.where(
+                        o_i[None, :] == t_j, tl.sum(b_q * b_kj[None, :] * b_e, 1)[:, None], b_aqk
+                    )
+                    b_akk = tl.where(
+                        o_i[None, :] == t_j, tl.sum(b_kr * b_kj[None, :] * b_e, 1)[:, None], b_akk
+                    )
+        else:
+            b_aqk = tl.dot(_dot_cast(b_q, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
+            b_akk = tl.dot(_dot_cast(b_kr, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
+            if DECAY == 1:
+                b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
+                b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
+                m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
+                b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gi[None, :], float("-inf")))
+                b_aqk = b_aqk * b_d
+                b_akk = b_akk * b_d
+        b_aqk = tl.where((o_r[:, None] >= o_i[None, :]) & m_i[None, :], b_aqk, 0.0) * scale
+        p_a = ((i_b * T + o_r[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+        tl.store(aqk + p_a, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
+        if DELTA:
+            b_akk = tl.where((o_r[:, None] > o_i[None, :]) & m_i[None, :], b_akk, 0.0)
+            tl.store(akk + p_a, b_akk, mask=m_r[:, None])
 
 
 @triton.jit
-def _intra_fwd_rows(
+def _intra_fwd_tri(
     q,
     k,
     gc,
@@ -229,76 +271,87 @@ def _intra_fwd_rows(
     K: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
-    DECAY: tl.constexpr,
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
 ):
-    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
+    # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
+    # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
+    # tiles masked (TUNE["intra_fwd.tri"]); the blocks after the diagonal are stored as zeros
     t0 = i_t * BT
     r0 = t0 + i_c * BC
-    o_r = r0 + tl.arange(0, BC)  # rows of this block
-    o_i = t0 + tl.arange(0, BT)  # columns: the whole chunk
-    m_r, m_i = o_r < T, o_i < T
+    o_b = tl.arange(0, BC)
+    o_r = r0 + o_b
+    m_r = o_r < T
     b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
-    b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
-    b_ki = _load_rows(k, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
-    if DECAY == 2:
-        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
-        b_gi = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
-        # anchor: the block's first row, in the past of every row it serves (causal, unlike a midpoint)
-        b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # [K]
-        b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
-        # the decayed operands of the state pass, the output and the reverse state pass, written once here:
-        # Q exp(G) (queries read the state from the chunk start), K exp(G_last - G) (keys carried to its end)
-        if STORE_DECAYED:
-            b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-            p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-            b_qg = b_q * tl.exp(tl.where(m_r[:, None], b_gr, 0.0))
-            tl.store(qg + p_rk, b_qg.to(qg.dtype.element_ty), mask=m_r[:, None])
-            b_kdr = b_kr * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_gr, 0.0))
-            tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
-        if BOUNDED:
-            # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
-            m_y = m_i & (o_i < r0 + BC)
-        else:
-            m_y = m_i & (o_i < r0)
-        b_y = b_ki * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf")))
-        b_y = _dot_cast(b_y, LOWP)
-        b_aqk = tl.dot(_dot_cast(b_q * b_er, LOWP), tl.trans(b_y))  # [BC, BT]
-        b_akk = tl.dot(_dot_cast(b_kr * b_er, LOWP), tl.trans(b_y))
-        if not BOUNDED:
-            # diagonal block, unbounded gates: one column at a time with the exact relative decay
-            o_k = tl.arange(0, K)
-            p_kj = k + ((i_b * T + r0) * H + i_h) * K + o_k
-            p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
-            for j in range(BC):
-                t_j = r0 + j
-                m_kj = (o_k * 0 + t_j) < T
-                b_kj = tl.load(p_kj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
-                b_gj = tl.load(p_gj + j * H * K, mask=m_kj, other=0.0)
-                # rows past T too: their G is 0, and exp(0 - G_j) overflows
-                m_j = (o_r[:, None] >= t_j) & m_r[:, None] & m_kj[None, :]
-                b_e = tl.exp(tl.where(m_j, b_gr - b_gj[None, :], float("-inf")))  # [BC, K]
-                b_aqk = tl.where(o_i[None, :] == t_j, tl.sum(b_q * b_kj[None, :] * b_e, 1)[:, None], b_aqk)
-                b_akk = tl.where(o_i[None, :] == t_j, tl.sum(b_kr * b_kj[None, :] * b_e, 1)[:, None], b_akk)
-    else:
-        b_aqk = tl.dot(_dot_cast(b_q, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
-        b_akk = tl.dot(_dot_cast(b_kr, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
-        if DECAY == 1:
-            b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
-            b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
-            m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
-            b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gi[None, :], float("-inf")))
-            b_aqk = b_aqk * b_d
-            b_akk = b_akk * b_d
-    b_aqk = tl.where((o_r[:, None] >= o_i[None, :]) & m_i[None, :], b_aqk, 0.0) * scale
-    p_a = ((i_b * T + o_r[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-    tl.store(aqk + p_a, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
+    b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
+    b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
+    b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
+    b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
+    if STORE_DECAYED:
+        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+        p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+        b_qg = b_q * tl.exp(tl.where(m_r[:, None], b_gr, 0.0))
+        tl.store(qg + p_rk, b_qg.to(qg.dtype.element_ty), mask=m_r[:, None])
+        b_kdr = b_kr * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_gr, 0.0))
+        tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
+    b_qe = _dot_cast(b_q * b_er, LOWP)
+    b_ke = _dot_cast(b_kr * b_er, LOWP)
+    p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
+    # the bounded gate keeps exp(G_r0 - G_i) <= e^{-lower_bound (BC - 1)} inside the diagonal block too
+    n_j = i_c + 1 if BOUNDED else i_c
+    for j in range(0, n_j):
+        o_j = t0 + j * BC + o_b
+        m_j = o_j < T
+        b_gj = _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
+        b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
+        b_y = tl.trans(
+            _dot_cast(b_y * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
+        )
+        p_a = p_row + (j * BC + o_b)[None, :]
+        b_a = tl.dot(b_qe, b_y)
+        b_a = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
+        tl.store(aqk + p_a, b_a.to(aqk.dtype.element_ty), mask=m_r[:, None])
+        if DELTA:
+            b_a = tl.dot(b_ke, b_y)
+            tl.store(
+                akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
+            )
+    if not BOUNDED:
+        # the diagonal block, one column at a time with the exact relative decay (masked before the exp)
+        o_k = tl.arange(0, K)
+        p_kj = k + ((i_b * T + r0) * H + i_h) * K + o_k
+        p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
+        b_aq = tl.zeros([BC, BC], dtype=tl.float32)
+        b_ak = tl.zeros([BC, BC], dtype=tl.float32)
+        for j in range(BC):
+            t_j = r0 + j
+            m_kj = (o_k * 0 + t_j) < T
+            b_kj = tl.load(p_kj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
+            b_gj = tl.load(p_gj + j * H * K, mask=m_kj, other=0.0)
+            m_e = (o_r[:, None] >= t_j) & m_r[:, None] & m_kj[None, :]
+            b_e = tl.exp(tl.where(m_e, b_gr - b_gj[None, :], float("-inf")))  # [BC, K]
+            b_aq = tl.where(o_b[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_e, 1)[:, None], b_aq)
+            b_ak = tl.where(o_b[None, :] == j, tl.sum(b_kr * b_kj[None, :] * b_e, 1)[:, None], b_ak)
+        o_j = r0 + o_b
+        m_j = o_j < T
+        p_a = p_row + (i_c * BC + o_b)[None, :]
+        b_aq = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_aq, 0.0) * scale
+        tl.store(aqk + p_a, b_aq.to(aqk.dtype.element_ty), mask=m_r[:, None])
+        if DELTA:
+            tl.store(
+                akk + p_a,
+                tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_ak, 0.0),
+                mask=m_r[:, None],
+            )
+    # the blocks after the diagonal: zeros (the output kernel and the backward read whole rows)
+    o_c = tl.arange(0, BT)
+    m_z = m_r[:, None] & (o_c[None, :] >= (i_c + 1) * BC)
+    b_z = tl.zeros([BC, BT], dtype=tl.float32)
+    tl.store(aqk + p_row + o_c[None, :], b_z.to(aqk.dtype.element_ty), mask=m_z)
     if DELTA:
-        b_akk = tl.where((o_r[:, None] > o_i[None, :]) & m_i[None, :], b_akk, 0.0)
-        tl.store(akk + p_a, b_akk, mask=m_r[:, None])
+        tl.store(akk + p_row + o_c[None, :], b_z, mask=m_z)
 
 
 @triton.jit
@@ -1271,11 +1324,12 @@ def _intra_bwd_kernel(
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
-    LOOP: tl.constexpr,
     TRI: tl.constexpr,
 ):
-    # one BC-row block per program, or with LOOP (TUNE["intra_bwd.loop"]) the chunk's NC blocks one after
-    # the other in one program (the chunk-wide tiles then come from the SM's L1 for the later blocks)
+    # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
+    # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
+    # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
+    # and the log-decay gets x * dx - y * dy
     i_tc, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -1283,100 +1337,7 @@ def _intra_bwd_kernel(
     )
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    if LOOP:
-        for i_c in range(NC):
-            _intra_bwd_rows(
-                q,
-                k,
-                gc,
-                m_qk,
-                m_kk,
-                dq,
-                dk,
-                dgk,
-                dq_out,
-                dk_out,
-                T,
-                i_tc,
-                i_c,
-                i_k,
-                i_b,
-                i_h,
-                H,
-                K,
-                BT,
-                BC,
-                BK,
-                DECAY,
-                DELTA,
-                BOUNDED,
-                LOWP,
-                TRI,
-            )
-    else:
-        _intra_bwd_rows(
-            q,
-            k,
-            gc,
-            m_qk,
-            m_kk,
-            dq,
-            dk,
-            dgk,
-            dq_out,
-            dk_out,
-            T,
-            i_tc // NC,
-            i_tc % NC,
-            i_k,
-            i_b,
-            i_h,
-            H,
-            K,
-            BT,
-            BC,
-            BK,
-            DECAY,
-            DELTA,
-            BOUNDED,
-            LOWP,
-            TRI,
-        )
-
-
-@triton.jit
-def _intra_bwd_rows(
-    q,
-    k,
-    gc,
-    m_qk,
-    m_kk,
-    dq,
-    dk,
-    dgk,
-    dq_out,
-    dk_out,
-    T,
-    i_t,
-    i_c,
-    i_k,
-    i_b,
-    i_h,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    BK: tl.constexpr,
-    DECAY: tl.constexpr,
-    DELTA: tl.constexpr,
-    BOUNDED: tl.constexpr,
-    LOWP: tl.constexpr,
-    TRI: tl.constexpr,
-):
-    # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
-    # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
-    # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
-    # and the log-decay gets x * dx - y * dy
+    i_t, i_c = i_tc // NC, i_tc % NC
     t0 = i_t * BT
     r0 = t0 + i_c * BC
     o_r = r0 + tl.arange(0, BC)
@@ -1464,17 +1425,18 @@ TUNE: dict[str, int | None] = {
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
     # (the first two) by the intra kernel. Not yet timed on the GPU: 0 stays the default until it is
     "decayed_in_cumsum": 0,
-    # 1: one program per chunk in the intra kernels, looping over its BC-row blocks, instead of one program
-    # per block (the chunk-wide tiles each block reads then come from L1, not L2). Not yet timed on the GPU
-    "intra_fwd.loop": 0,
-    "intra_bwd.loop": 0,
     # 1: the per-channel decay's intra backward visits only the 16-row blocks each row / column block can
-    # reach (a triangle: 5 of 8 blocks on average), one block per loop step (_rel_rows_tri, _rel_cols_tri),
-    # instead of whole-chunk tiles, masked. Not yet timed on the GPU
-    "intra_bwd.tri": 0,
-    # 1: the partial dq, dk that the dqk kernel hands to the intra backward in the inputs' 16-bit dtype
-    # instead of fp32 (half the bytes written and read). Not yet timed or checked on the GPU
-    "dqk.partial_lowp": 0,
+    # reach (a triangle: 5 of 8 blocks on average), one block per loop step (_rel_rows_tri, _rel_cols_tri);
+    # 0: whole-chunk tiles, masked. H200, B8 T8K H16 (run 16): bounded KDA's intra backward 4.05 -> 2.59 ms,
+    # KDA's 8.60 -> 5.98
+    "intra_bwd.tri": 1,
+    # 1: the same for the intra forward (_intra_fwd_tri: the reachable column blocks one at a time, the blocks
+    # after the diagonal stored as zeros); 0: whole-chunk tiles, masked. Not yet timed on the GPU
+    "intra_fwd.tri": 0,
+    # 1: the partial dq, dk that the dqk kernel hands to the intra backward in bf16 for 16-bit inputs, instead
+    # of fp32 (half the bytes written and read); the sum is fp32 in the intra backward. H200, B8 T8K H16
+    # (run 16): dqk 1.93 -> 1.70 ms for KDA; bf16 dq/dk errors 2.9e-3 -> 3.2e-3 (FLA's bound 8e-3)
+    "dqk.partial_lowp": 1,
 }
 
 
@@ -1590,8 +1552,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
-    loop_fwd = bool(TUNE["intra_fwd.loop"])
-    _intra_fwd_kernel[(NT * (1 if loop_fwd else BT // BC), B * H)](
+    _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
         gcx,
@@ -1610,7 +1571,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         BOUNDED=bounded,
         LOWP=lowp,
         STORE_DECAYED=not early,
-        LOOP=loop_fwd,
+        TRI=bool(TUNE["intra_fwd.tri"]),
         num_warps=_tuned("intra_fwd.warps", 4),
     )
     linv = w = u = vt = None
@@ -1743,7 +1704,9 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         num_warps=_tuned("state_bwd.warps", _num_warps(K * BV >= 128 * 64)),
         num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
     )
-    partial = q.dtype if lowp and TUNE["dqk.partial_lowp"] else f32
+    partial = (
+        torch.bfloat16 if lowp and TUNE["dqk.partial_lowp"] else f32
+    )  # bf16: fp32's range, also for fp16
     dq = torch.empty(B, T, H, K, device=dev, dtype=partial)
     dk = torch.empty(B, T, H, K, device=dev, dtype=partial)
     dgk = torch.empty(B, T, H, K, device=dev, dtype=f32)
@@ -1823,8 +1786,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # H200, B8 T8K H16: blocks of 64 took the per-channel decay's intra backward from 7.3 to 5.0 ms (GLA)
     # and 14.3 to 8.6 ms (KDA); the other decays lost 0.15-0.4 ms to reading M twice: they keep whole rows
     BKi = min(K, _tuned("intra_bwd.bk", 64 if decay == 2 else 128))
-    loop_bwd = bool(TUNE["intra_bwd.loop"])
-    _intra_bwd_kernel[(NT * (1 if loop_bwd else BT // BC), K // BKi, B * H)](
+    _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
         q,
         k,
         gcx,
@@ -1845,7 +1807,6 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=False,
-        LOOP=loop_bwd,
         TRI=bool(TUNE["intra_bwd.tri"]),
         num_warps=_tuned("intra_bwd.warps", 4),
     )
