@@ -320,19 +320,24 @@ def _cell(value) -> str:
 
 
 def write_markdown(rows: list, path: Path, header: str) -> None:
-    lines = [
-        header,
-        "",
-        "## Fixed shapes (bf16, K = V = 128, ms, median of do_bench)",
-        "",
-        "| shape | op | ours fwd | FLA fwd | torch fwd | SDPA fwd | ours fwd+bwd | FLA fwd+bwd "
-        "| torch fwd+bwd "
-        "| SDPA fwd+bwd | ours/FLA fwd | ours/FLA fwd+bwd | ours/SDPA fwd | ours/SDPA fwd+bwd |",
-        "|" + "---|" * 14,
+    lines = [header]
+    # the two fixed shapes' tables only where the run timed them (a sweep-only run has the sweep alone)
+    fixed = [
+        s for s in ("B32T2K", "B8T8K") if any(r["shape"] == s and r["impl"] != "fla_anchor" for r in rows)
     ]
+    if fixed:
+        lines += [
+            "",
+            "## Fixed shapes (bf16, K = V = 128, ms, median of do_bench)",
+            "",
+            "| shape | op | ours fwd | FLA fwd | torch fwd | SDPA fwd | ours fwd+bwd | FLA fwd+bwd "
+            "| torch fwd+bwd "
+            "| SDPA fwd+bwd | ours/FLA fwd | ours/FLA fwd+bwd | ours/SDPA fwd | ours/SDPA fwd+bwd |",
+            "|" + "---|" * 14,
+        ]
     by = {(r["shape"], r["op"], r["impl"]): r for r in rows}
     used_anchor = False
-    for shape in ("B32T2K", "B8T8K"):
+    for shape in fixed:
         sd = by.get((shape, "sdpa", "sdpa"), {})
         for name, *_ in OPS:
             o, f, t = (by.get((shape, name, w), {}) for w in ("ours", "fla", "torch"))
@@ -362,7 +367,7 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
             lines.append(f"| {shape} | {name} | " + " | ".join(cells) + " |")
     both = [
         (shape, name)
-        for shape in ("B32T2K", "B8T8K")
+        for shape in fixed
         for name, *_ in OPS
         if (shape, name, "fla") in by and (shape, name, "fla_anchor") in by
     ]
@@ -385,7 +390,7 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
             "another run), where this run has no FLA timing of its own; ERR: FLA refuses that backward on "
             "Triton 3.6 (its issue #640).",
         ]
-    if any(isinstance(r.get("mb_fwdbwd"), float) for r in rows):
+    if any(isinstance(r.get("mb_fwdbwd"), float) for r in rows if r["shape"] in fixed):
         lines += [
             "",
             "## Peak memory of one forward+backward above the inputs (MiB)",
@@ -393,7 +398,7 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
             "| shape | op | ours | FLA | torch | SDPA | ours/FLA | ours/SDPA |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for shape in ("B32T2K", "B8T8K"):
+        for shape in fixed:
             sd = by.get((shape, "sdpa", "sdpa"), {}).get("mb_fwdbwd", "-")
             for name, *_ in OPS:
                 o, f, t = (
@@ -402,19 +407,29 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
                 lines.append(
                     f"| {shape} | {name} | {o} | {f} | {t} | {sd} | {ratio(o, f)} | {ratio(o, sd)} |"
                 )
-    sweep = [r for r in rows if r["shape"] == "sweep"]
+    sweep = {(r["T"], r["op"], r["impl"]): r for r in rows if r["shape"] == "sweep"}
     if sweep:
         lines += [
             "",
-            "## Sweep B=1, H=16 (ms)",
+            "## Sweep B=1, H=16 (bf16, K = V = 128, ms)",
             "",
-            "| T | op | impl | fwd | fwd+bwd |",
-            "|---|---|---|---|---|",
+            "| T | op | ours fwd | FLA fwd | SDPA fwd | ours fwd+bwd | FLA fwd+bwd | SDPA fwd+bwd "
+            "| ours/FLA fwd+bwd | ours/SDPA fwd+bwd |",
+            "|" + "---|" * 10,
         ]
-        lines += [
-            f"| {r['T']} | {r['op']} | {r['impl']} | {r.get('ms_fwd', '-')} | {r.get('ms_fwdbwd', '-')} |"
-            for r in sweep
-        ]
+        for T in sorted({key[0] for key in sweep}):
+            sd = sweep.get((T, "sdpa", "sdpa"), {})
+            for name in sorted({key[1] for key in sweep if key[1] != "sdpa" and key[0] == T}):
+                o, f = sweep.get((T, name, "ours"), {}), sweep.get((T, name, "fla"), {})
+                cells = [o.get("ms_fwd"), f.get("ms_fwd"), sd.get("ms_fwd")]
+                cells += [o.get("ms_fwdbwd"), f.get("ms_fwdbwd"), sd.get("ms_fwdbwd")]
+                cells += [
+                    ratio(o.get("ms_fwdbwd"), f.get("ms_fwdbwd")),
+                    ratio(o.get("ms_fwdbwd"), sd.get("ms_fwdbwd")),
+                ]
+                lines.append(
+                    f"| {T} | {name} | " + " | ".join(_cell("-" if c is None else c) for c in cells) + " |"
+                )
     dec = [r for r in rows if r["shape"] == "decode"]
     if dec:
         lines += ["", "## Decode: one KDA step, B=32, H=16, K=V=128, fp32 state (ms)", ""]

@@ -95,3 +95,18 @@ def test_report_names_fla_refusals_timed_in_the_run(tmp_path: Path) -> None:
     write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
     line = _table_line((tmp_path / "out.md").read_text(), "B8T8K", "simple_gla")
     assert line[3] == "0.8" and line[7] == "refused (#640)" and line[11] == "-"
+
+
+def test_report_of_a_sweep_alone_pivots_the_implementations(tmp_path: Path) -> None:
+    csv_path = tmp_path / "sweep.csv"
+    csv_path.write_text(
+        FIELDS
+        + "\nsweep,kda_bounded,ours,1,8192,16,128,0.5,1.6,800.0"
+        + "\nsweep,sdpa,sdpa,1,8192,16,128,0.4,2.0,190.0"
+        + "\nsweep,kda_bounded,fla,1,8192,16,128,1.0,3.2,900.0\n"
+    )
+    write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
+    md = (tmp_path / "out.md").read_text()
+    # a sweep-only run has no (empty) fixed-shape or memory tables
+    assert "## Fixed shapes" not in md and "## Peak memory" not in md
+    assert "| 8192 | kda_bounded | 0.5 | 1.0 | 0.4 | 1.6 | 3.2 | 2.0 | 0.50 | 0.80 |" in md

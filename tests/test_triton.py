@@ -159,20 +159,28 @@ def test_whole_chunk_intra_backward(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
+@pytest.mark.parametrize("tri", [0, 1])
 @pytest.mark.parametrize("T", [63, 100, 200])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
     [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
 )
-def test_triangular_intra_forward(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int
+def test_intra_forward_both_ways(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str,
+    delta: bool,
+    lower_bound: float | None,
+    T: int,
+    tri: int,
 ) -> None:
-    # the intra forward over only the reachable column blocks (intra_fwd.tri=1, off until timed on a GPU)
-    # computes the same op, the zeros after the diagonal included (the output kernel reads whole rows)
+    # the intra forward over only the reachable column blocks (intra_fwd.tri=1; the default with the bounded
+    # gate) and over whole-chunk tiles masked (0; the default otherwise) compute the same op, the zeros after
+    # the diagonal included (the output kernel reads whole rows)
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.tri", 1)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 1, lower_bound=lower_bound)
+    monkeypatch.setitem(chunk.TUNE, "intra_fwd.tri", tri)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + tri, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
 
 

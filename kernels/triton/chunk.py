@@ -1431,8 +1431,10 @@ TUNE: dict[str, int | None] = {
     # KDA's 8.60 -> 5.98
     "intra_bwd.tri": 1,
     # 1: the same for the intra forward (_intra_fwd_tri: the reachable column blocks one at a time, the blocks
-    # after the diagonal stored as zeros); 0: whole-chunk tiles, masked. Not yet timed on the GPU
-    "intra_fwd.tri": 0,
+    # after the diagonal stored as zeros); 0: whole-chunk tiles, masked; None: 1 with the bounded gate only.
+    # H200, B8 T8K H16 (run 17): bounded KDA's intra forward 1.040 -> 0.957 ms, but KDA's (its diagonal
+    # block by positions) 3.075 -> 3.322
+    "intra_fwd.tri": None,
     # 1: the partial dq, dk that the dqk kernel hands to the intra backward in bf16 for 16-bit inputs, instead
     # of fp32 (half the bytes written and read); the sum is fp32 in the intra backward. H200, B8 T8K H16
     # (run 16): dqk 1.93 -> 1.70 ms for KDA; bf16 dq/dk errors 2.9e-3 -> 3.2e-3 (FLA's bound 8e-3)
@@ -1571,7 +1573,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         BOUNDED=bounded,
         LOWP=lowp,
         STORE_DECAYED=not early,
-        TRI=bool(TUNE["intra_fwd.tri"]),
+        TRI=bounded if TUNE["intra_fwd.tri"] is None else bool(TUNE["intra_fwd.tri"]),
         num_warps=_tuned("intra_fwd.warps", 4),
     )
     linv = w = u = vt = None
