@@ -16,16 +16,22 @@
 # .device/triton_autotune/ (git-ignored) and carry ".device": the next session's FLA timings then compile
 # only the chosen configs instead of benchmarking all of them, and the results accumulate over sessions.
 # (The cache key includes the Triton build, the GPU and FLA's source: the same device image reuses it.
-# Written 2026-11-29 after the last device call of that session: not yet exercised on the device.)
+# Run 17 used the results of run 15 so: FLA's sweep at H=16 needed no autotuning.)
+# The device tool returns at most 8 files, two folders deep: give it PACK (one archive of OUT after
+# every step), as in the second usage line.
 #
-# Steps and their limits (seconds), about 14 minutes in all on an H200:
+# Steps and their limits (seconds), about 14 minutes in all on an H200 for the default list:
 #   check    150  bf16 correctness, all variants, T=63/1000 H=16 and KDA at T=8192 H=2; fp32 and fp16 at T=1000
 #   profile  150  GPU time per kernel at B8 T8K H16, inference forward and fwd+bwd (benchmarks/profile_gpu.py)
 #   fla      570  the two fixed shapes, ours and FLA and SDPA side by side (FLA's configs compiled in parallel first)
 #   bench    120  the fixed shapes with the torch reference, and decode
-#   sweep    120  T = 1K..64K at B=1 H=16, KDA and SDPA
+#   sweep    120  T = 1K..64K at B=1 H=16, KDA, FLA and SDPA (with the settings `final` picked, if it ran)
 #   packing  150  several training runs packed on the GPU (benchmarks/sweep_packing.py)
-#   tune     440  (not in the default list) per-kernel profiles of KDA (bounded and not) for each untried TUNE setting
+#   tune     320  (not in the default list) the session's alternatives checked, then per-kernel profiles of each
+#   tune2    200  (not in the default list) the older untried launch settings, profiled
+#   verify   150  (not in the default list) after a kernel change: our kernels compiled in the background (default
+#                 and ALT=KEY=VALUE[,KEY=VALUE]) while the defaults, ALT, T=8192, fp16 and FLA are checked
+#   final    180  (not in the default list) default against ALT per kernel, then ours and SDPA timed with the faster
 #   shapes   260  (not in the default list) correctness at K, V = 64/256 and chunk sizes 32, 16
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
