@@ -8,7 +8,8 @@ KDA with K3's bounded gate (ours: lower_bound=-5; FLA: safe_gate=True, lower_bou
 (B=32, T=2048, H=2) and (B=8, T=8192, H=16), K = V = 128, and a T = 1K..64K sweep at B=1, H=16
 (KDA and SDPA; the torch reference only up to 8K). SDPA is causal softmax attention on the same
 q, k, v (flash attention where PyTorch picks it). Decode: one KDA step at B=32, H=16 from an fp32
-state. Also the peak GPU memory of one forward+backward above the inputs (torch's allocator peak).
+state. Also the peak GPU memory of one forward+backward above the inputs (torch's allocator peak), and
+the CPU time to issue one forward (host_ms_fwd: near the GPU time, the call is launch-bound).
 Writes h200_bench.csv, h200_bench.md (ratios ours/FLA and ours/SDPA) and h200_sweep.png.
 """
 
@@ -37,7 +38,7 @@ from kernels.triton import (  # noqa: E402
     triton_recurrent_step,
 )
 
-FIELDS = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd", "mb_fwdbwd"]
+FIELDS = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd", "mb_fwdbwd", "host_ms_fwd"]
 
 
 class Table(list):
@@ -135,6 +136,22 @@ def time_fn(fn: Callable, inputs: dict, backward: bool) -> float:
     return ms
 
 
+def host_ms(fn: Callable, inputs: dict, calls: int = 20) -> float:
+    """CPU time to issue one forward (no grad), without waiting for the GPU: `calls` calls back to back,
+    then one synchronize. Close to the GPU time (ms_fwd) means the call is bound by its launches and
+    Python work, not by the GPU."""
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    with torch.no_grad():
+        fn(*args)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        issued = time.perf_counter() - start
+        torch.cuda.synchronize()
+    return issued / calls * 1e3
+
+
 def peak_mb(fn: Callable, inputs: dict) -> float:
     """Peak GPU memory of one forward+backward above what the inputs already hold (MiB): activations and
     saved intermediates, gradients, the kernels' workspace."""
@@ -182,6 +199,12 @@ def measure(
         except Exception as exc:  # FLA refuses gated backwards on Triton 3.6/Hopper (#640); OOM for torch
             row[mode] = f"ERR {type(exc).__name__}: {str(exc)[:80]}".replace(",", ";").replace("\n", " ")
         torch.cuda.empty_cache()
+    if isinstance(row.get("ms_fwd"), float):
+        try:
+            row["host_ms_fwd"] = round(host_ms(fn, make_inputs(decay, delta, lower_bound, B, T, H)), 4)
+        except Exception as exc:
+            row["host_ms_fwd"] = f"ERR {type(exc).__name__}"
+        torch.cuda.empty_cache()
     if isinstance(row.get("ms_fwdbwd"), float):
         try:
             row["mb_fwdbwd"] = peak_mb(fn, make_inputs(decay, delta, lower_bound, B, T, H))
@@ -191,7 +214,8 @@ def measure(
     rows.append(row)
     print(
         f"{shape:8s} {name:18s} {who:6s} B={B:<3d} T={T:<6d} H={H:<3d} "
-        f"fwd={row['ms_fwd']} fwdbwd={row['ms_fwdbwd']} peak_MiB={row.get('mb_fwdbwd', '-')}",
+        f"fwd={row['ms_fwd']} fwdbwd={row['ms_fwdbwd']} peak_MiB={row.get('mb_fwdbwd', '-')} "
+        f"host_ms_fwd={row.get('host_ms_fwd', '-')}",
         flush=True,
     )
 
@@ -407,6 +431,22 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
                 lines.append(
                     f"| {shape} | {name} | {o} | {f} | {t} | {sd} | {ratio(o, f)} | {ratio(o, sd)} |"
                 )
+    host = [r for r in rows if r["shape"] in fixed and isinstance(r.get("host_ms_fwd"), float)]
+    if host:
+        lines += [
+            "",
+            "## Host time to issue one forward (ms, CPU, not waiting for the GPU) against its GPU time",
+            "",
+            "Close to 1: the call is bound by its launches and Python work, not by the GPU.",
+            "",
+            "| shape | op | impl | host ms | GPU ms (fwd) | host / GPU |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['shape']} | {r['op']} | {r['impl']} | {r['host_ms_fwd']} | {r.get('ms_fwd', '-')} "
+            f"| {ratio(r['host_ms_fwd'], r.get('ms_fwd'))} |"
+            for r in host
+        ]
     sweep = {(r["T"], r["op"], r["impl"]): r for r in rows if r["shape"] == "sweep"}
     if sweep:
         lines += [
@@ -497,7 +537,7 @@ def load_rows(csv_path: Path, anchors: Path | None) -> list[dict]:
     """Rows of a benchmark CSV; with `anchors`, FLA 0.6.0's figures from that file as impl 'fla_anchor'."""
     with open(csv_path) as f:
         rows = [
-            {k: (_number(v) if k.startswith(("ms_", "mb_")) else v) for k, v in r.items()}
+            {k: (_number(v) if k.startswith(("ms_", "mb_", "host_ms")) else v) for k, v in r.items()}
             for r in csv.DictReader(f)
         ]
     for r in rows:

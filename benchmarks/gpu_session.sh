@@ -29,8 +29,9 @@
 #   packing  150  several training runs packed on the GPU (benchmarks/sweep_packing.py)
 #   tune     320  (not in the default list) the session's alternatives checked, then per-kernel profiles of each
 #   tune2    200  (not in the default list) the older untried launch settings, profiled
-#   verify   150  (not in the default list) after a kernel change: our kernels compiled in the background (default
-#                 and ALT=KEY=VALUE[,KEY=VALUE]) while the defaults, ALT, T=8192, fp16 and FLA are checked
+#   verify   200  (not in the default list) after a kernel change: our kernels compiled in the background (default
+#                 and ALT=KEY=VALUE[,KEY=VALUE]) while the defaults, ALT (on the ops ALT_OPS), T=8192, fp16 and
+#                 FLA (one process per op) are checked
 #   final    180  (not in the default list) default against ALT per kernel, then ours and SDPA timed with the faster
 #   shapes   260  (not in the default list) correctness at K, V = 64/256 and chunk sizes 32, 16
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
@@ -78,24 +79,28 @@ for step in $STEPS; do
     tune)
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
       timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --out "$OUT/check_alt" \
-        --set intra_fwd.loop=1 intra_bwd.loop=1 intra_bwd.tri=1 dqk.partial_lowp=1 | quiet | tail -18
-      # one profile per untried launch setting of kernels.triton.chunk.TUNE, against the default just above
-      timeout 60 python3 benchmarks/profile_gpu.py --ops kda_bounded kda delta_rule linear_attn --passes train | quiet \
-        | grep -v " 0\.[0-9]%" | grep -v TUNE
-      # (tried on the H200 in runs 11-12 and slower there: state_fwd.bv=32 state_bwd.bv=32, intra_bwd.bk=32,
-      # dqk.bk=128, intra_bwd.warps=8, solve.warps=2; intra_fwd.warps=8 was 0.1 ms faster for unbounded KDA only)
-      # (a comma joins settings tried together)
-      for set in intra_bwd.tri=1 intra_bwd.loop=1 intra_bwd.tri=1,intra_bwd.loop=1 intra_fwd.loop=1 \
-        dqk.partial_lowp=1; do
-        echo "-- --set $set"
+        --set dqk.fused_intra=1 | quiet | tail -18
+      # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
+      timeout 60 python3 benchmarks/profile_gpu.py --ops kda_bounded kda delta_rule linear_attn simple_gla --passes train \
+        | quiet | grep -v " 0\.[0-9]%" | grep -v TUNE
+      # (tried on the H200 and slower there, runs 11-12: state_fwd.bv=32 state_bwd.bv=32, intra_bwd.bk=32,
+      # dqk.bk=128, intra_bwd.warps=8, solve.warps=2; intra_fwd.warps=8 was 0.1 ms faster for unbounded KDA
+      # only; run 16: intra_fwd.loop=1, intra_bwd.loop=1 (since removed); faster and now the defaults, runs
+      # 16-17: intra_bwd.tri=1, dqk.partial_lowp=1, intra_fwd.tri=1 for the bounded gate)
+      # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
+      for entry in dqk.fused_intra=1:linear_attn,simple_gla; do
+        set=${entry%%:*}
+        ops=${entry#*:}
+        echo "-- --set $set ($ops)"
         # shellcheck disable=SC2086
-        timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set ${set//,/ } | quiet \
+        timeout 40 python3 benchmarks/profile_gpu.py --ops ${ops//,/ } --passes train --set ${set//,/ } | quiet \
           | grep -v " 0\.[0-9]%" | grep -v TUNE
       done ;;
     verify)
       # after a kernel change, in little device time: our kernels for the benchmark shapes compile in the
-      # background (with and without the alternative ALT, default intra_fwd.tri=1) while the checks run
-      alt="${ALT:-intra_fwd.tri=1}"
+      # background (with and without the alternative ALT, for the ops ALT_OPS) while the checks run
+      alt="${ALT:-dqk.fused_intra=1}"
+      alt_ops="${ALT_OPS:-linear_attn simple_gla}"
       pids=()
       for shape in B32T2K B8T8K; do
         for set in none "$alt"; do
@@ -111,34 +116,40 @@ for step in $STEPS; do
       timeout 110 python3 tests/gpu/check_kernels.py --T 8192 --H 2 --ops kda kda_bounded --no-step \
         --out "$OUT/check_long" >"$OUT/check_long.txt" 2>&1 &
       pids+=($!)
-      timeout 110 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops kda_bounded kda gla delta_rule linear_attn \
-        --no-step --out "$OUT/check_fla" >"$OUT/check_fla.txt" 2>&1 &
-      pids+=($!)
+      # (one process per op: run 17's single process was still compiling FLA's kernels after 110 s)
+      for op in kda_bounded kda gla delta_rule linear_attn; do
+        timeout 200 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops $op --no-step --out "$OUT/check_fla_$op" \
+          >"$OUT/check_fla_$op.txt" 2>&1 &
+        pids+=($!)
+      done
       timeout 110 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops kda_bounded gla delta_rule --dtype fp16 \
         --no-step --no-fla --out "$OUT/check_fp16" >"$OUT/check_fp16.txt" 2>&1 &
       pids+=($!)
       timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --out "$OUT/check_bf16" | quiet | tail -17
       # shellcheck disable=SC2086
-      timeout 50 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --ops gla kda kda_bounded \
+      timeout 50 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --ops $alt_ops \
         --set ${alt//,/ } --out "$OUT/check_alt" | quiet | tail -8
       wait "${pids[@]}"
       quiet <"$OUT/check_long.txt" | tail -6
-      quiet <"$OUT/check_fla.txt" | tail -12
+      cat "$OUT"/check_fla_*.txt | quiet | grep -v "^op " | grep -v "^TUNE"
       quiet <"$OUT/check_fp16.txt" | tail -5
       echo "compiled: $(grep -c compiled "$OUT/compile.log") of 28" ;;
     final)
-      # the default against ALT per kernel, then the benchmark (ours, SDPA) with the faster of the two for
-      # bounded KDA's forward+backward
-      alt="${ALT:-intra_fwd.tri=1}"
-      timeout 35 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --out "$OUT/profile_default.csv" | quiet \
+      # the default against ALT per kernel for the ops ALT_OPS, then the benchmark (ours, SDPA) with the
+      # faster of the two for the first of them, forward+backward
+      alt="${ALT:-dqk.fused_intra=1}"
+      alt_ops="${ALT_OPS:-linear_attn simple_gla}"
+      # shellcheck disable=SC2086
+      timeout 35 python3 benchmarks/profile_gpu.py --ops $alt_ops --out "$OUT/profile_default.csv" | quiet \
         | grep -v " 0\.[0-9]%" | grep -v TUNE
       # shellcheck disable=SC2086
-      timeout 35 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --out "$OUT/profile_alt.csv" --set ${alt//,/ } \
+      timeout 35 python3 benchmarks/profile_gpu.py --ops $alt_ops --out "$OUT/profile_alt.csv" --set ${alt//,/ } \
         | quiet | grep -v " 0\.[0-9]%"
-      pick=$(python3 - "$OUT/profile_default.csv" "$OUT/profile_alt.csv" <<'PY'
+      pick=$(python3 - "$OUT/profile_default.csv" "$OUT/profile_alt.csv" "${alt_ops%% *}" <<'PY'
 import csv, sys
-tot = [sum(float(r["ms"]) for r in csv.DictReader(open(f)) if r["op"] == "kda_bounded" and r["pass"] == "train")
-       for f in sys.argv[1:]]
+op = sys.argv[3]
+tot = [sum(float(r["ms"]) for r in csv.DictReader(open(f)) if r["op"] == op and r["pass"] == "train")
+       for f in sys.argv[1:3]]
 print("alt" if tot[1] < tot[0] else "default", file=sys.stderr)
 print("yes" if tot[1] < tot[0] else "")
 PY

@@ -110,3 +110,16 @@ def test_report_of_a_sweep_alone_pivots_the_implementations(tmp_path: Path) -> N
     # a sweep-only run has no (empty) fixed-shape or memory tables
     assert "## Fixed shapes" not in md and "## Peak memory" not in md
     assert "| 8192 | kda_bounded | 0.5 | 1.0 | 0.4 | 1.6 | 3.2 | 2.0 | 0.50 | 0.80 |" in md
+
+
+def test_report_sets_host_time_beside_gpu_time(tmp_path: Path) -> None:
+    csv_path = tmp_path / "bench.csv"
+    csv_path.write_text(
+        FIELDS
+        + ",host_ms_fwd\nB32T2K,linear_attn,fla,32,2048,2,128,0.4,1.8,384.0,0.38"
+        + "\nB32T2K,linear_attn,ours,32,2048,2,128,0.13,0.8,436.0,0.05\n"
+    )
+    write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
+    host = (tmp_path / "out.md").read_text().split("## Host time")[1]
+    assert "| B32T2K | linear_attn | fla | 0.38 | 0.4 | 0.95 |" in host
+    assert "| B32T2K | linear_attn | ours | 0.05 | 0.13 | 0.38 |" in host

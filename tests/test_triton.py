@@ -184,6 +184,36 @@ def test_intra_forward_both_ways(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
+@pytest.mark.parametrize("T", [1, 63, 100, 200])
+@pytest.mark.parametrize("name,decay", [("linear_attn", None), ("simple_gla", "scalar")])
+def test_intra_gradients_inside_the_dqk_kernel(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, T: int
+) -> None:
+    # dqk.fused_intra=1 (off until timed on a GPU): without the delta rule and the per-channel decay, the dqk
+    # kernel also does the intra-chunk gradients, and the dvt and intra backward kernels do not run
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "dqk.fused_intra", 1)
+    launched = []
+    for kernel in ("_dvt_bwd_kernel", "_intra_bwd_kernel"):
+        original = getattr(chunk, kernel)
+        monkeypatch.setattr(chunk, kernel, _Recorder(original, launched, kernel))
+    inputs = make_inputs(decay, False, 1, T, 2, K=16, V=32, seed=T + 7)
+    check_against_naive(inputs)
+    assert launched == []
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: records that it was launched, then launches the real one."""
+
+    def __init__(self, kernel, launched: list, name: str) -> None:
+        self.kernel, self.launched, self.name = kernel, launched, name
+
+    def __getitem__(self, grid):
+        self.launched.append(self.name)
+        return self.kernel[grid]
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:

@@ -763,10 +763,13 @@ def _dqk_bwd_kernel(
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
+    FUSED: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
-    # _intra_bwd_kernel
+    # _intra_bwd_kernel. FUSED (TUNE["dqk.fused_intra"]; no delta rule, no per-channel decay): the
+    # intra-chunk part too, from M_qk = scale tril(dO V^T) (times the relative decay) summed over the same V
+    # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here
     i_t, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -781,6 +784,8 @@ def _dqk_bwd_kernel(
     b_dkd = tl.zeros([BT, BK], dtype=tl.float32)  # Vt dS'^T
     b_dws = tl.zeros([BT, BK], dtype=tl.float32)  # dVt S^T
     b_dgl = tl.zeros([BK], dtype=tl.float32)  # sum_v S * dS' (times exp(G_last) below): the carried decay
+    if FUSED:
+        b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO V^T
     for i_v in range(V // BV):
         o_v = i_v * BV + tl.arange(0, BV)
         p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
@@ -795,6 +800,8 @@ def _dqk_bwd_kernel(
         b_dqs += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
         b_dkd += tl.dot(_dot_cast(b_vt, LOWP), tl.trans(_dot_cast(b_dsn, LOWP)))
         b_dgl += tl.sum(b_s * b_dsn, 1)
+        if FUSED:
+            b_dp += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_vt, LOWP)))
         if DELTA:
             b_dvt = tl.load(dvt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_dws += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
@@ -832,6 +839,19 @@ def _dqk_bwd_kernel(
         b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dw, LOWP)) * b_eg
         b_dk += b_dkg
         b_dg += b_k * b_dkg
+    if FUSED:
+        # A_qk = scale tril(Q K^T) (times exp(G_r - G_i)): dq += M K, dk += M^T Q with M = dA_qk, and the
+        # log-decay sees q * dq - k * dk of these terms (fp32 operands, as in _intra_bwd_kernel)
+        o_c = i_t * BT + tl.arange(0, BT)
+        m_m = (o_t[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+        if DECAY == 1:
+            b_dp = b_dp * tl.exp(tl.where(m_m, b_g[:, None] - b_g[None, :], float("-inf")))
+        b_m = tl.where(m_m, b_dp, 0.0) * scale
+        b_dqi = tl.dot(b_m, b_k)
+        b_dki = tl.dot(tl.trans(b_m), b_q)
+        b_dq += b_dqi
+        b_dk += b_dki
+        b_dg += b_q * b_dqi - b_k * b_dki
     # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
     b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
@@ -1439,6 +1459,10 @@ TUNE: dict[str, int | None] = {
     # of fp32 (half the bytes written and read); the sum is fp32 in the intra backward. H200, B8 T8K H16
     # (run 16): dqk 1.93 -> 1.70 ms for KDA; bf16 dq/dk errors 2.9e-3 -> 3.2e-3 (FLA's bound 8e-3)
     "dqk.partial_lowp": 1,
+    # 1: without the delta rule and the per-channel decay (linear attention, simple GLA), the dqk kernel also
+    # does the intra-chunk gradients (M_qk = dO V^T over its V loop, then M K and M^T Q): no dvt or intra
+    # backward kernel, no M_qk or partial dq/dk in memory. Not yet timed on the GPU
+    "dqk.fused_intra": 0,
 }
 
 
@@ -1706,13 +1730,16 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         num_warps=_tuned("state_bwd.warps", _num_warps(K * BV >= 128 * 64)),
         num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
     )
-    partial = (
-        torch.bfloat16 if lowp and TUNE["dqk.partial_lowp"] else f32
-    )  # bf16: fp32's range, also for fp16
-    dq = torch.empty(B, T, H, K, device=dev, dtype=partial)
-    dk = torch.empty(B, T, H, K, device=dev, dtype=partial)
+    # no delta rule and no per-channel decay: the dqk kernel can do the intra-chunk part as well
+    fused = bool(TUNE["dqk.fused_intra"]) and not delta and decay <= 1
+    dq_out = torch.empty_like(q)
+    dk_out = torch.empty_like(k)
+    # the partial dq, dk in bf16 (fp32's range, also for fp16 inputs) or fp32
+    partial = torch.bfloat16 if lowp and TUNE["dqk.partial_lowp"] else f32
+    dq = dq_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
+    dk = dk_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
     dgk = torch.empty(B, T, H, K, device=dev, dtype=f32)
-    m_qk = torch.empty(B, T, H, BT, device=dev, dtype=f32)
+    m_qk = None if fused else torch.empty(B, T, H, BT, device=dev, dtype=f32)
     m_kk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else m_qk
     dv = torch.empty(B, T, H, V, device=dev, dtype=v.dtype) if delta else dvt
     dbeta = torch.empty(B, T, H, device=dev, dtype=f32) if delta else None
@@ -1746,9 +1773,16 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DECAY=decay,
         DELTA=delta,
         LOWP=lowp,
+        FUSED=fused,
         num_warps=_tuned("dqk.warps", 4),
         num_stages=_tuned("dqk.stages", 3 if pipelined else 1),
     )
+    dg = None
+    if fused:
+        if decay:
+            dg = torch.empty_like(g)
+            _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
+        return dq_out, dk_out, dv, dg, dbeta, dh0
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
     _dvt_bwd_kernel[(NT, B * H)](
         kg if kg is not None else k,
@@ -1780,8 +1814,6 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
         num_stages=_tuned("dvt.stages", 2 if pipelined else 1),
     )
-    dq_out = torch.empty_like(q)
-    dk_out = torch.empty_like(k)
     # tf32 rather than bf16 operands here: dG = x dx - y dy cancels, and the bounded path's e^75-scaled
     # operands left dg at 2.1e-2 relative error in bf16 on the H200
     # one program per 16-row block and per block of BKi key columns (each term is separable over channels).
@@ -1812,7 +1844,6 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         TRI=bool(TUNE["intra_bwd.tri"]),
         num_warps=_tuned("intra_bwd.warps", 4),
     )
-    dg = None
     if decay:
         dg = torch.empty_like(g)
         _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
