@@ -857,7 +857,9 @@ def _dqk_bwd_kernel(
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
     tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
     tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
-    tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
+    # without a decay nothing reads dG; the unfused path keeps its store as timed on the GPU
+    if DECAY > 0 or not FUSED:
+        tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
 @triton.jit
@@ -1738,7 +1740,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     partial = torch.bfloat16 if lowp and TUNE["dqk.partial_lowp"] else f32
     dq = dq_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
     dk = dk_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
-    dgk = torch.empty(B, T, H, K, device=dev, dtype=f32)
+    # (fused without a decay: no dG at all; dq only stands in for the pointer)
+    dgk = torch.empty(B, T, H, K, device=dev, dtype=f32) if decay or not fused else dq
     m_qk = None if fused else torch.empty(B, T, H, BT, device=dev, dtype=f32)
     m_kk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else m_qk
     dv = torch.empty(B, T, H, V, device=dev, dtype=v.dtype) if delta else dvt
