@@ -1,0 +1,108 @@
+"""Our token-loop reference against FLA 0.6.0's own reference loops, on the CPU: the same recurrences.
+
+Every GPU comparison with FLA (benchmarks/bench_gpu.py, tests/gpu/check_kernels.py) assumes that our six
+ops compute what FLA's do, with the same argument conventions (log-space gates, beta per head, the scale,
+the state layout [B, H, K, V], the decay applied before the delta-rule update). This checks it where it is
+cheap: `kernels.naive.naive_recurrent` against FLA's `naive_recurrent_*` loops, outputs and final states
+from an initial state at an odd length, and the gradients of every input through both. Our Triton kernels
+are checked against `naive_recurrent` in tests/test_triton.py, so they inherit the comparison.
+Skipped where fla-core is not installed (`pip install fla-core==0.6.0`; the dev extra has it).
+"""
+
+from __future__ import annotations
+
+import os
+
+# fla imports triton: keep the interpreter setting that tests/test_triton.py needs in the same process
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernels.naive import naive_recurrent  # noqa: E402
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # FLA warns that it found no GPU
+    fla_kda_module = pytest.importorskip("fla.ops.kda.naive", reason="fla-core is not installed")
+    from fla.ops.delta_rule.naive import delta_rule_recurrence
+    from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+    from fla.ops.gla.naive import naive_recurrent_gla
+    from fla.ops.linear_attn.naive import naive_recurrent_linear_attn
+    from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
+
+B, T, H, K, V = 2, 37, 3, 8, 16
+
+
+def fla_linear_attn(q, k, v, g, beta, h0):
+    return naive_recurrent_linear_attn(q, k, v, initial_state=h0, output_final_state=True)
+
+
+def fla_simple_gla(q, k, v, g, beta, h0):
+    return naive_recurrent_simple_gla(q, k, v, g, initial_state=h0, output_final_state=True)
+
+
+def fla_gla(q, k, v, g, beta, h0):
+    return naive_recurrent_gla(q, k, v, g, initial_state=h0, output_final_state=True)
+
+
+def fla_delta_rule(q, k, v, g, beta, h0):
+    # this one loop of FLA's is head-first: [B, H, T, D]
+    o, s = delta_rule_recurrence(
+        *(x.transpose(1, 2) for x in (q, k, v, beta)), initial_state=h0, output_final_state=True
+    )
+    return o.transpose(1, 2), s
+
+
+def fla_gated_delta_rule(q, k, v, g, beta, h0):
+    return naive_recurrent_gated_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+
+
+def fla_kda(q, k, v, g, beta, h0):
+    return fla_kda_module.naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+
+
+# (name, decay granularity, delta rule, FLA's loop)
+OPS = [
+    ("linear_attn", None, False, fla_linear_attn),
+    ("simple_gla", "scalar", False, fla_simple_gla),
+    ("gla", "channel", False, fla_gla),
+    ("delta_rule", None, True, fla_delta_rule),
+    ("gated_delta_rule", "scalar", True, fla_gated_delta_rule),
+    ("kda", "channel", True, fla_kda),
+]
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("name,decay,delta,fla_op", OPS, ids=[op[0] for op in OPS])
+def test_naive_recurrent_is_fla_reference(name: str, decay: str | None, delta: bool, fla_op) -> None:
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = None
+    if decay is not None:
+        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
+        g = F.logsigmoid(torch.randn(shape, generator=gen) + 2.0)  # log-space decay in (-inf, 0)
+    beta = torch.rand(B, T, H, generator=gen) if delta else None
+    h0 = torch.randn(B, H, K, V, generator=gen)
+    leaves = [t.requires_grad_(True) for t in (q, k, v, g, beta, h0) if t is not None]
+
+    o, s = naive_recurrent(q, k, v, g, beta, None, h0, True)
+    o_fla, s_fla = fla_op(q, k, v, g, beta, h0)
+    assert rel(o, o_fla) < 1e-5, f"{name}: outputs differ from FLA's reference"
+    assert rel(s, s_fla) < 1e-5, f"{name}: final states differ from FLA's reference"
+
+    do, ds = torch.randn_like(o), torch.randn_like(s)
+    grads = torch.autograd.grad((o * do).sum() + (s * ds).sum(), leaves)
+    grads_fla = torch.autograd.grad((o_fla * do).sum() + (s_fla * ds).sum(), leaves)
+    names = [
+        n for n, t in zip("q k v g beta h0".split(), (q, k, v, g, beta, h0), strict=True) if t is not None
+    ]
+    for n, a, b in zip(names, grads, grads_fla, strict=True):
+        assert rel(a, b) < 1e-4, f"{name}: d{n} differs from FLA's reference ({rel(a, b):.2e})"
