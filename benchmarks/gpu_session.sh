@@ -79,7 +79,7 @@ for step in $STEPS; do
     tune)
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
       timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --out "$OUT/check_alt" \
-        --set dqk.fused_intra=1 | quiet | tail -18
+        --set dqk.fused_intra=1 unbounded.dense_if_safe=1 | quiet | tail -18
       # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
       timeout 60 python3 benchmarks/profile_gpu.py --ops kda_bounded kda delta_rule linear_attn simple_gla --passes train \
         | quiet | grep -v " 0\.[0-9]%" | grep -v TUNE
@@ -88,7 +88,7 @@ for step in $STEPS; do
       # only; run 16: intra_fwd.loop=1, intra_bwd.loop=1 (since removed); faster and now the defaults, runs
       # 16-17: intra_bwd.tri=1, dqk.partial_lowp=1, intra_fwd.tri=1 for the bounded gate)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
-      for entry in dqk.fused_intra=1:linear_attn,simple_gla; do
+      for entry in dqk.fused_intra=1:linear_attn,simple_gla unbounded.dense_if_safe=1:kda,gla; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"

@@ -214,6 +214,25 @@ class _Recorder:
         return self.kernel[grid]
 
 
+@pytest.mark.parametrize("T", [63, 100, 200])
+@pytest.mark.parametrize("name,decay,delta", [("gla", "channel", False), ("kda", "channel", True)])
+def test_unbounded_gates_dense_where_safe(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, T: int
+) -> None:
+    # unbounded.dense_if_safe=1 (off until timed on a GPU): each 16-row block whose own decay is at most e^75
+    # takes the bounded gate's dense diagonal product, the others the per-position loop, decided at run time.
+    # The gates here give both kinds of block: log-sigmoid gates (almost all blocks safe), one block with a
+    # decay of e^(15 * 30) in half its channels, and one at e^(15 * 4.6), just inside the limit
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", 1)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 11)
+    g = inputs["g"]
+    g[:, 16:32, :, :8] = -30.0
+    g[:, 48:63, 1] = -4.6
+    check_against_naive(inputs)
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:

@@ -151,6 +151,7 @@ def _intra_fwd_kernel(
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
     TRI: tl.constexpr,
+    AUTO: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -180,6 +181,7 @@ def _intra_fwd_kernel(
             BOUNDED,
             LOWP,
             STORE_DECAYED,
+            AUTO,
         )
     else:
         t0 = i_t * BT
@@ -253,6 +255,58 @@ def _intra_fwd_kernel(
 
 
 @triton.jit
+def _fwd_diag_by_positions(
+    k,
+    gc,
+    akk,
+    aqk,
+    b_q,
+    b_kr,
+    b_gr,
+    scale,
+    T,
+    r0,
+    i_c,
+    o_r,
+    m_r,
+    p_row,
+    i_b,
+    i_h,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BC: tl.constexpr,
+    DELTA: tl.constexpr,
+):
+    o_b = tl.arange(0, BC)
+    # the diagonal block, one column at a time with the exact relative decay (masked before the exp)
+    o_k = tl.arange(0, K)
+    p_kj = k + ((i_b * T + r0) * H + i_h) * K + o_k
+    p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
+    b_aq = tl.zeros([BC, BC], dtype=tl.float32)
+    b_ak = tl.zeros([BC, BC], dtype=tl.float32)
+    for j in range(BC):
+        t_j = r0 + j
+        m_kj = (o_k * 0 + t_j) < T
+        b_kj = tl.load(p_kj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
+        b_gj = tl.load(p_gj + j * H * K, mask=m_kj, other=0.0)
+        m_e = (o_r[:, None] >= t_j) & m_r[:, None] & m_kj[None, :]
+        b_e = tl.exp(tl.where(m_e, b_gr - b_gj[None, :], float("-inf")))  # [BC, K]
+        b_aq = tl.where(o_b[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_e, 1)[:, None], b_aq)
+        b_ak = tl.where(o_b[None, :] == j, tl.sum(b_kr * b_kj[None, :] * b_e, 1)[:, None], b_ak)
+    o_j = r0 + o_b
+    m_j = o_j < T
+    p_a = p_row + (i_c * BC + o_b)[None, :]
+    b_aq = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_aq, 0.0) * scale
+    tl.store(aqk + p_a, b_aq.to(aqk.dtype.element_ty), mask=m_r[:, None])
+    if DELTA:
+        tl.store(
+            akk + p_a,
+            tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_ak, 0.0),
+            mask=m_r[:, None],
+        )
+
+
+@triton.jit
 def _intra_fwd_tri(
     q,
     k,
@@ -275,6 +329,7 @@ def _intra_fwd_tri(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
+    AUTO: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
@@ -300,7 +355,17 @@ def _intra_fwd_tri(
     b_ke = _dot_cast(b_kr * b_er, LOWP)
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
     # the bounded gate keeps exp(G_r0 - G_i) <= e^{-lower_bound (BC - 1)} inside the diagonal block too
-    n_j = i_c + 1 if BOUNDED else i_c
+    if BOUNDED:
+        n_j = i_c + 1
+    elif AUTO:
+        # unbounded gates, TUNE["unbounded.dense_if_safe"]: a block whose own decay, first row to last, is at
+        # most e^75 in every channel (what the bounded gate -5 guarantees) takes the dense product for its
+        # diagonal block as well; the others go by positions
+        b_gb = _load_row(gc, tl.minimum(r0 + BC, T) - 1, i_b, i_h, T, H, K)
+        dense = (tl.max(b_ga - b_gb, 0) <= 75.0).to(tl.int64)
+        n_j = i_c + dense
+    else:
+        n_j = i_c
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
@@ -319,31 +384,52 @@ def _intra_fwd_tri(
                 akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
             )
     if not BOUNDED:
-        # the diagonal block, one column at a time with the exact relative decay (masked before the exp)
-        o_k = tl.arange(0, K)
-        p_kj = k + ((i_b * T + r0) * H + i_h) * K + o_k
-        p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
-        b_aq = tl.zeros([BC, BC], dtype=tl.float32)
-        b_ak = tl.zeros([BC, BC], dtype=tl.float32)
-        for j in range(BC):
-            t_j = r0 + j
-            m_kj = (o_k * 0 + t_j) < T
-            b_kj = tl.load(p_kj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
-            b_gj = tl.load(p_gj + j * H * K, mask=m_kj, other=0.0)
-            m_e = (o_r[:, None] >= t_j) & m_r[:, None] & m_kj[None, :]
-            b_e = tl.exp(tl.where(m_e, b_gr - b_gj[None, :], float("-inf")))  # [BC, K]
-            b_aq = tl.where(o_b[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_e, 1)[:, None], b_aq)
-            b_ak = tl.where(o_b[None, :] == j, tl.sum(b_kr * b_kj[None, :] * b_e, 1)[:, None], b_ak)
-        o_j = r0 + o_b
-        m_j = o_j < T
-        p_a = p_row + (i_c * BC + o_b)[None, :]
-        b_aq = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_aq, 0.0) * scale
-        tl.store(aqk + p_a, b_aq.to(aqk.dtype.element_ty), mask=m_r[:, None])
-        if DELTA:
-            tl.store(
-                akk + p_a,
-                tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_ak, 0.0),
-                mask=m_r[:, None],
+        if AUTO:
+            if dense == 0:
+                _fwd_diag_by_positions(
+                    k,
+                    gc,
+                    akk,
+                    aqk,
+                    b_q,
+                    b_kr,
+                    b_gr,
+                    scale,
+                    T,
+                    r0,
+                    i_c,
+                    o_r,
+                    m_r,
+                    p_row,
+                    i_b,
+                    i_h,
+                    H,
+                    K,
+                    BC,
+                    DELTA,
+                )
+        else:
+            _fwd_diag_by_positions(
+                k,
+                gc,
+                akk,
+                aqk,
+                b_q,
+                b_kr,
+                b_gr,
+                scale,
+                T,
+                r0,
+                i_c,
+                o_r,
+                m_r,
+                p_row,
+                i_b,
+                i_h,
+                H,
+                K,
+                BC,
+                DELTA,
             )
     # the blocks after the diagonal: zeros (the output kernel and the backward read whole rows)
     o_c = tl.arange(0, BT)
@@ -1098,6 +1184,8 @@ def _rel_rows_tri(
     BOUNDED: tl.constexpr,
     TWO: tl.constexpr,
     LOWP: tl.constexpr,
+    AUTO: tl.constexpr,
+    dense,
 ):
     # _rel_rows for the per-channel decay over only the column blocks the rows can reach (0..i_c, or 0..i_c-1
     # when the unbounded path leaves the diagonal to _rel_diag), one BC-column block at a time, instead of
@@ -1107,7 +1195,12 @@ def _rel_rows_tri(
     b_ga = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
     b_x = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
     b_x2 = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
-    n_j = i_c + 1 if BOUNDED else i_c
+    if BOUNDED:
+        n_j = i_c + 1
+    elif AUTO:
+        n_j = i_c + dense  # (dense: this block's diagonal goes dense, see _intra_bwd_rows)
+    else:
+        n_j = i_c
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
@@ -1150,6 +1243,8 @@ def _rel_cols_tri(
     BOUNDED: tl.constexpr,
     TWO: tl.constexpr,
     LOWP: tl.constexpr,
+    AUTO: tl.constexpr,
+    dense,
 ):
     # _rel_cols for the per-channel decay over only the row blocks that reach the columns (i_c..NC-1, or
     # i_c+1.. on the unbounded path), one BC-row block at a time (TUNE["intra_bwd.tri"])
@@ -1159,6 +1254,12 @@ def _rel_cols_tri(
     if BOUNDED:
         b_ga = _load_row_block(gc, tl.minimum(c0, T - 1), o_k, i_b, i_h, T, H, K)
         j0 = i_c
+    elif AUTO:
+        # a dense block anchors at its first row and includes itself, as the bounded gate does
+        b_g0 = _load_row_block(gc, tl.minimum(c0, T - 1), o_k, i_b, i_h, T, H, K)
+        b_g1 = _load_row_block(gc, tl.minimum(c0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
+        b_ga = tl.where(dense == 1, b_g0, b_g1)
+        j0 = i_c + 1 - dense
     else:
         b_ga = _load_row_block(gc, tl.minimum(c0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
         j0 = i_c + 1
@@ -1347,6 +1448,7 @@ def _intra_bwd_kernel(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     TRI: tl.constexpr,
+    AUTO: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
@@ -1367,12 +1469,62 @@ def _intra_bwd_kernel(
     o_i = t0 + tl.arange(0, BT)
     m_i = o_i < T
     o_k = i_k * BK + tl.arange(0, BK)
+    dense = 0
     if DECAY == 2 and TRI:
+        if AUTO:
+            # unbounded gates (TUNE["unbounded.dense_if_safe"]): this block's diagonal goes dense, as with the
+            # bounded gate, when its own decay is at most e^75 in each of these key columns
+            b_g0 = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
+            b_g1 = _load_row_block(gc, tl.minimum(r0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
+            dense = (tl.max(b_g0 - b_g1, 0) <= 75.0).to(tl.int64)
         b_dq, b_dkr = _rel_rows_tri(
-            m_qk, m_kk, k, gc, o_r, m_r, o_k, t0, r0, i_c, i_b, i_h, T, H, K, BT, BC, BOUNDED, DELTA, LOWP
+            m_qk,
+            m_kk,
+            k,
+            gc,
+            o_r,
+            m_r,
+            o_k,
+            t0,
+            r0,
+            i_c,
+            i_b,
+            i_h,
+            T,
+            H,
+            K,
+            BT,
+            BC,
+            BOUNDED,
+            DELTA,
+            LOWP,
+            AUTO,
+            dense,
         )
         b_dkc = _rel_cols_tri(
-            m_qk, q, m_kk, k, gc, o_r, m_r, o_k, t0, r0, i_c, i_b, i_h, T, H, K, BT, BC, BOUNDED, DELTA, LOWP
+            m_qk,
+            q,
+            m_kk,
+            k,
+            gc,
+            o_r,
+            m_r,
+            o_k,
+            t0,
+            r0,
+            i_c,
+            i_b,
+            i_h,
+            T,
+            H,
+            K,
+            BT,
+            BC,
+            BOUNDED,
+            DELTA,
+            LOWP,
+            AUTO,
+            dense,
         )
     else:
         b_dq, b_dkr, b_dkc = _rel_full(
@@ -1401,9 +1553,55 @@ def _intra_bwd_kernel(
             LOWP,
         )
     if DECAY == 2 and not BOUNDED:
-        b_dq, b_dkr, b_dkc = _rel_diag(
-            b_dq, b_dkr, b_dkc, m_qk, m_kk, q, k, gc, o_r, m_r, o_k, t0, r0, i_b, i_h, T, H, K, BT, BC, DELTA
-        )
+        if AUTO and TRI:
+            if dense == 0:
+                b_dq, b_dkr, b_dkc = _rel_diag(
+                    b_dq,
+                    b_dkr,
+                    b_dkc,
+                    m_qk,
+                    m_kk,
+                    q,
+                    k,
+                    gc,
+                    o_r,
+                    m_r,
+                    o_k,
+                    t0,
+                    r0,
+                    i_b,
+                    i_h,
+                    T,
+                    H,
+                    K,
+                    BT,
+                    BC,
+                    DELTA,
+                )
+        else:
+            b_dq, b_dkr, b_dkc = _rel_diag(
+                b_dq,
+                b_dkr,
+                b_dkc,
+                m_qk,
+                m_kk,
+                q,
+                k,
+                gc,
+                o_r,
+                m_r,
+                o_k,
+                t0,
+                r0,
+                i_b,
+                i_h,
+                T,
+                H,
+                K,
+                BT,
+                BC,
+                DELTA,
+            )
     b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
     b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
     if DELTA:
@@ -1465,6 +1663,10 @@ TUNE: dict[str, int | None] = {
     # does the intra-chunk gradients (M_qk = dO V^T over its V loop, then M K and M^T Q): no dvt or intra
     # backward kernel, no M_qk or partial dq/dk in memory. Not yet timed on the GPU
     "dqk.fused_intra": 0,
+    # 1: unbounded per-channel gates (KDA, GLA) take the bounded gate's dense diagonal block in every 16-row
+    # block whose own decay is at most e^75 in every channel, checked at run time per block (the others keep
+    # the per-position loop); implies the triangular intra kernels. Not yet run on a GPU
+    "unbounded.dense_if_safe": 0,
 }
 
 
@@ -1580,6 +1782,8 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
+    # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
+    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
@@ -1599,7 +1803,8 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         BOUNDED=bounded,
         LOWP=lowp,
         STORE_DECAYED=not early,
-        TRI=bounded if TUNE["intra_fwd.tri"] is None else bool(TUNE["intra_fwd.tri"]),
+        TRI=(bounded or auto) if TUNE["intra_fwd.tri"] is None else bool(TUNE["intra_fwd.tri"]) or auto,
+        AUTO=auto,
         num_warps=_tuned("intra_fwd.warps", 4),
     )
     linv = w = u = vt = None
@@ -1823,6 +2028,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # H200, B8 T8K H16: blocks of 64 took the per-channel decay's intra backward from 7.3 to 5.0 ms (GLA)
     # and 14.3 to 8.6 ms (KDA); the other decays lost 0.15-0.4 ms to reading M twice: they keep whole rows
     BKi = min(K, _tuned("intra_bwd.bk", 64 if decay == 2 else 128))
+    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
         q,
         k,
@@ -1844,7 +2050,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=False,
-        TRI=bool(TUNE["intra_bwd.tri"]),
+        TRI=bool(TUNE["intra_bwd.tri"]) or auto,
+        AUTO=auto,
         num_warps=_tuned("intra_bwd.warps", 4),
     )
     if decay:
