@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
@@ -17,3 +18,34 @@ def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
     denom = ref64.norm().item()
     err = (out64 - ref64).norm().item()
     return err / denom if denom > 0 else err
+
+
+def make_inputs(
+    decay: str | None,
+    delta: bool,
+    B: int,
+    T: int,
+    H: int,
+    K: int,
+    V: int,
+    seed: int,
+    lower_bound: float | None = None,
+    with_state: bool = True,
+) -> dict[str, torch.Tensor | None]:
+    """Random inputs of one op of the family ([B, T, H, D] layout, fp32, unit-norm keys, an initial state
+    unless with_state=False), the keys of `triton_chunk` / `naive_recurrent`."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = None
+    if decay is not None:
+        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
+        if lower_bound is None:
+            # log-sigmoid gates span strong and weak decay, some far below -5 (the unbounded regime)
+            g = F.logsigmoid(2 * torch.randn(shape, generator=gen))
+        else:
+            g = lower_bound * torch.rand(shape, generator=gen)
+    beta = torch.rand(B, T, H, generator=gen) if delta else None
+    h0 = torch.randn(B, H, K, V, generator=gen) if with_state else None
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}

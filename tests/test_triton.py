@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from helpers import make_inputs  # noqa: E402
+
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
 from kernels.triton.chunk import INTERPRET  # noqa: E402
@@ -45,35 +47,6 @@ def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
     x, ref = x.double(), ref.double()
     denominator = ref.pow(2).mean().sqrt().item()
     return (x - ref).pow(2).mean().sqrt().item() / (denominator if denominator > 0 else 1.0)
-
-
-def make_inputs(
-    decay: str | None,
-    delta: bool,
-    B: int,
-    T: int,
-    H: int,
-    K: int,
-    V: int,
-    seed: int,
-    lower_bound: float | None = None,
-    with_state: bool = True,
-) -> dict[str, torch.Tensor | None]:
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen)
-    g = None
-    if decay is not None:
-        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
-        if lower_bound is None:
-            # log-sigmoid gates span strong and weak decay, some far below -5 (the unbounded regime)
-            g = F.logsigmoid(2 * torch.randn(shape, generator=gen))
-        else:
-            g = lower_bound * torch.rand(shape, generator=gen)
-    beta = torch.rand(B, T, H, generator=gen) if delta else None
-    h0 = torch.randn(B, H, K, V, generator=gen) if with_state else None
-    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
 
 
 def check_against_naive(inputs: dict, lower_bound: float | None = None, chunk_size: int = 64) -> None:
