@@ -1245,6 +1245,7 @@ def _rel_cols_tri(
     LOWP: tl.constexpr,
     AUTO: tl.constexpr,
     dense,
+    b_gd,
 ):
     # _rel_cols for the per-channel decay over only the row blocks that reach the columns (i_c..NC-1, or
     # i_c+1.. on the unbounded path), one BC-row block at a time (TUNE["intra_bwd.tri"])
@@ -1255,10 +1256,9 @@ def _rel_cols_tri(
         b_ga = _load_row_block(gc, tl.minimum(c0, T - 1), o_k, i_b, i_h, T, H, K)
         j0 = i_c
     elif AUTO:
-        # a dense block anchors at its first row and includes itself, as the bounded gate does
-        b_g0 = _load_row_block(gc, tl.minimum(c0, T - 1), o_k, i_b, i_h, T, H, K)
-        b_g1 = _load_row_block(gc, tl.minimum(c0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
-        b_ga = tl.where(dense == 1, b_g0, b_g1)
+        # b_gd: G at the block's first row if it is dense (it then includes itself, as with the bounded gate),
+        # else at its last valid row (from _intra_bwd_kernel, which loaded both to decide)
+        b_ga = b_gd
         j0 = i_c + 1 - dense
     else:
         b_ga = _load_row_block(gc, tl.minimum(c0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
@@ -1470,6 +1470,7 @@ def _intra_bwd_kernel(
     m_i = o_i < T
     o_k = i_k * BK + tl.arange(0, BK)
     dense = 0
+    b_gd = 0
     if DECAY == 2 and TRI:
         if AUTO:
             # unbounded gates (TUNE["unbounded.dense_if_safe"]): this block's diagonal goes dense, as with the
@@ -1477,6 +1478,7 @@ def _intra_bwd_kernel(
             b_g0 = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
             b_g1 = _load_row_block(gc, tl.minimum(r0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
             dense = (tl.max(b_g0 - b_g1, 0) <= 75.0).to(tl.int64)
+            b_gd = tl.where(dense == 1, b_g0, b_g1)  # the anchor of _rel_cols_tri
         b_dq, b_dkr = _rel_rows_tri(
             m_qk,
             m_kk,
@@ -1525,6 +1527,7 @@ def _intra_bwd_kernel(
             LOWP,
             AUTO,
             dense,
+            b_gd,
         )
     else:
         b_dq, b_dkr, b_dkc = _rel_full(
