@@ -278,15 +278,21 @@ def decode(rows: list) -> None:
         print(f"decode fla: {type(exc).__name__}: {exc}"[:200], flush=True)
 
 
+def _autotuner_benchmark(bench: Callable) -> None:
+    """Make every Triton autotuner (FLA's kernels) time its configs with `bench(kernel_call, quantiles)`."""
+    from triton.runtime import autotuner
+
+    # a property whose setter ignores assignments: whether the Triton build sets do_bench in __init__ or not
+    autotuner.Autotuner.do_bench = property(lambda self: bench, lambda self, value: None)
+
+
 def autotune_rep(rep: float) -> None:
     """Triton's autotuner (FLA's kernels) times each config for `rep` ms after `rep / 4` of warm-up."""
-    from triton.runtime import autotuner
 
     def bench(kernel_call, quantiles):
         return do_bench(kernel_call, warmup=rep / 4, rep=rep, quantiles=quantiles)
 
-    # a property whose setter ignores assignments: whether the Triton build sets do_bench in __init__ or not
-    autotuner.Autotuner.do_bench = property(lambda self: bench, lambda self, value: None)
+    _autotuner_benchmark(bench)
 
 
 def compile_only(ops: list[str], shapes: list[str], impls: list[str]) -> None:
@@ -297,14 +303,12 @@ def compile_only(ops: list[str], shapes: list[str], impls: list[str]) -> None:
     the untimed choices are not kept) side by side: the compiles share the CPU cores and land in Triton's
     on-disk cache, and the timed run afterwards only benchmarks the configs it loads from there.
     """
-    from triton.runtime import autotuner
 
     def run_once(kernel_call, quantiles):
         kernel_call()  # compiles this config (or raises OutOfResources: the autotuner then skips it)
         return [1.0, 1.0, 1.0]
 
-    # a property whose setter ignores assignments: whether the Triton build sets do_bench in __init__ or not
-    autotuner.Autotuner.do_bench = property(lambda self: run_once, lambda self, value: None)
+    _autotuner_benchmark(run_once)
     for who in impls:
         for shape, B, T, H in (("B32T2K", 32, 2048, 2), ("B8T8K", 8, 8192, 16)):
             if shape not in shapes:
