@@ -78,11 +78,12 @@ for step in $STEPS; do
       timeout 150 python3 benchmarks/profile_gpu.py --out "$OUT/profile.csv" | quiet | grep -v " 0\.[0-9]%" ;;
     tune)
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
-      timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --out "$OUT/check_alt" \
-        --set dqk.fused_intra=1 unbounded.dense_if_safe=1 | quiet | tail -18
+      # (skipped when the verify step has just checked them, with ALT set to both)
+      [ -f "$OUT/check_alt/errors.csv" ] || timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla \
+        --no-step --out "$OUT/check_alt" --set dqk.fused_intra=1 unbounded.dense_if_safe=1 | quiet | tail -18
       # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
-      timeout 60 python3 benchmarks/profile_gpu.py --ops kda_bounded kda delta_rule linear_attn simple_gla --passes train \
-        | quiet | grep -v " 0\.[0-9]%" | grep -v TUNE
+      timeout 70 python3 benchmarks/profile_gpu.py --ops kda_bounded kda gla delta_rule linear_attn simple_gla \
+        --passes infer train --out "$OUT/profile_tune_default.csv" | quiet | grep -v " 0\.[0-9]%" | grep -v TUNE
       # (tried on the H200 and slower there, runs 11-12: state_fwd.bv=32 state_bwd.bv=32, intra_bwd.bk=32,
       # dqk.bk=128, intra_bwd.warps=8, solve.warps=2; intra_fwd.warps=8 was 0.1 ms faster for unbounded KDA
       # only; run 16: intra_fwd.loop=1, intra_bwd.loop=1 (since removed); faster and now the defaults, runs
@@ -93,8 +94,8 @@ for step in $STEPS; do
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
         # shellcheck disable=SC2086
-        timeout 40 python3 benchmarks/profile_gpu.py --ops ${ops//,/ } --passes train --set ${set//,/ } | quiet \
-          | grep -v " 0\.[0-9]%" | grep -v TUNE
+        timeout 40 python3 benchmarks/profile_gpu.py --ops ${ops//,/ } --passes infer train --set ${set//,/ } \
+          --out "$OUT/profile_tune_${set//[=,]/_}.csv" | quiet | grep -v " 0\.[0-9]%" | grep -v TUNE
       done ;;
     verify)
       # after a kernel change, in little device time: our kernels for the benchmark shapes compile in the

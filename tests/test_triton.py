@@ -206,6 +206,40 @@ def test_unbounded_gates_dense_where_safe(
     check_against_naive(inputs)
 
 
+@pytest.mark.parametrize("T,chunk_size", [(63, 64), (100, 64), (200, 64), (50, 32)])
+@pytest.mark.parametrize(
+    "name,decay,lower_bound",
+    [
+        ("delta_rule", None, None),
+        ("gated_delta_rule", "scalar", None),
+        ("kda", "channel", None),
+        ("kda_bounded", "channel", -5.0),
+    ],
+)
+def test_w_and_u_inside_the_solve_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    lower_bound: float | None,
+    T: int,
+    chunk_size: int,
+) -> None:
+    # solve.fused_wu=1 (off until timed on a GPU): the solve kernel computes W and U from the L it has just
+    # written, 16 columns at a time here (K = 32, V = 64: the column loops run 2 and 4 times); _wu_kernel
+    # does not run
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "solve.fused_wu", 1)
+    monkeypatch.setitem(chunk.TUNE, "solve.bw", 16)
+    launched = []
+    monkeypatch.setattr(chunk, "_wu_kernel", _Recorder(chunk._wu_kernel, launched, "_wu_kernel"))
+    inputs = make_inputs(
+        decay, True, 1, T, 2, K=32, V=64, seed=T + 5, lower_bound=lower_bound, with_state=True
+    )
+    check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
+    assert launched == []
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:

@@ -478,15 +478,29 @@ def _solve_kernel(
     beta,
     akk,
     linv,
+    k,
+    v,
+    gc,
+    w,
+    u,
     T,
     H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
+    BW: tl.constexpr,
+    DECAY: tl.constexpr,
+    LOWP: tl.constexpr,
+    PRE_KG: tl.constexpr,
+    WU: tl.constexpr,
 ):
     # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: forward substitution on the NC diagonal blocks at
     # once (one [NC, BC, BC] tile, BC - 1 steps, each row of A read from memory), then the blocks below the
     # diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4).
     # Few warps per program: the substitution is a chain of small reductions, latency- not throughput-bound.
+    # WU (TUNE["solve.fused_wu"]): W and U of the chunk here too, from L read back from memory (its blocks
+    # were just written by this program: in cache), BW columns at a time, instead of in _wu_kernel
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT
@@ -555,6 +569,60 @@ def _solve_kernel(
         tl.zeros([BT, BT], dtype=tl.float32),
         mask=m_t[:, None] & (o_c[None, :] // BC > o_c[:, None] // BC),
     )
+    if WU:
+        # every thread's stores of L visible to all of this program's threads before they read it back
+        tl.debug_barrier()
+        _wu_chunk(k, v, gc, beta, linv, w, u, i_t, i_b, i_h, T, H, K, V, BT, BW, BW, DECAY, LOWP, PRE_KG)
+
+
+@triton.jit
+def _wu_chunk(
+    k,
+    v,
+    gc,
+    beta,
+    linv,
+    w,
+    u,
+    i_t,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    DECAY: tl.constexpr,
+    LOWP: tl.constexpr,
+    PRE_KG: tl.constexpr,
+):
+    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation) of chunk i_t, BK key and BV
+    # value columns at a time. PRE_KG: k already holds Gamma K (written by the cumsum kernel)
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+    b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)  # [BT]
+    b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
+    b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
+    if DECAY == 1:
+        b_eg = tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))
+    for i_k in range(K // BK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
+        if DECAY == 2 and not PRE_KG:
+            b_k = b_k * tl.exp(_load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K))
+        elif DECAY == 1:
+            b_k = b_k * b_eg[:, None]
+        b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, BK]
+        p_w = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        tl.store(w + p_w, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+    for i_v in range(V // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_u = tl.dot(b_tm, _dot_cast(_load_block(v, o_t, m_t, o_v, i_b, i_h, T, H, V), LOWP))  # [BT, BV]
+        p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        tl.store(u + p_u, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
@@ -575,28 +643,9 @@ def _wu_kernel(
     LOWP: tl.constexpr,
     PRE_KG: tl.constexpr,
 ):
-    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program.
-    # PRE_KG: k already holds Gamma K (written by the cumsum kernel)
+    # W and U of one chunk per program, whole rows at once
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
-    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-    b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)  # [BT]
-    b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
-    b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
-    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2 and not PRE_KG:
-        b_k = b_k * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
-    elif DECAY == 1:
-        b_k = b_k * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
-    b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, K]
-    p_w = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-    tl.store(w + p_w, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    b_v = _load_rows(v, o_t, m_t, i_b, i_h, T, H, V)
-    b_u = tl.dot(b_tm, _dot_cast(b_v, LOWP))  # [BT, V]
-    p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + tl.arange(0, V)[None, :]
-    tl.store(u + p_u, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+    _wu_chunk(k, v, gc, beta, linv, w, u, i_t, i_bh // H, i_bh % H, T, H, K, V, BT, K, V, DECAY, LOWP, PRE_KG)
 
 
 @triton.jit
@@ -943,8 +992,9 @@ def _dqk_bwd_kernel(
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
     tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
     tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
-    # without a decay nothing reads dG; the unfused path keeps its store as timed on the GPU
-    if DECAY > 0 or not FUSED:
+    # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K H16
+    # that used to be written and never read)
+    if DECAY > 0:
         tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
@@ -1666,6 +1716,10 @@ TUNE: dict[str, int | None] = {
     # does the intra-chunk gradients (M_qk = dO V^T over its V loop, then M K and M^T Q): no dvt or intra
     # backward kernel, no M_qk or partial dq/dk in memory. Not yet timed on the GPU
     "dqk.fused_intra": 0,
+    # 1: the solve kernel also computes W and U (from L read back from cache, "solve.bw" columns at a time,
+    # with "solve.warps" warps), instead of _wu_kernel reading L from memory. Not yet timed on the GPU
+    "solve.fused_wu": 0,
+    "solve.bw": None,  # 32
     # 1: unbounded per-channel gates (KDA, GLA) take the bounded gate's dense diagonal block in every 16-row
     # block whose own decay is at most e^75 in every channel, checked at run time per block (the others keep
     # the per-position loop); implies the triangular intra kernels. Not yet run on a GPU
@@ -1815,7 +1869,31 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         linv = torch.empty(B, T, H, BT, device=dev, dtype=f32)
         w = torch.empty_like(k)
         u = torch.empty_like(v)
-        _solve_kernel[(NT, B * H)](beta, akk, linv, T, H=H, BT=BT, BC=BC, num_warps=_tuned("solve.warps", 1))
+        vt = torch.empty_like(v)
+        fused_wu = bool(TUNE["solve.fused_wu"])
+        _solve_kernel[(NT, B * H)](
+            beta,
+            akk,
+            linv,
+            kg if kg is not None else k,
+            v,
+            gcx,
+            w,
+            u,
+            T,
+            H=H,
+            K=K,
+            V=V,
+            BT=BT,
+            BC=BC,
+            BW=min(K, V, _tuned("solve.bw", 32)),
+            DECAY=decay,
+            LOWP=lowp,
+            PRE_KG=kg is not None,
+            WU=fused_wu,
+            num_warps=_tuned("solve.warps", 1),
+        )
+    if delta and not fused_wu:
         _wu_kernel[(NT, B * H)](
             kg if kg is not None else k,
             v,
@@ -1834,7 +1912,6 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
             PRE_KG=kg is not None,
             num_warps=_tuned("wu.warps", _num_warps(K >= 128 or V >= 128)),
         )
-        vt = torch.empty_like(v)
     # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
     h_dtype = torch.bfloat16 if lowp else f32
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype)
@@ -1948,8 +2025,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     partial = torch.bfloat16 if lowp and TUNE["dqk.partial_lowp"] else f32
     dq = dq_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
     dk = dk_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
-    # (fused without a decay: no dG at all; dq only stands in for the pointer)
-    dgk = torch.empty(B, T, H, K, device=dev, dtype=f32) if decay or not fused else dq
+    # (without a decay: no dG at all; dq only stands in for the pointer)
+    dgk = torch.empty(B, T, H, K, device=dev, dtype=f32) if decay else dq
     m_qk = None if fused else torch.empty(B, T, H, BT, device=dev, dtype=f32)
     m_kk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else m_qk
     dv = torch.empty(B, T, H, V, device=dev, dtype=v.dtype) if delta else dvt
