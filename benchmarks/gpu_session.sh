@@ -28,6 +28,7 @@
 #   sweep    120  T = 1K..64K at B=1 H=16, KDA, FLA and SDPA (with the settings `final` picked, if it ran)
 #   packing  150  several training runs packed on the GPU (benchmarks/sweep_packing.py)
 #   tune     320  (not in the default list) the session's alternatives checked, then per-kernel profiles of each
+#                 (TUNE_ENTRIES="SETTING[,SETTING...]:OP[,OP...] ..." and TUNE_OPS override the lists)
 #   tune2    200  (not in the default list) the older untried launch settings, profiled
 #   verify   200  (not in the default list) after a kernel change: our kernels compiled in the background (default
 #                 and ALT=KEY=VALUE[,KEY=VALUE]) while the defaults, ALT (on the ops ALT_OPS), T=8192, fp16 and
@@ -80,16 +81,20 @@ for step in $STEPS; do
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
       # (skipped when the verify step has just checked them, with ALT set to both)
       [ -f "$OUT/check_alt/errors.csv" ] || timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla \
-        --no-step --out "$OUT/check_alt" --set dqk.fused_intra=1 unbounded.dense_if_safe=1 | quiet | tail -18
+        --no-step --out "$OUT/check_alt" --set decayed_in_cumsum=1 | quiet | tail -18
       # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
-      timeout 70 python3 benchmarks/profile_gpu.py --ops kda_bounded kda gla delta_rule linear_attn simple_gla \
+      # shellcheck disable=SC2086
+      timeout 70 python3 benchmarks/profile_gpu.py --ops ${TUNE_OPS:-kda_bounded kda gla delta_rule linear_attn simple_gla} \
         --passes infer train --out "$OUT/profile_tune_default.csv" | quiet | grep -v " 0\.[0-9]%" | grep -v TUNE
       # (tried on the H200 and slower there, runs 11-12: state_fwd.bv=32 state_bwd.bv=32, intra_bwd.bk=32,
       # dqk.bk=128, intra_bwd.warps=8, solve.warps=2; intra_fwd.warps=8 was 0.1 ms faster for unbounded KDA
       # only; run 16: intra_fwd.loop=1, intra_bwd.loop=1 (since removed); faster and now the defaults, runs
-      # 16-17: intra_bwd.tri=1, dqk.partial_lowp=1, intra_fwd.tri=1 for the bounded gate)
+      # 16-18: intra_bwd.tri=1, dqk.partial_lowp=1, intra_fwd.tri=1 for the bounded gate, dqk.fused_intra=1,
+      # unbounded.dense_if_safe=1; run 18, no gain and removed: W/U inside the solve kernel (solve.fused_wu,
+      # with 1, 2 or 4 warps and 32 or 64 columns a step: 0.72-1.41 ms against 0.35 + 0.35 for the delta rule)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
-      for entry in dqk.fused_intra=1:linear_attn,simple_gla unbounded.dense_if_safe=1:kda,gla; do
+      # (TUNE_ENTRIES overrides the list)
+      for entry in ${TUNE_ENTRIES:-decayed_in_cumsum=1:kda_bounded,kda}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
@@ -119,7 +124,8 @@ for step in $STEPS; do
         --out "$OUT/check_long" >"$OUT/check_long.txt" 2>&1 &
       pids+=($!)
       # (one process per op: run 17's single process was still compiling FLA's kernels after 110 s)
-      for op in kda_bounded kda gla delta_rule linear_attn; do
+      # (simple GLA and the gated delta rule: FLA's forward only, its backward refuses Triton 3.6, #640)
+      for op in kda_bounded kda gla delta_rule linear_attn simple_gla gated_delta_rule; do
         timeout 200 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --ops $op --no-step --out "$OUT/check_fla_$op" \
           >"$OUT/check_fla_$op.txt" 2>&1 &
         pids+=($!)
@@ -162,7 +168,7 @@ PY
         --budget-s 90 $(cat "$OUT/pick_set.txt") | quiet | grep -v "^|" ;;
     tune2)
       # launch settings not yet tried on the H200
-      for set in intra_fwd.warps=2 intra_bwd.warps=2 wu.warps=4 decayed_in_cumsum=1 intra_bwd.bk=128; do
+      for set in intra_fwd.warps=2 intra_bwd.warps=2 wu.warps=4 intra_bwd.bk=128; do
         echo "-- --set $set"
         timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set "$set" | quiet \
           | grep -v " 0\.[0-9]%" | grep -v TUNE
@@ -187,14 +193,20 @@ PY
       # (ours too, one process per shape, meanwhile). Every process appends to one
       # log (the device returns at most 8 files). `wait` names the processes: a bare `wait` also waits for
       # the `tee` behind this step's output, which never ends (run A hung there until its time limit)
+      # With FLA's autotuning results seeded from .device/triton_autotune (above), FLA's autotuner picks
+      # from them and compiles only the chosen configs: its compile-only pass is skipped (FLA_PRECOMPILE=1
+      # forces it)
       t=$(date +%s)
       pids=()
+      seeded=$(find "$TRITON_CACHE_DIR" -name '*.autotune.json' | wc -l)
       for shape in B32T2K B8T8K; do
-        for op in kda_bounded kda gla delta_rule linear_attn simple_gla gated_delta_rule; do
-          FLA_CACHE_RESULTS=0 timeout 200 python3 benchmarks/bench_gpu.py --compile-only --impls fla --ops "$op" \
-            --shapes "$shape" --out "$OUT/fla" 2>&1 | grep -e "^compile" >>"$OUT/fla_compile.log" &
-          pids+=($!)
-        done
+        if [ "$seeded" -eq 0 ] || [ "${FLA_PRECOMPILE:-0}" = 1 ]; then
+          for op in kda_bounded kda gla delta_rule linear_attn simple_gla gated_delta_rule; do
+            FLA_CACHE_RESULTS=0 timeout 200 python3 benchmarks/bench_gpu.py --compile-only --impls fla --ops "$op" \
+              --shapes "$shape" --out "$OUT/fla" 2>&1 | grep -e "^compile" >>"$OUT/fla_compile.log" &
+            pids+=($!)
+          done
+        fi
         timeout 200 python3 benchmarks/bench_gpu.py --compile-only --impls ours --shapes "$shape" --out "$OUT/fla" 2>&1 \
           | grep -e "^compile" >>"$OUT/fla_compile.log" &
         pids+=($!)
@@ -203,7 +215,8 @@ PY
       echo "compiled in $(($(date +%s) - t)) s:"
       sort "$OUT/fla_compile.log"
       # FLA's autotuning times each config for 20 ms (Triton's default: 100), from the compiled cache
-      timeout 330 python3 benchmarks/bench_gpu.py --out "$OUT/fla" --impls ours fla sdpa --skip-sweep --skip-decode \
+      # (and the decode step, ours against FLA's fused recurrent KDA)
+      timeout 330 python3 benchmarks/bench_gpu.py --out "$OUT/fla" --impls ours fla sdpa --skip-sweep \
         --budget-s 300 --autotune-rep 20 | quiet ;;
     bench)
       timeout 120 python3 benchmarks/bench_gpu.py --out "$OUT/bench" --impls ours torch --skip-sweep --budget-s 100 \

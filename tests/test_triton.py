@@ -128,6 +128,7 @@ def test_whole_chunk_intra_backward(
     from kernels.triton import chunk
 
     monkeypatch.setitem(chunk.TUNE, "intra_bwd.tri", 0)
+    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", 0)  # which implies the triangular form
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
 
@@ -147,33 +148,36 @@ def test_intra_forward_both_ways(
     T: int,
     tri: int,
 ) -> None:
-    # the intra forward over only the reachable column blocks (intra_fwd.tri=1; the default with the bounded
-    # gate) and over whole-chunk tiles masked (0; the default otherwise) compute the same op, the zeros after
-    # the diagonal included (the output kernel reads whole rows)
+    # the intra forward over only the reachable column blocks (intra_fwd.tri=1; the default for the
+    # per-channel decay) and over whole-chunk tiles masked (0) compute the same op, the zeros after the
+    # diagonal included (the output kernel reads whole rows)
     from kernels.triton import chunk
 
     monkeypatch.setitem(chunk.TUNE, "intra_fwd.tri", tri)
+    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", 0)  # which implies the triangular form
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + tri, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
+@pytest.mark.parametrize("fused", [1, 0])
 @pytest.mark.parametrize("T", [1, 63, 100, 200])
 @pytest.mark.parametrize("name,decay", [("linear_attn", None), ("simple_gla", "scalar")])
 def test_intra_gradients_inside_the_dqk_kernel(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, T: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, T: int, fused: int
 ) -> None:
-    # dqk.fused_intra=1 (off until timed on a GPU): without the delta rule and the per-channel decay, the dqk
-    # kernel also does the intra-chunk gradients, and the dvt and intra backward kernels do not run
+    # dqk.fused_intra=1 (the default since run 18): without the delta rule and the per-channel decay, the
+    # dqk kernel also does the intra-chunk gradients, and the dvt and intra backward kernels do not run;
+    # 0 keeps the three-kernel backward that the other ops use
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "dqk.fused_intra", 1)
+    monkeypatch.setitem(chunk.TUNE, "dqk.fused_intra", fused)
     launched = []
     for kernel in ("_dvt_bwd_kernel", "_intra_bwd_kernel"):
         original = getattr(chunk, kernel)
         monkeypatch.setattr(chunk, kernel, _Recorder(original, launched, kernel))
     inputs = make_inputs(decay, False, 1, T, 2, K=16, V=32, seed=T + 7)
     check_against_naive(inputs)
-    assert launched == []
+    assert launched == ([] if fused else ["_dvt_bwd_kernel", "_intra_bwd_kernel"])
 
 
 class _Recorder:
@@ -187,57 +191,25 @@ class _Recorder:
         return self.kernel[grid]
 
 
+@pytest.mark.parametrize("dense_if_safe", [1, 0])
 @pytest.mark.parametrize("T", [63, 100, 200])
 @pytest.mark.parametrize("name,decay,delta", [("gla", "channel", False), ("kda", "channel", True)])
 def test_unbounded_gates_dense_where_safe(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, T: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, T: int, dense_if_safe: int
 ) -> None:
-    # unbounded.dense_if_safe=1 (off until timed on a GPU): each 16-row block whose own decay is at most e^75
-    # takes the bounded gate's dense diagonal product, the others the per-position loop, decided at run time.
-    # The gates here give both kinds of block: log-sigmoid gates (almost all blocks safe), one block with a
-    # decay of e^(15 * 30) in half its channels, and one at e^(15 * 4.6), just inside the limit
+    # unbounded.dense_if_safe=1 (the default since run 18): each 16-row block whose own decay is at most e^75
+    # takes the bounded gate's dense diagonal product, the others the per-position loop, decided at run time;
+    # 0: the per-position loop in every block. The gates here give both kinds of block: log-sigmoid gates
+    # (almost all blocks safe), one block with a decay of e^(15 * 30) in half its channels, and one at
+    # e^(15 * 4.6), just inside the limit
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", 1)
+    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", dense_if_safe)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 11)
     g = inputs["g"]
     g[:, 16:32, :, :8] = -30.0
     g[:, 48:63, 1] = -4.6
     check_against_naive(inputs)
-
-
-@pytest.mark.parametrize("T,chunk_size", [(63, 64), (100, 64), (200, 64), (50, 32)])
-@pytest.mark.parametrize(
-    "name,decay,lower_bound",
-    [
-        ("delta_rule", None, None),
-        ("gated_delta_rule", "scalar", None),
-        ("kda", "channel", None),
-        ("kda_bounded", "channel", -5.0),
-    ],
-)
-def test_w_and_u_inside_the_solve_kernel(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str | None,
-    lower_bound: float | None,
-    T: int,
-    chunk_size: int,
-) -> None:
-    # solve.fused_wu=1 (off until timed on a GPU): the solve kernel computes W and U from the L it has just
-    # written, 16 columns at a time here (K = 32, V = 64: the column loops run 2 and 4 times); _wu_kernel
-    # does not run
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "solve.fused_wu", 1)
-    monkeypatch.setitem(chunk.TUNE, "solve.bw", 16)
-    launched = []
-    monkeypatch.setattr(chunk, "_wu_kernel", _Recorder(chunk._wu_kernel, launched, "_wu_kernel"))
-    inputs = make_inputs(
-        decay, True, 1, T, 2, K=32, V=64, seed=T + 5, lower_bound=lower_bound, with_state=True
-    )
-    check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
-    assert launched == []
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32])

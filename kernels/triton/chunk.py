@@ -131,6 +131,40 @@ def _load_vec(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr):
 
 
 @triton.jit
+def _store_decayed(
+    gc,
+    qg,
+    kd,
+    kg,
+    b_q,
+    b_k,
+    b_g,
+    t0,
+    o_r,
+    m_r,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    DELTA: tl.constexpr,
+):
+    # the decayed operands of rows o_r (chunk start t0; G of the rows in b_g), written once by the intra
+    # kernel for the later ones: Q exp(G) (queries read the state from the chunk start: the output, the
+    # reverse state pass), K exp(G_last - G) (keys carried to the chunk's end: both state passes) and, with
+    # the delta rule, K exp(G) (W/U and the dvt backward)
+    b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+    p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+    b_eg = tl.exp(tl.where(m_r[:, None], b_g, 0.0))
+    tl.store(qg + p_rk, (b_q * b_eg).to(qg.dtype.element_ty), mask=m_r[:, None])
+    b_kdr = b_k * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_g, 0.0))
+    tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
+    if DELTA:
+        tl.store(kg + p_rk, (b_k * b_eg).to(kg.dtype.element_ty), mask=m_r[:, None])
+
+
+@triton.jit
 def _intra_fwd_kernel(
     q,
     k,
@@ -139,6 +173,7 @@ def _intra_fwd_kernel(
     aqk,
     qg,
     kd,
+    kg,
     scale,
     T,
     H: tl.constexpr,
@@ -167,6 +202,7 @@ def _intra_fwd_kernel(
             aqk,
             qg,
             kd,
+            kg,
             scale,
             T,
             i_t,
@@ -198,16 +234,8 @@ def _intra_fwd_kernel(
             # anchor: the block's first row, in the past of every row it serves (causal, unlike a midpoint)
             b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # [K]
             b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
-            # the decayed operands of the state pass, the output and the reverse state pass, written once
-            # here: Q exp(G) (queries read the state from the chunk start), K exp(G_last - G) (keys carried
-            # to its end)
             if STORE_DECAYED:
-                b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-                p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-                b_qg = b_q * tl.exp(tl.where(m_r[:, None], b_gr, 0.0))
-                tl.store(qg + p_rk, b_qg.to(qg.dtype.element_ty), mask=m_r[:, None])
-                b_kdr = b_kr * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_gr, 0.0))
-                tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
+                _store_decayed(gc, qg, kd, kg, b_q, b_kr, b_gr, t0, o_r, m_r, i_b, i_h, T, H, K, BT, DELTA)
             if BOUNDED:
                 # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
                 m_y = m_i & (o_i < r0 + BC)
@@ -315,6 +343,7 @@ def _intra_fwd_tri(
     aqk,
     qg,
     kd,
+    kg,
     scale,
     T,
     i_t,
@@ -345,12 +374,7 @@ def _intra_fwd_tri(
     b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
     b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
     if STORE_DECAYED:
-        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-        p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-        b_qg = b_q * tl.exp(tl.where(m_r[:, None], b_gr, 0.0))
-        tl.store(qg + p_rk, b_qg.to(qg.dtype.element_ty), mask=m_r[:, None])
-        b_kdr = b_kr * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_gr, 0.0))
-        tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
+        _store_decayed(gc, qg, kd, kg, b_q, b_kr, b_gr, t0, o_r, m_r, i_b, i_h, T, H, K, BT, DELTA)
     b_qe = _dot_cast(b_q * b_er, LOWP)
     b_ke = _dot_cast(b_kr * b_er, LOWP)
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
@@ -478,29 +502,15 @@ def _solve_kernel(
     beta,
     akk,
     linv,
-    k,
-    v,
-    gc,
-    w,
-    u,
     T,
     H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
-    BW: tl.constexpr,
-    DECAY: tl.constexpr,
-    LOWP: tl.constexpr,
-    PRE_KG: tl.constexpr,
-    WU: tl.constexpr,
 ):
     # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: forward substitution on the NC diagonal blocks at
     # once (one [NC, BC, BC] tile, BC - 1 steps, each row of A read from memory), then the blocks below the
     # diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4).
     # Few warps per program: the substitution is a chain of small reductions, latency- not throughput-bound.
-    # WU (TUNE["solve.fused_wu"]): W and U of the chunk here too, from L read back from memory (its blocks
-    # were just written by this program: in cache), BW columns at a time, instead of in _wu_kernel
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT
@@ -569,60 +579,6 @@ def _solve_kernel(
         tl.zeros([BT, BT], dtype=tl.float32),
         mask=m_t[:, None] & (o_c[None, :] // BC > o_c[:, None] // BC),
     )
-    if WU:
-        # every thread's stores of L visible to all of this program's threads before they read it back
-        tl.debug_barrier()
-        _wu_chunk(k, v, gc, beta, linv, w, u, i_t, i_b, i_h, T, H, K, V, BT, BW, BW, DECAY, LOWP, PRE_KG)
-
-
-@triton.jit
-def _wu_chunk(
-    k,
-    v,
-    gc,
-    beta,
-    linv,
-    w,
-    u,
-    i_t,
-    i_b,
-    i_h,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    DECAY: tl.constexpr,
-    LOWP: tl.constexpr,
-    PRE_KG: tl.constexpr,
-):
-    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation) of chunk i_t, BK key and BV
-    # value columns at a time. PRE_KG: k already holds Gamma K (written by the cumsum kernel)
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
-    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-    b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)  # [BT]
-    b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
-    b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
-    if DECAY == 1:
-        b_eg = tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))
-    for i_k in range(K // BK):
-        o_k = i_k * BK + tl.arange(0, BK)
-        b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
-        if DECAY == 2 and not PRE_KG:
-            b_k = b_k * tl.exp(_load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K))
-        elif DECAY == 1:
-            b_k = b_k * b_eg[:, None]
-        b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, BK]
-        p_w = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        tl.store(w + p_w, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    for i_v in range(V // BV):
-        o_v = i_v * BV + tl.arange(0, BV)
-        b_u = tl.dot(b_tm, _dot_cast(_load_block(v, o_t, m_t, o_v, i_b, i_h, T, H, V), LOWP))  # [BT, BV]
-        p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        tl.store(u + p_u, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
@@ -643,9 +599,28 @@ def _wu_kernel(
     LOWP: tl.constexpr,
     PRE_KG: tl.constexpr,
 ):
-    # W and U of one chunk per program, whole rows at once
+    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program.
+    # PRE_KG: k already holds Gamma K (written by the cumsum kernel)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    _wu_chunk(k, v, gc, beta, linv, w, u, i_t, i_bh // H, i_bh % H, T, H, K, V, BT, K, V, DECAY, LOWP, PRE_KG)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+    b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)  # [BT]
+    b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
+    b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
+    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 2 and not PRE_KG:
+        b_k = b_k * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
+    elif DECAY == 1:
+        b_k = b_k * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+    b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, K]
+    p_w = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+    tl.store(w + p_w, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
+    b_v = _load_rows(v, o_t, m_t, i_b, i_h, T, H, V)
+    b_u = tl.dot(b_tm, _dot_cast(b_v, LOWP))  # [BT, V]
+    p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + tl.arange(0, V)[None, :]
+    tl.store(u + p_u, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
@@ -1706,7 +1681,8 @@ TUNE: dict[str, int | None] = {
     # 1: the same for the intra forward (_intra_fwd_tri: the reachable column blocks one at a time, the blocks
     # after the diagonal stored as zeros); 0: whole-chunk tiles, masked; None: 1 with the bounded gate only.
     # H200, B8 T8K H16 (run 17): bounded KDA's intra forward 1.040 -> 0.957 ms, but KDA's (its diagonal
-    # block by positions) 3.075 -> 3.322
+    # block by positions) 3.075 -> 3.322 (with unbounded.dense_if_safe, the default since run 18, unbounded
+    # gates take the triangular form too)
     "intra_fwd.tri": None,
     # 1: the partial dq, dk that the dqk kernel hands to the intra backward in bf16 for 16-bit inputs, instead
     # of fp32 (half the bytes written and read); the sum is fp32 in the intra backward. H200, B8 T8K H16
@@ -1714,16 +1690,14 @@ TUNE: dict[str, int | None] = {
     "dqk.partial_lowp": 1,
     # 1: without the delta rule and the per-channel decay (linear attention, simple GLA), the dqk kernel also
     # does the intra-chunk gradients (M_qk = dO V^T over its V loop, then M K and M^T Q): no dvt or intra
-    # backward kernel, no M_qk or partial dq/dk in memory. Not yet timed on the GPU
-    "dqk.fused_intra": 0,
-    # 1: the solve kernel also computes W and U (from L read back from cache, "solve.bw" columns at a time,
-    # with "solve.warps" warps), instead of _wu_kernel reading L from memory. Not yet timed on the GPU
-    "solve.fused_wu": 0,
-    "solve.bw": None,  # 32
+    # backward kernel, no M_qk or partial dq/dk in memory. H200, B8 T8K H16 (run 18), fwd+bwd: linear
+    # attention 2.93 -> 2.45 ms, simple GLA 4.07 -> 3.39
+    "dqk.fused_intra": 1,
     # 1: unbounded per-channel gates (KDA, GLA) take the bounded gate's dense diagonal block in every 16-row
     # block whose own decay is at most e^75 in every channel, checked at run time per block (the others keep
-    # the per-position loop); implies the triangular intra kernels. Not yet run on a GPU
-    "unbounded.dense_if_safe": 0,
+    # the per-position loop); implies the triangular intra kernels. H200, B8 T8K H16 (run 18), log-sigmoid
+    # gates: KDA fwd 5.28 -> 3.53 ms, fwd+bwd 15.42 -> 10.44; GLA fwd 3.19 -> 1.74, fwd+bwd 10.17 -> 6.25
+    "unbounded.dense_if_safe": 1,
 }
 
 
@@ -1815,7 +1789,9 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         # inputs), so they are kept in that precision
         qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else f32)
         kd = torch.empty_like(qg)
-        kg = torch.empty_like(qg) if early and delta else None
+        # and Gamma K for W/U and the dvt backward (H200, run 19, written by the cumsum kernel: bounded KDA's
+        # W/U 0.60 -> 0.35 ms, dvt 1.44 -> 1.12)
+        kg = torch.empty_like(qg) if delta else None
     gc = None
     if decay:
         gc = torch.empty(g.shape, device=dev, dtype=f32)
@@ -1849,6 +1825,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         aqk,
         qg if qg is not None else q,
         kd if kd is not None else k,
+        kg if kg is not None else k,
         scale,
         T,
         H=H,
@@ -1870,30 +1847,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         w = torch.empty_like(k)
         u = torch.empty_like(v)
         vt = torch.empty_like(v)
-        fused_wu = bool(TUNE["solve.fused_wu"])
-        _solve_kernel[(NT, B * H)](
-            beta,
-            akk,
-            linv,
-            kg if kg is not None else k,
-            v,
-            gcx,
-            w,
-            u,
-            T,
-            H=H,
-            K=K,
-            V=V,
-            BT=BT,
-            BC=BC,
-            BW=min(K, V, _tuned("solve.bw", 32)),
-            DECAY=decay,
-            LOWP=lowp,
-            PRE_KG=kg is not None,
-            WU=fused_wu,
-            num_warps=_tuned("solve.warps", 1),
-        )
-    if delta and not fused_wu:
+        _solve_kernel[(NT, B * H)](beta, akk, linv, T, H=H, BT=BT, BC=BC, num_warps=_tuned("solve.warps", 1))
         _wu_kernel[(NT, B * H)](
             kg if kg is not None else k,
             v,

@@ -105,7 +105,11 @@ def fla_call(name: str):
     return table[name]
 
 
-def errors_of(fn, inputs: dict, ref_out: tuple, ref_grads: dict, do: torch.Tensor, dht: torch.Tensor) -> dict:
+def errors_of(
+    fn, inputs: dict, ref_out: tuple, ref_grads: dict, do: torch.Tensor, dht: torch.Tensor
+) -> tuple[dict, str]:
+    """Relative RMS errors of fn's outputs and gradients, and a note: when the backward raises (FLA's
+    gated backwards on Triton 3.6, #640), the forward's errors and the exception instead of nothing."""
     names = [n for n, t in inputs.items() if t is not None]
     leaves = {n: inputs[n].detach().clone().requires_grad_(True) for n in names}
     o, ht = fn(
@@ -117,11 +121,14 @@ def errors_of(fn, inputs: dict, ref_out: tuple, ref_grads: dict, do: torch.Tenso
         initial_state=leaves["initial_state"],
         output_final_state=True,
     )
-    ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
     errs = {"o": rel_rms(o, ref_out[0]), "final_state": rel_rms(ht, ref_out[1])}
+    try:
+        ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
+    except Exception as exc:
+        return errs, f"backward ERR {type(exc).__name__}: {str(exc)[:90]}"
     for n in names:
         errs[f"d{n}"] = rel_rms(leaves[n].grad, ref_grads[n]) if leaves[n].grad is not None else float("nan")
-    return errs
+    return errs, ""
 
 
 def write_rows(rows: list[dict], out: Path | None) -> None:
@@ -225,8 +232,7 @@ def run(
                     providers.append(("fla", fla))
                 for who, fn in providers:
                     try:
-                        errs = errors_of(fn, inputs, ref_out, ref_grads, do, dht)
-                        note = ""
+                        errs, note = errors_of(fn, inputs, ref_out, ref_grads, do, dht)
                     except Exception as exc:  # FLA refuses some gated backwards on Triton 3.6 (#640)
                         errs, note = {}, f"ERR {type(exc).__name__}: {str(exc)[:90]}"
                     bad = [n for n, e in errs.items() if not e <= BOUNDS.get(n, 0)]
