@@ -1658,7 +1658,10 @@ TUNE: dict[str, int | None] = {
     "solve.warps": 1,
     "wu.warps": None,
     "state_fwd.warps": None,
-    "state_fwd.bv": None,  # V columns per program (16-128): 32 below 256 programs, else 64
+    # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 where K > 128).
+    # H200, B8 T8K H16 (run 20): 64 -> 128 took bounded KDA's forward state pass 0.61 -> 0.49 ms (the delta
+    # rule's 0.46 -> 0.43); the reverse pass lost with 128 (0.80 -> 0.99) and keeps 64
+    "state_fwd.bv": None,
     "state_fwd.stages": None,  # 3 (Triton's default) for 16-bit inputs with K, V <= 128, else 1
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
@@ -1760,13 +1763,14 @@ def _num_warps(big: bool) -> int:
     return 8 if big and not INTERPRET else 4
 
 
-def _block_v(V: int, programs: int, key: str) -> int:
+def _block_v(V: int, programs: int, key: str, wide: bool = False) -> int:
     # the state passes are sequential over chunks: split V finer when B * H alone cannot fill the GPU
     if INTERPRET:
         return min(V, 32)
     if TUNE[key] is not None:
         return min(V, TUNE[key])
-    return min(V, 32 if programs < 256 else 64)
+    # (wide: whole 128-column blocks once B * H fills the GPU by itself; the forward pass, 16-bit, K, V <= 128)
+    return min(V, 32 if programs < 256 else (128 if wide else 64))
 
 
 def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
@@ -1870,7 +1874,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     h_dtype = torch.bfloat16 if lowp else f32
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype)
     ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
-    BV = _block_v(V, B * H * max(1, V // 64), "state_fwd.bv")
+    BV = _block_v(V, B * H * max(1, V // 64), "state_fwd.bv", wide=pipelined)
     h0 = initial_state.contiguous() if initial_state is not None else None
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
