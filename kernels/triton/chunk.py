@@ -1769,7 +1769,7 @@ def _block_v(V: int, programs: int, key: str, wide: bool = False) -> int:
         return min(V, 32)
     if TUNE[key] is not None:
         return min(V, TUNE[key])
-    # (wide: whole 128-column blocks once B * H fills the GPU by itself; the forward pass, 16-bit, K, V <= 128)
+    # (wide: 128-column blocks once B * H fills the GPU by itself; the forward pass, 16-bit, K, V <= 128)
     return min(V, 32 if programs < 256 else (128 if wide else 64))
 
 
