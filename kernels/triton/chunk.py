@@ -1658,7 +1658,8 @@ TUNE: dict[str, int | None] = {
     "solve.warps": 1,
     "wu.warps": None,
     "state_fwd.warps": None,
-    # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 where K > 128).
+    # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 for fp32 inputs or
+    # head sizes over 128).
     # H200, B8 T8K H16 (run 20): 64 -> 128 took bounded KDA's forward state pass 0.61 -> 0.49 ms (the delta
     # rule's 0.46 -> 0.43); the reverse pass lost with 128 (0.80 -> 0.99) and keeps 64
     "state_fwd.bv": None,
@@ -1795,8 +1796,8 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         # inputs), so they are kept in that precision
         qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else f32)
         kd = torch.empty_like(qg)
-        # and Gamma K for W/U and the dvt backward (H200, run 19, written by the cumsum kernel: bounded KDA's
-        # W/U 0.60 -> 0.35 ms, dvt 1.44 -> 1.12)
+        # and Gamma K for W/U and the dvt backward (H200, B8 T8K H16, run 20: bounded KDA's W/U 0.60 -> 0.35
+        # ms, dvt 1.44 -> 1.11, intra forward 0.96 -> 0.99)
         kg = torch.empty_like(qg) if delta else None
     gc = None
     if decay:
