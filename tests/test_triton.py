@@ -212,6 +212,43 @@ def test_unbounded_gates_dense_where_safe(
     check_against_naive(inputs)
 
 
+@pytest.mark.parametrize("dense_if_safe", [1, 0])
+@pytest.mark.parametrize("T,chunk_size", [(63, 64), (100, 64), (200, 64), (100, 32)])
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound",
+    [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
+)
+def test_cumsum_inside_the_intra_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str,
+    delta: bool,
+    lower_bound: float | None,
+    T: int,
+    chunk_size: int,
+    dense_if_safe: int,
+) -> None:
+    # intra_fwd.cumsum=1 (off until run on a GPU): the intra forward computes G from g itself, so the cumsum
+    # kernel does not run; with unbounded gates both diagonal forms (dense where safe, by positions, which
+    # reads the program's own rows of G back), the gates of test_unbounded_gates_dense_where_safe giving
+    # both kinds of block
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "intra_fwd.cumsum", 1)
+    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", dense_if_safe)
+    launched = []
+    monkeypatch.setattr(chunk, "_cumsum_kernel", _Recorder(chunk._cumsum_kernel, launched, "_cumsum_kernel"))
+    inputs = make_inputs(
+        decay, delta, 1, T, 2, K=16, V=32, seed=T + 13, lower_bound=lower_bound, with_state=True
+    )
+    if lower_bound is None:
+        g = inputs["g"]
+        g[:, 16:32, :, :8] = -30.0
+        g[:, 48:63, 1] = -4.6
+    check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
+    assert launched == []
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:

@@ -132,14 +132,13 @@ def _load_vec(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr):
 
 @triton.jit
 def _store_decayed(
-    gc,
     qg,
     kd,
     kg,
     b_q,
     b_k,
     b_g,
-    t0,
+    b_gl,
     o_r,
     m_r,
     i_b,
@@ -147,14 +146,12 @@ def _store_decayed(
     T,
     H: tl.constexpr,
     K: tl.constexpr,
-    BT: tl.constexpr,
     DELTA: tl.constexpr,
 ):
-    # the decayed operands of rows o_r (chunk start t0; G of the rows in b_g), written once by the intra
-    # kernel for the later ones: Q exp(G) (queries read the state from the chunk start: the output, the
-    # reverse state pass), K exp(G_last - G) (keys carried to the chunk's end: both state passes) and, with
-    # the delta rule, K exp(G) (W/U and the dvt backward)
-    b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+    # the decayed operands of rows o_r (G of the rows in b_g, of the chunk's last row in b_gl), written once
+    # by the intra kernel for the later ones: Q exp(G) (queries read the state from the chunk start: the
+    # output, the reverse state pass), K exp(G_last - G) (keys carried to the chunk's end: both state
+    # passes) and, with the delta rule, K exp(G) (W/U and the dvt backward)
     p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
     b_eg = tl.exp(tl.where(m_r[:, None], b_g, 0.0))
     tl.store(qg + p_rk, (b_q * b_eg).to(qg.dtype.element_ty), mask=m_r[:, None])
@@ -168,6 +165,7 @@ def _store_decayed(
 def _intra_fwd_kernel(
     q,
     k,
+    g,
     gc,
     akk,
     aqk,
@@ -187,6 +185,7 @@ def _intra_fwd_kernel(
     STORE_DECAYED: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
+    CUMSUM: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -197,6 +196,7 @@ def _intra_fwd_kernel(
         _intra_fwd_tri(
             q,
             k,
+            g,
             gc,
             akk,
             aqk,
@@ -218,6 +218,7 @@ def _intra_fwd_kernel(
             LOWP,
             STORE_DECAYED,
             AUTO,
+            CUMSUM,
         )
     else:
         t0 = i_t * BT
@@ -235,7 +236,8 @@ def _intra_fwd_kernel(
             b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # [K]
             b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
             if STORE_DECAYED:
-                _store_decayed(gc, qg, kd, kg, b_q, b_kr, b_gr, t0, o_r, m_r, i_b, i_h, T, H, K, BT, DELTA)
+                b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+                _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
             if BOUNDED:
                 # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
                 m_y = m_i & (o_i < r0 + BC)
@@ -338,6 +340,7 @@ def _fwd_diag_by_positions(
 def _intra_fwd_tri(
     q,
     k,
+    g,
     gc,
     akk,
     aqk,
@@ -359,10 +362,15 @@ def _intra_fwd_tri(
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
     AUTO: tl.constexpr,
+    CUMSUM: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
-    # tiles masked (TUNE["intra_fwd.tri"]); the blocks after the diagonal are stored as zeros
+    # tiles masked (TUNE["intra_fwd.tri"]); the blocks after the diagonal are stored as zeros.
+    # CUMSUM (TUNE["intra_fwd.cumsum"]): G from g here, no cumsum kernel before: each program sums the
+    # chunk's 16-row blocks of g in order (the blocks before its own give its offset, its own block's
+    # running sum its rows, all of them the chunk's last row) and writes G of its own rows for the later
+    # kernels; the column loop rebuilds G of each block it visits the same way, in the same order
     t0 = i_t * BT
     r0 = t0 + i_c * BC
     o_b = tl.arange(0, BC)
@@ -370,11 +378,29 @@ def _intra_fwd_tri(
     m_r = o_r < T
     b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
-    b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
-    b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
+    if CUMSUM:
+        NC: tl.constexpr = BT // BC
+        b_off = tl.zeros([K], dtype=tl.float32)  # G just before the block: g summed over the rows before it
+        b_gl = tl.zeros([K], dtype=tl.float32)  # G at the chunk's last valid row (rows past T hold 0)
+        for j in range(NC):
+            o_j = t0 + j * BC + o_b
+            b_sj = tl.sum(_load_rows(g, o_j, o_j < T, i_b, i_h, T, H, K), 0)
+            b_off += tl.where(j < i_c, b_sj, 0.0)
+            b_gl += b_sj
+        b_gr = b_off[None, :] + tl.cumsum(_load_rows(g, o_r, m_r, i_b, i_h, T, H, K), axis=0)
+        p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+        tl.store(gc + p_rk, b_gr, mask=m_r[:, None])
+        # the by-positions diagonal below reads these rows back
+        tl.debug_barrier()
+        b_ga = tl.sum(tl.where(o_b[:, None] == 0, b_gr, 0.0), 0)  # row r0 (= b_off + g_r0)
+    else:
+        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
+        b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
     b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
     if STORE_DECAYED:
-        _store_decayed(gc, qg, kd, kg, b_q, b_kr, b_gr, t0, o_r, m_r, i_b, i_h, T, H, K, BT, DELTA)
+        if not CUMSUM:
+            b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+        _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
     b_qe = _dot_cast(b_q * b_er, LOWP)
     b_ke = _dot_cast(b_kr * b_er, LOWP)
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
@@ -385,15 +411,27 @@ def _intra_fwd_tri(
         # unbounded gates, TUNE["unbounded.dense_if_safe"]: a block whose own decay, first row to last, is at
         # most e^75 in every channel (what the bounded gate -5 guarantees) takes the dense product for its
         # diagonal block as well; the others go by positions
-        b_gb = _load_row(gc, tl.minimum(r0 + BC, T) - 1, i_b, i_h, T, H, K)
+        if CUMSUM:
+            # the block's last valid row (rows past T hold g = 0, so the running sum ends at it)
+            b_gb = tl.sum(tl.where(o_b[:, None] == BC - 1, b_gr, 0.0), 0)
+        else:
+            b_gb = _load_row(gc, tl.minimum(r0 + BC, T) - 1, i_b, i_h, T, H, K)
         dense = (tl.max(b_ga - b_gb, 0) <= 75.0).to(tl.int64)
         n_j = i_c + dense
     else:
         n_j = i_c
+    if CUMSUM:
+        b_run = tl.zeros([K], dtype=tl.float32)
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
-        b_gj = _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
+        if CUMSUM:
+            b_gj = _load_rows(g, o_j, m_j, i_b, i_h, T, H, K)
+            b_sj = tl.sum(b_gj, 0)
+            b_gj = b_run[None, :] + tl.cumsum(b_gj, axis=0)
+            b_run += b_sj
+        else:
+            b_gj = _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
         b_y = tl.trans(
             _dot_cast(b_y * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
@@ -1704,6 +1742,11 @@ TUNE: dict[str, int | None] = {
     # the per-position loop); implies the triangular intra kernels. H200, B8 T8K H16 (run 18), log-sigmoid
     # gates: KDA fwd 5.28 -> 3.53 ms, fwd+bwd 15.42 -> 10.44; GLA fwd 3.19 -> 1.74, fwd+bwd 10.17 -> 6.25
     "unbounded.dense_if_safe": 1,
+    # 1: the per-channel decay's chunk-local cumsum G computed inside the intra forward (each 16-row program
+    # sums the chunk's blocks of g in order and writes G of its own rows), so no _cumsum_kernel runs (0.26
+    # ms at B8 T8K H16) and g is read there instead of G; implies the triangular intra forward. Not yet run
+    # on a GPU (written after run 23, with the session's device time spent)
+    "intra_fwd.cumsum": 0,
 }
 
 
@@ -1800,8 +1843,12 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         # ms, dvt 1.44 -> 1.11, intra forward 0.96 -> 0.99)
         kg = torch.empty_like(qg) if delta else None
     gc = None
+    # the per-channel decay's G computed by the intra kernel instead (TUNE["intra_fwd.cumsum"]; not with the
+    # decayed operands written by the cumsum kernel)
+    in_intra = decay == 2 and not early and bool(TUNE["intra_fwd.cumsum"])
     if decay:
         gc = torch.empty(g.shape, device=dev, dtype=f32)
+    if decay and not in_intra:
         _cumsum_kernel[(NT, B * H)](
             g,
             gc,
@@ -1824,9 +1871,11 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
     # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
+    tri = (bounded or auto) if TUNE["intra_fwd.tri"] is None else bool(TUNE["intra_fwd.tri"]) or auto
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
+        g if in_intra else gcx,
         gcx,
         akk if delta else aqk,
         aqk,
@@ -1844,8 +1893,9 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         BOUNDED=bounded,
         LOWP=lowp,
         STORE_DECAYED=not early,
-        TRI=(bounded or auto) if TUNE["intra_fwd.tri"] is None else bool(TUNE["intra_fwd.tri"]) or auto,
+        TRI=tri or in_intra,
         AUTO=auto,
+        CUMSUM=in_intra,
         num_warps=_tuned("intra_fwd.warps", 4),
     )
     linv = w = u = vt = None
