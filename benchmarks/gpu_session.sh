@@ -81,7 +81,7 @@ for step in $STEPS; do
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
       # (skipped when the verify step has just checked them, with ALT set to both)
       [ -f "$OUT/check_alt/errors.csv" ] || timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla \
-        --no-step --out "$OUT/check_alt" --set intra_fwd.cumsum=1 | quiet | tail -18
+        --no-step --out "$OUT/check_alt" --set intra_fwd.cumsum=1 bwd.intra_first=1 | quiet | tail -18
       # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
       # shellcheck disable=SC2086
       timeout 70 python3 benchmarks/profile_gpu.py --ops ${TUNE_OPS:-kda_bounded kda gla delta_rule linear_attn simple_gla} \
@@ -94,7 +94,7 @@ for step in $STEPS; do
       # with 1, 2 or 4 warps and 32 or 64 columns a step: 0.72-1.41 ms against 0.35 + 0.35 for the delta rule)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-intra_fwd.cumsum=1:kda_bounded,kda,gla}; do
+      for entry in ${TUNE_ENTRIES:-intra_fwd.cumsum=1:kda_bounded,kda,gla bwd.intra_first=1:kda_bounded,kda,gla,delta_rule,gated_delta_rule}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
@@ -105,8 +105,8 @@ for step in $STEPS; do
     verify)
       # after a kernel change, in little device time: our kernels for the benchmark shapes compile in the
       # background (with and without the alternative ALT, for the ops ALT_OPS) while the checks run
-      alt="${ALT:-intra_fwd.cumsum=1}"
-      alt_ops="${ALT_OPS:-kda_bounded kda gla}"
+      alt="${ALT:-intra_fwd.cumsum=1,bwd.intra_first=1}"
+      alt_ops="${ALT_OPS:-kda_bounded kda gla delta_rule gated_delta_rule}"
       pids=()
       for shape in B32T2K B8T8K; do
         for set in none "$alt"; do
@@ -145,8 +145,8 @@ for step in $STEPS; do
     final)
       # the default against ALT per kernel for the ops ALT_OPS, then the benchmark (ours, SDPA) with the
       # faster of the two for the first of them, forward+backward
-      alt="${ALT:-intra_fwd.cumsum=1}"
-      alt_ops="${ALT_OPS:-kda_bounded kda gla}"
+      alt="${ALT:-intra_fwd.cumsum=1,bwd.intra_first=1}"
+      alt_ops="${ALT_OPS:-kda_bounded kda gla delta_rule gated_delta_rule}"
       # shellcheck disable=SC2086
       timeout 35 python3 benchmarks/profile_gpu.py --ops $alt_ops --out "$OUT/profile_default.csv" | quiet \
         | grep -v " 0\.[0-9]%" | grep -v TUNE

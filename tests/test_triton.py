@@ -249,6 +249,52 @@ def test_cumsum_inside_the_intra_kernel(
     assert launched == []
 
 
+@pytest.mark.parametrize("T", [63, 100, 200])
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound,dense_if_safe",
+    [
+        ("delta_rule", None, True, None, 1),
+        ("gated_delta_rule", "scalar", True, None, 1),
+        ("gla", "channel", False, None, 1),
+        ("kda", "channel", True, None, 1),
+        ("kda", "channel", True, None, 0),
+        ("kda_bounded", "channel", True, -5.0, 1),
+    ],
+)
+def test_intra_backward_before_the_dqk_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    delta: bool,
+    lower_bound: float | None,
+    dense_if_safe: int,
+    T: int,
+) -> None:
+    # bwd.intra_first=1 (off until run on a GPU): the intra backward hands its dq, dk, dG to the dqk kernel,
+    # which finishes them and, for the per-channel decay, reverse-cumsums dg itself (no _rev_cumsum_kernel;
+    # the scalar decay still needs it, its dg summing over every K block)
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", 1)
+    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", dense_if_safe)
+    # two blocks of 16 key columns in both kernels (K = 32), as the GPU's 64 of 128
+    monkeypatch.setitem(chunk.TUNE, "dqk.bk", 16)
+    monkeypatch.setitem(chunk.TUNE, "intra_bwd.bk", 16)
+    launched = []
+    for kernel in ("_rev_cumsum_kernel", "_dqk_bwd_kernel", "_intra_bwd_kernel"):
+        monkeypatch.setattr(chunk, kernel, _Recorder(getattr(chunk, kernel), launched, kernel))
+    inputs = make_inputs(
+        decay, delta, 1, T, 2, K=32, V=32, seed=T + 17, lower_bound=lower_bound, with_state=True
+    )
+    if decay == "channel" and lower_bound is None:
+        inputs["g"][:, 16:32, :, :8] = -30.0  # a block that has to go by positions
+    check_against_naive(inputs, lower_bound=lower_bound)
+    expected = ["_intra_bwd_kernel", "_dqk_bwd_kernel"] + (
+        ["_rev_cumsum_kernel"] if decay == "scalar" else []
+    )
+    assert launched == expected
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:

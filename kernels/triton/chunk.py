@@ -899,6 +899,9 @@ def _dqk_bwd_kernel(
     dq,
     dk,
     dgk,
+    dq_out,
+    dk_out,
+    dg,
     scale,
     T,
     NT,
@@ -912,12 +915,16 @@ def _dqk_bwd_kernel(
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
     FUSED: tl.constexpr,
+    AFTER: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
     # _intra_bwd_kernel. FUSED (TUNE["dqk.fused_intra"]; no delta rule, no per-channel decay): the
     # intra-chunk part too, from M_qk = scale tril(dO V^T) (times the relative decay) summed over the same V
-    # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here
+    # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here. AFTER
+    # (TUNE["bwd.intra_first"]): _intra_bwd_kernel ran first and left its dq, dk, dG in dq, dk, dgk; this
+    # kernel adds its own, writes the final dq, dk and, for the per-channel decay, dg itself (the reverse
+    # cumsum over the chunk's rows, which it holds whole), so no _rev_cumsum_kernel runs
     i_t, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -1003,12 +1010,27 @@ def _dqk_bwd_kernel(
     # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
     b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
-    tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
-    # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K H16
-    # that used to be written and never read)
-    if DECAY > 0:
-        tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
+    if AFTER:
+        b_dq += tl.load(dq + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+        tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
+        tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
+        if DECAY == 2:
+            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0)
+            tl.store(
+                dg + p_k, tl.cumsum(b_dg, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t[:, None]
+            )
+        elif DECAY == 1:
+            # the scalar decay's dg sums over all K columns: _rev_cumsum_kernel, after every K block
+            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0)
+            tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
+    else:
+        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
+        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
+        # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
+        # H16 that used to be written and never read)
+        if DECAY > 0:
+            tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
 @triton.jit
@@ -1512,11 +1534,13 @@ def _intra_bwd_kernel(
     LOWP: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
+    FIRST: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
     # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
-    # and the log-decay gets x * dx - y * dy
+    # and the log-decay gets x * dx - y * dy. FIRST (TUNE["bwd.intra_first"]): this kernel runs before
+    # _dqk_bwd_kernel and hands it its dq, dk, dG (in dq, dk, dgk) instead of finishing them
     i_tc, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -1677,13 +1701,19 @@ def _intra_bwd_kernel(
         b_dk = b_dkc
         b_dg = b_q * b_dq - b_k * b_dkc
     p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
-    # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
-    b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
-    b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
-    tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
-    tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
-    if DECAY > 0:
-        tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
+    if FIRST:
+        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
+        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
+        if DECAY > 0:
+            tl.store(dgk + p_k, b_dg, mask=m_r[:, None])
+    else:
+        # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
+        b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+        b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+        tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
+        tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
+        if DECAY > 0:
+            tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
 # Launch settings (warps per program, software-pipelining stages), chosen from per-kernel profiles on an
@@ -1747,6 +1777,11 @@ TUNE: dict[str, int | None] = {
     # ms at B8 T8K H16) and g is read there instead of G; implies the triangular intra forward. Not yet run
     # on a GPU (written after run 23, with the session's device time spent)
     "intra_fwd.cumsum": 0,
+    # 1: the backward's intra kernel before the dqk kernel, which then adds its own terms to the intra's dq,
+    # dk, dG and writes the final dq, dk and, for the per-channel decay, dg (the reverse cumsum over the
+    # chunk it holds whole): no _rev_cumsum_kernel (0.31 ms for KDA at B8 T8K H16) and dG written once and
+    # read once instead of written, read and written, read. Not yet run on a GPU
+    "bwd.intra_first": 0,
 }
 
 
@@ -2045,41 +2080,52 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
     BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
-    _dqk_bwd_kernel[(NT, K // BK, B * H)](
-        q,
-        k,
-        v,
-        gcx,
-        beta if delta else q,
-        vt if delta else v,
-        h,
-        dh,
-        do,
-        dvt,
-        linv if delta else aqk,
-        dq,
-        dk,
-        dgk,
-        scale,
-        T,
-        NT,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BVd,
-        DECAY=decay,
-        DELTA=delta,
-        LOWP=lowp,
-        FUSED=fused,
-        num_warps=_tuned("dqk.warps", 4),
-        num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
-    )
-    dg = None
+    # the intra backward before the dqk kernel, which then finishes dq, dk and (per-channel decay) dg
+    # (TUNE["bwd.intra_first"])
+    first = bool(TUNE["bwd.intra_first"]) and not fused
+    dg = torch.empty_like(g) if decay else None
+
+    def dqk(after: bool) -> None:
+        _dqk_bwd_kernel[(NT, K // BK, B * H)](
+            q,
+            k,
+            v,
+            gcx,
+            beta if delta else q,
+            vt if delta else v,
+            h,
+            dh,
+            do,
+            dvt,
+            linv if delta else aqk,
+            dq,
+            dk,
+            dgk,
+            dq_out,
+            dk_out,
+            dg if dg is not None else dq,
+            scale,
+            T,
+            NT,
+            H=H,
+            K=K,
+            V=V,
+            BT=BT,
+            BK=BK,
+            BV=BVd,
+            DECAY=decay,
+            DELTA=delta,
+            LOWP=lowp,
+            FUSED=fused,
+            AFTER=after,
+            num_warps=_tuned("dqk.warps", 4),
+            num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
+        )
+
+    if not first:
+        dqk(after=False)
     if fused:
         if decay:
-            dg = torch.empty_like(g)
             _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
         return dq_out, dk_out, dv, dg, dbeta, dh0
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
@@ -2143,10 +2189,12 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         LOWP=False,
         TRI=bool(TUNE["intra_bwd.tri"]) or auto,
         AUTO=auto,
+        FIRST=first,
         num_warps=_tuned("intra_bwd.warps", 4),
     )
-    if decay:
-        dg = torch.empty_like(g)
+    if first:
+        dqk(after=True)
+    if decay and not (first and decay == 2):
         _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
     return dq_out, dk_out, dv, dg, dbeta, dh0
 
