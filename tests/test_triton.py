@@ -39,6 +39,12 @@ OPS = [
     ("kda", "channel", True),
 ]
 TOL = 1e-4
+# (name, decay, delta rule, lower_bound): the per-channel decay's variants, for the tests of its alternatives
+PER_CHANNEL = [
+    ("gla", "channel", False, None),
+    ("kda", "channel", True, None),
+    ("kda_bounded", "channel", True, -5.0),
+]
 
 
 def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -100,7 +106,7 @@ def test_kda_bounded_gate_matches_naive(T: int, with_state: bool) -> None:
 @pytest.mark.parametrize("T", [63, 100])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
-    [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
+    PER_CHANNEL,
 )
 def test_decayed_operands_from_the_cumsum_kernel(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int
@@ -117,7 +123,7 @@ def test_decayed_operands_from_the_cumsum_kernel(
 @pytest.mark.parametrize("T", [63, 100, 200])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
-    [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
+    PER_CHANNEL,
 )
 def test_whole_chunk_intra_backward(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int
@@ -137,7 +143,7 @@ def test_whole_chunk_intra_backward(
 @pytest.mark.parametrize("T", [63, 100, 200])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
-    [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
+    PER_CHANNEL,
 )
 def test_intra_forward_both_ways(
     monkeypatch: pytest.MonkeyPatch,
@@ -216,7 +222,7 @@ def test_unbounded_gates_dense_where_safe(
 @pytest.mark.parametrize("T,chunk_size", [(63, 64), (100, 64), (200, 64), (100, 32)])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
-    [("gla", "channel", False, None), ("kda", "channel", True, None), ("kda_bounded", "channel", True, -5.0)],
+    PER_CHANNEL,
 )
 def test_cumsum_inside_the_intra_kernel(
     monkeypatch: pytest.MonkeyPatch,
