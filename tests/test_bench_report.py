@@ -24,14 +24,24 @@ kda_safe_gate,8,8192,16,128,3.063,15.427
 """
 
 
+def _report(tmp_path: Path, csv_text: str, anchors: Path | None = None) -> str:
+    """The markdown that --report writes for a CSV of this text (and an anchor file)."""
+    csv_path = tmp_path / "bench.csv"
+    csv_path.write_text(csv_text)
+    write_markdown(load_rows(csv_path, anchors), tmp_path / "out.md", "# test")
+    return (tmp_path / "out.md").read_text()
+
+
 def _table_line(md: str, shape: str, op: str) -> list[str]:
     line = next(ln for ln in md.splitlines() if ln.startswith(f"| {shape} | {op} |"))
     return [c.strip() for c in line.strip("|").split("|")]
 
 
 def test_report_uses_anchors_only_where_the_run_has_no_fla(tmp_path: Path) -> None:
-    csv_path = tmp_path / "bench.csv"
-    csv_path.write_text(
+    anchors = tmp_path / "anchors.csv"
+    anchors.write_text(ANCHORS)
+    md = _report(
+        tmp_path,
         "\n".join(
             [
                 FIELDS,
@@ -42,12 +52,9 @@ def test_report_uses_anchors_only_where_the_run_has_no_fla(tmp_path: Path) -> No
                 "B8T8K,kda_bounded,fla,8,8192,16,128,2.0,10.0,5000.0",
             ]
         )
-        + "\n"
+        + "\n",
+        anchors,
     )
-    anchors = tmp_path / "anchors.csv"
-    anchors.write_text(ANCHORS)
-    write_markdown(load_rows(csv_path, anchors), tmp_path / "out.md", "# test")
-    md = (tmp_path / "out.md").read_text()
     # columns: shape, op, ours fwd, FLA fwd, torch fwd, SDPA fwd, ours fwd+bwd, FLA fwd+bwd, torch fwd+bwd,
     # SDPA fwd+bwd, ours/FLA fwd, ours/FLA fwd+bwd, ours/SDPA fwd, ours/SDPA fwd+bwd
     small = _table_line(md, "B32T2K", "kda_bounded")
@@ -72,13 +79,10 @@ def test_report_uses_anchors_only_where_the_run_has_no_fla(tmp_path: Path) -> No
 
 
 def test_report_without_anchors_has_no_fla_column_values(tmp_path: Path) -> None:
-    csv_path = tmp_path / "bench.csv"
     # a CSV of an earlier run, before the memory column existed
-    csv_path.write_text(
-        "shape,op,impl,B,T,H,D,ms_fwd,ms_fwdbwd\nB32T2K,kda_bounded,ours,32,2048,2,128,0.5,2.0\n"
+    md = _report(
+        tmp_path, "shape,op,impl,B,T,H,D,ms_fwd,ms_fwdbwd\nB32T2K,kda_bounded,ours,32,2048,2,128,0.5,2.0\n"
     )
-    write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
-    md = (tmp_path / "out.md").read_text()
     assert _table_line(md, "B32T2K", "kda_bounded")[3] == "-"
     assert "(a):" not in md
     assert "## Peak memory" not in md
@@ -86,40 +90,36 @@ def test_report_without_anchors_has_no_fla_column_values(tmp_path: Path) -> None
 
 
 def test_report_names_fla_refusals_timed_in_the_run(tmp_path: Path) -> None:
-    csv_path = tmp_path / "bench.csv"
     err = "ERR RuntimeError: Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated"
-    csv_path.write_text(
+    md = _report(
+        tmp_path,
         FIELDS
-        + f"\nB8T8K,simple_gla,ours,8,8192,16,128,0.9,4.3,\nB8T8K,simple_gla,fla,8,8192,16,128,0.8,{err},\n"
+        + f"\nB8T8K,simple_gla,ours,8,8192,16,128,0.9,4.3,\nB8T8K,simple_gla,fla,8,8192,16,128,0.8,{err},\n",
     )
-    write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
-    line = _table_line((tmp_path / "out.md").read_text(), "B8T8K", "simple_gla")
+    line = _table_line(md, "B8T8K", "simple_gla")
     assert line[3] == "0.8" and line[7] == "refused (#640)" and line[11] == "-"
 
 
 def test_report_of_a_sweep_alone_pivots_the_implementations(tmp_path: Path) -> None:
-    csv_path = tmp_path / "sweep.csv"
-    csv_path.write_text(
+    md = _report(
+        tmp_path,
         FIELDS
         + "\nsweep,kda_bounded,ours,1,8192,16,128,0.5,1.6,800.0"
         + "\nsweep,sdpa,sdpa,1,8192,16,128,0.4,2.0,190.0"
-        + "\nsweep,kda_bounded,fla,1,8192,16,128,1.0,3.2,900.0\n"
+        + "\nsweep,kda_bounded,fla,1,8192,16,128,1.0,3.2,900.0\n",
     )
-    write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
-    md = (tmp_path / "out.md").read_text()
     # a sweep-only run has no (empty) fixed-shape or memory tables
     assert "## Fixed shapes" not in md and "## Peak memory" not in md
     assert "| 8192 | kda_bounded | 0.5 | 1.0 | 0.4 | 1.6 | 3.2 | 2.0 | 0.50 | 0.80 |" in md
 
 
 def test_report_sets_host_time_beside_gpu_time(tmp_path: Path) -> None:
-    csv_path = tmp_path / "bench.csv"
-    csv_path.write_text(
+    md = _report(
+        tmp_path,
         FIELDS
         + ",host_ms_fwd\nB32T2K,linear_attn,fla,32,2048,2,128,0.4,1.8,384.0,0.38"
-        + "\nB32T2K,linear_attn,ours,32,2048,2,128,0.13,0.8,436.0,0.05\n"
+        + "\nB32T2K,linear_attn,ours,32,2048,2,128,0.13,0.8,436.0,0.05\n",
     )
-    write_markdown(load_rows(csv_path, None), tmp_path / "out.md", "# test")
-    host = (tmp_path / "out.md").read_text().split("## Host time")[1]
+    host = md.split("## Host time")[1]
     assert "| B32T2K | linear_attn | fla | 0.38 | 0.4 | 0.95 |" in host
     assert "| B32T2K | linear_attn | ours | 0.05 | 0.13 | 0.38 |" in host

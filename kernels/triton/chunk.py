@@ -404,6 +404,7 @@ def _intra_fwd_tri(
     b_qe = _dot_cast(b_q * b_er, LOWP)
     b_ke = _dot_cast(b_kr * b_er, LOWP)
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
+    dense = 0
     # the bounded gate keeps exp(G_r0 - G_i) <= e^{-lower_bound (BC - 1)} inside the diagonal block too
     if BOUNDED:
         n_j = i_c + 1
@@ -445,32 +446,10 @@ def _intra_fwd_tri(
             tl.store(
                 akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
             )
+    # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
+    # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
     if not BOUNDED:
-        if AUTO:
-            if dense == 0:
-                _fwd_diag_by_positions(
-                    k,
-                    gc,
-                    akk,
-                    aqk,
-                    b_q,
-                    b_kr,
-                    b_gr,
-                    scale,
-                    T,
-                    r0,
-                    i_c,
-                    o_r,
-                    m_r,
-                    p_row,
-                    i_b,
-                    i_h,
-                    H,
-                    K,
-                    BC,
-                    DELTA,
-                )
-        else:
+        if dense == 0:
             _fwd_diag_by_positions(
                 k,
                 gc,
@@ -1642,33 +1621,10 @@ def _intra_bwd_kernel(
             BOUNDED,
             LOWP,
         )
+    # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
+    # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
     if DECAY == 2 and not BOUNDED:
-        if AUTO and TRI:
-            if dense == 0:
-                b_dq, b_dkr, b_dkc = _rel_diag(
-                    b_dq,
-                    b_dkr,
-                    b_dkc,
-                    m_qk,
-                    m_kk,
-                    q,
-                    k,
-                    gc,
-                    o_r,
-                    m_r,
-                    o_k,
-                    t0,
-                    r0,
-                    i_b,
-                    i_h,
-                    T,
-                    H,
-                    K,
-                    BT,
-                    BC,
-                    DELTA,
-                )
-        else:
+        if dense == 0:
             b_dq, b_dkr, b_dkc = _rel_diag(
                 b_dq,
                 b_dkr,
