@@ -55,7 +55,9 @@ def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
     return (x - ref).pow(2).mean().sqrt().item() / (denominator if denominator > 0 else 1.0)
 
 
-def check_against_naive(inputs: dict, lower_bound: float | None = None, chunk_size: int = 64) -> None:
+def check_against_naive(
+    inputs: dict, lower_bound: float | None = None, chunk_size: int = 64, tol: float = TOL
+) -> None:
     names = [n for n, t in inputs.items() if t is not None]
     ours = {n: inputs[n].clone().requires_grad_(True) for n in names}
     ref = {n: inputs[n].double().requires_grad_(True) for n in names}
@@ -81,8 +83,8 @@ def check_against_naive(inputs: dict, lower_bound: float | None = None, chunk_si
     ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
     errors = {"o": rel_rms(o, o_ref), "final_state": rel_rms(ht, ht_ref)}
     errors.update({f"d{n}": rel_rms(ours[n].grad, ref[n].grad) for n in names})
-    bad = {n: e for n, e in errors.items() if not e <= TOL}
-    assert not bad, f"relative RMS error above {TOL}: {bad} (all: {errors})"
+    bad = {n: e for n, e in errors.items() if not e <= tol}
+    assert not bad, f"relative RMS error above {tol}: {bad} (all: {errors})"
 
 
 @pytest.mark.parametrize("T", [1, 63, 64, 100, 200])
@@ -218,13 +220,13 @@ def test_unbounded_gates_dense_where_safe(
     check_against_naive(inputs)
 
 
-@pytest.mark.parametrize("dense_if_safe", [1, 0])
+@pytest.mark.parametrize("own", ["intra_fwd.own", "intra_bwd.own"])
 @pytest.mark.parametrize("T,chunk_size", [(63, 64), (100, 64), (200, 64), (100, 32)])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
     PER_CHANNEL,
 )
-def test_cumsum_inside_the_intra_kernel(
+def test_diagonal_block_from_the_rows_own_tiles(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     decay: str,
@@ -232,73 +234,53 @@ def test_cumsum_inside_the_intra_kernel(
     lower_bound: float | None,
     T: int,
     chunk_size: int,
-    dense_if_safe: int,
+    own: str,
 ) -> None:
-    # intra_fwd.cumsum=1 (off until run on a GPU): the intra forward computes G from g itself, so the cumsum
-    # kernel does not run; with unbounded gates both diagonal forms (dense where safe, by positions, which
-    # reads the program's own rows of G back), the gates of test_unbounded_gates_dense_where_safe giving
-    # both kinds of block
+    # intra_fwd.own / intra_bwd.own (off until run on a GPU): the dense diagonal block of the triangular intra
+    # kernels from the tiles of the program's own rows instead of loading them again in the loops; with
+    # unbounded gates, blocks of both kinds (one too steep to go dense: by positions), two key blocks of 16
+    # in the backward (K = 32), and an initial state
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.cumsum", 1)
-    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", dense_if_safe)
-    launched = []
-    monkeypatch.setattr(chunk, "_cumsum_kernel", _Recorder(chunk._cumsum_kernel, launched, "_cumsum_kernel"))
+    monkeypatch.setitem(chunk.TUNE, own, 1)
+    monkeypatch.setitem(chunk.TUNE, "intra_bwd.bk", 16)
     inputs = make_inputs(
-        decay, delta, 1, T, 2, K=16, V=32, seed=T + 13, lower_bound=lower_bound, with_state=True
+        decay, delta, 1, T, 2, K=32, V=32, seed=T + chunk_size, lower_bound=lower_bound, with_state=True
     )
     if lower_bound is None:
-        g = inputs["g"]
-        g[:, 16:32, :, :8] = -30.0
-        g[:, 48:63, 1] = -4.6
+        inputs["g"][:, 16:32, :, :8] = -30.0
     check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
-    assert launched == []
 
 
-@pytest.mark.parametrize("T", [63, 100, 200])
+@pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize(
-    "name,decay,delta,lower_bound,dense_if_safe",
+    "name,decay,delta,lower_bound",
     [
-        ("delta_rule", None, True, None, 1),
-        ("gated_delta_rule", "scalar", True, None, 1),
-        ("gla", "channel", False, None, 1),
-        ("kda", "channel", True, None, 1),
-        ("kda", "channel", True, None, 0),
-        ("kda_bounded", "channel", True, -5.0, 1),
+        ("delta_rule", None, True, None),
+        ("gated_delta_rule", "scalar", True, None),
+        ("kda_bounded", "channel", True, -5.0),
     ],
 )
-def test_intra_backward_before_the_dqk_kernel(
+def test_bf16_inverse(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     decay: str | None,
     delta: bool,
     lower_bound: float | None,
-    dense_if_safe: int,
     T: int,
 ) -> None:
-    # bwd.intra_first=1 (off until run on a GPU): the intra backward hands its dq, dk, dG to the dqk kernel,
-    # which finishes them and, for the per-channel decay, reverse-cumsums dg itself (no _rev_cumsum_kernel;
-    # the scalar decay still needs it, its dg summing over every K block)
+    # solve.lowp (off until run on a GPU; 16-bit inputs only there): L stored in bf16, written by the solve
+    # and read by W/U, dqk and dvt. The interpreter runs it with fp32 inputs (its bf16 dots are wrong): the
+    # errors are then bf16's rounding of L, about 1e-3, while a mis-cast buffer or a missed store is O(1)
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", 1)
-    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", dense_if_safe)
-    # two blocks of 16 key columns in both kernels (K = 32), as the GPU's 64 of 128
-    monkeypatch.setitem(chunk.TUNE, "dqk.bk", 16)
-    monkeypatch.setitem(chunk.TUNE, "intra_bwd.bk", 16)
-    launched = []
-    for kernel in ("_rev_cumsum_kernel", "_dqk_bwd_kernel", "_intra_bwd_kernel"):
-        monkeypatch.setattr(chunk, kernel, _Recorder(getattr(chunk, kernel), launched, kernel))
+    monkeypatch.setattr(chunk, "_l_dtype", lambda lowp: torch.bfloat16)
     inputs = make_inputs(
-        decay, delta, 1, T, 2, K=32, V=32, seed=T + 17, lower_bound=lower_bound, with_state=True
+        decay, delta, 1, T, 2, K=16, V=32, seed=T + 5, lower_bound=lower_bound, with_state=True
     )
-    if decay == "channel" and lower_bound is None:
-        inputs["g"][:, 16:32, :, :8] = -30.0  # a block that has to go by positions
-    check_against_naive(inputs, lower_bound=lower_bound)
-    expected = ["_intra_bwd_kernel", "_dqk_bwd_kernel"] + (
-        ["_rev_cumsum_kernel"] if decay == "scalar" else []
-    )
-    assert launched == expected
+    check_against_naive(inputs, lower_bound=lower_bound, tol=2e-2)
+    with pytest.raises(AssertionError):
+        check_against_naive(inputs, lower_bound=lower_bound)  # the bf16 buffer is really in use
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32])

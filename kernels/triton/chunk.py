@@ -165,7 +165,6 @@ def _store_decayed(
 def _intra_fwd_kernel(
     q,
     k,
-    g,
     gc,
     akk,
     aqk,
@@ -185,7 +184,7 @@ def _intra_fwd_kernel(
     STORE_DECAYED: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
-    CUMSUM: tl.constexpr,
+    OWN: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -196,7 +195,6 @@ def _intra_fwd_kernel(
         _intra_fwd_tri(
             q,
             k,
-            g,
             gc,
             akk,
             aqk,
@@ -218,7 +216,7 @@ def _intra_fwd_kernel(
             LOWP,
             STORE_DECAYED,
             AUTO,
-            CUMSUM,
+            OWN,
         )
     else:
         t0 = i_t * BT
@@ -337,10 +335,40 @@ def _fwd_diag_by_positions(
 
 
 @triton.jit
+def _fwd_a_block(
+    aqk,
+    akk,
+    b_qe,
+    b_ke,
+    b_y,
+    b_gj,
+    b_ga,
+    o_r,
+    m_r,
+    o_j,
+    m_j,
+    p_a,
+    scale,
+    DELTA: tl.constexpr,
+    LOWP: tl.constexpr,
+):
+    # one BC x BC block of A_qk and A_kk: rows o_r (their operands anchored at the block's first row, b_qe,
+    # b_ke), columns o_j (keys b_y, G b_gj)
+    b_y = tl.trans(_dot_cast(b_y * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP))
+    b_a = tl.dot(b_qe, b_y)
+    b_a = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
+    tl.store(aqk + p_a, b_a.to(aqk.dtype.element_ty), mask=m_r[:, None])
+    if DELTA:
+        b_a = tl.dot(b_ke, b_y)
+        tl.store(
+            akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
+        )
+
+
+@triton.jit
 def _intra_fwd_tri(
     q,
     k,
-    g,
     gc,
     akk,
     aqk,
@@ -362,15 +390,13 @@ def _intra_fwd_tri(
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
     AUTO: tl.constexpr,
-    CUMSUM: tl.constexpr,
+    OWN: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
     # tiles masked (TUNE["intra_fwd.tri"]); the blocks after the diagonal are stored as zeros.
-    # CUMSUM (TUNE["intra_fwd.cumsum"]): G from g here, no cumsum kernel before: each program sums the
-    # chunk's 16-row blocks of g in order (the blocks before its own give its offset, its own block's
-    # running sum its rows, all of them the chunk's last row) and writes G of its own rows for the later
-    # kernels; the column loop rebuilds G of each block it visits the same way, in the same order
+    # OWN (TUNE["intra_fwd.own"]): the dense diagonal block from the rows' own k and G already in registers
+    # (the loop covers the blocks before it only) instead of loading them again
     t0 = i_t * BT
     r0 = t0 + i_c * BC
     o_b = tl.arange(0, BC)
@@ -378,28 +404,11 @@ def _intra_fwd_tri(
     m_r = o_r < T
     b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
-    if CUMSUM:
-        NC: tl.constexpr = BT // BC
-        b_off = tl.zeros([K], dtype=tl.float32)  # G just before the block: g summed over the rows before it
-        b_gl = tl.zeros([K], dtype=tl.float32)  # G at the chunk's last valid row (rows past T hold 0)
-        for j in range(NC):
-            o_j = t0 + j * BC + o_b
-            b_sj = tl.sum(_load_rows(g, o_j, o_j < T, i_b, i_h, T, H, K), 0)
-            b_off += tl.where(j < i_c, b_sj, 0.0)
-            b_gl += b_sj
-        b_gr = b_off[None, :] + tl.cumsum(_load_rows(g, o_r, m_r, i_b, i_h, T, H, K), axis=0)
-        p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-        tl.store(gc + p_rk, b_gr, mask=m_r[:, None])
-        # the by-positions diagonal below reads these rows back
-        tl.debug_barrier()
-        b_ga = tl.sum(tl.where(o_b[:, None] == 0, b_gr, 0.0), 0)  # row r0 (= b_off + g_r0)
-    else:
-        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
-        b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
+    b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
+    b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
     b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
     if STORE_DECAYED:
-        if not CUMSUM:
-            b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
         _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
     b_qe = _dot_cast(b_q * b_er, LOWP)
     b_ke = _dot_cast(b_kr * b_er, LOWP)
@@ -408,43 +417,59 @@ def _intra_fwd_tri(
     # the bounded gate keeps exp(G_r0 - G_i) <= e^{-lower_bound (BC - 1)} inside the diagonal block too
     if BOUNDED:
         n_j = i_c + 1
+        if OWN:
+            dense = 1
     elif AUTO:
         # unbounded gates, TUNE["unbounded.dense_if_safe"]: a block whose own decay, first row to last, is at
         # most e^75 in every channel (what the bounded gate -5 guarantees) takes the dense product for its
         # diagonal block as well; the others go by positions
-        if CUMSUM:
-            # the block's last valid row (rows past T hold g = 0, so the running sum ends at it)
-            b_gb = tl.sum(tl.where(o_b[:, None] == BC - 1, b_gr, 0.0), 0)
-        else:
-            b_gb = _load_row(gc, tl.minimum(r0 + BC, T) - 1, i_b, i_h, T, H, K)
+        b_gb = _load_row(gc, tl.minimum(r0 + BC, T) - 1, i_b, i_h, T, H, K)
         dense = (tl.max(b_ga - b_gb, 0) <= 75.0).to(tl.int64)
         n_j = i_c + dense
     else:
         n_j = i_c
-    if CUMSUM:
-        b_run = tl.zeros([K], dtype=tl.float32)
+    if OWN:
+        n_j = i_c
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
-        if CUMSUM:
-            b_gj = _load_rows(g, o_j, m_j, i_b, i_h, T, H, K)
-            b_sj = tl.sum(b_gj, 0)
-            b_gj = b_run[None, :] + tl.cumsum(b_gj, axis=0)
-            b_run += b_sj
-        else:
-            b_gj = _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
+        b_gj = _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
-        b_y = tl.trans(
-            _dot_cast(b_y * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
+        _fwd_a_block(
+            aqk,
+            akk,
+            b_qe,
+            b_ke,
+            b_y,
+            b_gj,
+            b_ga,
+            o_r,
+            m_r,
+            o_j,
+            m_j,
+            p_row + (j * BC + o_b)[None, :],
+            scale,
+            DELTA,
+            LOWP,
         )
-        p_a = p_row + (j * BC + o_b)[None, :]
-        b_a = tl.dot(b_qe, b_y)
-        b_a = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
-        tl.store(aqk + p_a, b_a.to(aqk.dtype.element_ty), mask=m_r[:, None])
-        if DELTA:
-            b_a = tl.dot(b_ke, b_y)
-            tl.store(
-                akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
+    if OWN:
+        if dense == 1:
+            _fwd_a_block(
+                aqk,
+                akk,
+                b_qe,
+                b_ke,
+                b_kr,
+                b_gr,
+                b_ga,
+                o_r,
+                m_r,
+                o_r,
+                m_r,
+                p_row + (i_c * BC + o_b)[None, :],
+                scale,
+                DELTA,
+                LOWP,
             )
     # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
     # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
@@ -593,7 +618,7 @@ def _solve_kernel(
     p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
     tl.store(
         linv + p_a,
-        tl.zeros([BT, BT], dtype=tl.float32),
+        tl.zeros([BT, BT], dtype=tl.float32).to(linv.dtype.element_ty),
         mask=m_t[:, None] & (o_c[None, :] // BC > o_c[:, None] // BC),
     )
 
@@ -624,7 +649,7 @@ def _wu_kernel(
     m_t = o_t < T
     p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
     b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)  # [BT]
-    b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
+    b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32)
     b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
     if DECAY == 2 and not PRE_KG:
@@ -658,7 +683,7 @@ def _store_block(
     o_r = t0 + i * BC + o_b
     tl.store(
         linv + ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :],
-        b_x,
+        b_x.to(linv.dtype.element_ty),
         mask=(o_r < T)[:, None],
     )
 
@@ -878,9 +903,6 @@ def _dqk_bwd_kernel(
     dq,
     dk,
     dgk,
-    dq_out,
-    dk_out,
-    dg,
     scale,
     T,
     NT,
@@ -894,16 +916,12 @@ def _dqk_bwd_kernel(
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
     FUSED: tl.constexpr,
-    AFTER: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
     # _intra_bwd_kernel. FUSED (TUNE["dqk.fused_intra"]; no delta rule, no per-channel decay): the
     # intra-chunk part too, from M_qk = scale tril(dO V^T) (times the relative decay) summed over the same V
-    # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here. AFTER
-    # (TUNE["bwd.intra_first"]): _intra_bwd_kernel ran first and left its dq, dk, dG in dq, dk, dgk; this
-    # kernel adds its own, writes the final dq, dk and, for the per-channel decay, dg itself (the reverse
-    # cumsum over the chunk's rows, which it holds whole), so no _rev_cumsum_kernel runs
+    # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here
     i_t, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -968,7 +986,7 @@ def _dqk_bwd_kernel(
         # Vt = U - W S: dW = -dVt S^T; W = T (Gamma K) with T = L diag(beta): d(Gamma K) = T^T dW
         p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
         b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
-        b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0) * b_beta[None, :]
+        b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
         b_dw = -b_dws
         b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dw, LOWP)) * b_eg
         b_dk += b_dkg
@@ -989,27 +1007,12 @@ def _dqk_bwd_kernel(
     # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
     b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    if AFTER:
-        b_dq += tl.load(dq + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-        b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-        tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
-        tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
-        if DECAY == 2:
-            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0)
-            tl.store(
-                dg + p_k, tl.cumsum(b_dg, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t[:, None]
-            )
-        elif DECAY == 1:
-            # the scalar decay's dg sums over all K columns: _rev_cumsum_kernel, after every K block
-            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0)
-            tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
-    else:
-        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
-        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
-        # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
-        # H16 that used to be written and never read)
-        if DECAY > 0:
-            tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
+    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
+    tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
+    # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
+    # H16 that used to be written and never read)
+    if DECAY > 0:
+        tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
 @triton.jit
@@ -1053,7 +1056,7 @@ def _dvt_bwd_kernel(
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO Vt^T
     if DELTA:
         b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
-        b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0) * b_beta[None, :]
+        b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
         b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, PRE_KG), LOWP)  # Gamma K
         # dT = dVt V^T + dW (Gamma K)^T with dW = -dVt S^T, i.e. dVt (V - (Gamma K) S)^T
         b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
@@ -1079,7 +1082,7 @@ def _dvt_bwd_kernel(
     tl.store(m_qk + p_a, b_dp, mask=m_t[:, None])
     if DELTA:
         # T = L diag(beta), L = (I + A)^-1 with A = diag(beta) A_kk
-        b_l = tl.load(linv + p_a, mask=m_t[:, None], other=0.0)
+        b_l = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32)
         b_dl = b_dtm * b_beta[None, :]
         b_db = tl.sum(b_l * b_dtm, 0)
         b_da = -tl.dot(tl.dot(tl.trans(b_l), b_dl), tl.trans(b_l))
@@ -1227,6 +1230,37 @@ def _rel_cols(
 
 
 @triton.jit
+def _rows_step(
+    m,
+    m2,
+    b_x,
+    b_x2,
+    b_yj,
+    b_gj,
+    b_ga,
+    m_j,
+    o_r,
+    m_r,
+    j,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    TWO: tl.constexpr,
+    LOWP: tl.constexpr,
+):
+    # one column block j of _rel_rows_tri: its keys anchored at the rows' first row, times the M blocks
+    b_yj = _dot_cast(b_yj * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
+    p_m = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + tl.arange(0, BC))[None, :]
+    b_x += tl.dot(_dot_cast(tl.load(m + p_m, mask=m_r[:, None], other=0.0), LOWP), b_yj)
+    if TWO:
+        b_x2 += tl.dot(_dot_cast(tl.load(m2 + p_m, mask=m_r[:, None], other=0.0), LOWP), b_yj)
+    return b_x, b_x2
+
+
+@triton.jit
 def _rel_rows_tri(
     m,
     m2,
@@ -1250,12 +1284,19 @@ def _rel_rows_tri(
     LOWP: tl.constexpr,
     AUTO: tl.constexpr,
     dense,
+    OWN: tl.constexpr,
+    b_go,
+    b_yo,
 ):
     # _rel_rows for the per-channel decay over only the column blocks the rows can reach (0..i_c, or 0..i_c-1
     # when the unbounded path leaves the diagonal to _rel_diag), one BC-column block at a time, instead of
-    # the whole chunk masked: 2.5 blocks of y and G on average instead of 4 (TUNE["intra_bwd.tri"])
+    # the whole chunk masked: 2.5 blocks of y and G on average instead of 4 (TUNE["intra_bwd.tri"]).
+    # OWN (TUNE["intra_bwd.own"]): the rows' own G and y (b_go, b_yo) serve the dense diagonal block
     o_b = tl.arange(0, BC)
-    b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
+    if OWN:
+        b_gr = b_go
+    else:
+        b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
     b_ga = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
     b_x = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
     b_x2 = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
@@ -1265,16 +1306,25 @@ def _rel_rows_tri(
         n_j = i_c + dense  # (dense: this block's diagonal goes dense, see _intra_bwd_rows)
     else:
         n_j = i_c
+    if OWN:
+        n_j = i_c
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
         b_gj = _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K)
         b_yj = _load_block(y, o_j, m_j, o_k, i_b, i_h, T, H, K)
-        b_yj = _dot_cast(b_yj * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
-        p_m = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :]
-        b_x += tl.dot(_dot_cast(tl.load(m + p_m, mask=m_r[:, None], other=0.0), LOWP), b_yj)
-        if TWO:
-            b_x2 += tl.dot(_dot_cast(tl.load(m2 + p_m, mask=m_r[:, None], other=0.0), LOWP), b_yj)
+        b_x, b_x2 = _rows_step(
+            m, m2, b_x, b_x2, b_yj, b_gj, b_ga, m_j, o_r, m_r, j, i_b, i_h, T, H, BT, BC, TWO, LOWP
+        )
+    if OWN:
+        if BOUNDED:
+            b_x, b_x2 = _rows_step(
+                m, m2, b_x, b_x2, b_yo, b_go, b_ga, m_r, o_r, m_r, i_c, i_b, i_h, T, H, BT, BC, TWO, LOWP
+            )
+        elif dense == 1:
+            b_x, b_x2 = _rows_step(
+                m, m2, b_x, b_x2, b_yo, b_go, b_ga, m_r, o_r, m_r, i_c, i_b, i_h, T, H, BT, BC, TWO, LOWP
+            )
     b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))
     b_x = b_x * b_er
     if TWO:
@@ -1282,6 +1332,40 @@ def _rel_rows_tri(
     else:
         b_x2 = b_x
     return b_x, b_x2
+
+
+@triton.jit
+def _cols_step(
+    m,
+    m2,
+    b_y,
+    b_xj,
+    b_x2j,
+    b_gj,
+    b_ga,
+    o_j,
+    m_j,
+    o_c,
+    t0,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    BT: tl.constexpr,
+    TWO: tl.constexpr,
+    LOWP: tl.constexpr,
+):
+    # one row block (rows o_j) of _rel_cols_tri: its x (and x2) decayed to the columns' anchor, through M^T
+    b_ex = tl.exp(tl.where(m_j[:, None], b_gj - b_ga[None, :], float("-inf")))
+    p_mt = ((i_b * T + o_j[None, :]) * H + i_h) * BT + (o_c - t0)[:, None]  # [BC columns, BC rows]
+    b_y += tl.dot(
+        _dot_cast(tl.load(m + p_mt, mask=m_j[None, :], other=0.0), LOWP), _dot_cast(b_xj * b_ex, LOWP)
+    )
+    if TWO:
+        b_y += tl.dot(
+            _dot_cast(tl.load(m2 + p_mt, mask=m_j[None, :], other=0.0), LOWP), _dot_cast(b_x2j * b_ex, LOWP)
+        )
+    return b_y
 
 
 @triton.jit
@@ -1310,12 +1394,21 @@ def _rel_cols_tri(
     AUTO: tl.constexpr,
     dense,
     b_gd,
+    OWN: tl.constexpr,
+    b_go,
+    b_xo,
+    b_x2o,
 ):
     # _rel_cols for the per-channel decay over only the row blocks that reach the columns (i_c..NC-1, or
-    # i_c+1.. on the unbounded path), one BC-row block at a time (TUNE["intra_bwd.tri"])
+    # i_c+1.. on the unbounded path), one BC-row block at a time (TUNE["intra_bwd.tri"]).
+    # OWN (TUNE["intra_bwd.own"]): the columns' own G, x, x2 (b_go, b_xo, b_x2o) serve the dense diagonal
+    # block
     NC: tl.constexpr = BT // BC
     o_b = tl.arange(0, BC)
-    b_gc = _load_block(gc, o_c, m_c, o_k, i_b, i_h, T, H, K)
+    if OWN:
+        b_gc = b_go
+    else:
+        b_gc = _load_block(gc, o_c, m_c, o_k, i_b, i_h, T, H, K)
     if BOUNDED:
         b_ga = _load_row_block(gc, tl.minimum(c0, T - 1), o_k, i_b, i_h, T, H, K)
         j0 = i_c
@@ -1328,25 +1421,28 @@ def _rel_cols_tri(
         b_ga = _load_row_block(gc, tl.minimum(c0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
         j0 = i_c + 1
     b_y = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
+    if OWN:
+        j0 = i_c + 1
+        if BOUNDED:
+            b_y = _cols_step(
+                m, m2, b_y, b_xo, b_x2o, b_go, b_ga, o_c, m_c, o_c, t0, i_b, i_h, T, H, BT, TWO, LOWP
+            )
+        elif dense == 1:
+            b_y = _cols_step(
+                m, m2, b_y, b_xo, b_x2o, b_go, b_ga, o_c, m_c, o_c, t0, i_b, i_h, T, H, BT, TWO, LOWP
+            )
     for j in range(j0, NC):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
-        b_ex = tl.exp(
-            tl.where(
-                m_j[:, None], _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K) - b_ga[None, :], float("-inf")
-            )
-        )
-        p_mt = ((i_b * T + o_j[None, :]) * H + i_h) * BT + (o_c - t0)[:, None]  # [BC columns, BC rows]
+        b_gj = _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K)
         b_xj = _load_block(x, o_j, m_j, o_k, i_b, i_h, T, H, K)
-        b_y += tl.dot(
-            _dot_cast(tl.load(m + p_mt, mask=m_j[None, :], other=0.0), LOWP), _dot_cast(b_xj * b_ex, LOWP)
-        )
         if TWO:
             b_x2j = _load_block(x2, o_j, m_j, o_k, i_b, i_h, T, H, K)
-            b_y += tl.dot(
-                _dot_cast(tl.load(m2 + p_mt, mask=m_j[None, :], other=0.0), LOWP),
-                _dot_cast(b_x2j * b_ex, LOWP),
-            )
+        else:
+            b_x2j = b_xj
+        b_y = _cols_step(
+            m, m2, b_y, b_xj, b_x2j, b_gj, b_ga, o_j, m_j, o_c, t0, i_b, i_h, T, H, BT, TWO, LOWP
+        )
     return b_y * tl.exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")))
 
 
@@ -1513,13 +1609,12 @@ def _intra_bwd_kernel(
     LOWP: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
-    FIRST: tl.constexpr,
+    OWN: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
     # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
-    # and the log-decay gets x * dx - y * dy. FIRST (TUNE["bwd.intra_first"]): this kernel runs before
-    # _dqk_bwd_kernel and hands it its dq, dk, dG (in dq, dk, dgk) instead of finishing them
+    # and the log-decay gets x * dx - y * dy
     i_tc, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -1537,6 +1632,16 @@ def _intra_bwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     dense = 0
     b_gd = 0
+    # OWN (TUNE["intra_bwd.own"]; per-channel decay, triangular loops): the rows' q, k, G loaded once, for the
+    # dense diagonal block of both loops and for the log-decay's terms below
+    if OWN:
+        b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
+        b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
+        b_go = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
+    else:
+        b_q = 0
+        b_k = 0
+        b_go = 0
     if DECAY == 2 and TRI:
         if AUTO:
             # unbounded gates (TUNE["unbounded.dense_if_safe"]): this block's diagonal goes dense, as with the
@@ -1568,6 +1673,9 @@ def _intra_bwd_kernel(
             LOWP,
             AUTO,
             dense,
+            OWN,
+            b_go,
+            b_k,
         )
         b_dkc = _rel_cols_tri(
             m_qk,
@@ -1594,6 +1702,10 @@ def _intra_bwd_kernel(
             AUTO,
             dense,
             b_gd,
+            OWN,
+            b_go,
+            b_q,
+            b_k,
         )
     else:
         b_dq, b_dkr, b_dkc = _rel_full(
@@ -1648,8 +1760,9 @@ def _intra_bwd_kernel(
                 BC,
                 DELTA,
             )
-    b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
-    b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
+    if not OWN:
+        b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
+        b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
     if DELTA:
         b_dk = b_dkc + b_dkr
         b_dg = b_q * b_dq + b_k * (b_dkr - b_dkc)
@@ -1657,19 +1770,13 @@ def _intra_bwd_kernel(
         b_dk = b_dkc
         b_dg = b_q * b_dq - b_k * b_dkc
     p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
-    if FIRST:
-        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
-        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
-        if DECAY > 0:
-            tl.store(dgk + p_k, b_dg, mask=m_r[:, None])
-    else:
-        # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
-        b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
-        b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
-        tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
-        tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
-        if DECAY > 0:
-            tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
+    # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
+    b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+    b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+    tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
+    tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
+    if DECAY > 0:
+        tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
 # Launch settings (warps per program, software-pipelining stages), chosen from per-kernel profiles on an
@@ -1701,7 +1808,9 @@ TUNE: dict[str, int | None] = {
     "intra_bwd.warps": 4,
     "intra_bwd.bk": None,  # key columns per program (16-128): 64 for the per-channel decay, else 128
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
-    # (the first two) by the intra kernel. Not yet timed on the GPU: 0 stays the default until it is
+    # (the first two) by the intra kernel. H200, B8 T8K H16 (run 19), bounded KDA: W/U 0.60 -> 0.35 ms and
+    # dvt 1.44 -> 1.12 from reading bf16 Gamma K, but the cumsum kernel 0.26 -> 0.69 (it reads q and k too);
+    # the intra kernel now writes Gamma K beside the other two, so this stays off
     "decayed_in_cumsum": 0,
     # 1: the per-channel decay's intra backward visits only the 16-row blocks each row / column block can
     # reach (a triangle: 5 of 8 blocks on average), one block per loop step (_rel_rows_tri, _rel_cols_tri);
@@ -1728,16 +1837,15 @@ TUNE: dict[str, int | None] = {
     # the per-position loop); implies the triangular intra kernels. H200, B8 T8K H16 (run 18), log-sigmoid
     # gates: KDA fwd 5.28 -> 3.53 ms, fwd+bwd 15.42 -> 10.44; GLA fwd 3.19 -> 1.74, fwd+bwd 10.17 -> 6.25
     "unbounded.dense_if_safe": 1,
-    # 1: the per-channel decay's chunk-local cumsum G computed inside the intra forward (each 16-row program
-    # sums the chunk's blocks of g in order and writes G of its own rows), so no _cumsum_kernel runs (0.26
-    # ms at B8 T8K H16) and g is read there instead of G; implies the triangular intra forward. Not yet run
-    # on a GPU (written after run 23, with the session's device time spent)
-    "intra_fwd.cumsum": 0,
-    # 1: the backward's intra kernel before the dqk kernel, which then adds its own terms to the intra's dq,
-    # dk, dG and writes the final dq, dk and, for the per-channel decay, dg (the reverse cumsum over the
-    # chunk it holds whole): no _rev_cumsum_kernel (0.31 ms for KDA at B8 T8K H16) and dG written once and
-    # read once instead of written, read and written, read. Not yet run on a GPU
-    "bwd.intra_first": 0,
+    # 1: the dense diagonal block of the triangular intra kernels (bounded gate; unbounded blocks that go
+    # dense) computed from the rows' own q, k and G, loaded once per program, instead of loading the same
+    # tiles again in the column (forward, backward rows) and row (backward columns) loops. Not yet run on a
+    # GPU
+    "intra_fwd.own": 0,
+    "intra_bwd.own": 0,
+    # 1: the UT transform's L = (I + A)^-1 stored in bf16 for 16-bit inputs (half the bytes of the fp32
+    # [B,T,H,64] buffer, written once, read by W/U, dqk and twice by dvt). Not yet run on a GPU
+    "solve.lowp": 0,
 }
 
 
@@ -1810,6 +1918,12 @@ def _block_v(V: int, programs: int, key: str, wide: bool = False) -> int:
     return min(V, 32 if programs < 256 else (128 if wide else 64))
 
 
+def _l_dtype(lowp: bool) -> torch.dtype:
+    # L in bf16 for 16-bit inputs with TUNE["solve.lowp"]: W, U and the backward's dots take it as bf16
+    # anyway; only dvt's dA = -L^T dL L^T and dbeta use it in fp32
+    return torch.bfloat16 if lowp and TUNE["solve.lowp"] else torch.float32
+
+
 def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -1834,12 +1948,8 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         # ms, dvt 1.44 -> 1.11, intra forward 0.96 -> 0.99)
         kg = torch.empty_like(qg) if delta else None
     gc = None
-    # the per-channel decay's G computed by the intra kernel instead (TUNE["intra_fwd.cumsum"]; not with the
-    # decayed operands written by the cumsum kernel)
-    in_intra = decay == 2 and not early and bool(TUNE["intra_fwd.cumsum"])
     if decay:
         gc = torch.empty(g.shape, device=dev, dtype=f32)
-    if decay and not in_intra:
         _cumsum_kernel[(NT, B * H)](
             g,
             gc,
@@ -1866,7 +1976,6 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
-        g if in_intra else gcx,
         gcx,
         akk if delta else aqk,
         aqk,
@@ -1884,14 +1993,14 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         BOUNDED=bounded,
         LOWP=lowp,
         STORE_DECAYED=not early,
-        TRI=tri or in_intra,
+        TRI=tri,
         AUTO=auto,
-        CUMSUM=in_intra,
+        OWN=bool(TUNE["intra_fwd.own"]),
         num_warps=_tuned("intra_fwd.warps", 4),
     )
     linv = w = u = vt = None
     if delta:
-        linv = torch.empty(B, T, H, BT, device=dev, dtype=f32)
+        linv = torch.empty(B, T, H, BT, device=dev, dtype=_l_dtype(lowp))
         w = torch.empty_like(k)
         u = torch.empty_like(v)
         vt = torch.empty_like(v)
@@ -2036,50 +2145,39 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
     BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
-    # the intra backward before the dqk kernel, which then finishes dq, dk and (per-channel decay) dg
-    # (TUNE["bwd.intra_first"])
-    first = bool(TUNE["bwd.intra_first"]) and not fused
     dg = torch.empty_like(g) if decay else None
+    _dqk_bwd_kernel[(NT, K // BK, B * H)](
+        q,
+        k,
+        v,
+        gcx,
+        beta if delta else q,
+        vt if delta else v,
+        h,
+        dh,
+        do,
+        dvt,
+        linv if delta else aqk,
+        dq,
+        dk,
+        dgk,
+        scale,
+        T,
+        NT,
+        H=H,
+        K=K,
+        V=V,
+        BT=BT,
+        BK=BK,
+        BV=BVd,
+        DECAY=decay,
+        DELTA=delta,
+        LOWP=lowp,
+        FUSED=fused,
+        num_warps=_tuned("dqk.warps", 4),
+        num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
+    )
 
-    def dqk(after: bool) -> None:
-        _dqk_bwd_kernel[(NT, K // BK, B * H)](
-            q,
-            k,
-            v,
-            gcx,
-            beta if delta else q,
-            vt if delta else v,
-            h,
-            dh,
-            do,
-            dvt,
-            linv if delta else aqk,
-            dq,
-            dk,
-            dgk,
-            dq_out,
-            dk_out,
-            dg if dg is not None else dq,
-            scale,
-            T,
-            NT,
-            H=H,
-            K=K,
-            V=V,
-            BT=BT,
-            BK=BK,
-            BV=BVd,
-            DECAY=decay,
-            DELTA=delta,
-            LOWP=lowp,
-            FUSED=fused,
-            AFTER=after,
-            num_warps=_tuned("dqk.warps", 4),
-            num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
-        )
-
-    if not first:
-        dqk(after=False)
     if fused:
         if decay:
             _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
@@ -2122,6 +2220,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # and 14.3 to 8.6 ms (KDA); the other decays lost 0.15-0.4 ms to reading M twice: they keep whole rows
     BKi = min(K, _tuned("intra_bwd.bk", 64 if decay == 2 else 128))
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
+    tri_bwd = bool(TUNE["intra_bwd.tri"]) or auto
     _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
         q,
         k,
@@ -2143,14 +2242,12 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=False,
-        TRI=bool(TUNE["intra_bwd.tri"]) or auto,
+        TRI=tri_bwd,
         AUTO=auto,
-        FIRST=first,
+        OWN=bool(TUNE["intra_bwd.own"]) and decay == 2 and tri_bwd,
         num_warps=_tuned("intra_bwd.warps", 4),
     )
-    if first:
-        dqk(after=True)
-    if decay and not (first and decay == 2):
+    if decay:
         _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
     return dq_out, dk_out, dv, dg, dbeta, dh0
 
