@@ -184,7 +184,6 @@ def _intra_fwd_kernel(
     STORE_DECAYED: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
-    OWN: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -216,7 +215,6 @@ def _intra_fwd_kernel(
             LOWP,
             STORE_DECAYED,
             AUTO,
-            OWN,
         )
     else:
         t0 = i_t * BT
@@ -390,13 +388,10 @@ def _intra_fwd_tri(
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
     AUTO: tl.constexpr,
-    OWN: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
-    # tiles masked (TUNE["intra_fwd.tri"]); the blocks after the diagonal are stored as zeros.
-    # OWN (TUNE["intra_fwd.own"]): the dense diagonal block from the rows' own k and G already in registers
-    # (the loop covers the blocks before it only) instead of loading them again
+    # tiles masked (TUNE["intra_fwd.tri"]); the blocks after the diagonal are stored as zeros
     t0 = i_t * BT
     r0 = t0 + i_c * BC
     o_b = tl.arange(0, BC)
@@ -417,8 +412,6 @@ def _intra_fwd_tri(
     # the bounded gate keeps exp(G_r0 - G_i) <= e^{-lower_bound (BC - 1)} inside the diagonal block too
     if BOUNDED:
         n_j = i_c + 1
-        if OWN:
-            dense = 1
     elif AUTO:
         # unbounded gates, TUNE["unbounded.dense_if_safe"]: a block whose own decay, first row to last, is at
         # most e^75 in every channel (what the bounded gate -5 guarantees) takes the dense product for its
@@ -427,8 +420,6 @@ def _intra_fwd_tri(
         dense = (tl.max(b_ga - b_gb, 0) <= 75.0).to(tl.int64)
         n_j = i_c + dense
     else:
-        n_j = i_c
-    if OWN:
         n_j = i_c
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
@@ -452,25 +443,6 @@ def _intra_fwd_tri(
             DELTA,
             LOWP,
         )
-    if OWN:
-        if dense == 1:
-            _fwd_a_block(
-                aqk,
-                akk,
-                b_qe,
-                b_ke,
-                b_kr,
-                b_gr,
-                b_ga,
-                o_r,
-                m_r,
-                o_r,
-                m_r,
-                p_row + (i_c * BC + o_b)[None, :],
-                scale,
-                DELTA,
-                LOWP,
-            )
     # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
     # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
     if not BOUNDED:
@@ -1284,19 +1256,12 @@ def _rel_rows_tri(
     LOWP: tl.constexpr,
     AUTO: tl.constexpr,
     dense,
-    OWN: tl.constexpr,
-    b_go,
-    b_yo,
 ):
     # _rel_rows for the per-channel decay over only the column blocks the rows can reach (0..i_c, or 0..i_c-1
     # when the unbounded path leaves the diagonal to _rel_diag), one BC-column block at a time, instead of
-    # the whole chunk masked: 2.5 blocks of y and G on average instead of 4 (TUNE["intra_bwd.tri"]).
-    # OWN (TUNE["intra_bwd.own"]): the rows' own G and y (b_go, b_yo) serve the dense diagonal block
+    # the whole chunk masked: 2.5 blocks of y and G on average instead of 4 (TUNE["intra_bwd.tri"])
     o_b = tl.arange(0, BC)
-    if OWN:
-        b_gr = b_go
-    else:
-        b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
+    b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
     b_ga = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
     b_x = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
     b_x2 = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
@@ -1306,8 +1271,6 @@ def _rel_rows_tri(
         n_j = i_c + dense  # (dense: this block's diagonal goes dense, see _intra_bwd_rows)
     else:
         n_j = i_c
-    if OWN:
-        n_j = i_c
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
@@ -1316,15 +1279,6 @@ def _rel_rows_tri(
         b_x, b_x2 = _rows_step(
             m, m2, b_x, b_x2, b_yj, b_gj, b_ga, m_j, o_r, m_r, j, i_b, i_h, T, H, BT, BC, TWO, LOWP
         )
-    if OWN:
-        if BOUNDED:
-            b_x, b_x2 = _rows_step(
-                m, m2, b_x, b_x2, b_yo, b_go, b_ga, m_r, o_r, m_r, i_c, i_b, i_h, T, H, BT, BC, TWO, LOWP
-            )
-        elif dense == 1:
-            b_x, b_x2 = _rows_step(
-                m, m2, b_x, b_x2, b_yo, b_go, b_ga, m_r, o_r, m_r, i_c, i_b, i_h, T, H, BT, BC, TWO, LOWP
-            )
     b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))
     b_x = b_x * b_er
     if TWO:
@@ -1394,21 +1348,12 @@ def _rel_cols_tri(
     AUTO: tl.constexpr,
     dense,
     b_gd,
-    OWN: tl.constexpr,
-    b_go,
-    b_xo,
-    b_x2o,
 ):
     # _rel_cols for the per-channel decay over only the row blocks that reach the columns (i_c..NC-1, or
-    # i_c+1.. on the unbounded path), one BC-row block at a time (TUNE["intra_bwd.tri"]).
-    # OWN (TUNE["intra_bwd.own"]): the columns' own G, x, x2 (b_go, b_xo, b_x2o) serve the dense diagonal
-    # block
+    # i_c+1.. on the unbounded path), one BC-row block at a time (TUNE["intra_bwd.tri"])
     NC: tl.constexpr = BT // BC
     o_b = tl.arange(0, BC)
-    if OWN:
-        b_gc = b_go
-    else:
-        b_gc = _load_block(gc, o_c, m_c, o_k, i_b, i_h, T, H, K)
+    b_gc = _load_block(gc, o_c, m_c, o_k, i_b, i_h, T, H, K)
     if BOUNDED:
         b_ga = _load_row_block(gc, tl.minimum(c0, T - 1), o_k, i_b, i_h, T, H, K)
         j0 = i_c
@@ -1421,16 +1366,6 @@ def _rel_cols_tri(
         b_ga = _load_row_block(gc, tl.minimum(c0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
         j0 = i_c + 1
     b_y = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
-    if OWN:
-        j0 = i_c + 1
-        if BOUNDED:
-            b_y = _cols_step(
-                m, m2, b_y, b_xo, b_x2o, b_go, b_ga, o_c, m_c, o_c, t0, i_b, i_h, T, H, BT, TWO, LOWP
-            )
-        elif dense == 1:
-            b_y = _cols_step(
-                m, m2, b_y, b_xo, b_x2o, b_go, b_ga, o_c, m_c, o_c, t0, i_b, i_h, T, H, BT, TWO, LOWP
-            )
     for j in range(j0, NC):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
@@ -1609,7 +1544,6 @@ def _intra_bwd_kernel(
     LOWP: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
-    OWN: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
@@ -1632,16 +1566,6 @@ def _intra_bwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     dense = 0
     b_gd = 0
-    # OWN (TUNE["intra_bwd.own"]; per-channel decay, triangular loops): the rows' q, k, G loaded once, for the
-    # dense diagonal block of both loops and for the log-decay's terms below
-    if OWN:
-        b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
-        b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
-        b_go = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
-    else:
-        b_q = 0
-        b_k = 0
-        b_go = 0
     if DECAY == 2 and TRI:
         if AUTO:
             # unbounded gates (TUNE["unbounded.dense_if_safe"]): this block's diagonal goes dense, as with the
@@ -1673,9 +1597,6 @@ def _intra_bwd_kernel(
             LOWP,
             AUTO,
             dense,
-            OWN,
-            b_go,
-            b_k,
         )
         b_dkc = _rel_cols_tri(
             m_qk,
@@ -1702,10 +1623,6 @@ def _intra_bwd_kernel(
             AUTO,
             dense,
             b_gd,
-            OWN,
-            b_go,
-            b_q,
-            b_k,
         )
     else:
         b_dq, b_dkr, b_dkc = _rel_full(
@@ -1760,9 +1677,8 @@ def _intra_bwd_kernel(
                 BC,
                 DELTA,
             )
-    if not OWN:
-        b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
-        b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
+    b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
+    b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
     if DELTA:
         b_dk = b_dkc + b_dkr
         b_dg = b_q * b_dq + b_k * (b_dkr - b_dkc)
@@ -1837,15 +1753,12 @@ TUNE: dict[str, int | None] = {
     # the per-position loop); implies the triangular intra kernels. H200, B8 T8K H16 (run 18), log-sigmoid
     # gates: KDA fwd 5.28 -> 3.53 ms, fwd+bwd 15.42 -> 10.44; GLA fwd 3.19 -> 1.74, fwd+bwd 10.17 -> 6.25
     "unbounded.dense_if_safe": 1,
-    # 1: the dense diagonal block of the triangular intra kernels (bounded gate; unbounded blocks that go
-    # dense) computed from the rows' own q, k and G, loaded once per program, instead of loading the same
-    # tiles again in the column (forward, backward rows) and row (backward columns) loops. Not yet run on a
-    # GPU
-    "intra_fwd.own": 0,
-    "intra_bwd.own": 0,
     # 1: the UT transform's L = (I + A)^-1 stored in bf16 for 16-bit inputs (half the bytes of the fp32
-    # [B,T,H,64] buffer, written once, read by W/U, dqk and twice by dvt). Not yet run on a GPU
-    "solve.lowp": 0,
+    # [B,T,H,64] buffer, written once, read by W/U, dqk and twice by dvt), as FLA keeps its inverse. H200,
+    # B8 T8K H16 (run 26), fwd+bwd: bounded KDA 9.22 -> 9.05 ms, delta rule 5.38 -> 5.28 (solve 0.35 ->
+    # 0.29, dqk 1.70 -> 1.59, dvt 1.11 -> 1.04, W/U 0.35 -> 0.40); the delta rule's dk 5.0e-3 -> 6.0e-3 and
+    # dbeta 4.5e-3 -> 5.4e-3 at T=1000 (FLA's bounds 8e-3 and 2e-2; FLA's own dk there 5.7e-3)
+    "solve.lowp": 1,
 }
 
 
@@ -1995,7 +1908,6 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         STORE_DECAYED=not early,
         TRI=tri,
         AUTO=auto,
-        OWN=bool(TUNE["intra_fwd.own"]),
         num_warps=_tuned("intra_fwd.warps", 4),
     )
     linv = w = u = vt = None
@@ -2220,7 +2132,6 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # and 14.3 to 8.6 ms (KDA); the other decays lost 0.15-0.4 ms to reading M twice: they keep whole rows
     BKi = min(K, _tuned("intra_bwd.bk", 64 if decay == 2 else 128))
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
-    tri_bwd = bool(TUNE["intra_bwd.tri"]) or auto
     _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
         q,
         k,
@@ -2242,9 +2153,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=False,
-        TRI=tri_bwd,
+        TRI=bool(TUNE["intra_bwd.tri"]) or auto,
         AUTO=auto,
-        OWN=bool(TUNE["intra_bwd.own"]) and decay == 2 and tri_bwd,
         num_warps=_tuned("intra_bwd.warps", 4),
     )
     if decay:
