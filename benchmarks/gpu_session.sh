@@ -81,7 +81,7 @@ for step in $STEPS; do
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
       # (skipped when the verify step has just checked them, with ALT set to both)
       [ -f "$OUT/check_alt/errors.csv" ] || timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla \
-        --no-step --out "$OUT/check_alt" --set cumsum.dot=1 bwd.intra_first=1 intra_fwd.akk_lowp=1 | quiet | tail -18
+        --no-step --out "$OUT/check_alt" --set solve.lowp=0 | quiet | tail -18
       # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
       # shellcheck disable=SC2086
       timeout 70 python3 benchmarks/profile_gpu.py --ops ${TUNE_OPS:-kda_bounded kda gla delta_rule linear_attn simple_gla} \
@@ -96,11 +96,13 @@ for step in $STEPS; do
       # 0.98 -> 4.07 ms), the intra backward before dqk (bwd.intra_first: bounded KDA fwd+bwd 9.25 -> 9.57);
       # run 26: the dense diagonal from the program's own tiles (intra_fwd.own, intra_bwd.own: bounded KDA's
       # intra kernels 0.98 -> 1.21 and 2.49 -> 2.93 ms; removed), L in bf16 (solve.lowp=1, now the default:
-      # bounded KDA fwd+bwd 9.22 -> 9.05); not yet run: the cumsums as triangular products (cumsum.dot), with
-      # them the intra backward before dqk again, A_kk in bf16 (intra_fwd.akk_lowp)
+      # bounded KDA fwd+bwd 9.22 -> 9.05); run 29, slower or no gain, removed: the cumsums as 3xTF32 triangular
+      # products (cumsum.dot: 0.26 -> 0.76 ms each), with them the intra backward before dqk (dqk 1.59 ->
+      # 2.65), A_kk in bf16 (intra_fwd.akk_lowp: bounded KDA fwd+bwd 9.09 -> 9.10); the defaults below
+      # compare against the form before solve.lowp
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-cumsum.dot=1:kda_bounded,kda,gla cumsum.dot=1,bwd.intra_first=1:kda_bounded,kda,gla,delta_rule intra_fwd.akk_lowp=1:kda_bounded,delta_rule}; do
+      for entry in ${TUNE_ENTRIES:-solve.lowp=0:kda_bounded,delta_rule}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
@@ -111,8 +113,8 @@ for step in $STEPS; do
     verify)
       # after a kernel change, in little device time: our kernels for the benchmark shapes compile in the
       # background (with and without the alternative ALT, for the ops ALT_OPS) while the checks run
-      alt="${ALT:-cumsum.dot=1,bwd.intra_first=1,intra_fwd.akk_lowp=1}"
-      alt_ops="${ALT_OPS:-kda_bounded kda gla delta_rule gated_delta_rule}"
+      alt="${ALT:-solve.lowp=0}"
+      alt_ops="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"
       pids=()
       for shape in B32T2K B8T8K; do
         for set in none "$alt"; do
@@ -151,8 +153,8 @@ for step in $STEPS; do
     final)
       # the default against ALT per kernel for the ops ALT_OPS, then the benchmark (ours, SDPA) with the
       # faster of the two for the first of them, forward+backward
-      alt="${ALT:-cumsum.dot=1,bwd.intra_first=1,intra_fwd.akk_lowp=1}"
-      alt_ops="${ALT_OPS:-kda_bounded kda gla delta_rule gated_delta_rule}"
+      alt="${ALT:-solve.lowp=0}"
+      alt_ops="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"
       # shellcheck disable=SC2086
       timeout 35 python3 benchmarks/profile_gpu.py --ops $alt_ops --out "$OUT/profile_default.csv" | quiet \
         | grep -v " 0\.[0-9]%" | grep -v TUNE

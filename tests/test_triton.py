@@ -220,82 +220,6 @@ def test_unbounded_gates_dense_where_safe(
     check_against_naive(inputs)
 
 
-@pytest.mark.parametrize("dot", [0, 1])
-@pytest.mark.parametrize("T", [63, 100, 200])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound,dense_if_safe",
-    [
-        ("delta_rule", None, True, None, 1),
-        ("gated_delta_rule", "scalar", True, None, 1),
-        ("gla", "channel", False, None, 1),
-        ("kda", "channel", True, None, 1),
-        ("kda", "channel", True, None, 0),
-        ("kda_bounded", "channel", True, -5.0, 1),
-    ],
-)
-def test_intra_backward_before_the_dqk_kernel(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str | None,
-    delta: bool,
-    lower_bound: float | None,
-    dense_if_safe: int,
-    T: int,
-    dot: int,
-) -> None:
-    # bwd.intra_first=1 (off; run 24 timed it with tl.cumsum, not yet with cumsum.dot): the intra backward
-    # hands its dq, dk, dG to the dqk kernel, which finishes them and, for the per-channel decay,
-    # reverse-cumsums dg itself (no _rev_cumsum_kernel; the scalar decay still needs it, its dg summing over
-    # every K block), by tl.cumsum or (cumsum.dot=1) a triangular product
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", 1)
-    monkeypatch.setitem(chunk.TUNE, "cumsum.dot", dot)
-    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", dense_if_safe)
-    # two blocks of 16 key columns in both kernels (K = 32), as the GPU's 64 of 128
-    monkeypatch.setitem(chunk.TUNE, "dqk.bk", 16)
-    monkeypatch.setitem(chunk.TUNE, "intra_bwd.bk", 16)
-    launched = []
-    for kernel in ("_rev_cumsum_kernel", "_dqk_bwd_kernel", "_intra_bwd_kernel"):
-        monkeypatch.setattr(chunk, kernel, _Recorder(getattr(chunk, kernel), launched, kernel))
-    inputs = make_inputs(
-        decay, delta, 1, T, 2, K=32, V=32, seed=T + 17, lower_bound=lower_bound, with_state=True
-    )
-    if decay == "channel" and lower_bound is None:
-        inputs["g"][:, 16:32, :, :8] = -30.0  # a block that has to go by positions
-    check_against_naive(inputs, lower_bound=lower_bound)
-    expected = ["_intra_bwd_kernel", "_dqk_bwd_kernel"] + (
-        ["_rev_cumsum_kernel"] if decay == "scalar" else []
-    )
-    assert launched == expected
-
-
-@pytest.mark.parametrize("T,chunk_size", [(1, 64), (63, 64), (200, 64), (100, 16)])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound",
-    PER_CHANNEL + [("gated_delta_rule", "scalar", True, None)],
-)
-def test_cumsums_as_triangular_products(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str,
-    delta: bool,
-    lower_bound: float | None,
-    T: int,
-    chunk_size: int,
-) -> None:
-    # cumsum.dot=1 (off until run on a GPU): the chunk-local cumsum of g and the reverse cumsum of dG as
-    # products with a triangular matrix of ones (the scalar decay keeps tl.cumsum: its tile is a vector)
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "cumsum.dot", 1)
-    inputs = make_inputs(
-        decay, delta, 1, T, 2, K=16, V=32, seed=T + 23, lower_bound=lower_bound, with_state=True
-    )
-    check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
-
-
-@pytest.mark.parametrize("buffer", ["_l_dtype", "_akk_dtype"])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
@@ -305,23 +229,20 @@ def test_cumsums_as_triangular_products(
         ("kda_bounded", "channel", True, -5.0),
     ],
 )
-def test_bf16_inverse_and_akk(
+def test_bf16_inverse(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     decay: str | None,
     delta: bool,
     lower_bound: float | None,
     T: int,
-    buffer: str,
 ) -> None:
     # solve.lowp (the default for 16-bit inputs since H200 run 26): L stored in bf16, written by the solve
     # and read by W/U, dqk and dvt. The interpreter runs it with fp32 inputs (its bf16 dots are wrong): the
-    # errors are then bf16's rounding of L, about 1e-3, while a mis-cast buffer or a missed store is O(1).
-    # The same for A_kk in bf16 (intra_fwd.akk_lowp, off until run on a GPU: written by the intra forward,
-    # read by the solve and dvt)
+    # errors are then bf16's rounding of L, about 1e-3, while a mis-cast buffer or a missed store is O(1)
     from kernels.triton import chunk
 
-    monkeypatch.setattr(chunk, buffer, lambda lowp: torch.bfloat16)
+    monkeypatch.setattr(chunk, "_l_dtype", lambda lowp: torch.bfloat16)
     inputs = make_inputs(
         decay, delta, 1, T, 2, K=16, V=32, seed=T + 5, lower_bound=lower_bound, with_state=True
     )

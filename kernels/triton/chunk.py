@@ -39,21 +39,6 @@ def _dot_cast(x, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _scan_rows(b_x, BT: tl.constexpr, REVERSE: tl.constexpr, DOT: tl.constexpr):
-    # cumsum of a [BT, N] tile down its rows (REVERSE: from the last row up). DOT (TUNE["cumsum.dot"]): as
-    # one product with a triangular matrix of ones on the tensor cores, in 3xTF32 (about fp32's precision)
-    if DOT:
-        o = tl.arange(0, BT)
-        if REVERSE:
-            b_tri = tl.where(o[:, None] <= o[None, :], 1.0, 0.0)
-        else:
-            b_tri = tl.where(o[:, None] >= o[None, :], 1.0, 0.0)
-        return tl.dot(b_tri, b_x, input_precision="tf32x3")
-    else:
-        return tl.cumsum(b_x, axis=0, reverse=REVERSE)
-
-
-@triton.jit
 def _cumsum_kernel(
     g,
     gc,
@@ -69,7 +54,6 @@ def _cumsum_kernel(
     DECAY: tl.constexpr,
     DECAYED: tl.constexpr,
     DELTA: tl.constexpr,
-    DOT: tl.constexpr,
 ):
     # G = chunk-local cumsum of g (fp32). DECAYED (per-channel decay, TUNE["decayed_in_cumsum"]): also the
     # decayed operands Q exp(G), K exp(G_last - G) and, for the delta rule, K exp(G) (for W and dvt), here
@@ -82,7 +66,7 @@ def _cumsum_kernel(
         o_k = tl.arange(0, K)
         p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
         b_g = tl.load(g + p, mask=m_t[:, None], other=0.0).to(tl.float32)
-        b_gc = _scan_rows(b_g, BT, False, DOT)
+        b_gc = tl.cumsum(b_g, axis=0)
         tl.store(gc + p, b_gc, mask=m_t[:, None])
         if DECAYED:
             b_gl = tl.sum(b_g, 0)  # G at the chunk's last valid row (rows past T hold g = 0)
@@ -99,9 +83,7 @@ def _cumsum_kernel(
 
 
 @triton.jit
-def _rev_cumsum_kernel(
-    dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr, DOT: tl.constexpr
-):
+def _rev_cumsum_kernel(dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr):
     # G = chunk-local cumsum(g), so dg is the reverse cumsum of dG inside each chunk (summed over K first
     # for the scalar decay), written in g's dtype
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -111,7 +93,7 @@ def _rev_cumsum_kernel(
     b_dg = _load_rows(dgk, o_t, m_t, i_b, i_h, T, H, K)
     if DECAY == 2:
         p = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-        tl.store(dg + p, _scan_rows(b_dg, BT, True, DOT).to(dg.dtype.element_ty), mask=m_t[:, None])
+        tl.store(dg + p, tl.cumsum(b_dg, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t[:, None])
     else:
         b_s = tl.cumsum(tl.sum(b_dg, 1), axis=0, reverse=True)
         tl.store(dg + (i_b * T + o_t) * H + i_h, b_s.to(dg.dtype.element_ty), mask=m_t)
@@ -295,7 +277,7 @@ def _intra_fwd_kernel(
         tl.store(aqk + p_a, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
         if DELTA:
             b_akk = tl.where((o_r[:, None] > o_i[None, :]) & m_i[None, :], b_akk, 0.0)
-            tl.store(akk + p_a, b_akk.to(akk.dtype.element_ty), mask=m_r[:, None])
+            tl.store(akk + p_a, b_akk, mask=m_r[:, None])
 
 
 @triton.jit
@@ -345,7 +327,7 @@ def _fwd_diag_by_positions(
     if DELTA:
         tl.store(
             akk + p_a,
-            tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_ak, 0.0).to(akk.dtype.element_ty),
+            tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_ak, 0.0),
             mask=m_r[:, None],
         )
 
@@ -377,9 +359,7 @@ def _fwd_a_block(
     if DELTA:
         b_a = tl.dot(b_ke, b_y)
         tl.store(
-            akk + p_a,
-            tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0).to(akk.dtype.element_ty),
-            mask=m_r[:, None],
+            akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
         )
 
 
@@ -495,7 +475,7 @@ def _intra_fwd_tri(
     b_z = tl.zeros([BC, BT], dtype=tl.float32)
     tl.store(aqk + p_row + o_c[None, :], b_z.to(aqk.dtype.element_ty), mask=m_z)
     if DELTA:
-        tl.store(akk + p_row + o_c[None, :], b_z.to(akk.dtype.element_ty), mask=m_z)
+        tl.store(akk + p_row + o_c[None, :], b_z, mask=m_z)
 
 
 @triton.jit
@@ -520,7 +500,7 @@ def _a_block(
         akk + ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :],
         mask=m_r[:, None],
         other=0.0,
-    ).to(tl.float32)
+    )
     return b_a * _load_vec(beta, o_r, m_r, i_b, i_h, T, H)[:, None]
 
 
@@ -559,7 +539,7 @@ def _solve_kernel(
     t_d = t0 + o_n[:, None] * BC + o_b[None, :]  # [NC, BC] rows
     m_d = t_d < T
     p_d = akk + ((i_b * T + t_d[:, :, None]) * H + i_h) * BT + (o_n * BC)[:, None, None] + o_b[None, None, :]
-    b_ad = tl.load(p_d, mask=m_d[:, :, None], other=0.0).to(tl.float32)
+    b_ad = tl.load(p_d, mask=m_d[:, :, None], other=0.0)
     b_ad *= tl.load(beta + (i_b * T + t_d) * H + i_h, mask=m_d, other=0.0).to(tl.float32)[:, :, None]
     for r in range(1, BC):
         # row r of every diagonal block: e_r - sum_{j < r} A_rj L_j (rows j < r are final already; A_kk is
@@ -895,9 +875,6 @@ def _dqk_bwd_kernel(
     dq,
     dk,
     dgk,
-    dq_out,
-    dk_out,
-    dg,
     scale,
     T,
     NT,
@@ -911,17 +888,12 @@ def _dqk_bwd_kernel(
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
     FUSED: tl.constexpr,
-    AFTER: tl.constexpr,
-    DOT: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
     # _intra_bwd_kernel. FUSED (TUNE["dqk.fused_intra"]; no delta rule, no per-channel decay): the
     # intra-chunk part too, from M_qk = scale tril(dO V^T) (times the relative decay) summed over the same V
-    # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here. AFTER
-    # (TUNE["bwd.intra_first"]): _intra_bwd_kernel ran first and left its dq, dk, dG in dq, dk, dgk; this
-    # kernel adds its own, writes the final dq, dk and, for the per-channel decay, dg itself (the reverse
-    # cumsum over the chunk's rows, which it holds whole), so no _rev_cumsum_kernel runs
+    # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here
     i_t, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -1007,25 +979,12 @@ def _dqk_bwd_kernel(
     # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
     b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    if AFTER:
-        b_dq += tl.load(dq + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-        b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-        tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
-        tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
-        if DECAY == 2:
-            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0)
-            tl.store(dg + p_k, _scan_rows(b_dg, BT, True, DOT).to(dg.dtype.element_ty), mask=m_t[:, None])
-        elif DECAY == 1:
-            # the scalar decay's dg sums over all K columns: _rev_cumsum_kernel, after every K block
-            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0)
-            tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
-    else:
-        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
-        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
-        # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
-        # H16 that used to be written and never read)
-        if DECAY > 0:
-            tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
+    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
+    tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
+    # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
+    # H16 that used to be written and never read)
+    if DECAY > 0:
+        tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
 @triton.jit
@@ -1100,7 +1059,7 @@ def _dvt_bwd_kernel(
         b_db = tl.sum(b_l * b_dtm, 0)
         b_da = -tl.dot(tl.dot(tl.trans(b_l), b_dl), tl.trans(b_l))
         b_da = tl.where((o_c[:, None] > o_c[None, :]) & m_t[:, None], b_da, 0.0)
-        b_akk = tl.load(akk + p_a, mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_akk = tl.load(akk + p_a, mask=m_t[:, None], other=0.0)
         b_db += tl.sum(b_da * b_akk, 1)
         tl.store(m_kk + p_a, b_da * b_beta[:, None], mask=m_t[:, None])
         tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db, mask=m_t)
@@ -1585,13 +1544,11 @@ def _intra_bwd_kernel(
     LOWP: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
-    FIRST: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
     # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
-    # and the log-decay gets x * dx - y * dy. FIRST (TUNE["bwd.intra_first"]): this kernel runs before
-    # _dqk_bwd_kernel and hands it its dq, dk, dG (in dq, dk, dgk) instead of finishing them
+    # and the log-decay gets x * dx - y * dy
     i_tc, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -1729,19 +1686,13 @@ def _intra_bwd_kernel(
         b_dk = b_dkc
         b_dg = b_q * b_dq - b_k * b_dkc
     p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
-    if FIRST:
-        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
-        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
-        if DECAY > 0:
-            tl.store(dgk + p_k, b_dg, mask=m_r[:, None])
-    else:
-        # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
-        b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
-        b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
-        tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
-        tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
-        if DECAY > 0:
-            tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
+    # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
+    b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+    b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+    tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
+    tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
+    if DECAY > 0:
+        tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
 # Launch settings (warps per program, software-pipelining stages), chosen from per-kernel profiles on an
@@ -1808,19 +1759,6 @@ TUNE: dict[str, int | None] = {
     # 0.29, dqk 1.70 -> 1.59, dvt 1.11 -> 1.04, W/U 0.35 -> 0.40); errors as before to 2 digits (delta
     # rule dk 5.0e-3 -> 5.1e-3 at T=1000 in bf16, run 26; 5.2e-3 at T=8192, run 27)
     "solve.lowp": 1,
-    # 1: the chunk-local cumsums of the per-channel decay (G in the forward, dg in the backward) as one
-    # product with a triangular matrix of ones (3xTF32 on the tensor cores) instead of tl.cumsum. Not yet
-    # run on a GPU
-    "cumsum.dot": 0,
-    # 1: the backward's intra kernel before the dqk kernel, which then adds its own terms to the intra's dq,
-    # dk, dG and writes the final dq, dk and, for the per-channel decay, dg (the reverse cumsum over the
-    # chunk it holds whole): no _rev_cumsum_kernel and dG written once, read once. H200 run 24 with
-    # tl.cumsum there: bounded KDA's intra backward 2.51 -> 2.24 ms but dqk 1.71 -> 2.59; with cumsum.dot
-    # not yet run on a GPU
-    "bwd.intra_first": 0,
-    # 1: A_kk stored in bf16 for 16-bit inputs (written by the intra forward, read by the solve and dvt).
-    # Not yet run on a GPU
-    "intra_fwd.akk_lowp": 0,
 }
 
 
@@ -1893,11 +1831,6 @@ def _block_v(V: int, programs: int, key: str, wide: bool = False) -> int:
     return min(V, 32 if programs < 256 else (128 if wide else 64))
 
 
-def _akk_dtype(lowp: bool) -> torch.dtype:
-    # A_kk in bf16 for 16-bit inputs with TUNE["intra_fwd.akk_lowp"]: the solve and dvt read it in fp32
-    return torch.bfloat16 if lowp and TUNE["intra_fwd.akk_lowp"] else torch.float32
-
-
 def _l_dtype(lowp: bool) -> torch.dtype:
     # L in bf16 for 16-bit inputs with TUNE["solve.lowp"]: W, U and the backward's dots take it as bf16
     # anyway; only dvt's dA = -L^T dL L^T and dbeta use it in fp32
@@ -1945,12 +1878,11 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
             DECAY=decay,
             DECAYED=early,
             DELTA=delta,
-            DOT=bool(TUNE["cumsum.dot"]),
         )
     gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
-    akk = torch.empty(B, T, H, BT, device=dev, dtype=_akk_dtype(lowp)) if delta else None
+    akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
     # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     tri = (bounded or auto) if TUNE["intra_fwd.tri"] is None else bool(TUNE["intra_fwd.tri"]) or auto
@@ -2126,55 +2058,41 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
     BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
     dg = torch.empty_like(g) if decay else None
-    dot = bool(TUNE["cumsum.dot"])
-    # the intra backward before the dqk kernel, which then finishes dq, dk and (per-channel decay) dg
-    # (TUNE["bwd.intra_first"])
-    first = bool(TUNE["bwd.intra_first"]) and not fused
-
-    def dqk(after: bool) -> None:
-        _dqk_bwd_kernel[(NT, K // BK, B * H)](
-            q,
-            k,
-            v,
-            gcx,
-            beta if delta else q,
-            vt if delta else v,
-            h,
-            dh,
-            do,
-            dvt,
-            linv if delta else aqk,
-            dq,
-            dk,
-            dgk,
-            dq_out,
-            dk_out,
-            dg if dg is not None else dq,
-            scale,
-            T,
-            NT,
-            H=H,
-            K=K,
-            V=V,
-            BT=BT,
-            BK=BK,
-            BV=BVd,
-            DECAY=decay,
-            DELTA=delta,
-            LOWP=lowp,
-            FUSED=fused,
-            AFTER=after,
-            DOT=dot,
-            num_warps=_tuned("dqk.warps", 4),
-            num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
-        )
-
-    if not first:
-        dqk(after=False)
+    _dqk_bwd_kernel[(NT, K // BK, B * H)](
+        q,
+        k,
+        v,
+        gcx,
+        beta if delta else q,
+        vt if delta else v,
+        h,
+        dh,
+        do,
+        dvt,
+        linv if delta else aqk,
+        dq,
+        dk,
+        dgk,
+        scale,
+        T,
+        NT,
+        H=H,
+        K=K,
+        V=V,
+        BT=BT,
+        BK=BK,
+        BV=BVd,
+        DECAY=decay,
+        DELTA=delta,
+        LOWP=lowp,
+        FUSED=fused,
+        num_warps=_tuned("dqk.warps", 4),
+        num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
+    )
 
     if fused:
         if decay:
-            _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay, DOT=dot)
+            _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
         return dq_out, dk_out, dv, dg, dbeta, dh0
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
     _dvt_bwd_kernel[(NT, B * H)](
@@ -2237,13 +2155,10 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         LOWP=False,
         TRI=bool(TUNE["intra_bwd.tri"]) or auto,
         AUTO=auto,
-        FIRST=first,
         num_warps=_tuned("intra_bwd.warps", 4),
     )
-    if first:
-        dqk(after=True)
-    if decay and not (first and decay == 2):
-        _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay, DOT=dot)
+    if decay:
+        _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
     return dq_out, dk_out, dv, dg, dbeta, dh0
 
 
