@@ -35,6 +35,8 @@
 #                 FLA (one process per op) are checked
 #   final    180  (not in the default list) default against ALT per kernel, then ours and SDPA timed with the faster
 #   shapes   260  (not in the default list) correctness at K, V = 64/256 and chunk sizes 32, 16
+#   occupancy 150 (not in the default list) registers, spills, shared memory and programs per SM of every
+#                 launch, compiled by the device's Triton (benchmarks/occupancy.py; ALT's settings beside)
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
@@ -81,7 +83,7 @@ for step in $STEPS; do
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
       # (skipped when the verify step has just checked them, with ALT set to both)
       [ -f "$OUT/check_alt/errors.csv" ] || timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla \
-        --no-step --out "$OUT/check_alt" --set solve.lowp=0 | quiet | tail -18
+        --no-step --out "$OUT/check_alt" --set intra_bwd.stages=2 intra_bwd.maxnreg=128 intra_fwd.maxnreg=128 | quiet | tail -18
       # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
       # shellcheck disable=SC2086
       timeout 70 python3 benchmarks/profile_gpu.py --ops ${TUNE_OPS:-kda_bounded kda gla delta_rule linear_attn simple_gla} \
@@ -98,11 +100,11 @@ for step in $STEPS; do
       # intra kernels 0.98 -> 1.21 and 2.49 -> 2.93 ms; removed), L in bf16 (solve.lowp=1, now the default:
       # bounded KDA fwd+bwd 9.22 -> 9.05); run 29, slower or no gain, removed: the cumsums as 3xTF32 triangular
       # products (cumsum.dot: 0.26 -> 0.76 ms each), with them the intra backward before dqk (dqk 1.59 ->
-      # 2.65), A_kk in bf16 (intra_fwd.akk_lowp: bounded KDA fwd+bwd 9.09 -> 9.10); the defaults below
-      # compare against the form before solve.lowp
+      # 2.65), A_kk in bf16 (intra_fwd.akk_lowp: bounded KDA fwd+bwd 9.09 -> 9.10). Not yet run: fewer
+      # stages and a register cap for the intra kernels (benchmarks/occupancy.py: 2 programs per SM now)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-solve.lowp=0:kda_bounded,delta_rule}; do
+      for entry in ${TUNE_ENTRIES:-intra_bwd.stages=2:kda_bounded,kda,gla,delta_rule intra_bwd.stages=2,intra_bwd.maxnreg=128:kda_bounded,kda,gla,delta_rule intra_fwd.maxnreg=128:kda_bounded,kda,gla,delta_rule}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
@@ -113,7 +115,7 @@ for step in $STEPS; do
     verify)
       # after a kernel change, in little device time: our kernels for the benchmark shapes compile in the
       # background (with and without the alternative ALT, for the ops ALT_OPS) while the checks run
-      alt="${ALT:-solve.lowp=0}"
+      alt="${ALT:-intra_bwd.stages=2,intra_bwd.maxnreg=128,intra_fwd.maxnreg=128}"
       alt_ops="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"
       pids=()
       for shape in B32T2K B8T8K; do
@@ -153,7 +155,7 @@ for step in $STEPS; do
     final)
       # the default against ALT per kernel for the ops ALT_OPS, then the benchmark (ours, SDPA) with the
       # faster of the two for the first of them, forward+backward
-      alt="${ALT:-solve.lowp=0}"
+      alt="${ALT:-intra_bwd.stages=2,intra_bwd.maxnreg=128,intra_fwd.maxnreg=128}"
       alt_ops="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"
       # shellcheck disable=SC2086
       timeout 35 python3 benchmarks/profile_gpu.py --ops $alt_ops --out "$OUT/profile_default.csv" | quiet \
@@ -192,6 +194,13 @@ PY
         timeout 40 python3 tests/gpu/check_kernels.py --T 1000 --H 4 --chunk $c --no-fla --no-step \
           --ops kda_bounded kda gated_delta_rule --out "$OUT/check_chunk$c" | quiet | tail -5
       done ;;
+    occupancy)
+      alt="${ALT:-intra_bwd.stages=2,intra_bwd.maxnreg=128,intra_fwd.maxnreg=128}"
+      timeout 70 python3 benchmarks/occupancy.py --ops kda_bounded kda gla delta_rule \
+        --out "$OUT/occupancy.csv" | quiet
+      # shellcheck disable=SC2086
+      timeout 70 python3 benchmarks/occupancy.py --ops kda_bounded delta_rule --set ${alt//,/ } \
+        --out "$OUT/occupancy_alt.csv" | quiet | grep -e "^#" -e intra ;;
     flacheck)
       # FLA's kernels measured against the same reference at T=1000 H=16 (a cross-check of the bounds)
       timeout 240 python3 tests/gpu/check_kernels.py --T 1000 --H 16 --out "$OUT/check_fla" | quiet | tail -16 ;;
@@ -236,7 +245,7 @@ PY
         --budget-s 100 --ops kda kda_bounded $(cat "$OUT/pick_set.txt" 2>/dev/null) | quiet | grep -v "^|" ;;
     packing)
       timeout 150 python3 benchmarks/sweep_packing.py --jobs 4 --out "$OUT/packing" | tail -14 ;;
-    *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune tune2 shapes flacheck verify final)"
+    *) echo "unknown step $step (choose from: check profile fla bench sweep packing tune tune2 shapes flacheck verify final occupancy)"
       exit 2 ;;
   esac
   save_autotune

@@ -1702,6 +1702,11 @@ def _intra_bwd_kernel(
 # `python benchmarks/profile_gpu.py --set solve.warps=2 state_bwd.stages=1` tries others.
 TUNE: dict[str, int | None] = {
     "intra_fwd.warps": 4,
+    # Triton's default 3 stages and no register cap. benchmarks/occupancy.py (sm_90, Triton 3.9's compiler,
+    # bounded KDA at B8 T8K H16): 185 registers a thread hold the intra forward to 2 programs (8 warps) per
+    # SM; a cap of 128 would allow 4 (248 bytes spilled). Not yet run on a GPU
+    "intra_fwd.stages": None,
+    "intra_fwd.maxnreg": None,
     "solve.warps": 1,
     "wu.warps": None,
     "state_fwd.warps": None,
@@ -1723,6 +1728,11 @@ TUNE: dict[str, int | None] = {
     "dvt.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1
     "intra_bwd.warps": 4,
     "intra_bwd.bk": None,  # key columns per program (16-128): 64 for the per-channel decay, else 128
+    # as for the intra forward (occupancy.py, the same shape): 177 registers, 2 programs per SM; 1 or 2
+    # stages 168 registers, 3 programs; a cap of 128 registers 4 programs (80 bytes spilled), 96 five (288).
+    # Not yet run on a GPU
+    "intra_bwd.stages": None,
+    "intra_bwd.maxnreg": None,
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
     # (the first two) by the intra kernel. H200, B8 T8K H16 (run 19), bounded KDA: W/U 0.60 -> 0.35 ms and
     # dvt 1.44 -> 1.12 from reading bf16 Gamma K, but the cumsum kernel 0.26 -> 0.69 (it reads q and k too);
@@ -1909,6 +1919,8 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         TRI=tri,
         AUTO=auto,
         num_warps=_tuned("intra_fwd.warps", 4),
+        num_stages=_tuned("intra_fwd.stages", 3),
+        maxnreg=TUNE["intra_fwd.maxnreg"],
     )
     linv = w = u = vt = None
     if delta:
@@ -2156,6 +2168,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         TRI=bool(TUNE["intra_bwd.tri"]) or auto,
         AUTO=auto,
         num_warps=_tuned("intra_bwd.warps", 4),
+        num_stages=_tuned("intra_bwd.stages", 3),
+        maxnreg=TUNE["intra_bwd.maxnreg"],
     )
     if decay:
         _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)

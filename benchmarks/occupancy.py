@@ -1,0 +1,227 @@
+"""How many programs of each kernel fit on one SM: registers, spills and shared memory of the family's
+kernels as they are launched, compiled for an H100/H200 (sm_90) on this machine, no GPU needed.
+
+    python benchmarks/occupancy.py                                  # bounded KDA, B8 T8K H16, bf16
+    python benchmarks/occupancy.py --ops kda delta_rule --set intra_bwd.warps=2
+    python benchmarks/occupancy.py --options intra_bwd:num_stages=2 intra_bwd:maxnreg=128
+
+The forward and backward launch code (kernels/triton/chunk.py) runs on meta tensors with every kernel
+replaced by a recorder, so each launch is seen with its real constexprs, argument dtypes, warps and
+stages; each is then compiled with Triton's bundled ptxas and `cuobjdump --dump-resource-usage` reads
+its registers per thread, spilled bytes (LOCAL) and shared memory. Programs per SM follow from the
+sm_90 limits (65,536 registers in 256-register units per warp, 2,048 threads, 32 blocks, 228 KB of
+shared memory with 1 KB reserved per block). `--options KERNEL:NAME=INT` compiles one kernel with other
+launch options (num_warps, num_stages, maxnreg) than the launch code's, to see what they would free.
+
+The figures are this machine's Triton's (see the header): the device image's Triton may allocate
+registers differently, so run the script there too before drawing conclusions. Writes `--out` as CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import inspect
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU, with the GPU's launch settings
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kernels.triton import VARIANTS, chunk  # noqa: E402
+
+# sm_90 (H100, H200) per-SM limits
+REGS_PER_SM = 65536
+REG_UNIT_PER_WARP = 256
+MAX_THREADS = 2048
+MAX_BLOCKS = 32
+SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_BLOCK = 1024
+SMS = 132  # H200
+
+KERNELS = [name for name in dir(chunk) if name.endswith("_kernel") and name.startswith("_")]
+
+
+@dataclass
+class Launch:
+    kernel: str
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+
+class _Recorder:
+    def __init__(self, name: str, launches: list) -> None:
+        self.name, self.launches = name, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(Launch(self.name, tuple(int(g) for g in grid), args, kwargs))
+
+        return launch
+
+
+def record(name: str, decay, delta: bool, lower_bound, B: int, T: int, H: int, D: int) -> list[Launch]:
+    """Every kernel launch of one forward and one backward of `name`, on meta tensors."""
+    launches: list[Launch] = []
+    saved = {k: getattr(chunk, k) for k in KERNELS}
+    for k in KERNELS:
+        setattr(chunk, k, _Recorder(k, launches))
+    try:
+        meta = dict(device="meta", dtype=torch.bfloat16)
+        q, k_, v = (torch.empty(B, T, H, D, **meta) for _ in range(3))
+        g = None
+        if decay is not None:
+            g = torch.empty(
+                (B, T, H) if decay == "scalar" else (B, T, H, D), device="meta", dtype=torch.float32
+            )
+        beta = torch.empty(B, T, H, **meta) if delta else None
+        o, ht, saved_t = chunk._chunk_fwd(q, k_, v, g, beta, D**-0.5, None, False, 64, lower_bound)
+        chunk._chunk_bwd(
+            q, k_, v, g, beta, D**-0.5, None, torch.empty_like(o), None, 64, lower_bound, saved_t
+        )
+    finally:
+        for k, fn in saved.items():
+            setattr(chunk, k, fn)
+    return launches
+
+
+def _signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+    sig, consts = {}, {}
+    params = list(inspect.signature(fn).parameters.items())
+    runtime = [(n, p) for n, p in params if "constexpr" not in str(p.annotation)]
+    if len(args) != len(runtime):
+        raise SystemExit(f"{fn.__name__}: {len(args)} positional arguments for {len(runtime)} parameters")
+    for (name, _), a in zip(runtime, args, strict=True):
+        if isinstance(a, torch.Tensor):
+            sig[name] = "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[a.dtype]
+        elif isinstance(a, float):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    for name, p in params:
+        if "constexpr" in str(p.annotation):
+            sig[name] = "constexpr"
+            value = kwargs[name]
+            consts[name] = int(value) if isinstance(value, bool) else value
+    return sig, consts
+
+
+def resources(launch: Launch, options: dict) -> dict:
+    """Registers per thread, spilled bytes and shared memory of one launch, compiled for sm_90."""
+    fn = getattr(chunk, launch.kernel)
+    sig, consts = _signature(fn.fn, launch.args, launch.kwargs)
+    opts = {"num_warps": launch.kwargs.get("num_warps", 4), "num_stages": launch.kwargs.get("num_stages", 3)}
+    if launch.kwargs.get("maxnreg") is not None:
+        opts["maxnreg"] = launch.kwargs["maxnreg"]
+    opts.update(options)
+    out = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                         options=opts)  # fmt: skip
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(out.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True)
+    fields = dict(re.findall(r"(\w+(?:\[\d\])?):(\d+)", usage.stdout))
+    return {
+        "warps": opts["num_warps"],
+        "stages": opts["num_stages"],
+        "maxnreg": opts.get("maxnreg"),
+        "regs": int(fields["REG"]),
+        "spill_bytes": int(fields["LOCAL"]) + int(fields["STACK"]),
+        "smem": int(out.metadata.shared) + int(fields["SHARED"]),
+    }
+
+
+def programs_per_sm(regs: int, warps: int, smem: int) -> tuple[int, str]:
+    """Resident programs per SM on sm_90 and the limit that sets it."""
+    regs_per_warp = math.ceil(regs * 32 / REG_UNIT_PER_WARP) * REG_UNIT_PER_WARP
+    limits = {
+        "registers": REGS_PER_SM // (regs_per_warp * warps),
+        "threads": MAX_THREADS // (32 * warps),
+        "blocks": MAX_BLOCKS,
+        "shared memory": SMEM_PER_SM // (smem + SMEM_RESERVED_PER_BLOCK),
+    }
+    limit = min(limits, key=limits.get)
+    return limits[limit], limit
+
+
+def parse_options(items: list[str]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for item in items:
+        m = re.fullmatch(r"(\w+):(num_warps|num_stages|maxnreg)=(\d+)", item)
+        if not m:
+            raise SystemExit(
+                f"--options {item!r}: expected KERNEL:NAME=INT, NAME one of num_warps, num_stages, maxnreg; "
+                "KERNEL a short name such as intra_bwd (for _intra_bwd_kernel)"
+            )
+        kernel = f"_{m.group(1)}_kernel"
+        if kernel not in KERNELS:
+            raise SystemExit(f"--options {item!r}: no kernel {kernel}; kernels: {', '.join(KERNELS)}")
+        out.setdefault(kernel, {})[m.group(2)] = int(m.group(3))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", nargs="*", default=["kda_bounded"], choices=[v[0] for v in VARIANTS])
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--D", type=int, default=128, help="head size K = V")
+    ap.add_argument("--options", nargs="*", default=[], metavar="KERNEL:NAME=INT")
+    ap.add_argument("--out", type=Path, default=None, help="CSV file")
+    chunk.add_tune_argument(ap)
+    args = ap.parse_args()
+    changed = chunk.tune_from_args(args)
+    options = parse_options(args.options)
+    shape = f"B{args.B} T{args.T} H{args.H} K=V={args.D} bf16"
+    tuned = f", TUNE {changed}" if changed else ""
+    print(f"# sm_90 resource usage, Triton {triton.__version__} (this machine's compiler), {shape}{tuned}")
+    rows = []
+    for name, decay, delta, lower_bound in VARIANTS:
+        if name not in args.ops:
+            continue
+        seen = set()
+        for launch in record(name, decay, delta, lower_bound, args.B, args.T, args.H, args.D):
+            key = (launch.kernel, tuple(sorted((k, str(v)) for k, v in launch.kwargs.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            for opts in [{}] + ([options[launch.kernel]] if launch.kernel in options else []):
+                r = resources(launch, opts)
+                n, limit = programs_per_sm(r["regs"], r["warps"], r["smem"])
+                programs = math.prod(launch.grid)
+                rows.append({"op": name, "kernel": launch.kernel, "programs": programs, **r,
+                             "programs_per_sm": n, "warps_per_sm": n * r["warps"], "limited_by": limit,
+                             "waves": round(programs / (n * SMS), 1)})  # fmt: skip
+    head = ["op", "kernel", "programs", "warps", "stages", "maxnreg", "regs", "spill_bytes", "smem",
+            "programs_per_sm", "warps_per_sm", "limited_by", "waves"]  # fmt: skip
+    widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in head]
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+    for r in rows:
+        print("  ".join(str(r[h]).ljust(w) for h, w in zip(head, widths, strict=True)))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=head)
+            w.writeheader()
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

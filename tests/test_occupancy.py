@@ -1,0 +1,97 @@
+"""benchmarks/occupancy.py: the family's launches recorded on meta tensors, compiled for sm_90 on the CPU,
+and the programs per SM that their registers and shared memory allow."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code_or_args: list[str]) -> subprocess.CompletedProcess:
+    # a fresh interpreter without TRITON_INTERPRET: the script compiles for the GPU, and importing it here
+    # would take the interpreter away from the other tests
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run(
+        [sys.executable, *code_or_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_programs_per_sm_names_the_limit() -> None:
+    res = _run(
+        [
+            "-c",
+            "from benchmarks.occupancy import programs_per_sm as p; "
+            "print(p(177, 4, 17408), p(128, 4, 17408), p(16, 16, 0), p(32, 1, 100000), p(255, 1, 0))",
+        ]
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    # 177 registers round up to 184 a thread, 5888 a warp: 65536 // (4 * 5888) = 2; 128 registers: 4;
+    # 16 warps of 32 threads: 4 by threads; 100,000 bytes of shared memory: 2; one warp of 255: 8
+    expected = "(2, 'registers') (4, 'registers') (4, 'threads') (2, 'shared memory') (8, 'registers')"
+    assert res.stdout.strip() == expected
+
+
+def test_every_launch_of_the_delta_rule_compiles_and_fits(tmp_path: Path) -> None:
+    out = tmp_path / "occ.csv"
+    res = _run(
+        [
+            "benchmarks/occupancy.py",
+            "--ops",
+            "delta_rule",
+            "--B",
+            "1",
+            "--T",
+            "128",
+            "--H",
+            "2",
+            "--D",
+            "64",
+            "--set",
+            "intra_bwd.maxnreg=128",
+            "--options",
+            "intra_fwd:num_stages=1",
+            "--out",
+            str(out),
+        ]  # fmt: skip
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    kernels = [r["kernel"] for r in rows]
+    # the delta rule's forward and backward, in launch order (no cumsum without a decay; the intra forward
+    # twice: as launched and with the --options form)
+    assert kernels == [
+        "_intra_fwd_kernel",
+        "_intra_fwd_kernel",
+        "_solve_kernel",
+        "_wu_kernel",
+        "_state_fwd_kernel",
+        "_output_kernel",
+        "_state_bwd_kernel",
+        "_dqk_bwd_kernel",
+        "_dvt_bwd_kernel",
+        "_intra_bwd_kernel",
+    ]
+    assert [r["stages"] for r in rows[:2]] == ["3", "1"]
+    intra_bwd = rows[-1]
+    assert intra_bwd["maxnreg"] == "128" and int(intra_bwd["regs"]) <= 128
+    for r in rows:
+        assert 0 < int(r["regs"]) <= 255, r
+        assert int(r["programs_per_sm"]) >= 1, r
+        assert int(r["programs"]) >= 1, r
+    # grid of the intra forward: T / 16 row blocks times B * H
+    assert int(rows[0]["programs"]) == (128 // 16) * 2
+
+
+def test_bad_options_are_named() -> None:
+    res = _run(["benchmarks/occupancy.py", "--options", "intra_bwd:warps=2"])
+    assert res.returncode != 0
+    assert "expected KERNEL:NAME=INT" in res.stderr and "intra_bwd:warps=2" in res.stderr
