@@ -333,37 +333,6 @@ def _fwd_diag_by_positions(
 
 
 @triton.jit
-def _fwd_a_block(
-    aqk,
-    akk,
-    b_qe,
-    b_ke,
-    b_y,
-    b_gj,
-    b_ga,
-    o_r,
-    m_r,
-    o_j,
-    m_j,
-    p_a,
-    scale,
-    DELTA: tl.constexpr,
-    LOWP: tl.constexpr,
-):
-    # one BC x BC block of A_qk and A_kk: rows o_r (their operands anchored at the block's first row, b_qe,
-    # b_ke), columns o_j (keys b_y, G b_gj)
-    b_y = tl.trans(_dot_cast(b_y * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP))
-    b_a = tl.dot(b_qe, b_y)
-    b_a = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
-    tl.store(aqk + p_a, b_a.to(aqk.dtype.element_ty), mask=m_r[:, None])
-    if DELTA:
-        b_a = tl.dot(b_ke, b_y)
-        tl.store(
-            akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
-        )
-
-
-@triton.jit
 def _intra_fwd_tri(
     q,
     k,
@@ -426,23 +395,18 @@ def _intra_fwd_tri(
         m_j = o_j < T
         b_gj = _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
-        _fwd_a_block(
-            aqk,
-            akk,
-            b_qe,
-            b_ke,
-            b_y,
-            b_gj,
-            b_ga,
-            o_r,
-            m_r,
-            o_j,
-            m_j,
-            p_row + (j * BC + o_b)[None, :],
-            scale,
-            DELTA,
-            LOWP,
+        b_y = tl.trans(
+            _dot_cast(b_y * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
         )
+        p_a = p_row + (j * BC + o_b)[None, :]
+        b_a = tl.dot(b_qe, b_y)
+        b_a = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
+        tl.store(aqk + p_a, b_a.to(aqk.dtype.element_ty), mask=m_r[:, None])
+        if DELTA:
+            b_a = tl.dot(b_ke, b_y)
+            tl.store(
+                akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
+            )
     # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
     # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
     if not BOUNDED:
@@ -1202,37 +1166,6 @@ def _rel_cols(
 
 
 @triton.jit
-def _rows_step(
-    m,
-    m2,
-    b_x,
-    b_x2,
-    b_yj,
-    b_gj,
-    b_ga,
-    m_j,
-    o_r,
-    m_r,
-    j,
-    i_b,
-    i_h,
-    T,
-    H: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    TWO: tl.constexpr,
-    LOWP: tl.constexpr,
-):
-    # one column block j of _rel_rows_tri: its keys anchored at the rows' first row, times the M blocks
-    b_yj = _dot_cast(b_yj * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
-    p_m = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + tl.arange(0, BC))[None, :]
-    b_x += tl.dot(_dot_cast(tl.load(m + p_m, mask=m_r[:, None], other=0.0), LOWP), b_yj)
-    if TWO:
-        b_x2 += tl.dot(_dot_cast(tl.load(m2 + p_m, mask=m_r[:, None], other=0.0), LOWP), b_yj)
-    return b_x, b_x2
-
-
-@triton.jit
 def _rel_rows_tri(
     m,
     m2,
@@ -1276,9 +1209,11 @@ def _rel_rows_tri(
         m_j = o_j < T
         b_gj = _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K)
         b_yj = _load_block(y, o_j, m_j, o_k, i_b, i_h, T, H, K)
-        b_x, b_x2 = _rows_step(
-            m, m2, b_x, b_x2, b_yj, b_gj, b_ga, m_j, o_r, m_r, j, i_b, i_h, T, H, BT, BC, TWO, LOWP
-        )
+        b_yj = _dot_cast(b_yj * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
+        p_m = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :]
+        b_x += tl.dot(_dot_cast(tl.load(m + p_m, mask=m_r[:, None], other=0.0), LOWP), b_yj)
+        if TWO:
+            b_x2 += tl.dot(_dot_cast(tl.load(m2 + p_m, mask=m_r[:, None], other=0.0), LOWP), b_yj)
     b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))
     b_x = b_x * b_er
     if TWO:
@@ -1286,40 +1221,6 @@ def _rel_rows_tri(
     else:
         b_x2 = b_x
     return b_x, b_x2
-
-
-@triton.jit
-def _cols_step(
-    m,
-    m2,
-    b_y,
-    b_xj,
-    b_x2j,
-    b_gj,
-    b_ga,
-    o_j,
-    m_j,
-    o_c,
-    t0,
-    i_b,
-    i_h,
-    T,
-    H: tl.constexpr,
-    BT: tl.constexpr,
-    TWO: tl.constexpr,
-    LOWP: tl.constexpr,
-):
-    # one row block (rows o_j) of _rel_cols_tri: its x (and x2) decayed to the columns' anchor, through M^T
-    b_ex = tl.exp(tl.where(m_j[:, None], b_gj - b_ga[None, :], float("-inf")))
-    p_mt = ((i_b * T + o_j[None, :]) * H + i_h) * BT + (o_c - t0)[:, None]  # [BC columns, BC rows]
-    b_y += tl.dot(
-        _dot_cast(tl.load(m + p_mt, mask=m_j[None, :], other=0.0), LOWP), _dot_cast(b_xj * b_ex, LOWP)
-    )
-    if TWO:
-        b_y += tl.dot(
-            _dot_cast(tl.load(m2 + p_mt, mask=m_j[None, :], other=0.0), LOWP), _dot_cast(b_x2j * b_ex, LOWP)
-        )
-    return b_y
 
 
 @triton.jit
@@ -1369,15 +1270,22 @@ def _rel_cols_tri(
     for j in range(j0, NC):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
-        b_gj = _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K)
+        b_ex = tl.exp(
+            tl.where(
+                m_j[:, None], _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K) - b_ga[None, :], float("-inf")
+            )
+        )
+        p_mt = ((i_b * T + o_j[None, :]) * H + i_h) * BT + (o_c - t0)[:, None]  # [BC columns, BC rows]
         b_xj = _load_block(x, o_j, m_j, o_k, i_b, i_h, T, H, K)
+        b_y += tl.dot(
+            _dot_cast(tl.load(m + p_mt, mask=m_j[None, :], other=0.0), LOWP), _dot_cast(b_xj * b_ex, LOWP)
+        )
         if TWO:
             b_x2j = _load_block(x2, o_j, m_j, o_k, i_b, i_h, T, H, K)
-        else:
-            b_x2j = b_xj
-        b_y = _cols_step(
-            m, m2, b_y, b_xj, b_x2j, b_gj, b_ga, o_j, m_j, o_c, t0, i_b, i_h, T, H, BT, TWO, LOWP
-        )
+            b_y += tl.dot(
+                _dot_cast(tl.load(m2 + p_mt, mask=m_j[None, :], other=0.0), LOWP),
+                _dot_cast(b_x2j * b_ex, LOWP),
+            )
     return b_y * tl.exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")))
 
 
