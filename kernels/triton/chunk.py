@@ -1977,7 +1977,6 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
     BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
-    dg = torch.empty_like(g) if decay else None
     _dqk_bwd_kernel[(NT, K // BK, B * H)](
         q,
         k,
@@ -2009,9 +2008,10 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         num_warps=_tuned("dqk.warps", 4),
         num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
     )
-
+    dg = None
     if fused:
         if decay:
+            dg = torch.empty_like(g)
             _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
         return dq_out, dk_out, dv, dg, dbeta, dh0
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
@@ -2080,6 +2080,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         maxnreg=TUNE["intra_bwd.maxnreg"],
     )
     if decay:
+        dg = torch.empty_like(g)
         _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
     return dq_out, dk_out, dv, dg, dbeta, dh0
 
