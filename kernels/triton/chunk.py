@@ -1637,10 +1637,6 @@ TUNE: dict[str, int | None] = {
     # 3 for 16-bit inputs with K, V <= 128 (2 for the delta rule without a decay), else 1. H200, B8 T8K H16
     # (run 22): 2 stages took the delta rule's dqk kernel 1.09 -> 0.85 ms, bounded KDA's 1.71 -> 1.78
     "dqk.stages": None,
-    # register caps (0 or None: none). occupancy.py with Triton 3.6 (run 31): dqk and dvt at 255 registers
-    # with 0.4-1.6 KB spilled, 2 programs per SM. Not yet run on a GPU with a cap
-    "dqk.maxnreg": None,
-    "dvt.maxnreg": None,
     "dvt.warps": 4,
     "dvt.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1
     "intra_bwd.warps": 4,
@@ -1689,8 +1685,12 @@ TUNE: dict[str, int | None] = {
     "solve.lowp": 1,
     # 1: the backward's M_qk = dA_qk and M_kk = diag(beta) dA (written by the dvt kernel, read by the intra
     # backward once per K block from both the row and the column side) in bf16 for 16-bit inputs instead of
-    # fp32; the intra backward's products stay fp32 (tf32) after the load. Not yet run on a GPU
-    "bwd.m_lowp": 0,
+    # fp32; the intra backward's products stay fp32 (tf32) after the load. H200, B8 T8K H16 (run 32),
+    # fwd+bwd: bounded KDA 9.06 -> 8.79 ms (dvt 1.045 -> 0.888, intra backward 2.505 -> 2.388), KDA 9.32 ->
+    # 9.01, GLA 6.30 -> 6.20, GDN 7.23 -> 7.10, the delta rule 5.21 -> 5.14 (its intra backward 0.82 ->
+    # 0.90, dvt 1.04 -> 0.89); bf16 dq, dk errors up by 0.3e-3 at most (bounded KDA dq 3.0e-3 -> 3.3e-3 at
+    # T=1000), dg and dbeta as before (bounded KDA dg 7.5e-3)
+    "bwd.m_lowp": 1,
 }
 
 
@@ -2036,7 +2036,6 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         FUSED=fused,
         num_warps=_tuned("dqk.warps", 4),
         num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
-        maxnreg=_maxnreg("dqk.maxnreg", None),
     )
     dg = None
     if fused:
@@ -2074,7 +2073,6 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         PRE_KG=kg is not None,
         num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
         num_stages=_tuned("dvt.stages", 2 if pipelined else 1),
-        maxnreg=_maxnreg("dvt.maxnreg", None),
     )
     # tf32 rather than bf16 operands here: dG = x dx - y dy cancels, and the bounded path's e^75-scaled
     # operands left dg at 2.1e-2 relative error in bf16 on the H200
