@@ -95,3 +95,24 @@ def test_bad_options_are_named() -> None:
     res = _run(["benchmarks/occupancy.py", "--options", "intra_bwd:warps=2"])
     assert res.returncode != 0
     assert "expected KERNEL:NAME=INT" in res.stderr and "intra_bwd:warps=2" in res.stderr
+
+
+def test_launches_are_specialized_as_the_launcher_does() -> None:
+    # tensors and integers divisible by 16 carry tt.divisibility 16, an integer 1 becomes a constant: without
+    # the hints the compiler cannot vectorize the loads, and the counts would not be the GPU's
+    res = _run(
+        [
+            "-c",
+            "import torch; from benchmarks.occupancy import _signature; from kernels.triton import chunk; "
+            "x = torch.empty(4, device='meta', dtype=torch.bfloat16); c = dict(H=16, K=128, BT=64, DECAY=2); "
+            "f = chunk._rev_cumsum_kernel.fn; "
+            "print(_signature(f, (x, x, 8192), c)); print(_signature(f, (x, x, 1), c)); "
+            "print(_signature(f, (x, x, 100), c))",
+        ]
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    aligned, one, odd = res.stdout.strip().splitlines()
+    div = "[['tt.divisibility', 16]]"
+    assert f"{{(0,): {div}, (1,): {div}, (2,): {div}}}" in aligned and "'T': 'i32'" in aligned
+    assert "'T': 'constexpr'" in one and "'T': 1" in one
+    assert f"{{(0,): {div}, (1,): {div}}}" in odd and "'T': 'i32'" in odd
