@@ -83,7 +83,7 @@ for step in $STEPS; do
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
       # (skipped when the verify step has just checked them, with ALT set to both)
       [ -f "$OUT/check_alt/errors.csv" ] || timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla \
-        --no-step --out "$OUT/check_alt" --set intra_bwd.stages=2 intra_bwd.maxnreg=128 intra_fwd.maxnreg=128 | quiet | tail -18
+        --no-step --out "$OUT/check_alt" --set $(alt="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"; echo "${alt//,/ }") | quiet | tail -18
       # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
       # shellcheck disable=SC2086
       timeout 70 python3 benchmarks/profile_gpu.py --ops ${TUNE_OPS:-kda_bounded kda gla delta_rule linear_attn simple_gla} \
@@ -104,7 +104,7 @@ for step in $STEPS; do
       # stages and a register cap for the intra kernels (benchmarks/occupancy.py: 2 programs per SM now)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-intra_bwd.stages=2:kda_bounded,kda,gla,delta_rule intra_bwd.stages=2,intra_bwd.maxnreg=128:kda_bounded,kda,gla,delta_rule intra_fwd.maxnreg=128:kda_bounded,kda,gla,delta_rule}; do
+      for entry in ${TUNE_ENTRIES:-state_bwd.stages=1:kda_bounded,kda,gla,delta_rule,gated_delta_rule state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2:kda_bounded,kda,gla,delta_rule,gated_delta_rule state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=1:kda_bounded,delta_rule intra_fwd.warps=2:kda_bounded,kda}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
@@ -115,7 +115,7 @@ for step in $STEPS; do
     verify)
       # after a kernel change, in little device time: our kernels for the benchmark shapes compile in the
       # background (with and without the alternative ALT, for the ops ALT_OPS) while the checks run
-      alt="${ALT:-intra_bwd.stages=2,intra_bwd.maxnreg=128,intra_fwd.maxnreg=128}"
+      alt="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"
       alt_ops="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"
       pids=()
       for shape in B32T2K B8T8K; do
@@ -155,7 +155,7 @@ for step in $STEPS; do
     final)
       # the default against ALT per kernel for the ops ALT_OPS, then the benchmark (ours, SDPA) with the
       # faster of the two for the first of them, forward+backward
-      alt="${ALT:-intra_bwd.stages=2,intra_bwd.maxnreg=128,intra_fwd.maxnreg=128}"
+      alt="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"
       alt_ops="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"
       # shellcheck disable=SC2086
       timeout 35 python3 benchmarks/profile_gpu.py --ops $alt_ops --out "$OUT/profile_default.csv" | quiet \
@@ -195,7 +195,7 @@ PY
           --ops kda_bounded kda gated_delta_rule --out "$OUT/check_chunk$c" | quiet | tail -5
       done ;;
     occupancy)
-      alt="${ALT:-intra_bwd.stages=2,intra_bwd.maxnreg=128,intra_fwd.maxnreg=128}"
+      alt="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"
       timeout 70 python3 benchmarks/occupancy.py --ops kda_bounded kda gla delta_rule \
         --out "$OUT/occupancy.csv" | quiet
       # shellcheck disable=SC2086
