@@ -141,44 +141,6 @@ def test_whole_chunk_intra_backward(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
-@pytest.mark.parametrize("T", [1, 63, 64, 100, 200])
-@pytest.mark.parametrize("delta", [True, False])
-def test_block_anchored_intra_backward(monkeypatch: pytest.MonkeyPatch, delta: bool, T: int) -> None:
-    # intra_bwd.anchored: the bounded gate's intra backward from Q, K decayed to their 16-row block's start
-    # and K to its end, written by the intra forward; with and without the delta rule (bounded KDA, GLA with
-    # a lower bound), partial last chunks and blocks past T, from an initial state
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_bwd.anchored", 1)
-    inputs = make_inputs("channel", delta, 1, T, 2, K=16, V=32, seed=T + 17, lower_bound=-5.0)
-    check_against_naive(inputs, lower_bound=-5.0)
-    # the anchored operands are written only when a backward will run (ChunkFunction passes save=...)
-    saves = []
-    fwd = chunk._chunk_fwd
-
-    def spy(*args, **kwargs):
-        saves.append(kwargs.get("save", True))
-        return fwd(*args, **kwargs)
-
-    monkeypatch.setattr(chunk, "_chunk_fwd", spy)
-    q, k, v, g, beta, h0 = (inputs[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
-    with torch.no_grad():
-        triton_chunk(q, k, v, g, beta, None, h0, lower_bound=-5.0)
-    triton_chunk(q.clone().requires_grad_(), k, v, g, beta, None, h0, lower_bound=-5.0)
-    assert saves == [False, True]
-    monkeypatch.setattr(chunk, "_chunk_fwd", fwd)
-    # and the backward really reads them: zeroed, the gradients change
-    scale = q.shape[-1] ** -0.5
-    assert all(t is None for t in fwd(q, k, v, g, beta, scale, h0, False, 64, -5.0, save=False)[2][-3:])
-    _, _, saved = fwd(q, k, v, g, beta, scale, h0, False, 64, -5.0)
-    assert saved[-1] is not None and saved[-3] is not None and (saved[-2] is not None) == delta
-    do = torch.randn_like(v)
-    dq = chunk._chunk_bwd(q, k, v, g, beta, scale, h0, do, None, 64, -5.0, saved)[0]
-    saved = (*saved[:-1], torch.zeros_like(saved[-1]))
-    dq0 = chunk._chunk_bwd(q, k, v, g, beta, scale, h0, do, None, 64, -5.0, saved)[0]
-    assert T == 1 or not torch.allclose(dq, dq0)
-
-
 @pytest.mark.parametrize("tri", [0, 1])
 @pytest.mark.parametrize("T", [63, 100, 200])
 @pytest.mark.parametrize(

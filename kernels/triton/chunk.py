@@ -171,9 +171,6 @@ def _intra_fwd_kernel(
     qg,
     kd,
     kg,
-    qs,
-    ks,
-    ke,
     scale,
     T,
     H: tl.constexpr,
@@ -187,7 +184,6 @@ def _intra_fwd_kernel(
     STORE_DECAYED: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
-    ANCHORED: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -204,9 +200,6 @@ def _intra_fwd_kernel(
             qg,
             kd,
             kg,
-            qs,
-            ks,
-            ke,
             scale,
             T,
             i_t,
@@ -222,7 +215,6 @@ def _intra_fwd_kernel(
             LOWP,
             STORE_DECAYED,
             AUTO,
-            ANCHORED,
         )
     else:
         t0 = i_t * BT
@@ -350,9 +342,6 @@ def _intra_fwd_tri(
     qg,
     kd,
     kg,
-    qs,
-    ks,
-    ke,
     scale,
     T,
     i_t,
@@ -368,7 +357,6 @@ def _intra_fwd_tri(
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
     AUTO: tl.constexpr,
-    ANCHORED: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
@@ -386,16 +374,6 @@ def _intra_fwd_tri(
     if STORE_DECAYED:
         b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
         _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
-    if ANCHORED:
-        # for the intra backward (TUNE["intra_bwd.anchored"]): q and k decayed to the block's first row
-        # (<= 1) and k decayed to its last valid row (<= 1), so that its loop steps need no exponential tiles
-        p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-        tl.store(qs + p_rk, (b_q * b_er).to(qs.dtype.element_ty), mask=m_r[:, None])
-        if DELTA:
-            tl.store(ks + p_rk, (b_kr * b_er).to(ks.dtype.element_ty), mask=m_r[:, None])
-        b_ge = _load_row(gc, tl.minimum(r0 + BC, T) - 1, i_b, i_h, T, H, K)
-        b_kee = b_kr * tl.exp(tl.where(m_r[:, None], b_ge[None, :] - b_gr, float("-inf")))
-        tl.store(ke + p_rk, b_kee.to(ke.dtype.element_ty), mask=m_r[:, None])
     b_qe = _dot_cast(b_q * b_er, LOWP)
     b_ke = _dot_cast(b_kr * b_er, LOWP)
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
@@ -1315,109 +1293,6 @@ def _rel_cols_tri(
 
 
 @triton.jit
-def _anchored_rows(
-    m,
-    m2,
-    ke,
-    gc,
-    o_r,
-    m_r,
-    o_k,
-    t0,
-    r0,
-    i_c,
-    i_b,
-    i_h,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    TWO: tl.constexpr,
-):
-    # _rel_rows_tri from block-anchored keys (bounded gate, TUNE["intra_bwd.anchored"]):
-    # exp(G_r - G_c) = exp(G_r - G_s) exp(G_s - G_e) exp(G_e - G_c) with s the rows' block start and e the
-    # last valid row of the column block; Ke = K exp(G_e - G) comes from the intra forward, the middle factor
-    # is a [BK] vector (<= 1 before the diagonal, <= e^{-lower_bound (BC - 1)} on it), the first a tile <= 1.
-    # The pointers of column block 0 are formed once; a step adds its block's offset
-    o_b = tl.arange(0, BC)
-    b_gs = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
-    b_x = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
-    b_x2 = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
-    p_k0 = ke + ((i_b * T + t0 + o_b[:, None]) * H + i_h) * K + o_k[None, :]
-    p_g0 = gc + ((i_b * T + t0) * H + i_h) * K + o_k
-    p_m0 = ((i_b * T + o_r[:, None]) * H + i_h) * BT + o_b[None, :]
-    for j in range(0, i_c + 1):
-        m_j = (t0 + j * BC + o_b) < T
-        e_j = tl.minimum(j * BC + BC, T - t0) - 1  # the block's last valid row, from t0
-        b_v = tl.exp(b_gs - tl.load(p_g0 + e_j * H * K))
-        b_kj = tl.load(p_k0 + j * BC * H * K, mask=m_j[:, None], other=0.0).to(tl.float32)
-        b_x += (
-            tl.dot(tl.load(m + p_m0 + j * BC, mask=m_r[:, None], other=0.0).to(tl.float32), b_kj)
-            * b_v[None, :]
-        )
-        if TWO:
-            b_m2 = tl.load(m2 + p_m0 + j * BC, mask=m_r[:, None], other=0.0).to(tl.float32)
-            b_x2 += tl.dot(b_m2, b_kj) * b_v[None, :]
-    b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
-    b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_gs[None, :], float("-inf")))
-    b_x = b_x * b_er
-    if TWO:
-        b_x2 = b_x2 * b_er
-    else:
-        b_x2 = b_x
-    return b_x, b_x2
-
-
-@triton.jit
-def _anchored_cols(
-    m,
-    xs,
-    m2,
-    x2s,
-    gc,
-    o_c,
-    m_c,
-    o_k,
-    t0,
-    c0,
-    i_c,
-    i_b,
-    i_h,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    TWO: tl.constexpr,
-):
-    # _rel_cols_tri from block-anchored queries and keys: exp(G_r - G_c) = exp(G_r - G_s) exp(G_s - G_e)
-    # exp(G_e - G_c) with s the start of the rows' block and e the columns' last valid row; Xs = X exp(G -
-    # G_s) from the intra forward, the middle factor a [BK] vector, the last a tile <= 1
-    NC: tl.constexpr = BT // BC
-    o_b = tl.arange(0, BC)
-    b_ge = _load_row_block(gc, tl.minimum(c0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
-    b_y = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
-    p_x0 = ((i_b * T + t0 + o_b[:, None]) * H + i_h) * K + o_k[None, :]
-    p_g0 = gc + ((i_b * T + t0) * H + i_h) * K + o_k
-    p_mt0 = ((i_b * T + t0 + o_b[None, :]) * H + i_h) * BT + (o_c - t0)[:, None]  # [BC columns, BC rows]
-    for j in range(i_c, NC):
-        m_j = (t0 + j * BC + o_b) < T
-        s_j = tl.minimum(j * BC, T - 1 - t0)  # the block's first row, from t0 (clamped: no rows past T)
-        b_v = tl.exp(tl.load(p_g0 + s_j * H * K) - b_ge)
-        d_j = j * BC * H * K
-        b_xj = tl.load(xs + p_x0 + d_j, mask=m_j[:, None], other=0.0).to(tl.float32)
-        d_m = j * BC * H * BT
-        b_t = tl.dot(tl.load(m + p_mt0 + d_m, mask=m_j[None, :], other=0.0).to(tl.float32), b_xj)
-        if TWO:
-            b_x2j = tl.load(x2s + p_x0 + d_j, mask=m_j[:, None], other=0.0).to(tl.float32)
-            b_t += tl.dot(tl.load(m2 + p_mt0 + d_m, mask=m_j[None, :], other=0.0).to(tl.float32), b_x2j)
-        b_y += b_t * b_v[None, :]
-    b_gc = _load_block(gc, o_c, m_c, o_k, i_b, i_h, T, H, K)
-    return b_y * tl.exp(tl.where(m_c[:, None], b_ge[None, :] - b_gc, float("-inf")))
-
-
-@triton.jit
 def _rel_diag(
     b_dq,
     b_dkr,
@@ -1561,9 +1436,6 @@ def _intra_bwd_kernel(
     q,
     k,
     gc,
-    qs,
-    ks,
-    ke,
     m_qk,
     m_kk,
     dq,
@@ -1583,7 +1455,6 @@ def _intra_bwd_kernel(
     LOWP: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
-    ANCHORED: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
@@ -1606,14 +1477,7 @@ def _intra_bwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     dense = 0
     b_gd = 0
-    if ANCHORED:
-        b_dq, b_dkr = _anchored_rows(
-            m_qk, m_kk, ke, gc, o_r, m_r, o_k, t0, r0, i_c, i_b, i_h, T, H, K, BT, BC, DELTA
-        )
-        b_dkc = _anchored_cols(
-            m_qk, qs, m_kk, ks, gc, o_r, m_r, o_k, t0, r0, i_c, i_b, i_h, T, H, K, BT, BC, DELTA
-        )
-    elif DECAY == 2 and TRI:
+    if DECAY == 2 and TRI:
         if AUTO:
             # unbounded gates (TUNE["unbounded.dense_if_safe"]): this block's diagonal goes dense, as with the
             # bounded gate, when its own decay is at most e^75 in each of these key columns
@@ -1827,13 +1691,6 @@ TUNE: dict[str, int | None] = {
     # 0.90, dvt 1.04 -> 0.89); bf16 dq, dk errors up by 0.3e-3 at most (bounded KDA dq 3.0e-3 -> 3.3e-3 at
     # T=1000), dg and dbeta as before (bounded KDA dg 7.5e-3)
     "bwd.m_lowp": 1,
-    # 1: the bounded per-channel decay's intra backward from operands the intra forward stores anchored at
-    # the 16-row block boundaries (Q and K decayed to the block's first row, K to its last valid row), so
-    # that each loop step loads one tile and one row of G and takes a [BK] vector of exponentials instead of
-    # an fp32 G tile and a [BC, BK] tile of them; anchored_lowp: those three in bf16 for 16-bit inputs
-    # (else fp32). Not yet run on a GPU
-    "intra_bwd.anchored": 0,
-    "intra_bwd.anchored_lowp": 1,
 }
 
 
@@ -1925,14 +1782,7 @@ def _m_dtype(lowp: bool) -> torch.dtype:
     return torch.bfloat16 if lowp and TUNE["bwd.m_lowp"] else torch.float32
 
 
-def _anchored(decay: int, bounded: bool, tri: bool) -> bool:
-    # the block-anchored intra backward: the bounded per-channel decay on the triangular path
-    return decay == 2 and bounded and tri and bool(TUNE["intra_bwd.anchored"]) and bool(TUNE["intra_bwd.tri"])
-
-
-def _chunk_fwd(
-    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, save: bool = True
-):
+def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = chunk_size
@@ -1983,14 +1833,6 @@ def _chunk_fwd(
     tri = (bounded or auto) if TUNE["intra_fwd.tri"] is None else bool(TUNE["intra_fwd.tri"]) or auto
     # unbounded KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM (TUNE above)
     capped = pipelined and decay == 2 and delta and not bounded
-    # the bounded per-channel decay's block-anchored operands for the intra backward (only when a backward
-    # will run): Q and K decayed to their 16-row block's first row, K to its last (TUNE["intra_bwd.anchored"])
-    qs = ks = ke = None
-    if save and _anchored(decay, bounded, tri):
-        a_dtype = torch.bfloat16 if lowp and TUNE["intra_bwd.anchored_lowp"] else f32
-        qs = torch.empty(B, T, H, K, device=dev, dtype=a_dtype)
-        ks = torch.empty_like(qs) if delta else None
-        ke = torch.empty_like(qs)
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
@@ -2000,9 +1842,6 @@ def _chunk_fwd(
         qg if qg is not None else q,
         kd if kd is not None else k,
         kg if kg is not None else k,
-        qs if qs is not None else q,
-        ks if ks is not None else k,
-        ke if ke is not None else k,
         scale,
         T,
         H=H,
@@ -2016,7 +1855,6 @@ def _chunk_fwd(
         STORE_DECAYED=not early,
         TRI=tri,
         AUTO=auto,
-        ANCHORED=qs is not None,
         num_warps=_tuned("intra_fwd.warps", 4),
         num_stages=_tuned("intra_fwd.stages", 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
@@ -2100,11 +1938,11 @@ def _chunk_fwd(
         LOWP=lowp,
         num_warps=4,
     )
-    return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd, kg, qs, ks, ke)
+    return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd, kg)
 
 
 def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, saved):
-    gc, aqk, akk, linv, w, vt, h, qg, kd, kg, qs, ks, ke = saved
+    gc, aqk, akk, linv, w, vt, h, qg, kd, kg = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
     pipelined = _pipelined(q, K, V)
@@ -2250,9 +2088,6 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         q,
         k,
         gcx,
-        qs if qs is not None else q,
-        ks if ks is not None else k,
-        ke if ke is not None else k,
         m_qk,
         m_kk,
         dq,
@@ -2272,7 +2107,6 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         LOWP=False,
         TRI=bool(TUNE["intra_bwd.tri"]) or auto,
         AUTO=auto,
-        ANCHORED=qs is not None,
         num_warps=_tuned("intra_bwd.warps", 4),
         num_stages=_tuned("intra_bwd.stages", 2 if capped else 3),
         maxnreg=_maxnreg("intra_bwd.maxnreg", 128 if capped else None),
@@ -2307,17 +2141,7 @@ class ChunkFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
         with _resources(q, v, "chunk forward"):
             o, ht, saved = _chunk_fwd(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                scale,
-                initial_state,
-                output_final_state,
-                chunk_size,
-                lower_bound,
-                save=any(ctx.needs_input_grad),
+                q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound
             )
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *saved)
         ctx.scale, ctx.chunk_size, ctx.lower_bound = scale, chunk_size, lower_bound
