@@ -8,7 +8,8 @@ kernels as they are launched, compiled for an H100/H200 (sm_90) on this machine,
 The forward and backward launch code (kernels/triton/chunk.py) runs on meta tensors with every kernel
 replaced by a recorder, so each launch is seen with its real constexprs, argument dtypes, warps and
 stages; each is then compiled with Triton's bundled ptxas and `cuobjdump --dump-resource-usage` reads
-its registers per thread, spilled bytes (LOCAL) and shared memory. Programs per SM follow from the
+its registers per thread, spilled bytes (LOCAL) and shared memory, and `cuobjdump -sass` its static
+instruction counts: all, each loop body's, exponentials (mufu), tensor-core products (mma), barriers. Programs per SM follow from the
 sm_90 limits (65,536 registers in 256-register units per warp, 2,048 threads, 32 blocks, 228 KB of
 shared memory with 1 KB reserved per block). `--options KERNEL:NAME=INT` compiles one kernel with other
 launch options (num_warps, num_stages, maxnreg) than the launch code's, to see what they would free.
@@ -133,6 +134,30 @@ def _signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
     return sig, consts, attrs
 
 
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(?:\.[^\s;]*)?([^;]*);")
+
+
+def sass_counts(sass: str) -> dict:
+    """Static instruction counts of one kernel's SASS (`cuobjdump -sass`): all instructions, each loop's
+    body (a backward branch to the loop head; innermost and outer loops alike, in address order), and the
+    exponentials (MUFU), tensor-core products (HMMA/HGMMA) and barriers (BAR) among them."""
+    ins = [(int(a, 16), op, rest) for a, op, rest in _SASS_LINE.findall(sass)]
+    loops = []
+    for addr, op, rest in ins:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr:
+            lo = int(target.group(1), 16)
+            loops.append(sum(1 for a, _, _ in ins if lo <= a <= addr))
+    ops = [op for _, op, _ in ins if op != "NOP"]
+    return {
+        "instrs": len(ops),
+        "loop_instrs": "/".join(str(n) for n in loops) or "-",
+        "mufu": sum(op == "MUFU" for op in ops),
+        "mma": sum(op in ("HMMA", "HGMMA") for op in ops),
+        "bar": sum(op == "BAR" for op in ops),
+    }
+
+
 def resources(launch: Launch, options: dict) -> dict:
     """Registers per thread, spilled bytes and shared memory of one launch, compiled for sm_90."""
     fn = getattr(chunk, launch.kernel)
@@ -148,6 +173,7 @@ def resources(launch: Launch, options: dict) -> dict:
         f.write(out.asm["cubin"])
         f.flush()
         usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True)
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
     fields = dict(re.findall(r"(\w+(?:\[\d\])?):(\d+)", usage.stdout))
     return {
         "warps": opts["num_warps"],
@@ -156,6 +182,7 @@ def resources(launch: Launch, options: dict) -> dict:
         "regs": int(fields["REG"]),
         "spill_bytes": int(fields["LOCAL"]) + int(fields["STACK"]),
         "smem": int(out.metadata.shared) + int(fields["SHARED"]),
+        **sass_counts(sass),
     }
 
 
@@ -222,7 +249,8 @@ def main() -> None:
                              "programs_per_sm": n, "warps_per_sm": n * r["warps"], "limited_by": limit,
                              "waves": round(programs / (n * SMS), 1)})  # fmt: skip
     head = ["op", "kernel", "programs", "warps", "stages", "maxnreg", "regs", "spill_bytes", "smem",
-            "programs_per_sm", "warps_per_sm", "limited_by", "waves"]  # fmt: skip
+            "programs_per_sm", "warps_per_sm", "limited_by", "waves", "instrs", "loop_instrs", "mufu", "mma",
+            "bar"]  # fmt: skip
     widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in head]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     for r in rows:

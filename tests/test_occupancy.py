@@ -83,7 +83,10 @@ def test_every_launch_of_the_delta_rule_compiles_and_fits(tmp_path: Path) -> Non
     assert [r["stages"] for r in rows[:2]] == ["3", "1"]
     intra_bwd = rows[-1]
     assert intra_bwd["maxnreg"] == "128" and int(intra_bwd["regs"]) <= 128
+    # the sequential state passes loop over the chunks; every kernel has instructions
+    assert all(r["loop_instrs"] != "-" for r in rows if "state" in r["kernel"])
     for r in rows:
+        assert int(r["instrs"]) > 0, r
         assert 0 < int(r["regs"]) <= 255, r
         assert int(r["programs_per_sm"]) >= 1, r
         assert int(r["programs"]) >= 1, r
@@ -116,3 +119,24 @@ def test_launches_are_specialized_as_the_launcher_does() -> None:
     assert f"{{(0,): {div}, (1,): {div}, (2,): {div}}}" in aligned and "'T': 'i32'" in aligned
     assert "'T': 'constexpr'" in one and "'T': 1" in one
     assert f"{{(0,): {div}, (1,): {div}}}" in odd and "'T': 'i32'" in odd
+
+
+def test_sass_counts_finds_loops_and_instruction_kinds() -> None:
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   S2R R0, SR_TID.X ;
+        /*0020*/                   MUFU.EX2 R2, R3 ;
+        /*0030*/                   HMMA.1688.F32.TF32 R4, R8, R12, R4 ;
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0050*/               @P0 BRA 0x20 ;
+        /*0060*/                   NOP ;
+        /*0070*/                   BRA 0x90 ;
+        /*0080*/                   EXIT ;
+    """
+    res = _run(
+        ["-c", f"from benchmarks.occupancy import sass_counts; print(sass_counts({sass!r}))"]
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    # one loop, 0x20..0x50 (4 instructions); the forward branch at 0x70 is not one; NOP not counted
+    expected = "{'instrs': 8, 'loop_instrs': '4', 'mufu': 1, 'mma': 1, 'bar': 1}"
+    assert res.stdout.strip() == expected
