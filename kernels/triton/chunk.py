@@ -1614,10 +1614,10 @@ def _intra_bwd_kernel(
 TUNE: dict[str, int | None] = {
     "intra_fwd.warps": 4,
     # stages: Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for unbounded KDA with 16-bit
-    # inputs at K, V <= 128, else no cap. benchmarks/occupancy.py with the device's Triton 3.6 (run 31, B8
-    # T8K H16): 255 registers hold unbounded KDA's intra forward to 2 programs (8 warps) per SM, the cap
-    # allows 4: 1.361 -> 1.082 ms on the H200 (fwd+bwd 9.56 -> 9.31). Bounded KDA (191 registers; 128 with
-    # 56 bytes spilled), GLA and the delta rule: within 0.005 ms either way, so no cap there
+    # inputs at K, V <= 128, else no cap. benchmarks/occupancy.py (sm_90, Triton 3.9, B8 T8K H16): 194
+    # registers hold unbounded KDA's intra forward to 2 programs (8 warps) per SM, the cap allows 4 (176
+    # bytes spilled): 1.361 -> 1.082 ms on the H200 (run 31; fwd+bwd 9.56 -> 9.31). Bounded KDA (128
+    # registers already), GLA and the delta rule: within 0.005 ms either way, so no cap there
     "intra_fwd.stages": None,
     "intra_fwd.maxnreg": None,
     "solve.warps": 1,
@@ -1642,9 +1642,9 @@ TUNE: dict[str, int | None] = {
     "intra_bwd.warps": 4,
     "intra_bwd.bk": None,  # key columns per program (16-128): 64 for the per-channel decay, else 128
     # stages 3 and no register cap, except for the delta rule without decay (16-bit inputs, K, V <= 128): 2
-    # stages and a cap of 128 (run 31, H200, B8 T8K H16: 255 registers and 104 bytes spilled -> 128 and
-    # 1064, 2 -> 4 programs per SM, 0.911 -> 0.814 ms). The same setting lost 0.10-0.14 ms for bounded and
-    # unbounded KDA and GLA (bounded KDA 2.489 -> 2.605 ms; 2 stages alone 2.627)
+    # stages and a cap of 128 (occupancy.py, sm_90, Triton 3.9: 151 registers and 3 programs per SM -> 128,
+    # 48 bytes spilled and 4; H200, B8 T8K H16, run 31: 0.911 -> 0.814 ms). The same setting lost 0.10-0.14
+    # ms for bounded and unbounded KDA and GLA (bounded KDA 2.489 -> 2.605 ms; 2 stages alone 2.627)
     "intra_bwd.stages": None,
     "intra_bwd.maxnreg": None,
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
@@ -1831,7 +1831,7 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
     # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     tri = (bounded or auto) if TUNE["intra_fwd.tri"] is None else bool(TUNE["intra_fwd.tri"]) or auto
-    # unbounded KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM (TUNE above)
+    # unbounded KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (TUNE)
     capped = pipelined and decay == 2 and delta and not bounded
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
@@ -2081,7 +2081,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # and 14.3 to 8.6 ms (KDA); the other decays lost 0.15-0.4 ms to reading M twice: they keep whole rows
     BKi = min(K, _tuned("intra_bwd.bk", 64 if decay == 2 else 128))
     # the delta rule (no decay) with 16-bit inputs: 2 stages and at most 128 registers a thread, 4 programs
-    # per SM instead of 2 (H200, B8 T8K H16, run 31: 0.911 -> 0.814 ms, 1064 bytes spilled)
+    # per SM instead of 3 (H200, B8 T8K H16, run 31: 0.911 -> 0.814 ms; TUNE)
     capped = pipelined and decay == 0 and delta
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
