@@ -374,3 +374,25 @@ def test_set_tune_applies_overrides_and_names_bad_ones(monkeypatch: pytest.Monke
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         chunk.set_tune(["solve.warps"])
     assert chunk.TUNE["solve.warps"] == 2  # a bad item changes nothing
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+@pytest.mark.parametrize("tf32", [0, 1])
+def test_solve_both_precisions(monkeypatch: pytest.MonkeyPatch, tf32: int, chunk_size: int) -> None:
+    # the UT transform's inverse by products, chunks of 1, 2 and 4 blocks of 16, with either precision
+    # setting (the interpreter computes both in fp32: this checks the launch and the block algebra)
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "solve.tf32", tf32)
+    inputs = make_inputs("channel", True, 1, 100, 2, K=16, V=32, seed=chunk_size + tf32, lower_bound=-5.0)
+    check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("T", [63, 100, 200])
+def test_per_chunk_intra_backward(monkeypatch: pytest.MonkeyPatch, T: int) -> None:
+    # intra_bwd.per_chunk=1: the bounded gate's intra backward by one program per chunk (off: slower on the H200)
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "intra_bwd.per_chunk", 1)
+    inputs = make_inputs("channel", True, 1, T, 2, K=16, V=32, seed=T + 11, lower_bound=-5.0)
+    check_against_naive(inputs, lower_bound=-5.0)

@@ -469,10 +469,19 @@ def _a_block(
 
 
 @triton.jit
-def _pick(x, n: tl.constexpr, NC: tl.constexpr):
-    # x[n] of a [NC, BC, BC] tile (a register tile cannot be indexed)
-    o_n = tl.arange(0, NC)
-    return tl.sum(tl.where(o_n[:, None, None] == n, x, 0.0), 0)
+def _inv_unit_lower(b_n, BC: tl.constexpr, PREC: tl.constexpr):
+    # (I + N)^-1 for a strictly lower triangular BC x BC block N (BC = 16, so N^16 = 0): the series
+    # sum_{m < 16} (-N)^m, factored as (I - N)(I + N^2)(I + N^4)(I + N^8): six products (a chain four deep)
+    # instead of the BC - 1 dependent steps of a row-by-row substitution
+    o_b = tl.arange(0, BC)
+    eye = tl.where(o_b[:, None] == o_b[None, :], 1.0, 0.0)
+    b_n2 = tl.dot(b_n, b_n, input_precision=PREC)
+    b_p = eye - b_n
+    b_n4 = tl.dot(b_n2, b_n2, input_precision=PREC)
+    b_p += tl.dot(b_p, b_n2, input_precision=PREC)
+    b_n8 = tl.dot(b_n4, b_n4, input_precision=PREC)
+    b_p += tl.dot(b_p, b_n4, input_precision=PREC)
+    return b_p + tl.dot(b_p, b_n8, input_precision=PREC)
 
 
 @triton.jit
@@ -484,62 +493,48 @@ def _solve_kernel(
     H: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
+    PREC: tl.constexpr,
 ):
-    # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: forward substitution on the NC diagonal blocks at
-    # once (one [NC, BC, BC] tile, BC - 1 steps, each row of A read from memory), then the blocks below the
-    # diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4).
-    # Few warps per program: the substitution is a chain of small reductions, latency- not throughput-bound.
+    # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: first the NC diagonal blocks (_inv_unit_lower), then
+    # the blocks below the diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4),
+    # every product on the tensor cores (PREC: "tf32" for 16-bit inputs, whose L is stored in bf16; "tf32x3",
+    # fp32-level, for fp32 inputs). One warp per program: the 16 x 16 products give more warps nothing to
+    # share. H200, B8 T8K H16 (run 38): 0.295 -> 0.162 ms against forward substitution on the diagonal
+    # blocks (15 dependent steps of reductions) with fp32 FMA products; 3xTF32 products there: 0.309 ms
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT
     NC: tl.constexpr = BT // BC
-    o_n = tl.arange(0, NC)
-    o_b = tl.arange(0, BC)
-    eye = tl.where(o_b[:, None] == o_b[None, :], 1.0, 0.0)
-    b_l = tl.zeros([NC, BC, BC], dtype=tl.float32) + eye[None, :, :]
-    # the NC diagonal blocks of diag(beta) A_kk, loaded once: the substitution's chain of BC - 1 steps then
-    # reads its rows from registers instead of waiting on a memory load per step (H200, B8 T8K H16:
-    # 0.44 -> 0.35 ms)
-    t_d = t0 + o_n[:, None] * BC + o_b[None, :]  # [NC, BC] rows
-    m_d = t_d < T
-    p_d = akk + ((i_b * T + t_d[:, :, None]) * H + i_h) * BT + (o_n * BC)[:, None, None] + o_b[None, None, :]
-    b_ad = tl.load(p_d, mask=m_d[:, :, None], other=0.0)
-    b_ad *= tl.load(beta + (i_b * T + t_d) * H + i_h, mask=m_d, other=0.0).to(tl.float32)[:, :, None]
-    for r in range(1, BC):
-        # row r of every diagonal block: e_r - sum_{j < r} A_rj L_j (rows j < r are final already; A_kk is
-        # strictly lower triangular, so row r holds nothing at columns >= r)
-        b_ar = tl.sum(tl.where(o_b[None, :, None] == r, b_ad, 0.0), 1)  # [NC, BC]
-        b_row = -tl.sum(b_ar[:, :, None] * b_l, 1)  # [NC, BC]
-        b_row = tl.where(o_b[None, :] == r, 1.0, b_row)
-        b_l = tl.where(o_b[None, :, None] == r, b_row[:, None, :], b_l)
-    b_l00 = _pick(b_l, 0, NC)
+    b_l00 = _inv_unit_lower(_a_block(akk, beta, t0, 0, 0, i_b, i_h, T, H, BT, BC), BC, PREC)
+    if NC >= 2:
+        b_l11 = _inv_unit_lower(_a_block(akk, beta, t0, 1, 1, i_b, i_h, T, H, BT, BC), BC, PREC)
+    if NC == 4:
+        b_l22 = _inv_unit_lower(_a_block(akk, beta, t0, 2, 2, i_b, i_h, T, H, BT, BC), BC, PREC)
+        b_l33 = _inv_unit_lower(_a_block(akk, beta, t0, 3, 3, i_b, i_h, T, H, BT, BC), BC, PREC)
     _store_block(linv, b_l00, t0, 0, 0, i_b, i_h, T, H, BT, BC)
     if NC >= 2:
-        b_l11 = _pick(b_l, 1, NC)
         b_l10 = -tl.dot(
             b_l11,
-            tl.dot(_a_block(akk, beta, t0, 1, 0, i_b, i_h, T, H, BT, BC), b_l00, input_precision="ieee"),
-            input_precision="ieee",
+            tl.dot(_a_block(akk, beta, t0, 1, 0, i_b, i_h, T, H, BT, BC), b_l00, input_precision=PREC),
+            input_precision=PREC,
         )
         _store_block(linv, b_l11, t0, 1, 1, i_b, i_h, T, H, BT, BC)
         _store_block(linv, b_l10, t0, 1, 0, i_b, i_h, T, H, BT, BC)
     if NC == 4:
-        b_l22 = _pick(b_l, 2, NC)
-        b_l33 = _pick(b_l, 3, NC)
         b_a20 = _a_block(akk, beta, t0, 2, 0, i_b, i_h, T, H, BT, BC)
         b_a21 = _a_block(akk, beta, t0, 2, 1, i_b, i_h, T, H, BT, BC)
         b_a30 = _a_block(akk, beta, t0, 3, 0, i_b, i_h, T, H, BT, BC)
         b_a31 = _a_block(akk, beta, t0, 3, 1, i_b, i_h, T, H, BT, BC)
         b_a32 = _a_block(akk, beta, t0, 3, 2, i_b, i_h, T, H, BT, BC)
-        b_l21 = -tl.dot(b_l22, tl.dot(b_a21, b_l11, input_precision="ieee"), input_precision="ieee")
-        b_l32 = -tl.dot(b_l33, tl.dot(b_a32, b_l22, input_precision="ieee"), input_precision="ieee")
-        b_s20 = tl.dot(b_a20, b_l00, input_precision="ieee") + tl.dot(b_a21, b_l10, input_precision="ieee")
-        b_l20 = -tl.dot(b_l22, b_s20, input_precision="ieee")
-        b_s31 = tl.dot(b_a31, b_l11, input_precision="ieee") + tl.dot(b_a32, b_l21, input_precision="ieee")
-        b_l31 = -tl.dot(b_l33, b_s31, input_precision="ieee")
-        b_s30 = tl.dot(b_a30, b_l00, input_precision="ieee") + tl.dot(b_a31, b_l10, input_precision="ieee")
-        b_s30 += tl.dot(b_a32, b_l20, input_precision="ieee")
-        b_l30 = -tl.dot(b_l33, b_s30, input_precision="ieee")
+        b_l21 = -tl.dot(b_l22, tl.dot(b_a21, b_l11, input_precision=PREC), input_precision=PREC)
+        b_l32 = -tl.dot(b_l33, tl.dot(b_a32, b_l22, input_precision=PREC), input_precision=PREC)
+        b_s20 = tl.dot(b_a20, b_l00, input_precision=PREC) + tl.dot(b_a21, b_l10, input_precision=PREC)
+        b_l20 = -tl.dot(b_l22, b_s20, input_precision=PREC)
+        b_s31 = tl.dot(b_a31, b_l11, input_precision=PREC) + tl.dot(b_a32, b_l21, input_precision=PREC)
+        b_l31 = -tl.dot(b_l33, b_s31, input_precision=PREC)
+        b_s30 = tl.dot(b_a30, b_l00, input_precision=PREC) + tl.dot(b_a31, b_l10, input_precision=PREC)
+        b_s30 += tl.dot(b_a32, b_l20, input_precision=PREC)
+        b_l30 = -tl.dot(b_l33, b_s30, input_precision=PREC)
         _store_block(linv, b_l22, t0, 2, 2, i_b, i_h, T, H, BT, BC)
         _store_block(linv, b_l33, t0, 3, 3, i_b, i_h, T, H, BT, BC)
         _store_block(linv, b_l21, t0, 2, 1, i_b, i_h, T, H, BT, BC)
@@ -1606,6 +1601,419 @@ def _intra_bwd_kernel(
         tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
+@triton.jit
+def _chunk_block(
+    q, k, gc, t0, J: tl.constexpr, o_k, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr
+):
+    # block J (BC rows) of the chunk at t0, key columns o_k: q, k and the decay against the block's anchor
+    # G_a (its first row): E = exp(G - G_a) <= 1, R = exp(G_a - G) <= exp(-lower_bound (BC - 1)); 0 past T
+    o_j = t0 + J * BC + tl.arange(0, BC)
+    m_j = o_j < T
+    b_q = _load_block(q, o_j, m_j, o_k, i_b, i_h, T, H, K)
+    b_k = _load_block(k, o_j, m_j, o_k, i_b, i_h, T, H, K)
+    b_g = _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K)
+    b_ga = _load_row_block(gc, tl.minimum(t0 + J * BC, T - 1), o_k, i_b, i_h, T, H, K)
+    b_e = tl.exp(tl.where(m_j[:, None], b_g - b_ga[None, :], float("-inf")))
+    b_r = tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_g, float("-inf")))
+    return b_q, b_k, b_e, b_r, b_ga
+
+
+@triton.jit
+def _chunk_pair(
+    m_qk,
+    m_kk,
+    b_kr_j,
+    b_qe_i,
+    b_ke_i,
+    b_ga_i,
+    b_ga_j,
+    b_pq,
+    b_pk,
+    b_s,
+    t0,
+    I: tl.constexpr,
+    J: tl.constexpr,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    DELTA: tl.constexpr,
+):
+    # the block (I, J), J <= I, of M_qk (and M_kk): rows I take M K_j R_j (dq; with DELTA, dk from M_kk),
+    # columns J take M^T Q_i E_i (+ M_kk^T K_i E_i), each product then scaled per key column by
+    # exp(G_a(I) - G_a(J)) <= 1 (1 on the diagonal): the decay between the blocks' anchors, applied after the
+    # product instead of folded into a decayed tile per block pair
+    o_b = tl.arange(0, BC)
+    o_i = t0 + I * BC + o_b
+    m_i = o_i < T
+    p_m = ((i_b * T + o_i[:, None]) * H + i_h) * BT + (J * BC + o_b)[None, :]
+    b_m = tl.load(m_qk + p_m, mask=m_i[:, None], other=0.0).to(tl.float32)
+    b_rows = tl.dot(b_m, b_kr_j)
+    b_cols = tl.dot(tl.trans(b_m), b_qe_i)
+    if DELTA:
+        b_m2 = tl.load(m_kk + p_m, mask=m_i[:, None], other=0.0).to(tl.float32)
+        b_rows2 = tl.dot(b_m2, b_kr_j)
+        b_cols += tl.dot(tl.trans(b_m2), b_ke_i)
+    if I == J:
+        b_pq += b_rows
+        if DELTA:
+            b_pk += b_rows2
+        b_s += b_cols
+    else:
+        b_f = tl.exp(b_ga_i - b_ga_j)[None, :]
+        b_pq += b_rows * b_f
+        if DELTA:
+            b_pk += b_rows2 * b_f
+        b_s += b_cols * b_f
+    return b_pq, b_pk, b_s
+
+
+@triton.jit
+def _chunk_finish(
+    q,
+    k,
+    dq,
+    dk,
+    dgk,
+    dq_out,
+    dk_out,
+    b_q,
+    b_k,
+    b_e,
+    b_r,
+    b_pq,
+    b_pk,
+    b_s,
+    t0,
+    J: tl.constexpr,
+    o_k,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BC: tl.constexpr,
+    DELTA: tl.constexpr,
+):
+    # block J's intra-chunk dq, dk (rows: times E, columns: times R), its dG, and the partial dq, dk added
+    o_j = t0 + J * BC + tl.arange(0, BC)
+    m_j = o_j < T
+    b_dq = b_pq * b_e
+    b_dkc = b_s * b_r
+    if DELTA:
+        b_dkr = b_pk * b_e
+        b_dk = b_dkc + b_dkr
+        b_dg = b_q * b_dq + b_k * (b_dkr - b_dkc)
+    else:
+        b_dk = b_dkc
+        b_dg = b_q * b_dq - b_k * b_dkc
+    p_k = ((i_b * T + o_j[:, None]) * H + i_h) * K + o_k[None, :]
+    b_dq += tl.load(dq + p_k, mask=m_j[:, None], other=0.0).to(tl.float32)
+    b_dk += tl.load(dk + p_k, mask=m_j[:, None], other=0.0).to(tl.float32)
+    tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_j[:, None])
+    tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_j[:, None])
+    tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_j[:, None], other=0.0) + b_dg, mask=m_j[:, None])
+
+
+@triton.jit
+def _intra_bwd_chunk_kernel(
+    q,
+    k,
+    gc,
+    m_qk,
+    m_kk,
+    dq,
+    dk,
+    dgk,
+    dq_out,
+    dk_out,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    DELTA: tl.constexpr,
+):
+    # the bounded per-channel gate's intra backward, one program per chunk and BK key columns
+    # (TUNE["intra_bwd.per_chunk"]): each 16-row block's decayed tiles K R, Q E, K E are formed once and
+    # serve every block pair (I, J) of the chunk, instead of one tile k exp(G_a(I) - G_j) per pair as in the
+    # 16-row programs of _intra_bwd_kernel. exp(G_r - G_j) = E_r exp(G_a(I) - G_a(J)) R_j: the outer factors
+    # are tiles (<= 1 and <= e^{-lower_bound (BC - 1)}), the middle one a [BK] vector applied to the product
+    i_t, i_k, i_bh = (
+        tl.program_id(0).to(tl.int64),
+        tl.program_id(1).to(tl.int64),
+        tl.program_id(2).to(tl.int64),
+    )
+    i_b, i_h = i_bh // H, i_bh % H
+    NC: tl.constexpr = BT // BC
+    t0 = i_t * BT
+    o_k = i_k * BK + tl.arange(0, BK)
+    z = tl.zeros([BC, BK], dtype=tl.float32)
+    b_q0, b_k0, b_e0, b_r0, b_ga0 = _chunk_block(q, k, gc, t0, 0, o_k, i_b, i_h, T, H, K, BC)
+    b_kr0, b_qe0, b_ke0 = b_k0 * b_r0, b_q0 * b_e0, b_k0 * b_e0
+    b_pq0, b_pk0, b_s0 = _chunk_pair(
+        m_qk, m_kk, b_kr0, b_qe0, b_ke0, b_ga0, b_ga0, z, z, z, t0, 0, 0, i_b, i_h, T, H, BT, BC, DELTA
+    )
+    if NC >= 2:
+        b_q1, b_k1, b_e1, b_r1, b_ga1 = _chunk_block(q, k, gc, t0, 1, o_k, i_b, i_h, T, H, K, BC)
+        b_kr1, b_qe1, b_ke1 = b_k1 * b_r1, b_q1 * b_e1, b_k1 * b_e1
+        # pair (1, 0): rows of block 1, columns of block 0
+        b_pq1, b_pk1, b_s0 = _chunk_pair(
+            m_qk, m_kk, b_kr0, b_qe1, b_ke1, b_ga1, b_ga0, z, z, b_s0, t0, 1, 0, i_b, i_h, T, H, BT, BC, DELTA
+        )
+        b_pq1, b_pk1, b_s1 = _chunk_pair(
+            m_qk,
+            m_kk,
+            b_kr1,
+            b_qe1,
+            b_ke1,
+            b_ga1,
+            b_ga1,
+            b_pq1,
+            b_pk1,
+            z,
+            t0,
+            1,
+            1,
+            i_b,
+            i_h,
+            T,
+            H,
+            BT,
+            BC,
+            DELTA,
+        )
+    if NC == 4:
+        b_q2, b_k2, b_e2, b_r2, b_ga2 = _chunk_block(q, k, gc, t0, 2, o_k, i_b, i_h, T, H, K, BC)
+        b_kr2, b_qe2, b_ke2 = b_k2 * b_r2, b_q2 * b_e2, b_k2 * b_e2
+        b_pq2, b_pk2, b_s0 = _chunk_pair(
+            m_qk, m_kk, b_kr0, b_qe2, b_ke2, b_ga2, b_ga0, z, z, b_s0, t0, 2, 0, i_b, i_h, T, H, BT, BC, DELTA
+        )
+        b_pq2, b_pk2, b_s1 = _chunk_pair(
+            m_qk,
+            m_kk,
+            b_kr1,
+            b_qe2,
+            b_ke2,
+            b_ga2,
+            b_ga1,
+            b_pq2,
+            b_pk2,
+            b_s1,
+            t0,
+            2,
+            1,
+            i_b,
+            i_h,
+            T,
+            H,
+            BT,
+            BC,
+            DELTA,
+        )
+        b_pq2, b_pk2, b_s2 = _chunk_pair(
+            m_qk,
+            m_kk,
+            b_kr2,
+            b_qe2,
+            b_ke2,
+            b_ga2,
+            b_ga2,
+            b_pq2,
+            b_pk2,
+            z,
+            t0,
+            2,
+            2,
+            i_b,
+            i_h,
+            T,
+            H,
+            BT,
+            BC,
+            DELTA,
+        )
+        b_q3, b_k3, b_e3, b_r3, b_ga3 = _chunk_block(q, k, gc, t0, 3, o_k, i_b, i_h, T, H, K, BC)
+        b_kr3, b_qe3, b_ke3 = b_k3 * b_r3, b_q3 * b_e3, b_k3 * b_e3
+        b_pq3, b_pk3, b_s0 = _chunk_pair(
+            m_qk, m_kk, b_kr0, b_qe3, b_ke3, b_ga3, b_ga0, z, z, b_s0, t0, 3, 0, i_b, i_h, T, H, BT, BC, DELTA
+        )
+        b_pq3, b_pk3, b_s1 = _chunk_pair(
+            m_qk,
+            m_kk,
+            b_kr1,
+            b_qe3,
+            b_ke3,
+            b_ga3,
+            b_ga1,
+            b_pq3,
+            b_pk3,
+            b_s1,
+            t0,
+            3,
+            1,
+            i_b,
+            i_h,
+            T,
+            H,
+            BT,
+            BC,
+            DELTA,
+        )
+        b_pq3, b_pk3, b_s2 = _chunk_pair(
+            m_qk,
+            m_kk,
+            b_kr2,
+            b_qe3,
+            b_ke3,
+            b_ga3,
+            b_ga2,
+            b_pq3,
+            b_pk3,
+            b_s2,
+            t0,
+            3,
+            2,
+            i_b,
+            i_h,
+            T,
+            H,
+            BT,
+            BC,
+            DELTA,
+        )
+        b_pq3, b_pk3, b_s3 = _chunk_pair(
+            m_qk,
+            m_kk,
+            b_kr3,
+            b_qe3,
+            b_ke3,
+            b_ga3,
+            b_ga3,
+            b_pq3,
+            b_pk3,
+            z,
+            t0,
+            3,
+            3,
+            i_b,
+            i_h,
+            T,
+            H,
+            BT,
+            BC,
+            DELTA,
+        )
+        _chunk_finish(
+            q,
+            k,
+            dq,
+            dk,
+            dgk,
+            dq_out,
+            dk_out,
+            b_q3,
+            b_k3,
+            b_e3,
+            b_r3,
+            b_pq3,
+            b_pk3,
+            b_s3,
+            t0,
+            3,
+            o_k,
+            i_b,
+            i_h,
+            T,
+            H,
+            K,
+            BC,
+            DELTA,
+        )
+        _chunk_finish(
+            q,
+            k,
+            dq,
+            dk,
+            dgk,
+            dq_out,
+            dk_out,
+            b_q2,
+            b_k2,
+            b_e2,
+            b_r2,
+            b_pq2,
+            b_pk2,
+            b_s2,
+            t0,
+            2,
+            o_k,
+            i_b,
+            i_h,
+            T,
+            H,
+            K,
+            BC,
+            DELTA,
+        )
+    if NC >= 2:
+        _chunk_finish(
+            q,
+            k,
+            dq,
+            dk,
+            dgk,
+            dq_out,
+            dk_out,
+            b_q1,
+            b_k1,
+            b_e1,
+            b_r1,
+            b_pq1,
+            b_pk1,
+            b_s1,
+            t0,
+            1,
+            o_k,
+            i_b,
+            i_h,
+            T,
+            H,
+            K,
+            BC,
+            DELTA,
+        )
+    _chunk_finish(
+        q,
+        k,
+        dq,
+        dk,
+        dgk,
+        dq_out,
+        dk_out,
+        b_q0,
+        b_k0,
+        b_e0,
+        b_r0,
+        b_pq0,
+        b_pk0,
+        b_s0,
+        t0,
+        0,
+        o_k,
+        i_b,
+        i_h,
+        T,
+        H,
+        K,
+        BC,
+        DELTA,
+    )
+
+
 # Launch settings (warps per program, software-pipelining stages), chosen from per-kernel profiles on an
 # H200 at B8 T8K H16 (benchmarks/results/h200_profile_*.csv); None = the rule in the launch code. More
 # stages buffer more tiles in shared memory (227 KB on the H200): the deeper settings are for 16-bit inputs;
@@ -1621,6 +2029,10 @@ TUNE: dict[str, int | None] = {
     "intra_fwd.stages": None,
     "intra_fwd.maxnreg": None,
     "solve.warps": 1,
+    # 1: the solve's products in single-pass TF32 for 16-bit inputs (whose L is stored in bf16), 0: 3xTF32 as
+    # for fp32 inputs. Emulated on the CPU (64 x 64 blocks of KDA and delta-rule data), TF32 adds 0.04-0.6x
+    # the error of storing L in bf16; H200 (run 38): 0.309 -> 0.162 ms, bf16 errors unchanged to two digits
+    "solve.tf32": 1,
     "wu.warps": None,
     "state_fwd.warps": None,
     # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 for fp32 inputs or
@@ -1657,6 +2069,12 @@ TUNE: dict[str, int | None] = {
     # 0: whole-chunk tiles, masked. H200, B8 T8K H16 (run 16): bounded KDA's intra backward 4.05 -> 2.59 ms,
     # KDA's 8.60 -> 5.98
     "intra_bwd.tri": 1,
+    # 1: the bounded gate's intra backward by _intra_bwd_chunk_kernel (one program per chunk and
+    # intra_bwd.chunk_bk key columns, with intra_bwd.chunk_warps warps), 0: by the 16-row programs
+    "intra_bwd.per_chunk": 0,
+    "intra_bwd.chunk_bk": None,
+    "intra_bwd.chunk_warps": None,
+    "intra_bwd.chunk_maxnreg": None,
     # 1: the same for the intra forward (_intra_fwd_tri: the reachable column blocks one at a time, the blocks
     # after the diagonal stored as zeros); 0: whole-chunk tiles, masked; None: 1 with the bounded gate only.
     # H200, B8 T8K H16 (run 17): bounded KDA's intra forward 1.040 -> 0.957 ms, but KDA's (its diagonal
@@ -1865,7 +2283,17 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         w = torch.empty_like(k)
         u = torch.empty_like(v)
         vt = torch.empty_like(v)
-        _solve_kernel[(NT, B * H)](beta, akk, linv, T, H=H, BT=BT, BC=BC, num_warps=_tuned("solve.warps", 1))
+        _solve_kernel[(NT, B * H)](
+            beta,
+            akk,
+            linv,
+            T,
+            H=H,
+            BT=BT,
+            BC=BC,
+            PREC="tf32" if lowp and TUNE["solve.tf32"] else "tf32x3",
+            num_warps=_tuned("solve.warps", 1),
+        )
         _wu_kernel[(NT, B * H)](
             kg if kg is not None else k,
             v,
@@ -2084,33 +2512,57 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # per SM instead of 3 (H200, B8 T8K H16, run 31: 0.911 -> 0.814 ms; TUNE)
     capped = pipelined and decay == 0 and delta
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
-    _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
-        q,
-        k,
-        gcx,
-        m_qk,
-        m_kk,
-        dq,
-        dk,
-        dgk,
-        dq_out,
-        dk_out,
-        T,
-        H=H,
-        K=K,
-        BT=BT,
-        BC=BC,
-        BK=BKi,
-        DECAY=decay,
-        DELTA=delta,
-        BOUNDED=bounded,
-        LOWP=False,
-        TRI=bool(TUNE["intra_bwd.tri"]) or auto,
-        AUTO=auto,
-        num_warps=_tuned("intra_bwd.warps", 4),
-        num_stages=_tuned("intra_bwd.stages", 2 if capped else 3),
-        maxnreg=_maxnreg("intra_bwd.maxnreg", 128 if capped else None),
-    )
+    if bounded and TUNE["intra_bwd.per_chunk"]:
+        BKc = min(K, _tuned("intra_bwd.chunk_bk", 32))
+        _intra_bwd_chunk_kernel[(NT, K // BKc, B * H)](
+            q,
+            k,
+            gcx,
+            m_qk,
+            m_kk,
+            dq,
+            dk,
+            dgk,
+            dq_out,
+            dk_out,
+            T,
+            H=H,
+            K=K,
+            BT=BT,
+            BC=BC,
+            BK=BKc,
+            DELTA=delta,
+            num_warps=_tuned("intra_bwd.chunk_warps", 4),
+            maxnreg=_maxnreg("intra_bwd.chunk_maxnreg", None),
+        )
+    else:
+        _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
+            q,
+            k,
+            gcx,
+            m_qk,
+            m_kk,
+            dq,
+            dk,
+            dgk,
+            dq_out,
+            dk_out,
+            T,
+            H=H,
+            K=K,
+            BT=BT,
+            BC=BC,
+            BK=BKi,
+            DECAY=decay,
+            DELTA=delta,
+            BOUNDED=bounded,
+            LOWP=False,
+            TRI=bool(TUNE["intra_bwd.tri"]) or auto,
+            AUTO=auto,
+            num_warps=_tuned("intra_bwd.warps", 4),
+            num_stages=_tuned("intra_bwd.stages", 2 if capped else 3),
+            maxnreg=_maxnreg("intra_bwd.maxnreg", 128 if capped else None),
+        )
     if decay:
         dg = torch.empty_like(g)
         _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
