@@ -386,13 +386,3 @@ def test_solve_both_precisions(monkeypatch: pytest.MonkeyPatch, tf32: int, chunk
     monkeypatch.setitem(chunk.TUNE, "solve.tf32", tf32)
     inputs = make_inputs("channel", True, 1, 100, 2, K=16, V=32, seed=chunk_size + tf32, lower_bound=-5.0)
     check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
-
-
-@pytest.mark.parametrize("T", [63, 100, 200])
-def test_per_chunk_intra_backward(monkeypatch: pytest.MonkeyPatch, T: int) -> None:
-    # intra_bwd.per_chunk=1: the bounded gate's intra backward by one program per chunk (off: slower on the H200)
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_bwd.per_chunk", 1)
-    inputs = make_inputs("channel", True, 1, T, 2, K=16, V=32, seed=T + 11, lower_bound=-5.0)
-    check_against_naive(inputs, lower_bound=-5.0)
