@@ -1617,8 +1617,9 @@ TUNE: dict[str, int | None] = {
     "intra_fwd.maxnreg": None,
     "solve.warps": 1,
     # 1: the solve's products in single-pass TF32 for 16-bit inputs (whose L is stored in bf16), 0: 3xTF32 as
-    # for fp32 inputs. Emulated on the CPU (64 x 64 blocks of KDA and delta-rule data), TF32 adds 0.04-0.6x
-    # the error of storing L in bf16; H200 (run 38): 0.309 -> 0.162 ms, bf16 errors unchanged to two digits
+    # for fp32 inputs. Emulated on the CPU (benchmarks/solve_precision.py, chunks of KDA and delta-rule
+    # data), TF32 adds 0.06-0.6x the error of storing L in bf16; H200 (run 38): 0.309 -> 0.162 ms, bf16
+    # errors unchanged to two digits
     "solve.tf32": 1,
     "wu.warps": None,
     "state_fwd.warps": None,
