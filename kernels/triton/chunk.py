@@ -1644,7 +1644,10 @@ TUNE: dict[str, int | None] = {
     # stages 3 and no register cap, except for the delta rule without decay (16-bit inputs, K, V <= 128): 2
     # stages and a cap of 128 (occupancy.py, sm_90, Triton 3.9: 151 registers and 3 programs per SM -> 128,
     # 48 bytes spilled and 4; H200, B8 T8K H16, run 31: 0.911 -> 0.814 ms). The same setting lost 0.10-0.14
-    # ms for bounded and unbounded KDA and GLA (bounded KDA 2.489 -> 2.605 ms; 2 stages alone 2.627)
+    # ms for bounded and unbounded KDA and GLA (bounded KDA 2.489 -> 2.605 ms; 2 stages alone 2.627). KDA
+    # (both gates; 16-bit, K, V <= 128): 3 stages and a cap of 96 (121 registers and 4 programs per SM -> 5,
+    # 48 bytes spilled; run 41: bounded 2.379 -> 2.278 ms, unbounded 2.510 -> 2.407; 80 registers, 6
+    # programs and 136 bytes spilled: 2.352; GLA at 96: 1.987 -> 1.990)
     "intra_bwd.stages": None,
     "intra_bwd.maxnreg": None,
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
@@ -2093,6 +2096,9 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # the delta rule (no decay) with 16-bit inputs: 2 stages and at most 128 registers a thread, 4 programs
     # per SM instead of 3 (H200, B8 T8K H16, run 31: 0.911 -> 0.814 ms; TUNE)
     capped = pipelined and decay == 0 and delta
+    # KDA, bounded or not, with 16-bit inputs: at most 96 registers, 5 programs per SM instead of 4 (48 bytes
+    # spilled; H200, B8 T8K H16, run 41: 2.379 -> 2.278 ms bounded, 2.510 -> 2.407 unbounded; GLA unchanged)
+    kda_capped = pipelined and decay == 2 and delta
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
         q,
@@ -2119,7 +2125,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         AUTO=auto,
         num_warps=_tuned("intra_bwd.warps", 4),
         num_stages=_tuned("intra_bwd.stages", 2 if capped else 3),
-        maxnreg=_maxnreg("intra_bwd.maxnreg", 128 if capped else None),
+        maxnreg=_maxnreg("intra_bwd.maxnreg", 128 if capped else (96 if kda_capped else None)),
     )
     if decay:
         dg = torch.empty_like(g)
