@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = dict(
     H=16, K=128, V=128, BT=64, BC=16, BK=64, BV=64, BW=32, DECAY=2, DELTA=1, BOUNDED=1, LOWP=1,
     STORE_DECAYED=1, TRI=1, AUTO=0, PRE_KG=1, FUSED=0, DECAYED=0, HAS_H0=1, STORE_HT=1, HAS_DHT=1,
+    PREC="tf32",
 )  # fmt: skip
 LOWP_POINTERS = {
     "q",
@@ -113,14 +114,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rev", help="git revision to compare the working tree against, e.g. HEAD~3")
     ap.add_argument("kernel", help="a @triton.jit kernel of kernels/triton/chunk.py, e.g. _intra_fwd_kernel")
-    ap.add_argument("--const", nargs="*", default=[], metavar="NAME=INT", help="constexpr values")
+    ap.add_argument(
+        "--const",
+        nargs="*",
+        default=[],
+        metavar="NAME=VALUE",
+        help="constexpr values (integers, or strings: PREC)",
+    )
     args = ap.parse_args()
     consts = dict(DEFAULTS)
     for item in args.const:
         name, sep, value = item.partition("=")
-        if not sep or not value.lstrip("-").isdigit():
-            raise SystemExit(f"--const {item!r}: expected NAME=INT, e.g. BOUNDED=0")
-        consts[name] = int(value)
+        if not sep or not value:
+            raise SystemExit(f"--const {item!r}: expected NAME=VALUE, e.g. BOUNDED=0 or PREC=tf32x3")
+        consts[name] = int(value) if value.lstrip("-").isdigit() else value
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "old"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), args.rev], cwd=ROOT, check=True)

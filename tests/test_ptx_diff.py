@@ -67,3 +67,11 @@ def test_the_same_kernel_compiles_the_same_and_a_change_is_seen(tmp_path: Path) 
         lambda src: src.replace("tl.cumsum(b_dg, axis=0, reverse=True)", "tl.cumsum(b_dg, axis=0)"),
     )
     assert ptx_diff.compile_in(changed, "_rev_cumsum_kernel", consts) != here
+
+
+def test_a_string_constexpr_selects_the_products_precision() -> None:
+    # the solve's PREC ("tf32" by default, as for 16-bit inputs) is a string, not an integer
+    consts = dict(ptx_diff.DEFAULTS)
+    tf32 = ptx_diff.compile_in(ROOT, "_solve_kernel", consts)
+    tf32x3 = ptx_diff.compile_in(ROOT, "_solve_kernel", {**consts, "PREC": "tf32x3"})
+    assert tf32[1] and tf32x3[1] and tf32 != tf32x3
