@@ -39,6 +39,10 @@
 #                 launch, compiled by the device's Triton (benchmarks/occupancy.py; ALT's settings beside)
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
+# the alternative settings of the verify, tune, final and occupancy steps (comma-joined TUNE entries):
+# ALT from the environment, else the state-pass settings of run 34 (all timed and dropped since)
+ALT_OPS="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"  # the ops ALT is checked and timed on
+ALT="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
 STEPS="${2:-check profile fla bench sweep packing}"
 mkdir -p "$OUT"
@@ -83,7 +87,7 @@ for step in $STEPS; do
       # the alternatives not yet run on a GPU, against the reference first (bf16, all ops, T=63/1000 H=16)
       # (skipped when the verify step has just checked them, with ALT set to both)
       [ -f "$OUT/check_alt/errors.csv" ] || timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla \
-        --no-step --out "$OUT/check_alt" --set $(alt="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"; echo "${alt//,/ }") | quiet | tail -18
+        --no-step --out "$OUT/check_alt" --set ${ALT//,/ } | quiet | tail -18
       # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
       # shellcheck disable=SC2086
       timeout 70 python3 benchmarks/profile_gpu.py --ops ${TUNE_OPS:-kda_bounded kda gla delta_rule linear_attn simple_gla} \
@@ -100,8 +104,9 @@ for step in $STEPS; do
       # intra kernels 0.98 -> 1.21 and 2.49 -> 2.93 ms; removed), L in bf16 (solve.lowp=1, now the default:
       # bounded KDA fwd+bwd 9.22 -> 9.05); run 29, slower or no gain, removed: the cumsums as 3xTF32 triangular
       # products (cumsum.dot: 0.26 -> 0.76 ms each), with them the intra backward before dqk (dqk 1.59 ->
-      # 2.65), A_kk in bf16 (intra_fwd.akk_lowp: bounded KDA fwd+bwd 9.09 -> 9.10). Not yet run: fewer
-      # stages and a register cap for the intra kernels (benchmarks/occupancy.py: 2 programs per SM now)
+      # 2.65), A_kk in bf16 (intra_fwd.akk_lowp: bounded KDA fwd+bwd 9.09 -> 9.10); runs 31-42: register caps and
+      # stages (adopted: the caps of kernels/triton/chunk.py's TUNE comments), two 16-row blocks per intra
+      # backward step and a per-chunk intra backward (both slower and removed; kernels/triton/README.md)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-state_bwd.stages=1:kda_bounded,kda,gla,delta_rule,gated_delta_rule state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2:kda_bounded,kda,gla,delta_rule,gated_delta_rule state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=1:kda_bounded,delta_rule intra_fwd.warps=2:kda_bounded,kda}; do
@@ -115,11 +120,9 @@ for step in $STEPS; do
     verify)
       # after a kernel change, in little device time: our kernels for the benchmark shapes compile in the
       # background (with and without the alternative ALT, for the ops ALT_OPS) while the checks run
-      alt="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"
-      alt_ops="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"
       pids=()
       for shape in B32T2K B8T8K; do
-        for set in none "$alt"; do
+        for set in none "$ALT"; do
           # shellcheck disable=SC2046
           timeout 110 python3 benchmarks/bench_gpu.py --compile-only --impls ours --shapes "$shape" --out "$OUT/bench" \
             $([ "$set" = none ] || echo --set "${set//,/ }") 2>&1 | grep -e "^compile" >>"$OUT/compile.log" &
@@ -145,8 +148,8 @@ for step in $STEPS; do
       pids+=($!)
       timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --out "$OUT/check_bf16" | quiet | tail -17
       # shellcheck disable=SC2086
-      timeout 50 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --ops $alt_ops \
-        --set ${alt//,/ } --out "$OUT/check_alt" | quiet | tail -8
+      timeout 50 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla --no-step --ops $ALT_OPS \
+        --set ${ALT//,/ } --out "$OUT/check_alt" | quiet | tail -8
       wait "${pids[@]}"
       quiet <"$OUT/check_long.txt" | tail -16
       cat "$OUT"/check_fla_*.txt | quiet | grep -v "^op " | grep -v "^TUNE"
@@ -155,15 +158,13 @@ for step in $STEPS; do
     final)
       # the default against ALT per kernel for the ops ALT_OPS, then the benchmark (ours, SDPA) with the
       # faster of the two for the first of them, forward+backward
-      alt="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"
-      alt_ops="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"
       # shellcheck disable=SC2086
-      timeout 35 python3 benchmarks/profile_gpu.py --ops $alt_ops --out "$OUT/profile_default.csv" | quiet \
+      timeout 35 python3 benchmarks/profile_gpu.py --ops $ALT_OPS --out "$OUT/profile_default.csv" | quiet \
         | grep -v " 0\.[0-9]%" | grep -v TUNE
       # shellcheck disable=SC2086
-      timeout 35 python3 benchmarks/profile_gpu.py --ops $alt_ops --out "$OUT/profile_alt.csv" --set ${alt//,/ } \
+      timeout 35 python3 benchmarks/profile_gpu.py --ops $ALT_OPS --out "$OUT/profile_alt.csv" --set ${ALT//,/ } \
         | quiet | grep -v " 0\.[0-9]%"
-      pick=$(python3 - "$OUT/profile_default.csv" "$OUT/profile_alt.csv" "${alt_ops%% *}" <<'PY'
+      pick=$(python3 - "$OUT/profile_default.csv" "$OUT/profile_alt.csv" "${ALT_OPS%% *}" <<'PY'
 import csv, sys
 op = sys.argv[3]
 tot = [sum(float(r["ms"]) for r in csv.DictReader(open(f)) if r["op"] == op and r["pass"] == "train")
@@ -172,7 +173,7 @@ print("alt" if tot[1] < tot[0] else "default", file=sys.stderr)
 print("yes" if tot[1] < tot[0] else "")
 PY
 )
-      if [ -n "$pick" ]; then echo "--set ${alt//,/ }" >"$OUT/pick_set.txt"; else : >"$OUT/pick_set.txt"; fi
+      if [ -n "$pick" ]; then echo "--set ${ALT//,/ }" >"$OUT/pick_set.txt"; else : >"$OUT/pick_set.txt"; fi
       # shellcheck disable=SC2046
       timeout 100 python3 benchmarks/bench_gpu.py --out "$OUT/bench" --impls ours sdpa --skip-sweep --skip-decode \
         --budget-s 90 $(cat "$OUT/pick_set.txt") | quiet | grep -v "^|" ;;
@@ -195,11 +196,10 @@ PY
           --ops kda_bounded kda gated_delta_rule --out "$OUT/check_chunk$c" | quiet | tail -5
       done ;;
     occupancy)
-      alt="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"
       timeout 70 python3 benchmarks/occupancy.py --ops kda_bounded kda gla delta_rule \
         --out "$OUT/occupancy.csv" | quiet
       # shellcheck disable=SC2086
-      timeout 70 python3 benchmarks/occupancy.py --ops kda_bounded delta_rule --set ${alt//,/ } \
+      timeout 70 python3 benchmarks/occupancy.py --ops kda_bounded delta_rule --set ${ALT//,/ } \
         --out "$OUT/occupancy_alt.csv" | quiet | grep -e "^#" -e intra ;;
     flacheck)
       # FLA's kernels measured against the same reference at T=1000 H=16 (a cross-check of the bounds)
