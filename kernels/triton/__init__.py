@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.triton.chunk import MIN_LOWER_BOUND, ChunkFunction
+from kernels.triton.chunk import MIN_LOWER_BOUND, ChunkFunction, _chunk_fwd, _resources
 from kernels.triton.recurrent import recurrent_step_fwd
 
 __all__ = ["VARIANTS", "triton_chunk", "triton_recurrent_step"]
@@ -81,6 +81,24 @@ def triton_chunk(
         o = q.new_zeros(B, 0, H, V)
         state = initial_state if initial_state is not None else q.new_zeros(B, H, K, V, dtype=torch.float32)
         return o, state if output_final_state else None
+    tensors = [t for t in (q, k, v, g, beta, initial_state) if t is not None]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        # no gradient wanted (inference, evaluation): the forward without the buffers kept for a backward
+        with _resources(q, v, "chunk forward"):
+            o, ht, _ = _chunk_fwd(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                float(scale),
+                initial_state,
+                output_final_state,
+                chunk_size,
+                lower_bound,
+                keep=False,
+            )
+        return o, ht
     out = ChunkFunction.apply(
         q, k, v, g, beta, float(scale), initial_state, output_final_state, chunk_size, lower_bound
     )

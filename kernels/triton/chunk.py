@@ -665,6 +665,10 @@ def _state_fwd_kernel(
     h,
     h0,
     ht,
+    q,
+    aqk,
+    o,
+    scale,
     T,
     NT,
     H: tl.constexpr,
@@ -677,8 +681,14 @@ def _state_fwd_kernel(
     HAS_H0: tl.constexpr,
     STORE_HT: tl.constexpr,
     LOWP: tl.constexpr,
+    OUT: tl.constexpr,
+    STORE_H: tl.constexpr,
+    STORE_VT: tl.constexpr,
 ):
-    # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c
+    # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
+    # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
+    # the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the state and Vt still in registers, instead of
+    # a separate pass that reads both back from memory. STORE_VT: Vt kept (the backward, _output_kernel)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, K)
@@ -689,20 +699,35 @@ def _state_fwd_kernel(
     else:
         b_s = tl.zeros([K, BV], dtype=tl.float32)
     for i_t in range(NT):
-        tl.store(
-            h + i_t * K * V + i_bh * NT * K * V + o_k[:, None] * V + o_v[None, :], b_s.to(h.dtype.element_ty)
-        )
+        if STORE_H:
+            tl.store(
+                h + i_t * K * V + i_bh * NT * K * V + o_k[:, None] * V + o_v[None, :],
+                b_s.to(h.dtype.element_ty),
+            )
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        # the state as a dot operand: what h holds (bf16 for 16-bit inputs), so OUT matches _output_kernel
+        b_sd = _dot_cast(b_s, LOWP)
         if DELTA:
             # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
             b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
             b_vt = tl.load(u + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-            b_vt -= tl.dot(_dot_cast(b_w, LOWP), _dot_cast(b_s, LOWP))
-            tl.store(vt + p_v, b_vt.to(vt.dtype.element_ty), mask=m_t[:, None])
+            b_vt -= tl.dot(_dot_cast(b_w, LOWP), b_sd)
+            if STORE_VT:
+                tl.store(vt + p_v, b_vt.to(vt.dtype.element_ty), mask=m_t[:, None])
+            # the output reads Vt as stored (the input dtype), as _output_kernel does
+            b_vo = b_vt.to(vt.dtype.element_ty).to(tl.float32)
         else:
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_vo = b_vt
+        if OUT:
+            b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
+            p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+            b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
+            b_o = tl.dot(_dot_cast(b_qg, LOWP), b_sd) * scale
+            b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vo, LOWP))
+            tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
@@ -1628,7 +1653,12 @@ TUNE: dict[str, int | None] = {
     # H200, B8 T8K H16 (run 20): 64 -> 128 took bounded KDA's forward state pass 0.61 -> 0.49 ms (the delta
     # rule's 0.46 -> 0.43); the reverse pass lost with 128 (0.80 -> 0.99) and keeps 64
     "state_fwd.bv": None,
-    "state_fwd.stages": None,  # 3 (Triton's default) for 16-bit inputs with K, V <= 128, else 1
+    # 3 (Triton's default) for 16-bit inputs with K, V <= 128 (2 with state_fwd.output), else 1
+    "state_fwd.stages": None,
+    # 1: the output O = scale (Q Gamma) S + A_qk Vt computed inside the forward state pass, from the state and
+    # Vt in registers (and, without a gradient wanted, h and Vt not stored); 0: _output_kernel, a pass of its
+    # own over the stored h and Vt
+    "state_fwd.output": 1,
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
     "state_bwd.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1 (see below)
@@ -1785,7 +1815,11 @@ def _m_dtype(lowp: bool) -> torch.dtype:
     return torch.bfloat16 if lowp and TUNE["bwd.m_lowp"] else torch.float32
 
 
-def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
+def _chunk_fwd(
+    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=True
+):
+    # keep: store what the backward reads (returned as the third item; None without keep). Without it (no
+    # gradient wanted) the chunk-entry states h and Vt are not written where nothing else reads them
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = chunk_size
@@ -1899,20 +1933,30 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         )
     # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
     h_dtype = torch.bfloat16 if lowp else f32
-    h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype)
+    # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
+    fused = bool(TUNE["state_fwd.output"])
+    h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype) if keep or not fused else None
+    if delta and not keep and fused:
+        vt = None
     ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
+    o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
     BV = _block_v(V, B * H * max(1, V // 64), "state_fwd.bv", wide=pipelined)
     h0 = initial_state.contiguous() if initial_state is not None else None
+    dummy = v  # a valid pointer (of Vt's dtype) for the buffers a launch does not touch
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
         v,
         gcx,
         w if delta else k,
         u if delta else v,
-        vt if delta else v,
-        h,
-        h0 if h0 is not None else h,
-        ht if ht is not None else h,
+        vt if vt is not None else dummy,
+        h if h is not None else dummy,
+        h0 if h0 is not None else dummy,
+        ht if ht is not None else dummy,
+        qg if qg is not None else q,
+        aqk,
+        o,
+        scale,
         T,
         NT,
         H=H,
@@ -1925,32 +1969,37 @@ def _chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk
         HAS_H0=h0 is not None,
         STORE_HT=output_final_state,
         LOWP=lowp,
+        OUT=fused,
+        STORE_H=h is not None,
+        STORE_VT=vt is not None,
         num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64)),
-        num_stages=_tuned("state_fwd.stages", 3 if pipelined else 1),
+        num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )
-    o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
-    BVo = min(V, 64)
-    _output_kernel[(NT, V // BVo, B * H)](
-        qg if qg is not None else q,
-        v,
-        gcx,
-        aqk,
-        vt if delta else v,
-        h,
-        o,
-        scale,
-        T,
-        NT,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BV=BVo,
-        DECAY=decay,
-        DELTA=delta,
-        LOWP=lowp,
-        num_warps=4,
-    )
+    if not fused:
+        BVo = min(V, 64)
+        _output_kernel[(NT, V // BVo, B * H)](
+            qg if qg is not None else q,
+            v,
+            gcx,
+            aqk,
+            vt if delta else v,
+            h,
+            o,
+            scale,
+            T,
+            NT,
+            H=H,
+            K=K,
+            V=V,
+            BT=BT,
+            BV=BVo,
+            DECAY=decay,
+            DELTA=delta,
+            LOWP=lowp,
+            num_warps=4,
+        )
+    if not keep:
+        return o, ht, None
     return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd, kg)
 
 

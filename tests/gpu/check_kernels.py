@@ -45,6 +45,9 @@ BOUNDS = {
     "dinitial_state": 8e-3,
     "dg": 2e-2,
     "dbeta": 2e-2,
+    # the no-grad forward (which skips the buffers kept for the backward) against the differentiable one:
+    # the same kernels on the same data, so the same bits (ours only)
+    "o_infer": 0.0,
 }
 
 
@@ -106,7 +109,13 @@ def fla_call(name: str):
 
 
 def errors_of(
-    fn, inputs: dict, ref_out: tuple, ref_grads: dict, do: torch.Tensor, dht: torch.Tensor
+    fn,
+    inputs: dict,
+    ref_out: tuple,
+    ref_grads: dict,
+    do: torch.Tensor,
+    dht: torch.Tensor,
+    infer: bool = False,
 ) -> tuple[dict, str]:
     """Relative RMS errors of fn's outputs and gradients, and a note: when the backward raises (FLA's
     gated backwards on Triton 3.6, #640), the forward's errors and the exception instead of nothing."""
@@ -122,6 +131,14 @@ def errors_of(
         output_final_state=True,
     )
     errs = {"o": rel_rms(o, ref_out[0]), "final_state": rel_rms(ht, ref_out[1])}
+    if infer:
+        with torch.no_grad():
+            o_inf, ht_inf = fn(
+                *(inputs[n] for n in ("q", "k", "v", "g", "beta")),
+                initial_state=inputs["initial_state"],
+                output_final_state=True,
+            )
+        errs["o_infer"] = max(rel_rms(o_inf, o.detach()), rel_rms(ht_inf, ht.detach()))
     try:
         ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
     except Exception as exc:
@@ -232,7 +249,7 @@ def run(
                     providers.append(("fla", fla))
                 for who, fn in providers:
                     try:
-                        errs, note = errors_of(fn, inputs, ref_out, ref_grads, do, dht)
+                        errs, note = errors_of(fn, inputs, ref_out, ref_grads, do, dht, infer=who == "ours")
                     except Exception as exc:  # FLA refuses some gated backwards on Triton 3.6 (#640)
                         errs, note = {}, f"ERR {type(exc).__name__}: {str(exc)[:90]}"
                     bad = [n for n, e in errs.items() if not e <= BOUNDS.get(n, 0)]
