@@ -168,7 +168,7 @@ def test_intra_forward_both_ways(
 
 
 @pytest.mark.parametrize("fused", [1, 0])
-@pytest.mark.parametrize("T", [1, 100])
+@pytest.mark.parametrize("T", [1, 63, 100, 200])
 @pytest.mark.parametrize("name,decay", [("linear_attn", None), ("simple_gla", "scalar")])
 def test_intra_gradients_inside_the_dqk_kernel(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, T: int, fused: int
@@ -356,8 +356,12 @@ def test_out_of_gpu_resources_names_the_call_and_the_fix(monkeypatch: pytest.Mon
 
     x = make_inputs("channel", True, B=1, T=20, H=1, K=32, V=16, seed=0)
     monkeypatch.setattr(chunk, "_chunk_fwd", too_big)
-    with pytest.raises(chunk.KernelResourceError, match=r"K=32, V=16 with float32 inputs.*backend='torch'"):
-        triton_chunk(x["q"], x["k"], x["v"], x["g"], x["beta"])
+    for grad in (True, False):  # the differentiable call and the no-grad forward
+        args = [x[n].clone().requires_grad_(grad) for n in ("q", "k", "v", "g", "beta")]
+        with pytest.raises(
+            chunk.KernelResourceError, match=r"K=32, V=16 with float32 inputs.*backend='torch'"
+        ):
+            triton_chunk(*args)
 
 
 def test_set_tune_applies_overrides_and_names_bad_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -402,7 +406,7 @@ def test_output_in_its_own_pass(
     check_against_naive(inputs)
 
 
-@pytest.mark.parametrize("fused", [1, 0])
+@pytest.mark.parametrize("output,wy", [(1, 1), (1, 0), (0, 0)])
 @pytest.mark.parametrize("T", [1, 100])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound", [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
@@ -414,13 +418,17 @@ def test_forward_without_gradient(
     delta: bool,
     lower_bound: float | None,
     T: int,
-    fused: int,
+    output: int,
+    wy: int,
 ) -> None:
-    # with no gradient wanted the forward skips the buffers kept for the backward (h, Vt); its output and
-    # final state are those of the differentiable call, bit for bit, and match the reference
+    # with no gradient wanted the forward skips the buffers kept for the backward (h, Vt) and, for the delta
+    # rule with state_fwd.wy, the W/U pass (Vt from L, Gamma K and V in the state pass). Its output and final
+    # state match the reference, and are those of the differentiable call bit for bit where the same kernels
+    # compute them (without WY)
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", fused)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", output)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", wy)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 11, lower_bound=lower_bound)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
     h0 = inputs["initial_state"]
@@ -429,7 +437,10 @@ def test_forward_without_gradient(
     leaves = [a.clone().requires_grad_(True) if a is not None else None for a in args]
     o_grad, ht_grad = triton_chunk(*leaves, None, h0, True, 64, lower_bound)
     assert not o.requires_grad and o_grad.requires_grad
-    assert torch.equal(o, o_grad.detach()) and torch.equal(ht, ht_grad.detach())
+    if not (delta and wy):
+        assert torch.equal(o, o_grad.detach()) and torch.equal(ht, ht_grad.detach())
+    else:
+        assert rel_rms(o, o_grad.detach()) <= TOL and rel_rms(ht, ht_grad.detach()) <= TOL
     o_ref, ht_ref = naive_recurrent(
         *[a.double() if a is not None else None for a in args], None, h0.double(), True
     )

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.triton.chunk import MIN_LOWER_BOUND, ChunkFunction, _chunk_fwd, _resources
+from kernels.triton import chunk as _chunk
+from kernels.triton.chunk import MIN_LOWER_BOUND, ChunkFunction
 from kernels.triton.recurrent import recurrent_step_fwd
 
 __all__ = ["VARIANTS", "triton_chunk", "triton_recurrent_step"]
@@ -84,8 +85,8 @@ def triton_chunk(
     tensors = [t for t in (q, k, v, g, beta, initial_state) if t is not None]
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         # no gradient wanted (inference, evaluation): the forward without the buffers kept for a backward
-        with _resources(q, v, "chunk forward"):
-            o, ht, _ = _chunk_fwd(
+        with _chunk._resources(q, v, "chunk forward"):
+            o, ht, _ = _chunk._chunk_fwd(
                 q,
                 k,
                 v,

@@ -654,7 +654,10 @@ def _load_qg(
     return b_q
 
 
-@triton.jit
+# T and NT are not specialised: Triton 3.6 on the H200 miscompiled this kernel's WY form specialised for one
+# chunk (NT == 1, T <= 64): wrong outputs at T = 63 and an illegal memory access at T = 16 and 32, while the
+# interpreter and every T of more than one chunk were right (run 45); unspecialised, T = 1..2048 all match
+@triton.jit(do_not_specialize=["T", "NT"])
 def _state_fwd_kernel(
     k,
     v,
@@ -668,6 +671,9 @@ def _state_fwd_kernel(
     q,
     aqk,
     o,
+    kg,
+    linv,
+    beta,
     scale,
     T,
     NT,
@@ -684,11 +690,14 @@ def _state_fwd_kernel(
     OUT: tl.constexpr,
     STORE_H: tl.constexpr,
     STORE_VT: tl.constexpr,
+    WY: tl.constexpr,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
     # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
     # the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the state and Vt still in registers, instead of
-    # a separate pass that reads both back from memory. STORE_VT: Vt kept (the backward, _output_kernel)
+    # a separate pass that reads both back from memory. STORE_VT: Vt kept (the backward, _output_kernel).
+    # WY (TUNE["state_fwd.wy"], the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
+    # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, K)
@@ -709,7 +718,21 @@ def _state_fwd_kernel(
         p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
         # the state as a dot operand: what h holds (bf16 for 16-bit inputs), so OUT matches _output_kernel
         b_sd = _dot_cast(b_s, LOWP)
-        if DELTA:
+        if DELTA and WY:
+            # pseudo-values Vt = L diag(beta) (V - (Gamma K) S), the WY form of U - W S
+            b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
+            if DECAY == 1:
+                b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+            b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_x -= tl.dot(_dot_cast(b_kg, LOWP), b_sd)
+            p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+            b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
+            b_vt = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP))
+            if STORE_VT:
+                tl.store(vt + p_v, b_vt.to(vt.dtype.element_ty), mask=m_t[:, None])
+            b_vo = b_vt.to(vt.dtype.element_ty).to(tl.float32)
+        elif DELTA:
             # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
             b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
             b_vt = tl.load(u + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -1659,6 +1682,9 @@ TUNE: dict[str, int | None] = {
     # Vt in registers (and, without a gradient wanted, h and Vt not stored); 0: _output_kernel, a pass of its
     # own over the stored h and Vt
     "state_fwd.output": 1,
+    # 1: the delta rule's no-grad forward computes Vt = L diag(beta) (V - (Gamma K) S) inside the state pass
+    # from L, Gamma K and V, and runs no W/U pass (nothing else reads W and U there); 0: Vt = U - W S
+    "state_fwd.wy": 1,
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
     "state_bwd.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1 (see below)
@@ -1899,8 +1925,6 @@ def _chunk_fwd(
     linv = w = u = vt = None
     if delta:
         linv = torch.empty(B, T, H, BT, device=dev, dtype=_l_dtype(lowp))
-        w = torch.empty_like(k)
-        u = torch.empty_like(v)
         vt = torch.empty_like(v)
         _solve_kernel[(NT, B * H)](
             beta,
@@ -1913,6 +1937,11 @@ def _chunk_fwd(
             PREC="tf32" if lowp and TUNE["solve.tf32"] else "tf32x3",
             num_warps=_tuned("solve.warps", 1),
         )
+    # the no-grad forward of the delta rule: Vt from L, Gamma K and V inside the state pass, no W/U pass
+    wy = delta and not keep and bool(TUNE["state_fwd.wy"])
+    if delta and not wy:
+        w = torch.empty_like(k)
+        u = torch.empty_like(v)
         _wu_kernel[(NT, B * H)](
             kg if kg is not None else k,
             v,
@@ -1947,8 +1976,8 @@ def _chunk_fwd(
         kd if kd is not None else k,
         v,
         gcx,
-        w if delta else k,
-        u if delta else v,
+        w if w is not None else k,
+        u if u is not None else v,
         vt if vt is not None else dummy,
         h if h is not None else dummy,
         h0 if h0 is not None else dummy,
@@ -1956,6 +1985,9 @@ def _chunk_fwd(
         qg if qg is not None else q,
         aqk,
         o,
+        kg if kg is not None else k,
+        linv if linv is not None else dummy,
+        beta if beta is not None else dummy,
         scale,
         T,
         NT,
@@ -1972,6 +2004,7 @@ def _chunk_fwd(
         OUT=fused,
         STORE_H=h is not None,
         STORE_VT=vt is not None,
+        WY=wy,
         num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64)),
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )

@@ -45,9 +45,9 @@ BOUNDS = {
     "dinitial_state": 8e-3,
     "dg": 2e-2,
     "dbeta": 2e-2,
-    # the no-grad forward (which skips the buffers kept for the backward) against the differentiable one:
-    # the same kernels on the same data, so the same bits (ours only)
-    "o_infer": 0.0,
+    # the no-grad forward (which skips the buffers kept for the backward and, for the delta rule, the W/U
+    # pass): its output and final state, the larger error of the two (ours only)
+    "o_infer": 5e-3,
 }
 
 
@@ -138,7 +138,7 @@ def errors_of(
                 initial_state=inputs["initial_state"],
                 output_final_state=True,
             )
-        errs["o_infer"] = max(rel_rms(o_inf, o.detach()), rel_rms(ht_inf, ht.detach()))
+        errs["o_infer"] = max(rel_rms(o_inf, ref_out[0]), rel_rms(ht_inf, ref_out[1]))
     try:
         ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
     except Exception as exc:
