@@ -392,16 +392,18 @@ def test_solve_both_precisions(monkeypatch: pytest.MonkeyPatch, tf32: int, chunk
     check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
 
 
+@pytest.mark.parametrize("output", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
-def test_output_in_its_own_pass(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, delta: bool, T: int
+def test_output_pass_both_ways(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, delta: bool, T: int, output: int
 ) -> None:
-    # TUNE["state_fwd.output"] = 0: the output computed by _output_kernel over the stored states instead of
-    # inside the forward state pass (the default); forward and backward as before
+    # TUNE["state_fwd.output"]: the output computed inside the forward state pass (1: what many programs,
+    # B * H * V / 64 >= 256, get by default) or by _output_kernel over the stored states (0: these small
+    # shapes' default); forward and backward either way
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 0)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", output)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=5 * T + delta)
     check_against_naive(inputs)
 

@@ -1680,11 +1680,17 @@ TUNE: dict[str, int | None] = {
     "state_fwd.stages": None,
     # 1: the output O = scale (Q Gamma) S + A_qk Vt computed inside the forward state pass, from the state and
     # Vt in registers (and, without a gradient wanted, h and Vt not stored); 0: _output_kernel, a pass of its
-    # own over the stored h and Vt
-    "state_fwd.output": 1,
+    # own over the stored h and Vt; None: 1 where the state pass has at least 256 programs (B * H * V / 64;
+    # it then runs 128-column blocks), else 0. H200 (runs 44, 46): B8 T8K H16 bounded KDA no-grad forward
+    # 2.67 -> 2.44 ms, fwd+bwd 8.54 -> 8.42 (state pass + output 0.88 -> 0.64 / 0.76 ms); but at B1 H16 (64
+    # programs, run 48) the sweep's T = 64K went 3.93 -> 4.37 ms forward, 11.34 -> 11.92 fwd+bwd
+    "state_fwd.output": None,
     # 1: the delta rule's no-grad forward computes Vt = L diag(beta) (V - (Gamma K) S) inside the state pass
-    # from L, Gamma K and V, and runs no W/U pass (nothing else reads W and U there); 0: Vt = U - W S
-    "state_fwd.wy": 1,
+    # from L, Gamma K and V, and runs no W/U pass (nothing else reads W and U there); 0: Vt = U - W S; None:
+    # as state_fwd.output. H200, B8 T8K H16 (run 45): bounded KDA 2.46 -> 2.23 ms (W/U 0.40 ms gone, the
+    # state pass 0.64 -> 0.82), the delta rule 1.47 -> 1.27; with 4 warps instead of 8 (run 48) the delta
+    # rule 1.26 -> 1.18 but bounded KDA 2.24 -> 2.27; with 64-column blocks (run 47) 2.55 and 1.53
+    "state_fwd.wy": None,
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
     "state_bwd.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1 (see below)
@@ -1816,6 +1822,11 @@ def _maxnreg(key: str, default: int | None) -> int | None:
     return value or None
 
 
+def _auto(key: str, default: bool) -> bool:
+    # a TUNE switch: 0 or 1 where set, else (None) the launch code's rule
+    return default if TUNE[key] is None else bool(TUNE[key])
+
+
 def _num_warps(big: bool) -> int:
     return 8 if big and not INTERPRET else 4
 
@@ -1937,8 +1948,11 @@ def _chunk_fwd(
             PREC="tf32" if lowp and TUNE["solve.tf32"] else "tf32x3",
             num_warps=_tuned("solve.warps", 1),
         )
+    # the state pass's programs: few (B * H small) means a long sequential pass on part of the GPU, where the
+    # output and the W/U products are better left to passes that run every chunk in parallel
+    wide = B * H * max(1, V // 64) >= 256
     # the no-grad forward of the delta rule: Vt from L, Gamma K and V inside the state pass, no W/U pass
-    wy = delta and not keep and bool(TUNE["state_fwd.wy"])
+    wy = delta and not keep and _auto("state_fwd.wy", wide)
     if delta and not wy:
         w = torch.empty_like(k)
         u = torch.empty_like(v)
@@ -1963,7 +1977,7 @@ def _chunk_fwd(
     # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
     h_dtype = torch.bfloat16 if lowp else f32
     # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
-    fused = bool(TUNE["state_fwd.output"])
+    fused = _auto("state_fwd.output", wide)
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype) if keep or not fused else None
     if delta and not keep and fused:
         vt = None
