@@ -1680,16 +1680,19 @@ TUNE: dict[str, int | None] = {
     "state_fwd.stages": None,
     # 1: the output O = scale (Q Gamma) S + A_qk Vt computed inside the forward state pass, from the state and
     # Vt in registers (and, without a gradient wanted, h and Vt not stored); 0: _output_kernel, a pass of its
-    # own over the stored h and Vt; None: 1 where the state pass has at least 256 programs (B * H * V / 64;
-    # it then runs 128-column blocks), else 0. H200 (runs 44, 46): B8 T8K H16 bounded KDA no-grad forward
-    # 2.67 -> 2.44 ms, fwd+bwd 8.54 -> 8.42 (state pass + output 0.88 -> 0.64 / 0.76 ms); but at B1 H16 (64
-    # programs, run 48) the sweep's T = 64K went 3.93 -> 4.37 ms forward, 11.34 -> 11.92 fwd+bwd
+    # own over the stored h and Vt; None: 1 where the state pass has at least 256 programs of 64 columns
+    # (B * H * V / 64; it then runs 128-column blocks), or without a gradient from B * H >= 64 on, else 0.
+    # H200 (runs 44, 46): B8 T8K H16 bounded KDA no-grad forward 2.67 -> 2.44 ms, fwd+bwd 8.54 -> 8.42 (state
+    # pass + output 0.88 -> 0.64 / 0.76 ms); at B1 H16 (run 48) the sweep's T = 64K went 3.93 -> 4.37 ms
+    # forward, 11.34 -> 11.92 fwd+bwd; at B32 T2K H2 (run 50, with state_fwd.wy) no-grad bounded KDA 0.404 ->
+    # 0.382, linear attention 0.119 -> 0.095, but fwd+bwd 1.207 -> 1.224 and the delta rule's 0.715 -> 0.743
     "state_fwd.output": None,
     # 1: the delta rule's no-grad forward computes Vt = L diag(beta) (V - (Gamma K) S) inside the state pass
     # from L, Gamma K and V, and runs no W/U pass (nothing else reads W and U there); 0: Vt = U - W S; None:
-    # as state_fwd.output. H200, B8 T8K H16 (run 45): bounded KDA 2.46 -> 2.23 ms (W/U 0.40 ms gone, the
-    # state pass 0.64 -> 0.82), the delta rule 1.47 -> 1.27; with 4 warps instead of 8 (run 48) the delta
-    # rule 1.26 -> 1.18 but bounded KDA 2.24 -> 2.27; with 64-column blocks (run 47) 2.55 and 1.53
+    # 1 from B * H >= 64 on (as state_fwd.output without a gradient). H200, B8 T8K H16 (run 45): bounded KDA
+    # 2.46 -> 2.23 ms (W/U 0.40 ms gone, the state pass 0.64 -> 0.82), the delta rule 1.47 -> 1.27; with 4
+    # warps instead of 8 (run 48) the delta rule 1.26 -> 1.18 but bounded KDA 2.24 -> 2.27; with 64-column
+    # blocks (run 47) 2.55 and 1.53
     "state_fwd.wy": None,
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
@@ -1949,10 +1952,13 @@ def _chunk_fwd(
             num_warps=_tuned("solve.warps", 1),
         )
     # the state pass's programs: few (B * H small) means a long sequential pass on part of the GPU, where the
-    # output and the W/U products are better left to passes that run every chunk in parallel
+    # output and the W/U products are better left to passes that run every chunk in parallel. H200 (runs
+    # 48-50): the fused forms won at B8 H16 (256 programs of 64 columns) with or without a gradient, at B32 H2
+    # without one only, and lost at B1 H16
     wide = B * H * max(1, V // 64) >= 256
+    many = B * H >= 64
     # the no-grad forward of the delta rule: Vt from L, Gamma K and V inside the state pass, no W/U pass
-    wy = delta and not keep and _auto("state_fwd.wy", wide)
+    wy = delta and not keep and _auto("state_fwd.wy", many)
     if delta and not wy:
         w = torch.empty_like(k)
         u = torch.empty_like(v)
@@ -1977,7 +1983,7 @@ def _chunk_fwd(
     # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
     h_dtype = torch.bfloat16 if lowp else f32
     # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
-    fused = _auto("state_fwd.output", wide)
+    fused = _auto("state_fwd.output", wide if keep else many)
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype) if keep or not fused else None
     if delta and not keep and fused:
         vt = None
