@@ -447,3 +447,42 @@ def test_forward_without_gradient(
         *[a.double() if a is not None else None for a in args], None, h0.double(), True
     )
     assert rel_rms(o, o_ref) <= TOL and rel_rms(ht, ht_ref) <= TOL
+
+
+@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize(
+    "name,decay,lower_bound",
+    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda", "channel", None)]
+    + [("kda_bounded", "channel", -5.0)],
+)
+def test_pseudo_values_kept_for_the_backward(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    lower_bound: float | None,
+    T: int,
+    with_state: bool,
+) -> None:
+    # TUNE["bwd.x"] = 1: the differentiable forward forms Vt in the state pass from L and keeps X = V - (Gamma
+    # K) S, which the dvt backward reads instead of h and Gamma K; the W/U pass writes W alone. Both output
+    # forms of the state pass
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", T % 2)
+    store_u = []
+    wu = chunk._wu_kernel
+
+    class _WuRecorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                store_u.append(kwargs["STORE_U"])
+                return wu[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(chunk, "_wu_kernel", _WuRecorder())
+    inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=T + 3 * with_state, with_state=with_state)
+    check_against_naive(inputs, lower_bound=lower_bound)
+    assert store_u == [False]  # W alone

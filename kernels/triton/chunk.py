@@ -571,9 +571,11 @@ def _wu_kernel(
     DECAY: tl.constexpr,
     LOWP: tl.constexpr,
     PRE_KG: tl.constexpr,
+    STORE_U: tl.constexpr,
 ):
     # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program.
-    # PRE_KG: k already holds Gamma K (written by the cumsum kernel)
+    # PRE_KG: k already holds Gamma K (written by the cumsum kernel). Without STORE_U only W (the state pass
+    # then forms Vt from L and V itself, TUNE["bwd.x"])
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -590,10 +592,11 @@ def _wu_kernel(
     b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, K]
     p_w = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
     tl.store(w + p_w, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    b_v = _load_rows(v, o_t, m_t, i_b, i_h, T, H, V)
-    b_u = tl.dot(b_tm, _dot_cast(b_v, LOWP))  # [BT, V]
-    p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + tl.arange(0, V)[None, :]
-    tl.store(u + p_u, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
+    if STORE_U:
+        b_v = _load_rows(v, o_t, m_t, i_b, i_h, T, H, V)
+        b_u = tl.dot(b_tm, _dot_cast(b_v, LOWP))  # [BT, V]
+        p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + tl.arange(0, V)[None, :]
+        tl.store(u + p_u, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit
@@ -674,6 +677,7 @@ def _state_fwd_kernel(
     kg,
     linv,
     beta,
+    x,
     scale,
     T,
     NT,
@@ -691,13 +695,15 @@ def _state_fwd_kernel(
     STORE_H: tl.constexpr,
     STORE_VT: tl.constexpr,
     WY: tl.constexpr,
+    STORE_X: tl.constexpr,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
     # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
     # the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the state and Vt still in registers, instead of
     # a separate pass that reads both back from memory. STORE_VT: Vt kept (the backward, _output_kernel).
     # WY (TUNE["state_fwd.wy"], the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
-    # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel
+    # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
+    # STORE_X (with WY, TUNE["bwd.x"]): X = V - (Gamma K) S kept for the dvt backward, in the input dtype
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, K)
@@ -725,6 +731,8 @@ def _state_fwd_kernel(
                 b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
             b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_x -= tl.dot(_dot_cast(b_kg, LOWP), b_sd)
+            if STORE_X:
+                tl.store(x + p_v, b_x.to(x.dtype.element_ty), mask=m_t[:, None])
             p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
             b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
@@ -1010,6 +1018,7 @@ def _dvt_bwd_kernel(
     dbeta,
     m_qk,
     m_kk,
+    x,
     scale,
     T,
     NT,
@@ -1022,9 +1031,12 @@ def _dvt_bwd_kernel(
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
     PRE_KG: tl.constexpr,
+    PRE_X: tl.constexpr,
 ):
     # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
-    # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel)
+    # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel).
+    # PRE_X (TUNE["bwd.x"]): X = V - (Gamma K) S as the forward state pass kept it, instead of from h and
+    # Gamma K here
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -1036,7 +1048,8 @@ def _dvt_bwd_kernel(
     if DELTA:
         b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
         b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
-        b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, PRE_KG), LOWP)  # Gamma K
+        if not PRE_X:
+            b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, PRE_KG), LOWP)  # Gamma K
         # dT = dVt V^T + dW (Gamma K)^T with dW = -dVt S^T, i.e. dVt (V - (Gamma K) S)^T
         b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(V // BV):
@@ -1049,13 +1062,18 @@ def _dvt_bwd_kernel(
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         b_dp += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_vt, LOWP)))
         if DELTA:
-            p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
-            b_s = tl.load(h + p_s).to(tl.float32)  # [K, BV]
+            if not PRE_X:
+                p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
+                b_s = tl.load(h + p_s).to(tl.float32)  # [K, BV]
             b_dvt = tl.load(dvt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-            b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            if not PRE_X:
+                b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_dv = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dvt, LOWP))
             tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_t[:, None])
-            b_x = b_v - tl.dot(b_kg, _dot_cast(b_s, LOWP))
+            if PRE_X:
+                b_x = tl.load(x + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            else:
+                b_x = b_v - tl.dot(b_kg, _dot_cast(b_s, LOWP))
             b_dtm += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_x, LOWP)))
     b_dp = tl.where((o_c[:, None] >= o_c[None, :]) & m_t[:, None], b_dp, 0.0) * scale
     tl.store(m_qk + p_a, b_dp.to(m_qk.dtype.element_ty), mask=m_t[:, None])
@@ -1694,6 +1712,11 @@ TUNE: dict[str, int | None] = {
     # warps instead of 8 (run 48) the delta rule 1.26 -> 1.18 but bounded KDA 2.24 -> 2.27; with 64-column
     # blocks (run 47) 2.55 and 1.53
     "state_fwd.wy": None,
+    # 1: the delta rule's differentiable forward forms Vt = L diag(beta) (V - (Gamma K) S) in the state pass
+    # as the no-grad one does, keeps X = V - (Gamma K) S (input dtype) for the dvt backward, which then reads
+    # X instead of the chunk states h and Gamma K, and the W/U pass writes W alone; 0: Vt = U - W S. Not yet
+    # run on a GPU (written after run 50, with the session's device time spent): off until checked and timed
+    "bwd.x": 0,
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
     "state_bwd.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1 (see below)
@@ -1959,9 +1982,13 @@ def _chunk_fwd(
     many = B * H >= 64
     # the no-grad forward of the delta rule: Vt from L, Gamma K and V inside the state pass, no W/U pass
     wy = delta and not keep and _auto("state_fwd.wy", many)
+    # with a gradient (TUNE["bwd.x"]): the same WY form of Vt, keeping X = V - (Gamma K) S for the dvt
+    # backward, and W alone from the W/U pass (the backward reads W; U only served Vt)
+    keep_x = delta and keep and bool(TUNE["bwd.x"])
+    x = torch.empty_like(v) if keep_x else None
     if delta and not wy:
         w = torch.empty_like(k)
-        u = torch.empty_like(v)
+        u = None if keep_x else torch.empty_like(v)
         _wu_kernel[(NT, B * H)](
             kg if kg is not None else k,
             v,
@@ -1969,7 +1996,7 @@ def _chunk_fwd(
             beta,
             linv,
             w,
-            u,
+            u if u is not None else v,
             T,
             H=H,
             K=K,
@@ -1978,6 +2005,7 @@ def _chunk_fwd(
             DECAY=decay,
             LOWP=lowp,
             PRE_KG=kg is not None,
+            STORE_U=u is not None,
             num_warps=_tuned("wu.warps", _num_warps(K >= 128 or V >= 128)),
         )
     # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
@@ -2008,6 +2036,7 @@ def _chunk_fwd(
         kg if kg is not None else k,
         linv if linv is not None else dummy,
         beta if beta is not None else dummy,
+        x if x is not None else dummy,
         scale,
         T,
         NT,
@@ -2024,7 +2053,8 @@ def _chunk_fwd(
         OUT=fused,
         STORE_H=h is not None,
         STORE_VT=vt is not None,
-        WY=wy,
+        WY=wy or keep_x,
+        STORE_X=keep_x,
         num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64)),
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )
@@ -2053,11 +2083,12 @@ def _chunk_fwd(
         )
     if not keep:
         return o, ht, None
-    return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd, kg)
+    # (Gamma K only served X in the backward)
+    return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd, None if keep_x else kg, x)
 
 
 def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, saved):
-    gc, aqk, akk, linv, w, vt, h, qg, kd, kg = saved
+    gc, aqk, akk, linv, w, vt, h, qg, kd, kg, x = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
     pipelined = _pipelined(q, K, V)
@@ -2174,6 +2205,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         dbeta if delta else dq,
         m_qk,
         m_kk,
+        x if x is not None else v,
         scale,
         T,
         NT,
@@ -2186,6 +2218,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         LOWP=lowp,
         PRE_KG=kg is not None,
+        PRE_X=x is not None,
         num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
         num_stages=_tuned("dvt.stages", 2 if pipelined else 1),
     )
