@@ -40,9 +40,10 @@
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
 # the alternative settings of the verify, tune, final and occupancy steps (comma-joined TUNE entries):
-# ALT from the environment, else the state-pass settings of run 34 (all timed and dropped since)
-ALT_OPS="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule}"  # the ops ALT is checked and timed on
-ALT="${ALT:-state_bwd.stages=1,state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2}"
+# ALT from the environment, else bwd.x=1 (written after run 50, not yet run on a GPU: X = V - Gamma K S kept
+# by the forward state pass for the dvt backward)
+ALT_OPS="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule kda}"  # the ops ALT is checked and timed on
+ALT="${ALT:-bwd.x=1}"
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
 STEPS="${2:-check profile fla bench sweep packing}"
 mkdir -p "$OUT"
@@ -106,10 +107,13 @@ for step in $STEPS; do
       # products (cumsum.dot: 0.26 -> 0.76 ms each), with them the intra backward before dqk (dqk 1.59 ->
       # 2.65), A_kk in bf16 (intra_fwd.akk_lowp: bounded KDA fwd+bwd 9.09 -> 9.10); runs 31-42: register caps and
       # stages (adopted: the caps of kernels/triton/chunk.py's TUNE comments), two 16-row blocks per intra
-      # backward step and a per-chunk intra backward (both slower and removed; kernels/triton/README.md)
+      # backward step and a per-chunk intra backward (both slower and removed; kernels/triton/README.md);
+      # runs 44-50: the output and the no-grad W/U inside the forward state pass (state_fwd.output,
+      # state_fwd.wy: adopted where the pass has many programs), with them 64-column blocks, 3 stages (out of
+      # shared memory) and 4 warps (slower for KDA)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-state_bwd.stages=1:kda_bounded,kda,gla,delta_rule,gated_delta_rule state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=2:kda_bounded,kda,gla,delta_rule,gated_delta_rule state_fwd.bv=64,state_fwd.warps=4,state_fwd.stages=1:kda_bounded,delta_rule intra_fwd.warps=2:kda_bounded,kda}; do
+      for entry in ${TUNE_ENTRIES:-bwd.x=1:kda_bounded,kda,delta_rule,gated_delta_rule bwd.x=1,dvt.warps=4:kda_bounded,delta_rule}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
