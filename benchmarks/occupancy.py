@@ -6,11 +6,11 @@ kernels as they are launched, compiled for an H100/H200 (sm_90) on this machine,
     python benchmarks/occupancy.py --options intra_bwd:num_stages=2 intra_bwd:maxnreg=128
 
 The forward and backward launch code (kernels/triton/chunk.py) runs on meta tensors with every kernel
-replaced by a recorder, so each launch is seen with its real constexprs, argument dtypes, warps and
-stages; each is then compiled with Triton's bundled ptxas and `cuobjdump --dump-resource-usage` reads
-its registers per thread, spilled bytes (LOCAL) and shared memory, and `cuobjdump -sass` its static
-instruction counts: all, each loop body's, exponentials (mufu), tensor-core products (mma), barriers. Programs per SM follow from the
-sm_90 limits (65,536 registers in 256-register units per warp, 2,048 threads, 32 blocks, 228 KB of
+replaced by a recorder, so each launch is seen with its real constexprs, argument dtypes, warps and stages;
+each is then compiled with Triton's bundled ptxas and `cuobjdump --dump-resource-usage` reads its registers
+per thread, spilled bytes (LOCAL) and shared memory, and `cuobjdump -sass` its static instruction counts:
+all, each loop body's, exponentials (mufu), tensor-core products (mma), barriers. Programs per SM follow
+from the sm_90 limits (65,536 registers in 256-register units per warp, 2,048 threads, 32 blocks, 228 KB of
 shared memory with 1 KB reserved per block). `--options KERNEL:NAME=INT` compiles one kernel with other
 launch options (num_warps, num_stages, maxnreg) than the launch code's, to see what they would free.
 
@@ -101,12 +101,13 @@ def record(name: str, decay, delta: bool, lower_bound, B: int, T: int, H: int, D
     return launches
 
 
-def _signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
+def _signature(fn, args: tuple, kwargs: dict, plain: tuple = ()) -> tuple[dict, dict, dict]:
     """Triton's signature, constexprs and attributes of one launch, specialized as its launcher would:
     tensors 16-byte aligned (fresh CUDA allocations are 256-byte aligned) and integers divisible by 16
-    get `tt.divisibility` 16, an integer equal to 1 becomes the constant 1. Without these hints (before
-    2026-11-29) the compiler could not vectorize the loads: 16-bit loads one element at a time, twice the
-    instructions, and other register counts than the GPU's launches get."""
+    get `tt.divisibility` 16, an integer equal to 1 becomes the constant 1; except the integers named in
+    `plain` (the kernel's `do_not_specialize`), which the launcher passes as they are. Without these hints
+    (before 2026-11-29) the compiler could not vectorize the loads: 16-bit loads one element at a time,
+    twice the instructions, and other register counts than the GPU's launches get."""
     sig, consts, attrs = {}, {}, {}
     params = list(inspect.signature(fn).parameters.items())
     index = {name: i for i, (name, _) in enumerate(params)}
@@ -119,6 +120,8 @@ def _signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
             attrs[(index[name],)] = [["tt.divisibility", 16]]
         elif isinstance(a, float):
             sig[name] = "fp32"
+        elif name in plain:
+            sig[name] = "i32"
         elif a == 1:
             sig[name] = "constexpr"
             consts[name] = 1
@@ -161,7 +164,8 @@ def sass_counts(sass: str) -> dict:
 def resources(launch: Launch, options: dict) -> dict:
     """Registers per thread, spilled bytes and shared memory of one launch, compiled for sm_90."""
     fn = getattr(chunk, launch.kernel)
-    sig, consts, attrs = _signature(fn.fn, launch.args, launch.kwargs)
+    plain = tuple(p.name for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False))
+    sig, consts, attrs = _signature(fn.fn, launch.args, launch.kwargs, plain)
     opts = {"num_warps": launch.kwargs.get("num_warps", 4), "num_stages": launch.kwargs.get("num_stages", 3)}
     if launch.kwargs.get("maxnreg") is not None:
         opts["maxnreg"] = launch.kwargs["maxnreg"]

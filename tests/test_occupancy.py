@@ -121,6 +121,27 @@ def test_launches_are_specialized_as_the_launcher_does() -> None:
     assert f"{{(0,): {div}, (1,): {div}}}" in odd and "'T': 'i32'" in odd
 
 
+def test_unspecialised_integers_stay_plain() -> None:
+    # the forward state pass is compiled without Triton's specialisation of T and NT (Triton 3.6 miscompiled
+    # its one-chunk form on the H200, run 45): its launcher passes them as plain i32, and so does the script
+    res = _run(
+        [
+            "-c",
+            "import torch; from benchmarks.occupancy import _signature; from kernels.triton import chunk; "
+            "x = torch.empty(4, device='meta', dtype=torch.bfloat16); c = dict(H=16, K=128, BT=64, DECAY=2); "
+            "print([p.name for p in chunk._state_fwd_kernel.params if p.do_not_specialize]); "
+            "f = chunk._rev_cumsum_kernel.fn; "
+            "print(_signature(f, (x, x, 8192), c, ('T',))); print(_signature(f, (x, x, 1), c, ('T',)))",
+        ]
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    names, aligned, one = res.stdout.strip().splitlines()
+    assert names == "['T', 'NT']"
+    div = "[['tt.divisibility', 16]]"
+    assert f"{{(0,): {div}, (1,): {div}}}" in aligned and "'T': 'i32'" in aligned
+    assert "'T': 'i32'" in one and "'T': 1" not in one
+
+
 def test_sass_counts_finds_loops_and_instruction_kinds() -> None:
     sass = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
