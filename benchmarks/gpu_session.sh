@@ -113,7 +113,7 @@ for step in $STEPS; do
       # shared memory) and 4 warps (slower for KDA)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-bwd.x=1:kda_bounded,kda,delta_rule,gated_delta_rule bwd.x=1,dvt.warps=4:kda_bounded,delta_rule}; do
+      for entry in ${TUNE_ENTRIES:-bwd.x=1:kda_bounded,kda,delta_rule,gated_delta_rule bwd.x=1,dvt.warps=8:kda_bounded,delta_rule}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
