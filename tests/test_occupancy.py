@@ -100,22 +100,28 @@ def test_bad_options_are_named() -> None:
     assert "expected KERNEL:NAME=INT" in res.stderr and "intra_bwd:warps=2" in res.stderr
 
 
+# _signature on _rev_cumsum_kernel (pointers x, x and the integer T), in a fresh interpreter (_run)
+_SIGNATURE_SETUP = (
+    "import torch; from benchmarks.occupancy import _signature; from kernels.triton import chunk; "
+    "x = torch.empty(4, device='meta', dtype=torch.bfloat16); c = dict(H=16, K=128, BT=64, DECAY=2); "
+    "f = chunk._rev_cumsum_kernel.fn; "
+)
+_DIV = "[['tt.divisibility', 16]]"
+
+
 def test_launches_are_specialized_as_the_launcher_does() -> None:
     # tensors and integers divisible by 16 carry tt.divisibility 16, an integer 1 becomes a constant: without
     # the hints the compiler cannot vectorize the loads, and the counts would not be the GPU's
     res = _run(
         [
             "-c",
-            "import torch; from benchmarks.occupancy import _signature; from kernels.triton import chunk; "
-            "x = torch.empty(4, device='meta', dtype=torch.bfloat16); c = dict(H=16, K=128, BT=64, DECAY=2); "
-            "f = chunk._rev_cumsum_kernel.fn; "
-            "print(_signature(f, (x, x, 8192), c)); print(_signature(f, (x, x, 1), c)); "
+            _SIGNATURE_SETUP + "print(_signature(f, (x, x, 8192), c)); print(_signature(f, (x, x, 1), c)); "
             "print(_signature(f, (x, x, 100), c))",
         ]
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     aligned, one, odd = res.stdout.strip().splitlines()
-    div = "[['tt.divisibility', 16]]"
+    div = _DIV
     assert f"{{(0,): {div}, (1,): {div}, (2,): {div}}}" in aligned and "'T': 'i32'" in aligned
     assert "'T': 'constexpr'" in one and "'T': 1" in one
     assert f"{{(0,): {div}, (1,): {div}}}" in odd and "'T': 'i32'" in odd
@@ -127,17 +133,15 @@ def test_unspecialised_integers_stay_plain() -> None:
     res = _run(
         [
             "-c",
-            "import torch; from benchmarks.occupancy import _signature; from kernels.triton import chunk; "
-            "x = torch.empty(4, device='meta', dtype=torch.bfloat16); c = dict(H=16, K=128, BT=64, DECAY=2); "
-            "print([p.name for p in chunk._state_fwd_kernel.params if p.do_not_specialize]); "
-            "f = chunk._rev_cumsum_kernel.fn; "
+            _SIGNATURE_SETUP
+            + "print([p.name for p in chunk._state_fwd_kernel.params if p.do_not_specialize]); "
             "print(_signature(f, (x, x, 8192), c, ('T',))); print(_signature(f, (x, x, 1), c, ('T',)))",
         ]
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     names, aligned, one = res.stdout.strip().splitlines()
     assert names == "['T', 'NT']"
-    div = "[['tt.divisibility', 16]]"
+    div = _DIV
     assert f"{{(0,): {div}, (1,): {div}}}" in aligned and "'T': 'i32'" in aligned
     assert "'T': 'i32'" in one and "'T': 1" not in one
 

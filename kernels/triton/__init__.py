@@ -30,6 +30,11 @@ HEAD_SIZES = (16, 32, 64, 128, 256)
 CHUNK_SIZES = (16, 32, 64)
 
 
+def _wants_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd will want gradients of any of the tensors (None entries ignored)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _check_heads(K: int, V: int) -> None:
     if K not in HEAD_SIZES or V not in HEAD_SIZES:
         raise ValueError(
@@ -82,8 +87,7 @@ def triton_chunk(
         o = q.new_zeros(B, 0, H, V)
         state = initial_state if initial_state is not None else q.new_zeros(B, H, K, V, dtype=torch.float32)
         return o, state if output_final_state else None
-    tensors = [t for t in (q, k, v, g, beta, initial_state) if t is not None]
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+    if not _wants_grad(q, k, v, g, beta, initial_state):
         # no gradient wanted (inference, evaluation): the forward without the buffers kept for a backward
         with _chunk._resources(q, v, "chunk forward"):
             o, ht, _ = _chunk._chunk_fwd(
@@ -126,8 +130,7 @@ def triton_recurrent_step(
     _check_heads(K, V)
     if scale is None:
         scale = K**-0.5
-    tensors = [t for t in (q, k, v, g, beta, state) if t is not None]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if _wants_grad(q, k, v, g, beta, state):
         from kernels.naive import recurrent_step
 
         o, new_state = recurrent_step(q, k, v, g, beta, state.float(), scale)

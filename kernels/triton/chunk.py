@@ -724,27 +724,27 @@ def _state_fwd_kernel(
         p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
         # the state as a dot operand: what h holds (bf16 for 16-bit inputs), so OUT matches _output_kernel
         b_sd = _dot_cast(b_s, LOWP)
-        if DELTA and WY:
-            # pseudo-values Vt = L diag(beta) (V - (Gamma K) S), the WY form of U - W S
-            b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
-            if DECAY == 1:
-                b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
-            b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-            b_x -= tl.dot(_dot_cast(b_kg, LOWP), b_sd)
-            if STORE_X:
-                tl.store(x + p_v, b_x.to(x.dtype.element_ty), mask=m_t[:, None])
-            p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-            b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0).to(tl.float32)
-            b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
-            b_vt = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP))
-            if STORE_VT:
-                tl.store(vt + p_v, b_vt.to(vt.dtype.element_ty), mask=m_t[:, None])
-            b_vo = b_vt.to(vt.dtype.element_ty).to(tl.float32)
-        elif DELTA:
-            # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
-            b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
-            b_vt = tl.load(u + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-            b_vt -= tl.dot(_dot_cast(b_w, LOWP), b_sd)
+        if DELTA:
+            if WY:
+                # pseudo-values Vt = L diag(beta) (V - (Gamma K) S), the WY form of U - W S
+                b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
+                if DECAY == 1:
+                    b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+                b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+                b_x -= tl.dot(_dot_cast(b_kg, LOWP), b_sd)
+                if STORE_X:
+                    tl.store(x + p_v, b_x.to(x.dtype.element_ty), mask=m_t[:, None])
+                # (the rows of L here and of A_qk below: one expression twice, left where the revision
+                # checked on the H200 computes them; hoisted above the branches it compiles in another order)
+                p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+                b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0).to(tl.float32)
+                b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
+                b_vt = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP))
+            else:
+                # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
+                b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
+                b_vt = tl.load(u + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+                b_vt -= tl.dot(_dot_cast(b_w, LOWP), b_sd)
             if STORE_VT:
                 tl.store(vt + p_v, b_vt.to(vt.dtype.element_ty), mask=m_t[:, None])
             # the output reads Vt as stored (the input dtype), as _output_kernel does
@@ -1930,7 +1930,7 @@ def _chunk_fwd(
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
     # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
-    tri = (bounded or auto) if TUNE["intra_fwd.tri"] is None else bool(TUNE["intra_fwd.tri"]) or auto
+    tri = _auto("intra_fwd.tri", bounded or auto) or auto
     # unbounded KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (TUNE)
     capped = pipelined and decay == 2 and delta and not bounded
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
@@ -1962,7 +1962,6 @@ def _chunk_fwd(
     linv = w = u = vt = None
     if delta:
         linv = torch.empty(B, T, H, BT, device=dev, dtype=_l_dtype(lowp))
-        vt = torch.empty_like(v)
         _solve_kernel[(NT, B * H)](
             beta,
             akk,
@@ -1978,7 +1977,8 @@ def _chunk_fwd(
     # output and the W/U products are better left to passes that run every chunk in parallel. H200 (runs
     # 48-50): the fused forms won at B8 H16 (256 programs of 64 columns) with or without a gradient, at B32 H2
     # without one only, and lost at B1 H16
-    wide = B * H * max(1, V // 64) >= 256
+    programs = B * H * max(1, V // 64)  # of 64 columns
+    wide = programs >= 256
     many = B * H >= 64
     # the no-grad forward of the delta rule: Vt from L, Gamma K and V inside the state pass, no W/U pass
     wy = delta and not keep and _auto("state_fwd.wy", many)
@@ -2013,11 +2013,11 @@ def _chunk_fwd(
     # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
     fused = _auto("state_fwd.output", wide if keep else many)
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype) if keep or not fused else None
-    if delta and not keep and fused:
-        vt = None
+    # Vt: read by the backward and by _output_kernel
+    vt = torch.empty_like(v) if delta and (keep or not fused) else None
     ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
-    BV = _block_v(V, B * H * max(1, V // 64), "state_fwd.bv", wide=pipelined)
+    BV = _block_v(V, programs, "state_fwd.bv", wide=pipelined)
     h0 = initial_state.contiguous() if initial_state is not None else None
     dummy = v  # a valid pointer (of Vt's dtype) for the buffers a launch does not touch
     _state_fwd_kernel[(V // BV, B * H)](
