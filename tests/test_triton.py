@@ -486,3 +486,74 @@ def test_pseudo_values_kept_for_the_backward(
     inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=T + 3 * with_state, with_state=with_state)
     check_against_naive(inputs, lower_bound=lower_bound)
     assert store_u == [False]  # W alone
+
+
+class _LaunchRecorder:
+    """Stands in for a kernel: records each launch's grid and keyword arguments, runs nothing."""
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append((self.name, grid, kwargs))
+
+        return launch
+
+
+FWD_KERNELS = ["_cumsum_kernel", "_intra_fwd_kernel", "_solve_kernel", "_wu_kernel", "_state_fwd_kernel"]
+
+
+def _forward_launches(monkeypatch, B: int, H: int, lower_bound: float | None, keep: bool) -> dict:
+    from kernels.triton import chunk
+
+    log: list = []
+    for name in FWD_KERNELS + ["_output_kernel"]:
+        monkeypatch.setattr(chunk, name, _LaunchRecorder(name, log))
+    T, D = 100, 128
+    bf = torch.bfloat16
+    q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))
+    g = torch.zeros(B, T, H, D)
+    beta = torch.zeros(B, T, H, dtype=bf)
+    chunk._chunk_fwd(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
+    launches = {}
+    for name, grid, kwargs in log:
+        assert name not in launches  # one launch per kernel
+        launches[name] = (grid, kwargs)
+    return launches
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPatch, keep: bool) -> None:
+    # which forms of the forward the launcher picks (TUNE None = its rule; the figures behind each rule are in
+    # TUNE's comments): KDA with 16-bit inputs at K = V = 128, no kernel run
+    wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)  # B * H * V / 64 = 512
+    state = wide["_state_fwd_kernel"][1]
+    assert state["OUT"] and state["WY"]  # the output and the WY products inside the state pass
+    assert state["STORE_X"] == keep and state["STORE_H"] == keep and state["STORE_VT"] == keep
+    if keep:
+        assert wide["_wu_kernel"][1]["STORE_U"] is False  # W alone: X serves the backward
+    else:
+        assert "_wu_kernel" not in wide and "_output_kernel" not in wide
+    assert wide["_intra_fwd_kernel"][1]["num_warps"] == 2  # bounded gate, no register cap
+
+    few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
+    state = few["_state_fwd_kernel"][1]
+    assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
+    assert few["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in few
+    # unbounded KDA: capped at 128 registers a thread, where 2 warps lost
+    assert few["_intra_fwd_kernel"][1]["num_warps"] == 4
+    assert few["_intra_fwd_kernel"][1]["maxnreg"] == 128
+
+
+def test_launch_rules_yield_to_tune(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "bwd.x", 0)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 0)
+    monkeypatch.setitem(chunk.TUNE, "intra_fwd.warps", 4)
+    wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=True)
+    state = wide["_state_fwd_kernel"][1]
+    assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
+    assert wide["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in wide
+    assert wide["_intra_fwd_kernel"][1]["num_warps"] == 4

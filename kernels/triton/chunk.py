@@ -1673,7 +1673,10 @@ def _intra_bwd_kernel(
 # fp32 inputs (fp32 tiles, twice the bytes) asked for 240 KB with them and run the loops unpipelined.
 # `python benchmarks/profile_gpu.py --set solve.warps=2 state_bwd.stages=1` tries others.
 TUNE: dict[str, int | None] = {
-    "intra_fwd.warps": 4,
+    # None: 2 for the per-channel decay with 16-bit inputs at K, V <= 128 where no register cap applies
+    # (bounded KDA, GLA), else 4. H200, B8 T8K H16 (run 52): bounded KDA 0.986 -> 0.960 ms, GLA 0.795 ->
+    # 0.728; unbounded KDA (capped at 128 registers) 1.08 -> 1.42 with 2, so 4 there
+    "intra_fwd.warps": None,
     # stages: Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for unbounded KDA with 16-bit
     # inputs at K, V <= 128, else no cap. benchmarks/occupancy.py (sm_90, Triton 3.9, B8 T8K H16): 194
     # registers hold unbounded KDA's intra forward to 2 programs (8 warps) per SM, the cap allows 4 (176
@@ -1714,9 +1717,11 @@ TUNE: dict[str, int | None] = {
     "state_fwd.wy": None,
     # 1: the delta rule's differentiable forward forms Vt = L diag(beta) (V - (Gamma K) S) in the state pass
     # as the no-grad one does, keeps X = V - (Gamma K) S (input dtype) for the dvt backward, which then reads
-    # X instead of the chunk states h and Gamma K, and the W/U pass writes W alone; 0: Vt = U - W S. Not yet
-    # run on a GPU (written after run 50, with the session's device time spent): off until checked and timed
-    "bwd.x": 0,
+    # X instead of the chunk states h and Gamma K, and the W/U pass writes W alone; 0: Vt = U - W S; None: 1
+    # where the state pass has at least 256 programs of 64 columns (as state_fwd.output with a gradient).
+    # H200, B8 T8K H16 (run 51, checked within bounds): bounded KDA fwd+bwd 8.42 -> 8.36 ms (state pass 0.76
+    # -> 1.08, W/U 0.39 -> 0.20, dvt 0.89 -> 0.70), KDA 8.65 -> 8.59, the delta rule 4.86 -> 4.77
+    "bwd.x": None,
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
     "state_bwd.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1 (see below)
@@ -1955,7 +1960,7 @@ def _chunk_fwd(
         STORE_DECAYED=not early,
         TRI=tri,
         AUTO=auto,
-        num_warps=_tuned("intra_fwd.warps", 4),
+        num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not capped else 4),
         num_stages=_tuned("intra_fwd.stages", 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
     )
@@ -1984,7 +1989,7 @@ def _chunk_fwd(
     wy = delta and not keep and _auto("state_fwd.wy", many)
     # with a gradient (TUNE["bwd.x"]): the same WY form of Vt, keeping X = V - (Gamma K) S for the dvt
     # backward, and W alone from the W/U pass (the backward reads W; U only served Vt)
-    keep_x = delta and keep and bool(TUNE["bwd.x"])
+    keep_x = delta and keep and _auto("bwd.x", wide)
     x = torch.empty_like(v) if keep_x else None
     if delta and not wy:
         w = torch.empty_like(k)
