@@ -483,9 +483,39 @@ def test_pseudo_values_kept_for_the_backward(
             return launch
 
     monkeypatch.setattr(chunk, "_wu_kernel", _WuRecorder())
-    inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=T + 3 * with_state, with_state=with_state)
+    inputs = make_inputs(
+        decay,
+        True,
+        1,
+        T,
+        2,
+        K=16,
+        V=32,
+        seed=T + 3 * with_state,
+        lower_bound=lower_bound,
+        with_state=with_state,
+    )
     check_against_naive(inputs, lower_bound=lower_bound)
     assert store_u == [False]  # W alone
+
+
+@pytest.mark.parametrize("T", [63, 100])
+@pytest.mark.parametrize(
+    "name,decay,lower_bound",
+    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
+)
+def test_dqk_delta_term_first(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None, T: int
+) -> None:
+    # TUNE["dqk.early_w"] = 1: the dqk kernel forms the delta rule's d(Gamma K) = T^T dW before loading the
+    # decay's tiles (fewer registers live at once); same gradients, with and without an initial state
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "dqk.early_w", 1)
+    inputs = make_inputs(
+        decay, True, 1, T, 2, K=16, V=32, seed=T + 29, lower_bound=lower_bound, with_state=T % 2 == 1
+    )
+    check_against_naive(inputs, lower_bound=lower_bound)
 
 
 class _LaunchRecorder:

@@ -903,6 +903,7 @@ def _dqk_bwd_kernel(
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
     FUSED: tl.constexpr,
+    EARLY_W: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
@@ -944,6 +945,14 @@ def _dqk_bwd_kernel(
         if DELTA:
             b_dvt = tl.load(dvt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_dws += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
+    if DELTA:
+        # Vt = U - W S: dW = -dVt S^T; W = T (Gamma K) with T = L diag(beta): d(Gamma K) = T^T dW. First, so
+        # that dVt S^T and T are dead before the decay's tiles load (TUNE["dqk.early_w"])
+        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+        if EARLY_W:
+            b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+            b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
+            b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
     b_q = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K)
     b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
     if DECAY == 2:
@@ -970,12 +979,11 @@ def _dqk_bwd_kernel(
     b_dg -= b_k * b_dk
     b_dgl += tl.sum(b_k * b_dk, 0)
     if DELTA:
-        # Vt = U - W S: dW = -dVt S^T; W = T (Gamma K) with T = L diag(beta): d(Gamma K) = T^T dW
-        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-        b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
-        b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
-        b_dw = -b_dws
-        b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dw, LOWP)) * b_eg
+        if not EARLY_W:
+            b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+            b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
+            b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
+        b_dkg = b_dkg * b_eg
         b_dk += b_dkg
         b_dg += b_k * b_dkg
     if FUSED:
@@ -1726,6 +1734,11 @@ TUNE: dict[str, int | None] = {
     "state_bwd.bv": None,
     "state_bwd.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1 (see below)
     "dqk.warps": 4,
+    # 1: the delta rule's d(Gamma K) = T^T dW formed right after the V loop, before the decay's tiles load
+    # (shorter live ranges in the epilogue); 0: after them. sm_90 (occupancy.py): bounded KDA's dqk spills
+    # 336 -> 64 bytes, GDN's 88 -> 0; H200, B8 T8K H16 (run 53, checked within bounds): dqk 1.597 -> 1.551 ms
+    # (bounded KDA), 1.415 -> 1.298 (GDN), fwd+bwd 8.383 -> 8.335, 6.928 -> 6.816
+    "dqk.early_w": 1,
     "dqk.bk": None,  # key columns per program (16-128): 64
     # 3 for 16-bit inputs with K, V <= 128 (2 for the delta rule without a decay), else 1. H200, B8 T8K H16
     # (run 22): 2 stages took the delta rule's dqk kernel 1.09 -> 0.85 ms, bounded KDA's 1.71 -> 1.78
@@ -2185,6 +2198,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         LOWP=lowp,
         FUSED=fused,
+        EARLY_W=bool(TUNE["dqk.early_w"]),
         num_warps=_tuned("dqk.warps", 4),
         num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
     )
