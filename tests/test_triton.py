@@ -534,18 +534,30 @@ class _LaunchRecorder:
 FWD_KERNELS = ["_cumsum_kernel", "_intra_fwd_kernel", "_solve_kernel", "_wu_kernel", "_state_fwd_kernel"]
 
 
+BWD_KERNELS = [
+    "_state_bwd_kernel",
+    "_dqk_bwd_kernel",
+    "_dvt_bwd_kernel",
+    "_intra_bwd_kernel",
+    "_rev_cumsum_kernel",
+]
+
+
 def _forward_launches(monkeypatch, B: int, H: int, lower_bound: float | None, keep: bool) -> dict:
+    # the launches of KDA's forward (and with keep, its backward) at B, T=100, H, K = V = 128, bf16
     from kernels.triton import chunk
 
     log: list = []
-    for name in FWD_KERNELS + ["_output_kernel"]:
+    for name in FWD_KERNELS + ["_output_kernel"] + BWD_KERNELS:
         monkeypatch.setattr(chunk, name, _LaunchRecorder(name, log))
     T, D = 100, 128
     bf = torch.bfloat16
     q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))
     g = torch.zeros(B, T, H, D)
     beta = torch.zeros(B, T, H, dtype=bf)
-    chunk._chunk_fwd(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
+    _, _, saved = chunk._chunk_fwd(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
+    if keep:
+        chunk._chunk_bwd(q, k, v, g, beta, 1.0, None, torch.zeros_like(v), None, 64, lower_bound, saved)
     launches = {}
     for name, grid, kwargs in log:
         assert name not in launches  # one launch per kernel
@@ -566,11 +578,18 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     else:
         assert "_wu_kernel" not in wide and "_output_kernel" not in wide
     assert wide["_intra_fwd_kernel"][1]["num_warps"] == 2  # bounded gate, no register cap
+    assert wide["_intra_fwd_kernel"][1]["num_stages"] == 1  # the triangular loop's 1-4 steps unpipelined
+    if keep:
+        assert wide["_wu_kernel"][1]["num_warps"] == 4  # W alone
+        assert wide["_dvt_bwd_kernel"][1]["PRE_X"] and wide["_dvt_bwd_kernel"][1]["num_stages"] == 3
+        assert wide["_intra_bwd_kernel"][1]["num_stages"] == 1
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]
     assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
     assert few["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in few
+    if keep:
+        assert not few["_dvt_bwd_kernel"][1]["PRE_X"] and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
     # unbounded KDA: capped at 128 registers a thread, where 2 warps lost
     assert few["_intra_fwd_kernel"][1]["num_warps"] == 4
     assert few["_intra_fwd_kernel"][1]["maxnreg"] == 128

@@ -1685,7 +1685,9 @@ TUNE: dict[str, int | None] = {
     # (bounded KDA, GLA), else 4. H200, B8 T8K H16 (run 52): bounded KDA 0.986 -> 0.960 ms, GLA 0.795 ->
     # 0.728; unbounded KDA (capped at 128 registers) 1.08 -> 1.42 with 2, so 4 there
     "intra_fwd.warps": None,
-    # stages: Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for unbounded KDA with 16-bit
+    # stages: 1 for the per-channel decay, whose triangular loop runs 1-4 steps (H200, B8 T8K H16, run 54:
+    # bounded KDA 0.962 -> 0.886 ms, GLA 0.728 -> 0.618, KDA 1.085 -> 1.006; 2 stages 0.945, 0.653, 1.080),
+    # else Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for unbounded KDA with 16-bit
     # inputs at K, V <= 128, else no cap. benchmarks/occupancy.py (sm_90, Triton 3.9, B8 T8K H16): 194
     # registers hold unbounded KDA's intra forward to 2 programs (8 warps) per SM, the cap allows 4 (176
     # bytes spilled): 1.361 -> 1.082 ms on the H200 (run 31; fwd+bwd 9.56 -> 9.31). Bounded KDA (128
@@ -1698,6 +1700,8 @@ TUNE: dict[str, int | None] = {
     # data), TF32 adds 0.06-0.6x the error of storing L in bf16; H200 (run 38): 0.309 -> 0.162 ms, bf16
     # errors unchanged to two digits
     "solve.tf32": 1,
+    # None: 4 where the pass writes W alone (bwd.x; H200, B8 T8K H16, run 54: 0.205 -> 0.177 ms for bounded
+    # KDA and the delta rule), else 8 at K or V >= 128 and 4 below
     "wu.warps": None,
     "state_fwd.warps": None,
     # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 for fp32 inputs or
@@ -1744,7 +1748,9 @@ TUNE: dict[str, int | None] = {
     # (run 22): 2 stages took the delta rule's dqk kernel 1.09 -> 0.85 ms, bounded KDA's 1.71 -> 1.78
     "dqk.stages": None,
     "dvt.warps": 4,
-    "dvt.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1
+    # 2 for 16-bit inputs with K, V <= 128 (3 where it reads X, bwd.x: H200, B8 T8K H16, run 54: 0.699 ->
+    # 0.663 ms for bounded KDA and the delta rule; 3 lost with h and Gamma K, run 22), else 1
+    "dvt.stages": None,
     "intra_bwd.warps": 4,
     "intra_bwd.bk": None,  # key columns per program (16-128): 64 for the per-channel decay, else 128
     # stages 3 and no register cap, except for the delta rule without decay (16-bit inputs, K, V <= 128): 2
@@ -1753,7 +1759,9 @@ TUNE: dict[str, int | None] = {
     # ms for bounded and unbounded KDA and GLA (bounded KDA 2.489 -> 2.605 ms; 2 stages alone 2.627). KDA
     # (both gates; 16-bit, K, V <= 128): 3 stages and a cap of 96 (121 registers and 4 programs per SM -> 5,
     # 48 bytes spilled; run 41: bounded 2.379 -> 2.278 ms, unbounded 2.510 -> 2.407; 80 registers, 6
-    # programs and 136 bytes spilled: 2.352; GLA at 96: 1.987 -> 1.990)
+    # programs and 136 bytes spilled: 2.352; GLA at 96: 1.987 -> 1.990). The per-channel decay's triangular
+    # loops run 1-4 steps: 1 stage there (H200, B8 T8K H16, run 54: bounded KDA 2.287 -> 2.116 ms, KDA 2.419
+    # -> 2.285, GLA 1.989 -> 1.740; sm_90: bounded KDA's spill 48 -> 8 bytes, GLA 116 -> 94 registers)
     "intra_bwd.stages": None,
     "intra_bwd.maxnreg": None,
     # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
@@ -1974,7 +1982,7 @@ def _chunk_fwd(
         TRI=tri,
         AUTO=auto,
         num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not capped else 4),
-        num_stages=_tuned("intra_fwd.stages", 3),
+        num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
     )
     linv = w = u = vt = None
@@ -2024,7 +2032,7 @@ def _chunk_fwd(
             LOWP=lowp,
             PRE_KG=kg is not None,
             STORE_U=u is not None,
-            num_warps=_tuned("wu.warps", _num_warps(K >= 128 or V >= 128)),
+            num_warps=_tuned("wu.warps", 4 if u is None else _num_warps(K >= 128 or V >= 128)),
         )
     # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
     h_dtype = torch.bfloat16 if lowp else f32
@@ -2239,7 +2247,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         PRE_KG=kg is not None,
         PRE_X=x is not None,
         num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
-        num_stages=_tuned("dvt.stages", 2 if pipelined else 1),
+        num_stages=_tuned("dvt.stages", (3 if x is not None else 2) if pipelined else 1),
     )
     # tf32 rather than bf16 operands here: dG = x dx - y dy cancels, and the bounded path's e^75-scaled
     # operands left dg at 2.1e-2 relative error in bf16 on the H200
@@ -2278,7 +2286,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         TRI=bool(TUNE["intra_bwd.tri"]) or auto,
         AUTO=auto,
         num_warps=_tuned("intra_bwd.warps", 4),
-        num_stages=_tuned("intra_bwd.stages", 2 if capped else 3),
+        num_stages=_tuned("intra_bwd.stages", 1 if decay == 2 else (2 if capped else 3)),
         maxnreg=_maxnreg("intra_bwd.maxnreg", 128 if capped else (96 if kda_capped else None)),
     )
     if decay:
