@@ -577,12 +577,13 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert wide["_wu_kernel"][1]["STORE_U"] is False  # W alone: X serves the backward
     else:
         assert "_wu_kernel" not in wide and "_output_kernel" not in wide
-    assert wide["_intra_fwd_kernel"][1]["num_warps"] == 2  # bounded gate, no register cap
+    assert wide["_intra_fwd_kernel"][1]["num_warps"] == 4  # (2 for GLA)
     assert wide["_intra_fwd_kernel"][1]["num_stages"] == 1  # the triangular loop's 1-4 steps unpipelined
     if keep:
         assert wide["_wu_kernel"][1]["num_warps"] == 4  # W alone
         assert wide["_dvt_bwd_kernel"][1]["PRE_X"] and wide["_dvt_bwd_kernel"][1]["num_stages"] == 3
         assert wide["_intra_bwd_kernel"][1]["num_stages"] == 1
+        assert wide["_state_bwd_kernel"][1]["num_stages"] == 1
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]
@@ -600,9 +601,9 @@ def test_launch_rules_yield_to_tune(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setitem(chunk.TUNE, "bwd.x", 0)
     monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 0)
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.warps", 4)
+    monkeypatch.setitem(chunk.TUNE, "intra_fwd.warps", 2)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=True)
     state = wide["_state_fwd_kernel"][1]
     assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
     assert wide["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in wide
-    assert wide["_intra_fwd_kernel"][1]["num_warps"] == 4
+    assert wide["_intra_fwd_kernel"][1]["num_warps"] == 2

@@ -1681,9 +1681,10 @@ def _intra_bwd_kernel(
 # fp32 inputs (fp32 tiles, twice the bytes) asked for 240 KB with them and run the loops unpipelined.
 # `python benchmarks/profile_gpu.py --set solve.warps=2 state_bwd.stages=1` tries others.
 TUNE: dict[str, int | None] = {
-    # None: 2 for the per-channel decay with 16-bit inputs at K, V <= 128 where no register cap applies
-    # (bounded KDA, GLA), else 4. H200, B8 T8K H16 (run 52): bounded KDA 0.986 -> 0.960 ms, GLA 0.795 ->
-    # 0.728; unbounded KDA (capped at 128 registers) 1.08 -> 1.42 with 2, so 4 there
+    # None: 2 for GLA (the per-channel decay without the delta rule) with 16-bit inputs at K, V <= 128, else
+    # 4. H200, B8 T8K H16: with 3 stages (run 52) GLA 0.795 -> 0.728 ms and bounded KDA 0.986 -> 0.960, with
+    # one (run 56) GLA 0.617 with 2 against 0.682 with 4, bounded KDA 0.885 against 0.868; unbounded KDA
+    # (capped at 128 registers) 1.08 -> 1.42 with 2
     "intra_fwd.warps": None,
     # stages: 1 for the per-channel decay, whose triangular loop runs 1-4 steps (H200, B8 T8K H16, run 54:
     # bounded KDA 0.962 -> 0.886 ms, GLA 0.728 -> 0.618, KDA 1.085 -> 1.006; 2 stages 0.945, 0.653, 1.080),
@@ -1736,7 +1737,9 @@ TUNE: dict[str, int | None] = {
     "bwd.x": None,
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
-    "state_bwd.stages": None,  # 2 for 16-bit inputs with K, V <= 128, else 1 (see below)
+    # 2 for 16-bit inputs with K, V <= 128 (1 for KDA: H200, B8 T8K H16, run 56, 0.793 -> 0.770 ms bounded
+    # and unbounded; GLA 0.683 -> 0.691), else 1 (see below)
+    "state_bwd.stages": None,
     "dqk.warps": 4,
     # 1: the delta rule's d(Gamma K) = T^T dW formed right after the V loop, before the decay's tiles load
     # (shorter live ranges in the epilogue); 0: after them. sm_90 (occupancy.py): bounded KDA's dqk spills
@@ -1981,7 +1984,7 @@ def _chunk_fwd(
         STORE_DECAYED=not early,
         TRI=tri,
         AUTO=auto,
-        num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not capped else 4),
+        num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
     )
@@ -2159,7 +2162,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         HAS_DHT=dht is not None,
         LOWP=lowp,
         num_warps=_tuned("state_bwd.warps", _num_warps(K * BV >= 128 * 64)),
-        num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
+        num_stages=_tuned("state_bwd.stages", 2 if pipelined and not (decay == 2 and delta) else 1),
     )
     # no delta rule and no per-channel decay: the dqk kernel can do the intra-chunk part as well
     fused = bool(TUNE["dqk.fused_intra"]) and not delta and decay <= 1
