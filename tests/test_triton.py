@@ -591,6 +591,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     assert few["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in few
     if keep:
         assert not few["_dvt_bwd_kernel"][1]["PRE_X"] and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
+        assert few["_state_bwd_kernel"][1]["num_stages"] == 2  # a long reverse pass keeps its pipelining
     # unbounded KDA: capped at 128 registers a thread, where 2 warps lost
     assert few["_intra_fwd_kernel"][1]["num_warps"] == 4
     assert few["_intra_fwd_kernel"][1]["maxnreg"] == 128

@@ -1737,8 +1737,10 @@ TUNE: dict[str, int | None] = {
     "bwd.x": None,
     "state_bwd.warps": 4,
     "state_bwd.bv": None,
-    # 2 for 16-bit inputs with K, V <= 128 (1 for KDA: H200, B8 T8K H16, run 56, 0.793 -> 0.770 ms bounded
-    # and unbounded; GLA 0.683 -> 0.691), else 1 (see below)
+    # 2 for 16-bit inputs with K, V <= 128, else 1 (see below); 1 for KDA where the pass has many programs
+    # (B * H * V / 64 >= 256: H200, B8 T8K H16, run 56, 0.793 -> 0.770 ms bounded and unbounded; GLA 0.683 ->
+    # 0.691). Few programs need the pipelining: at B1 H16 (run 59) 1 stage took bounded KDA's fwd+bwd at
+    # T=64K from 10.95 to 13.02 ms
     "state_bwd.stages": None,
     "dqk.warps": 4,
     # 1: the delta rule's d(Gamma K) = T^T dW formed right after the V loop, before the decay's tiles load
@@ -2134,7 +2136,9 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     dvt = torch.empty(B, T, H, V, device=dev, dtype=f32 if not lowp else q.dtype)
     dh = torch.empty(B, H, NT, K, V, device=dev, dtype=h.dtype)
     dh0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
-    BV = _block_v(V, B * H * max(1, V // 64), "state_bwd.bv")
+    programs = B * H * max(1, V // 64)  # of 64 columns, as in the forward's rules
+    wide = programs >= 256
+    BV = _block_v(V, programs, "state_bwd.bv")
     # software pipelining over the chunk loop: 3 stages of its buffered loads (A_qk, q, k, G, W per stage)
     # asked for 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1; with the decayed q, k
     # precomputed, 2 stages of 16-bit tiles fit (B8 T8K H16: 1.46 -> 0.81-0.90 ms with 4 warps)
@@ -2162,7 +2166,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         HAS_DHT=dht is not None,
         LOWP=lowp,
         num_warps=_tuned("state_bwd.warps", _num_warps(K * BV >= 128 * 64)),
-        num_stages=_tuned("state_bwd.stages", 2 if pipelined and not (decay == 2 and delta) else 1),
+        num_stages=_tuned("state_bwd.stages", 2 if pipelined and not (decay == 2 and delta and wide) else 1),
     )
     # no delta rule and no per-channel decay: the dqk kernel can do the intra-chunk part as well
     fused = bool(TUNE["dqk.fused_intra"]) and not delta and decay <= 1
