@@ -1,0 +1,124 @@
+"""Does a change alter how the kernels are launched at a shape? Run the forward (with and without a
+gradient) and backward launch code of kernels/triton/chunk.py on meta tensors, every kernel replaced by a
+recorder, at the working tree and at a git revision, and diff the launches: grid, constexprs, warps,
+stages, register caps. No GPU, nothing compiled.
+
+    python benchmarks/launch_diff.py REV --op kda_bounded --B 1 --T 65536 --H 16
+    python benchmarks/launch_diff.py HEAD~3 --op delta_rule --B 32 --T 2048 --H 2
+
+For launch-rule changes made when no device time is left: where the launches at a shape are the same as
+at a revision measured on the GPU, that revision's figures at that shape still hold. (Whether a kernel's
+code compiles to the same instructions is benchmarks/ptx_diff.py's question.) Exits 1 when they differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (decay, delta rule, lower bound) of each op, as in kernels.triton.VARIANTS
+OPS = {
+    "linear_attn": (None, False, None),
+    "simple_gla": ("scalar", False, None),
+    "gla": ("channel", False, None),
+    "delta_rule": (None, True, None),
+    "gated_delta_rule": ("scalar", True, None),
+    "kda": ("channel", True, None),
+    "kda_bounded": ("channel", True, -5.0),
+}
+
+# runs in a fresh interpreter inside the tree (argv: B T H D decay delta lower_bound); one line a launch
+_RECORD = r"""
+import os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.getcwd())
+import torch
+from kernels.triton import chunk
+
+B, T, H, D = (int(x) for x in sys.argv[1:5])
+decay = None if sys.argv[5] == "none" else sys.argv[5]
+delta = sys.argv[6] == "1"
+lower_bound = None if sys.argv[7] == "none" else float(sys.argv[7])
+log = []
+
+
+class Recorder:
+    def __init__(self, name):
+        self.name = name
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: log.append((self.name, grid, sorted(kwargs.items())))
+
+
+for name in dir(chunk):
+    if name.startswith("_") and name.endswith("_kernel"):
+        setattr(chunk, name, Recorder(name))
+bf = torch.bfloat16
+q, k, v = (torch.empty(B, T, H, D, dtype=bf, device="meta") for _ in range(3))
+g = None
+if decay is not None:
+    g = torch.empty((B, T, H) if decay == "scalar" else (B, T, H, D), device="meta")
+beta = torch.empty(B, T, H, dtype=bf, device="meta") if delta else None
+for keep in (False, True):
+    log.append("-- forward " + ("with a gradient" if keep else "without a gradient"))
+    _, _, saved = chunk._chunk_fwd(q, k, v, g, beta, D**-0.5, None, False, 64, lower_bound, keep=keep)
+log.append("-- backward")
+chunk._chunk_bwd(q, k, v, g, beta, D**-0.5, None, torch.empty_like(v), None, 64, lower_bound, saved)
+for entry in log:
+    if isinstance(entry, str):
+        print(entry)
+    else:
+        name, grid, kwargs = entry
+        print(name, grid, " ".join(f"{key}={value}" for key, value in kwargs))
+"""
+
+
+def record(tree: Path, args: argparse.Namespace) -> list[str]:
+    decay, delta, lower_bound = OPS[args.op]
+    argv = [str(args.B), str(args.T), str(args.H), str(args.D), decay or "none", str(int(delta))]
+    argv.append("none" if lower_bound is None else str(lower_bound))
+    out = subprocess.run(
+        [sys.executable, "-c", _RECORD, *argv], cwd=tree, capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        sys.exit(f"recording the launches in {tree} failed:\n{out.stderr[-2000:]}")
+    return out.stdout.splitlines()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("rev", help="git revision to compare the working tree against, e.g. HEAD~3")
+    ap.add_argument("--op", choices=sorted(OPS), default="kda_bounded")
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--D", type=int, default=128, help="K = V")
+    args = ap.parse_args()
+    new = record(ROOT, args)
+    with tempfile.TemporaryDirectory() as tmp:
+        old_tree = Path(tmp) / "old"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "-q", str(old_tree), args.rev], cwd=ROOT, check=True
+        )
+        try:
+            old = record(old_tree, args)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT, check=True)
+    shape = f"B{args.B} T{args.T} H{args.H} K=V={args.D} bf16"
+    print(f"{args.op} {shape}: {len(old)} launches at {args.rev}, {len(new)} now")
+    diff = list(difflib.unified_diff(old, new, args.rev, "working tree", lineterm="", n=0))
+    if not diff:
+        print("same launches")
+        return
+    print("\n".join(diff))
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
