@@ -40,8 +40,8 @@
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
 # the alternative settings of the verify, tune, final and occupancy steps (comma-joined TUNE entries):
-# ALT from the environment, else bwd.x=1 (written after run 50, not yet run on a GPU: X = V - Gamma K S kept
-# by the forward state pass for the dvt backward)
+# ALT from the environment, else bwd.x=1 (the default only where the state pass has >= 256 programs of 64
+# columns, so the checks' small shapes take it only when forced; checked so in runs 51, 55 and 59)
 ALT_OPS="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule kda}"  # the ops ALT is checked and timed on
 ALT="${ALT:-bwd.x=1}"
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
@@ -110,10 +110,13 @@ for step in $STEPS; do
       # backward step and a per-chunk intra backward (both slower and removed; kernels/triton/README.md);
       # runs 44-50: the output and the no-grad W/U inside the forward state pass (state_fwd.output,
       # state_fwd.wy: adopted where the pass has many programs), with them 64-column blocks, 3 stages (out of
-      # shared memory) and 4 warps (slower for KDA)
+      # shared memory) and 4 warps (slower for KDA, 0.08 ms faster for the delta rule: the default entry);
+      # runs 51-59 (benchmarks/tune_shapes.sh for tries at other shapes): bwd.x, dqk.early_w, 1 stage in the
+      # per-channel intra kernels, W/U 4 warps, dvt 3 stages (adopted); state_fwd.output=0 with bwd.x,
+      # state_fwd.warps=16, dqk.stages=1 or 2, intra_bwd.maxnreg=80, intra_bwd.bk=128 (slower or even)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-bwd.x=1:kda_bounded,kda,delta_rule,gated_delta_rule bwd.x=1,dvt.warps=8:kda_bounded,delta_rule}; do
+      for entry in ${TUNE_ENTRIES:-state_fwd.warps=4:delta_rule,gated_delta_rule,linear_attn,simple_gla}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
