@@ -40,10 +40,11 @@
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
 # the alternative settings of the verify, tune, final and occupancy steps (comma-joined TUNE entries):
-# ALT from the environment, else bwd.x=1 (the default only where the state pass has >= 256 programs of 64
-# columns, so the checks' small shapes take it only when forced; checked so in runs 51, 55 and 59)
-ALT_OPS="${ALT_OPS:-kda_bounded delta_rule gated_delta_rule kda}"  # the ops ALT is checked and timed on
-ALT="${ALT:-bwd.x=1}"
+# ALT from the environment, else bwd.intra_first=1 (written after run 59, not yet run on a GPU: the intra
+# backward before dqk, which reverse-cumsums dG itself) with bwd.x=1 (the default only where the state pass
+# has >= 256 programs of 64 columns, so the checks' small shapes take it only when forced)
+ALT_OPS="${ALT_OPS:-kda_bounded kda gla delta_rule gated_delta_rule}"  # the ops ALT is checked and timed on
+ALT="${ALT:-bwd.intra_first=1,bwd.x=1}"
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
 STEPS="${2:-check profile fla bench sweep packing}"
 mkdir -p "$OUT"
@@ -116,7 +117,7 @@ for step in $STEPS; do
       # state_fwd.warps=16, dqk.stages=1 or 2, intra_bwd.maxnreg=80, intra_bwd.bk=128 (slower or even)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-state_fwd.warps=4:delta_rule,gated_delta_rule,linear_attn,simple_gla}; do
+      for entry in ${TUNE_ENTRIES:-bwd.intra_first=1:kda_bounded,kda,gla,delta_rule state_fwd.warps=4:delta_rule,gated_delta_rule,linear_attn,simple_gla}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"

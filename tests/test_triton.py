@@ -518,6 +518,41 @@ def test_dqk_delta_term_first(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
+@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound",
+    [op + (None,) for op in OPS if op[0] != "linear_attn"] + [("kda_bounded", "channel", True, -5.0)],
+)
+def test_intra_backward_first(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    delta: bool,
+    lower_bound: float | None,
+    T: int,
+) -> None:
+    # TUNE["bwd.intra_first"] = 1: the intra backward runs before dqk and writes its parts alone; dqk adds its
+    # own and reverse-cumsums dG per chunk, and no _rev_cumsum_kernel runs (the delta rule, GLA and both
+    # KDAs; simple GLA and GDN, whose scalar dG sums over K blocks, keep the other order)
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", 1)
+    launched = []
+    rev = chunk._rev_cumsum_kernel
+
+    class _Recorder:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return rev[grid]
+
+    monkeypatch.setattr(chunk, "_rev_cumsum_kernel", _Recorder())
+    inputs = make_inputs(
+        decay, delta, 1, T, 2, K=16, V=32, seed=T + 41, lower_bound=lower_bound, with_state=T == 63
+    )
+    check_against_naive(inputs, lower_bound=lower_bound)
+    assert bool(launched) == (decay == "scalar")
+
+
 class _LaunchRecorder:
     """Stands in for a kernel: records each launch's grid and keyword arguments, runs nothing."""
 

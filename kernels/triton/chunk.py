@@ -890,6 +890,9 @@ def _dqk_bwd_kernel(
     dq,
     dk,
     dgk,
+    dq_out,
+    dk_out,
+    dg,
     scale,
     T,
     NT,
@@ -904,12 +907,16 @@ def _dqk_bwd_kernel(
     LOWP: tl.constexpr,
     FUSED: tl.constexpr,
     EARLY_W: tl.constexpr,
+    FINISH: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
     # _intra_bwd_kernel. FUSED (TUNE["dqk.fused_intra"]; no delta rule, no per-channel decay): the
     # intra-chunk part too, from M_qk = scale tril(dO V^T) (times the relative decay) summed over the same V
-    # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here
+    # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here. FINISH
+    # (TUNE["bwd.intra_first"]; no decay or the per-channel one): _intra_bwd_kernel ran first and left its
+    # partial dq, dk in dq, dk and its dG in dgk; they are added here, and the chunk's dG reverse-cumsummed
+    # into dg (the chunk's rows are all in this program), so no _rev_cumsum_kernel runs
     i_t, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
@@ -1002,12 +1009,23 @@ def _dqk_bwd_kernel(
     # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
     b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
-    tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
-    # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
-    # H16 that used to be written and never read)
-    if DECAY > 0:
-        tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
+    if FINISH:
+        b_dq += tl.load(dq + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+        tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
+        b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+        tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
+        if DECAY > 0:
+            # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T hold 0)
+            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0)
+            b_dg = tl.cumsum(b_dg, axis=0, reverse=True)
+            tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
+    else:
+        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
+        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
+        # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
+        # H16 that used to be written and never read)
+        if DECAY > 0:
+            tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
 @triton.jit
@@ -1524,6 +1542,7 @@ def _intra_bwd_kernel(
     LOWP: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
+    FIRST: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
@@ -1666,13 +1685,20 @@ def _intra_bwd_kernel(
         b_dk = b_dkc
         b_dg = b_q * b_dq - b_k * b_dkc
     p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
-    # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
-    b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
-    b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
-    tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
-    tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
-    if DECAY > 0:
-        tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
+    if FIRST:
+        # before the dqk kernel (TUNE["bwd.intra_first"]): this part alone, which dqk adds to its own
+        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
+        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
+        if DECAY > 0:
+            tl.store(dgk + p_k, b_dg, mask=m_r[:, None])
+    else:
+        # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
+        b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+        b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
+        tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
+        tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
+        if DECAY > 0:
+            tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
 # Launch settings (warps per program, software-pipelining stages), chosen from per-kernel profiles on an
@@ -1748,6 +1774,13 @@ TUNE: dict[str, int | None] = {
     # 336 -> 64 bytes, GDN's 88 -> 0; H200, B8 T8K H16 (run 53, checked within bounds): dqk 1.597 -> 1.551 ms
     # (bounded KDA), 1.415 -> 1.298 (GDN), fwd+bwd 8.383 -> 8.335, 6.928 -> 6.816
     "dqk.early_w": 1,
+    # 1: the intra backward before the dqk kernel for the delta rule and the per-channel decays (not the
+    # scalar decay): dqk adds the intra part to its own and reverse-cumsums dG itself, so dG is written once
+    # and no _rev_cumsum_kernel runs; 0: dqk first, the intra backward adds, the cumsum kernel last. Run 24
+    # (then bwd.intra_first, since removed) lost with it: intra backward 2.51 -> 2.24 ms but dqk 1.71 ->
+    # 2.59, when dqk spilled 336 bytes before any of it (64 since dqk.early_w). Not yet run on a GPU in
+    # this form
+    "bwd.intra_first": 0,
     "dqk.bk": None,  # key columns per program (16-128): 64
     # 3 for 16-bit inputs with K, V <= 128 (2 for the delta rule without a decay), else 1. H200, B8 T8K H16
     # (run 22): 2 stages took the delta rule's dqk kernel 1.09 -> 0.85 ms, bounded KDA's 1.71 -> 1.78
@@ -2182,47 +2215,60 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     m_kk = torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(lowp)) if delta else m_qk
     dv = torch.empty(B, T, H, V, device=dev, dtype=v.dtype) if delta else dvt
     dbeta = torch.empty(B, T, H, device=dev, dtype=f32) if delta else None
+    # the intra backward first (TUNE["bwd.intra_first"]; no decay or the per-channel one, whose dG the dqk
+    # kernel can reverse-cumsum per K block): it writes its partial dq, dk and dG, and dqk adds its own and
+    # writes the final dq, dk and dg, so no _rev_cumsum_kernel runs and dG is not read back and rewritten
+    first = not fused and decay != 1 and bool(TUNE["bwd.intra_first"])
+    dg = torch.empty_like(g) if decay else None
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
     BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
-    _dqk_bwd_kernel[(NT, K // BK, B * H)](
-        q,
-        k,
-        v,
-        gcx,
-        beta if delta else q,
-        vt if delta else v,
-        h,
-        dh,
-        do,
-        dvt,
-        linv if delta else aqk,
-        dq,
-        dk,
-        dgk,
-        scale,
-        T,
-        NT,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=BK,
-        BV=BVd,
-        DECAY=decay,
-        DELTA=delta,
-        LOWP=lowp,
-        FUSED=fused,
-        EARLY_W=bool(TUNE["dqk.early_w"]),
-        num_warps=_tuned("dqk.warps", 4),
-        num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
-    )
-    dg = None
+
+    def dqk_pass():
+        _dqk_bwd_kernel[(NT, K // BK, B * H)](
+            q,
+            k,
+            v,
+            gcx,
+            beta if delta else q,
+            vt if delta else v,
+            h,
+            dh,
+            do,
+            dvt,
+            linv if delta else aqk,
+            dq,
+            dk,
+            dgk,
+            dq_out,
+            dk_out,
+            dg if dg is not None else dgk,
+            scale,
+            T,
+            NT,
+            H=H,
+            K=K,
+            V=V,
+            BT=BT,
+            BK=BK,
+            BV=BVd,
+            DECAY=decay,
+            DELTA=delta,
+            LOWP=lowp,
+            FUSED=fused,
+            EARLY_W=bool(TUNE["dqk.early_w"]),
+            FINISH=first,
+            num_warps=_tuned("dqk.warps", 4),
+            num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
+        )
+
     if fused:
+        dqk_pass()
         if decay:
-            dg = torch.empty_like(g)
             _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
         return dq_out, dk_out, dv, dg, dbeta, dh0
+    if not first:
+        dqk_pass()
     # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
     _dvt_bwd_kernel[(NT, B * H)](
         kg if kg is not None else k,
@@ -2292,12 +2338,14 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         LOWP=False,
         TRI=bool(TUNE["intra_bwd.tri"]) or auto,
         AUTO=auto,
+        FIRST=first,
         num_warps=_tuned("intra_bwd.warps", 4),
         num_stages=_tuned("intra_bwd.stages", 1 if decay == 2 else (2 if capped else 3)),
         maxnreg=_maxnreg("intra_bwd.maxnreg", 128 if capped else (96 if kda_capped else None)),
     )
-    if decay:
-        dg = torch.empty_like(g)
+    if first:
+        dqk_pass()
+    elif decay:
         _rev_cumsum_kernel[(NT, B * H)](dgk, dg, T, H=H, K=K, BT=BT, DECAY=decay)
     return dq_out, dk_out, dv, dg, dbeta, dh0
 
