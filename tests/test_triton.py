@@ -518,7 +518,7 @@ def test_dqk_delta_term_first(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
-@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize("T", [1, 63, 200])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
     [op + (None,) for op in OPS if op[0] != "linear_attn"] + [("kda_bounded", "channel", True, -5.0)],
