@@ -22,67 +22,51 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (decay, delta rule, lower bound) of each op, as in kernels.triton.VARIANTS
-OPS = {
-    "linear_attn": (None, False, None),
-    "simple_gla": ("scalar", False, None),
-    "gla": ("channel", False, None),
-    "delta_rule": (None, True, None),
-    "gated_delta_rule": ("scalar", True, None),
-    "kda": ("channel", True, None),
-    "kda_bounded": ("channel", True, -5.0),
-}
-
-# runs in a fresh interpreter inside the tree (argv: B T H D decay delta lower_bound); one line a launch
+# runs in a fresh interpreter inside the tree (argv: op B T H D), with benchmarks/occupancy.py's recorder in
+# place of every kernel; one line a launch
 _RECORD = r"""
 import os, sys
 os.environ.pop("TRITON_INTERPRET", None)
-sys.path.insert(0, os.getcwd())
+sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "benchmarks")]
 import torch
-from kernels.triton import chunk
+import occupancy
+from kernels.triton import VARIANTS, chunk
 
-B, T, H, D = (int(x) for x in sys.argv[1:5])
-decay = None if sys.argv[5] == "none" else sys.argv[5]
-delta = sys.argv[6] == "1"
-lower_bound = None if sys.argv[7] == "none" else float(sys.argv[7])
-log = []
-
-
-class Recorder:
-    def __init__(self, name):
-        self.name = name
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: log.append((self.name, grid, sorted(kwargs.items())))
-
-
-for name in dir(chunk):
-    if name.startswith("_") and name.endswith("_kernel"):
-        setattr(chunk, name, Recorder(name))
+op = sys.argv[1]
+B, T, H, D = (int(x) for x in sys.argv[2:6])
+found = [variant[1:] for variant in VARIANTS if variant[0] == op]
+if not found:
+    sys.exit(f"unknown op {op!r}; kernels.triton.VARIANTS has {[variant[0] for variant in VARIANTS]}")
+(decay, delta, lower_bound), = found
+launches = []
+for name in occupancy.KERNELS:
+    setattr(chunk, name, occupancy._Recorder(name, launches))
 bf = torch.bfloat16
 q, k, v = (torch.empty(B, T, H, D, dtype=bf, device="meta") for _ in range(3))
 g = None
 if decay is not None:
     g = torch.empty((B, T, H) if decay == "scalar" else (B, T, H, D), device="meta")
 beta = torch.empty(B, T, H, dtype=bf, device="meta") if delta else None
+
+
+def show(title):
+    print(title)
+    for launch in launches:
+        settings = " ".join(f"{key}={value}" for key, value in sorted(launch.kwargs.items()))
+        print(launch.kernel, launch.grid, settings)
+    launches.clear()
+
+
 for keep in (False, True):
-    log.append("-- forward " + ("with a gradient" if keep else "without a gradient"))
     _, _, saved = chunk._chunk_fwd(q, k, v, g, beta, D**-0.5, None, False, 64, lower_bound, keep=keep)
-log.append("-- backward")
+    show("-- forward " + ("with a gradient" if keep else "without a gradient"))
 chunk._chunk_bwd(q, k, v, g, beta, D**-0.5, None, torch.empty_like(v), None, 64, lower_bound, saved)
-for entry in log:
-    if isinstance(entry, str):
-        print(entry)
-    else:
-        name, grid, kwargs = entry
-        print(name, grid, " ".join(f"{key}={value}" for key, value in kwargs))
+show("-- backward")
 """
 
 
 def record(tree: Path, args: argparse.Namespace) -> list[str]:
-    decay, delta, lower_bound = OPS[args.op]
-    argv = [str(args.B), str(args.T), str(args.H), str(args.D), decay or "none", str(int(delta))]
-    argv.append("none" if lower_bound is None else str(lower_bound))
+    argv = [args.op, str(args.B), str(args.T), str(args.H), str(args.D)]
     out = subprocess.run(
         [sys.executable, "-c", _RECORD, *argv], cwd=tree, capture_output=True, text=True, check=False
     )
@@ -94,7 +78,7 @@ def record(tree: Path, args: argparse.Namespace) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rev", help="git revision to compare the working tree against, e.g. HEAD~3")
-    ap.add_argument("--op", choices=sorted(OPS), default="kda_bounded")
+    ap.add_argument("--op", default="kda_bounded", help="a name of kernels.triton.VARIANTS")
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--H", type=int, default=16)
