@@ -1921,6 +1921,13 @@ def _num_warps(big: bool) -> int:
     return 8 if big and not INTERPRET else 4
 
 
+def _state_programs(B: int, H: int, V: int) -> tuple[int, bool]:
+    # the state passes' programs counted in blocks of 64 V columns, and whether there are enough of them
+    # (>= 256) to fill the H200 alone: the launch rules of both passes go by it (see _chunk_fwd)
+    programs = B * H * max(1, V // 64)
+    return programs, programs >= 256
+
+
 def _block_v(V: int, programs: int, key: str, wide: bool = False) -> int:
     # the state passes are sequential over chunks: split V finer when B * H alone cannot fill the GPU
     if INTERPRET:
@@ -2041,8 +2048,7 @@ def _chunk_fwd(
     # output and the W/U products are better left to passes that run every chunk in parallel. H200 (runs
     # 48-50): the fused forms won at B8 H16 (256 programs of 64 columns) with or without a gradient, at B32 H2
     # without one only, and lost at B1 H16
-    programs = B * H * max(1, V // 64)  # of 64 columns
-    wide = programs >= 256
+    programs, wide = _state_programs(B, H, V)
     many = B * H >= 64
     # the no-grad forward of the delta rule: Vt from L, Gamma K and V inside the state pass, no W/U pass
     wy = delta and not keep and _auto("state_fwd.wy", many)
@@ -2169,8 +2175,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     dvt = torch.empty(B, T, H, V, device=dev, dtype=f32 if not lowp else q.dtype)
     dh = torch.empty(B, H, NT, K, V, device=dev, dtype=h.dtype)
     dh0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
-    programs = B * H * max(1, V // 64)  # of 64 columns, as in the forward's rules
-    wide = programs >= 256
+    programs, wide = _state_programs(B, H, V)
     BV = _block_v(V, programs, "state_bwd.bv")
     # software pipelining over the chunk loop: 3 stages of its buffered loads (A_qk, q, k, G, W per stage)
     # asked for 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1; with the decayed q, k
