@@ -185,18 +185,23 @@ def test_intra_gradients_inside_the_dqk_kernel(
         monkeypatch.setattr(chunk, kernel, _Recorder(original, launched, kernel))
     inputs = make_inputs(decay, False, 1, T, 2, K=16, V=32, seed=T + 7)
     check_against_naive(inputs)
-    assert launched == ([] if fused else ["_dvt_bwd_kernel", "_intra_bwd_kernel"])
+    assert [name for name, _, _ in launched] == ([] if fused else ["_dvt_bwd_kernel", "_intra_bwd_kernel"])
 
 
 class _Recorder:
-    """Stands in for a Triton kernel: records that it was launched, then launches the real one."""
+    """Stands in for a Triton kernel: records each launch (name, grid, keyword arguments), then launches the
+    real kernel, or nothing where it stands in for none (kernel None)."""
 
     def __init__(self, kernel, launched: list, name: str) -> None:
         self.kernel, self.launched, self.name = kernel, launched, name
 
     def __getitem__(self, grid):
-        self.launched.append(self.name)
-        return self.kernel[grid]
+        def launch(*args, **kwargs):
+            self.launched.append((self.name, grid, kwargs))
+            if self.kernel is not None:
+                return self.kernel[grid](*args, **kwargs)
+
+        return launch
 
 
 @pytest.mark.parametrize("dense_if_safe", [1, 0])
@@ -471,18 +476,8 @@ def test_pseudo_values_kept_for_the_backward(
 
     monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
     monkeypatch.setitem(chunk.TUNE, "state_fwd.output", T % 2)
-    store_u = []
-    wu = chunk._wu_kernel
-
-    class _WuRecorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                store_u.append(kwargs["STORE_U"])
-                return wu[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(chunk, "_wu_kernel", _WuRecorder())
+    launched = []
+    monkeypatch.setattr(chunk, "_wu_kernel", _Recorder(chunk._wu_kernel, launched, "_wu_kernel"))
     inputs = make_inputs(
         decay,
         True,
@@ -496,7 +491,7 @@ def test_pseudo_values_kept_for_the_backward(
         with_state=with_state,
     )
     check_against_naive(inputs, lower_bound=lower_bound)
-    assert store_u == [False]  # W alone
+    assert [kwargs["STORE_U"] for _, _, kwargs in launched] == [False]  # W alone
 
 
 @pytest.mark.parametrize("T", [63, 100])
@@ -538,32 +533,13 @@ def test_intra_backward_first(
 
     monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", 1)
     launched = []
-    rev = chunk._rev_cumsum_kernel
-
-    class _Recorder:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return rev[grid]
-
-    monkeypatch.setattr(chunk, "_rev_cumsum_kernel", _Recorder())
+    rev = _Recorder(chunk._rev_cumsum_kernel, launched, "_rev_cumsum_kernel")
+    monkeypatch.setattr(chunk, "_rev_cumsum_kernel", rev)
     inputs = make_inputs(
         decay, delta, 1, T, 2, K=16, V=32, seed=T + 41, lower_bound=lower_bound, with_state=T == 63
     )
     check_against_naive(inputs, lower_bound=lower_bound)
     assert bool(launched) == (decay == "scalar")
-
-
-class _LaunchRecorder:
-    """Stands in for a kernel: records each launch's grid and keyword arguments, runs nothing."""
-
-    def __init__(self, name: str, log: list) -> None:
-        self.name, self.log = name, log
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.log.append((self.name, grid, kwargs))
-
-        return launch
 
 
 FWD_KERNELS = ["_cumsum_kernel", "_intra_fwd_kernel", "_solve_kernel", "_wu_kernel", "_state_fwd_kernel"]
@@ -584,7 +560,7 @@ def _forward_launches(monkeypatch, B: int, H: int, lower_bound: float | None, ke
 
     log: list = []
     for name in FWD_KERNELS + ["_output_kernel"] + BWD_KERNELS:
-        monkeypatch.setattr(chunk, name, _LaunchRecorder(name, log))
+        monkeypatch.setattr(chunk, name, _Recorder(None, log, name))  # no kernel runs
     T, D = 100, 128
     bf = torch.bfloat16
     q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))
