@@ -526,12 +526,15 @@ def test_intra_backward_first(
     lower_bound: float | None,
     T: int,
 ) -> None:
-    # TUNE["bwd.intra_first"] = 1: the intra backward runs before dqk and writes its parts alone; dqk adds its
-    # own and reverse-cumsums dG per chunk, and no _rev_cumsum_kernel runs (the delta rule, GLA and both
-    # KDAs; simple GLA and GDN, whose scalar dG sums over K blocks, keep the other order)
+    # the order the default does not take (the default's runs in every other test here):
+    # TUNE["bwd.intra_first"] = 1 (the default for the per-channel decay): the intra backward runs before
+    # dqk and writes its parts alone; dqk adds its own and reverse-cumsums dG per chunk, and no
+    # _rev_cumsum_kernel runs (the delta rule, GLA and both KDAs; simple GLA and GDN, whose scalar dG sums
+    # over K blocks, keep the other order). 0: dqk first, then the intra backward, then the dG cumsum
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", 1)
+    first = decay != "channel"
+    monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", int(first))
     launched = []
     rev = _Recorder(chunk._rev_cumsum_kernel, launched, "_rev_cumsum_kernel")
     monkeypatch.setattr(chunk, "_rev_cumsum_kernel", rev)
@@ -539,7 +542,7 @@ def test_intra_backward_first(
         decay, delta, 1, T, 2, K=16, V=32, seed=T + 41, lower_bound=lower_bound, with_state=T == 63
     )
     check_against_naive(inputs, lower_bound=lower_bound)
-    assert bool(launched) == (decay == "scalar")
+    assert bool(launched) == (decay == "scalar" or decay == "channel" and not first)
 
 
 FWD_KERNELS = ["_cumsum_kernel", "_intra_fwd_kernel", "_solve_kernel", "_wu_kernel", "_state_fwd_kernel"]
@@ -595,6 +598,8 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert wide["_dvt_bwd_kernel"][1]["PRE_X"] and wide["_dvt_bwd_kernel"][1]["num_stages"] == 3
         assert wide["_intra_bwd_kernel"][1]["num_stages"] == 1
         assert wide["_state_bwd_kernel"][1]["num_stages"] == 1
+        # the intra backward before dqk, which finishes dq, dk and reverse-cumsums dG: no cumsum kernel
+        assert wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in wide
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]
@@ -603,6 +608,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     if keep:
         assert not few["_dvt_bwd_kernel"][1]["PRE_X"] and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
         assert few["_state_bwd_kernel"][1]["num_stages"] == 2  # a long reverse pass keeps its pipelining
+        assert few["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in few
     # unbounded KDA: capped at 128 registers a thread, where 2 warps lost
     assert few["_intra_fwd_kernel"][1]["num_warps"] == 4
     assert few["_intra_fwd_kernel"][1]["maxnreg"] == 128
@@ -614,7 +620,9 @@ def test_launch_rules_yield_to_tune(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(chunk.TUNE, "bwd.x", 0)
     monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 0)
     monkeypatch.setitem(chunk.TUNE, "intra_fwd.warps", 2)
+    monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", 0)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=True)
+    assert not wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" in wide
     state = wide["_state_fwd_kernel"][1]
     assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
     assert wide["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in wide

@@ -1774,13 +1774,16 @@ TUNE: dict[str, int | None] = {
     # 336 -> 64 bytes, GDN's 88 -> 0; H200, B8 T8K H16 (run 53, checked within bounds): dqk 1.597 -> 1.551 ms
     # (bounded KDA), 1.415 -> 1.298 (GDN), fwd+bwd 8.383 -> 8.335, 6.928 -> 6.816
     "dqk.early_w": 1,
-    # 1: the intra backward before the dqk kernel for the delta rule and the per-channel decays (not the
-    # scalar decay): dqk adds the intra part to its own and reverse-cumsums dG itself, so dG is written once
-    # and no _rev_cumsum_kernel runs; 0: dqk first, the intra backward adds, the cumsum kernel last. Run 24
-    # (then bwd.intra_first, since removed) lost with it: intra backward 2.51 -> 2.24 ms but dqk 1.71 ->
-    # 2.59, when dqk spilled 336 bytes before any of it (64 since dqk.early_w). Not yet run on a GPU in
-    # this form
-    "bwd.intra_first": 0,
+    # 1: the intra backward before the dqk kernel (the delta rule or the per-channel decay; not the scalar
+    # decay): dqk adds the intra part to its own and reverse-cumsums dG itself, so dG is written once and no
+    # _rev_cumsum_kernel runs; 0: dqk first, the intra backward adds, the cumsum kernel last. Default: 1 for
+    # the per-channel decay (GLA, KDA), 0 for the delta rule alone. H200 (runs 60-61, checked within bounds):
+    # bounded KDA fwd+bwd 7.976 -> 7.897 ms at B8 T8K H16 (intra backward 2.117 -> 1.745, dqk 1.550 ->
+    # 2.145, no dG cumsum's 0.306; sm_90: dqk spills 216 bytes instead of 64), KDA 8.296 -> 8.212, GLA
+    # 5.629 -> 5.587; B1 T64K 11.070 -> 10.988, B32 T2K 1.162 -> 1.148. The delta rule lost: 4.713 ->
+    # 4.806. Run 24 (an earlier form, before dqk.early_w) lost for KDA too: dqk 1.71 -> 2.59. 8 warps in
+    # dqk with it: 7.897 -> 9.046 (dqk.bk=32: 8.784)
+    "bwd.intra_first": None,
     "dqk.bk": None,  # key columns per program (16-128): 64
     # 3 for 16-bit inputs with K, V <= 128 (2 for the delta rule without a decay), else 1. H200, B8 T8K H16
     # (run 22): 2 stages took the delta rule's dqk kernel 1.09 -> 0.85 ms, bounded KDA's 1.71 -> 1.78
@@ -2223,7 +2226,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # the intra backward first (TUNE["bwd.intra_first"]; no decay or the per-channel one, whose dG the dqk
     # kernel can reverse-cumsum per K block): it writes its partial dq, dk and dG, and dqk adds its own and
     # writes the final dq, dk and dg, so no _rev_cumsum_kernel runs and dG is not read back and rewritten
-    first = not fused and decay != 1 and bool(TUNE["bwd.intra_first"])
+    first = not fused and decay != 1 and bool(_tuned("bwd.intra_first", decay == 2))
     dg = torch.empty_like(g) if decay else None
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
