@@ -557,8 +557,11 @@ BWD_KERNELS = [
 ]
 
 
-def _forward_launches(monkeypatch, B: int, H: int, lower_bound: float | None, keep: bool) -> dict:
-    # the launches of KDA's forward (and with keep, its backward) at B, T=100, H, K = V = 128, bf16
+def _forward_launches(
+    monkeypatch, B: int, H: int, lower_bound: float | None, keep: bool, decay: bool = True
+) -> dict:
+    # the launches of KDA's forward (and with keep, its backward) at B, T=100, H, K = V = 128, bf16 (without
+    # decay: the delta rule's)
     from kernels.triton import chunk
 
     log: list = []
@@ -567,7 +570,7 @@ def _forward_launches(monkeypatch, B: int, H: int, lower_bound: float | None, ke
     T, D = 100, 128
     bf = torch.bfloat16
     q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))
-    g = torch.zeros(B, T, H, D)
+    g = torch.zeros(B, T, H, D) if decay else None
     beta = torch.zeros(B, T, H, dtype=bf)
     _, _, saved = chunk._chunk_fwd(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
     if keep:
@@ -612,6 +615,19 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     # unbounded KDA: capped at 128 registers a thread, where 2 warps lost
     assert few["_intra_fwd_kernel"][1]["num_warps"] == 4
     assert few["_intra_fwd_kernel"][1]["maxnreg"] == 128
+    # the state pass: 8 warps at K = 128 and 64 columns, but 4 for the delta rule's wide no-grad pass (as
+    # launched on a GPU: the interpreter runs every kernel with 4)
+    from kernels.triton import chunk
+
+    monkeypatch.setattr(chunk, "INTERPRET", False)
+    wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)
+    assert wide["_state_fwd_kernel"][1]["num_warps"] == 8
+    rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=keep, decay=False)
+    assert rule["_state_fwd_kernel"][1]["num_warps"] == (8 if keep else 4)
+    state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep, decay=False)[
+        "_state_fwd_kernel"
+    ]
+    assert state[1]["num_warps"] == (8 if state[1]["BV"] >= 64 else 4)  # few programs: the size rule alone
 
 
 def test_launch_rules_yield_to_tune(monkeypatch: pytest.MonkeyPatch) -> None:

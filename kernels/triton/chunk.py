@@ -1730,6 +1730,10 @@ TUNE: dict[str, int | None] = {
     # None: 4 where the pass writes W alone (bwd.x; H200, B8 T8K H16, run 54: 0.205 -> 0.177 ms for bounded
     # KDA and the delta rule), else 8 at K or V >= 128 and 4 below
     "wu.warps": None,
+    # None: 8 at K * BV >= 128 * 64, else 4; but 4 for the no-grad pass without a decay (linear attention,
+    # the delta rule) where it has many programs (H200, B8 T8K H16, run 60: linear attention's forward
+    # 0.646 -> 0.577 ms, the delta rule's 1.253 -> 1.184; with a gradient both lost, 2.277 -> 2.337 and
+    # 4.713 -> 4.868, as did simple GLA without one, 0.782 -> 0.849)
     "state_fwd.warps": None,
     # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 for fp32 inputs or
     # head sizes over 128).
@@ -2128,7 +2132,7 @@ def _chunk_fwd(
         STORE_VT=vt is not None,
         WY=wy or keep_x,
         STORE_X=keep_x,
-        num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64)),
+        num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64 and (keep or decay or not wide))),
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )
     if not fused:
