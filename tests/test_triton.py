@@ -281,6 +281,26 @@ def test_bf16_intra_gradients(
         check_against_naive(inputs, lower_bound=lower_bound)  # the bf16 buffers are really in use
 
 
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound", [("gla", "channel", False, None), ("kda_bounded", "channel", True, -5.0)]
+)
+def test_bf16_partial_dg(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None
+) -> None:
+    # intra_bwd.dg_lowp: the intra backward's partial dG (it runs first for the per-channel decay) stored in
+    # bf16, added in fp32 by dqk. With fp32 inputs in the interpreter the errors are bf16's rounding (about
+    # 1e-3 in dg) while a mis-cast buffer or a missed conversion is O(1)
+    from kernels.triton import chunk
+
+    monkeypatch.setattr(chunk, "_partial_dg_dtype", lambda first_lowp: torch.bfloat16)
+    inputs = make_inputs(
+        decay, delta, 1, 100, 2, K=16, V=32, seed=17, lower_bound=lower_bound, with_state=True
+    )
+    check_against_naive(inputs, lower_bound=lower_bound, tol=2e-2)
+    with pytest.raises(AssertionError):
+        check_against_naive(inputs, lower_bound=lower_bound)  # the bf16 buffer is really in use
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:

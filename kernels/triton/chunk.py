@@ -1016,7 +1016,7 @@ def _dqk_bwd_kernel(
         tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
         if DECAY > 0:
             # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T hold 0)
-            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0)
+            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_dg = tl.cumsum(b_dg, axis=0, reverse=True)
             tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
     else:
@@ -1690,7 +1690,7 @@ def _intra_bwd_kernel(
         tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
         if DECAY > 0:
-            tl.store(dgk + p_k, b_dg, mask=m_r[:, None])
+            tl.store(dgk + p_k, b_dg.to(dgk.dtype.element_ty), mask=m_r[:, None])
     else:
         # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
         b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
@@ -1788,6 +1788,13 @@ TUNE: dict[str, int | None] = {
     # 4.806. Run 24 (an earlier form, before dqk.early_w) lost for KDA too: dqk 1.71 -> 2.59. 8 warps in
     # dqk with it: 7.897 -> 9.046 (dqk.bk=32: 8.784)
     "bwd.intra_first": None,
+    # 1: with the intra backward first and 16-bit inputs, its partial dG (which dqk adds to its own before
+    # the reverse cumsum) in bf16 instead of fp32: 0.27 GB less written and read at B8 T8K H16. Off: faster
+    # but dg's error about doubles. H200 (run 63): bounded KDA fwd+bwd 7.838 -> 7.695 ms, KDA 8.169 ->
+    # 8.005, GLA 5.552 -> 5.423; bf16 dg relative RMS error against the fp32 reference, bounded KDA 7.6e-3
+    # -> 1.3e-2 at T=1000 H16 and 8.7e-3 -> 1.6e-2 at T=8192 H2 (the bound is 2e-2; FLA's 2.7e-3 at
+    # T=1000), GLA 3.3e-3 -> 1.0e-2 / 1.2e-2. A setting for who would trade that for 2% of a step
+    "intra_bwd.dg_lowp": 0,
     "dqk.bk": None,  # key columns per program (16-128): 64
     # 3 for 16-bit inputs with K, V <= 128 (2 for the delta rule without a decay), else 1. H200, B8 T8K H16
     # (run 22): 2 stages took the delta rule's dqk kernel 1.09 -> 0.85 ms, bounded KDA's 1.71 -> 1.78
@@ -1917,6 +1924,11 @@ def _maxnreg(key: str, default: int | None) -> int | None:
     if value is None:
         return default
     return value or None
+
+
+def _partial_dg_dtype(first_lowp: bool) -> torch.dtype:
+    # the intra backward's dG where it runs first for 16-bit inputs (TUNE["intra_bwd.dg_lowp"]), else fp32
+    return torch.bfloat16 if first_lowp and TUNE["intra_bwd.dg_lowp"] else torch.float32
 
 
 def _auto(key: str, default: bool) -> bool:
@@ -2221,16 +2233,16 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     partial = torch.bfloat16 if lowp and TUNE["dqk.partial_lowp"] else f32
     dq = dq_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
     dk = dk_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
-    # (without a decay: no dG at all; dq only stands in for the pointer)
-    dgk = torch.empty(B, T, H, K, device=dev, dtype=f32) if decay else dq
-    m_qk = None if fused else torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(lowp))
-    m_kk = torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(lowp)) if delta else m_qk
-    dv = torch.empty(B, T, H, V, device=dev, dtype=v.dtype) if delta else dvt
-    dbeta = torch.empty(B, T, H, device=dev, dtype=f32) if delta else None
     # the intra backward first (TUNE["bwd.intra_first"]; no decay or the per-channel one, whose dG the dqk
     # kernel can reverse-cumsum per K block): it writes its partial dq, dk and dG, and dqk adds its own and
     # writes the final dq, dk and dg, so no _rev_cumsum_kernel runs and dG is not read back and rewritten
     first = not fused and decay != 1 and bool(_tuned("bwd.intra_first", decay == 2))
+    # (without a decay: no dG at all; dq only stands in for the pointer)
+    dgk = torch.empty(B, T, H, K, device=dev, dtype=_partial_dg_dtype(lowp and first)) if decay else dq
+    m_qk = None if fused else torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(lowp))
+    m_kk = torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(lowp)) if delta else m_qk
+    dv = torch.empty(B, T, H, V, device=dev, dtype=v.dtype) if delta else dvt
+    dbeta = torch.empty(B, T, H, device=dev, dtype=f32) if delta else None
     dg = torch.empty_like(g) if decay else None
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
