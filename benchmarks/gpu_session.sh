@@ -40,11 +40,12 @@
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
 # the alternative settings of the verify, tune, final and occupancy steps (comma-joined TUNE entries):
-# ALT from the environment, else bwd.intra_first=1 (written after run 59, not yet run on a GPU: the intra
-# backward before dqk, which reverse-cumsums dG itself) with bwd.x=1 (the default only where the state pass
-# has >= 256 programs of 64 columns, so the checks' small shapes take it only when forced)
+# ALT from the environment, else bwd.intra_first=0 (the backward's other order, dqk before the intra
+# backward and a dG cumsum pass after it: the default for the delta rule alone since run 61) with bwd.x=1
+# (the default only where the state pass has >= 256 programs of 64 columns, so the checks' small shapes
+# take it only when forced)
 ALT_OPS="${ALT_OPS:-kda_bounded kda gla delta_rule gated_delta_rule}"  # the ops ALT is checked and timed on
-ALT="${ALT:-bwd.intra_first=1,bwd.x=1}"
+ALT="${ALT:-bwd.intra_first=0,bwd.x=1}"
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
 STEPS="${2:-check profile fla bench sweep packing}"
 mkdir -p "$OUT"
@@ -114,10 +115,14 @@ for step in $STEPS; do
       # shared memory) and 4 warps (slower for KDA, 0.08 ms faster for the delta rule: the default entry);
       # runs 51-59 (benchmarks/tune_shapes.sh for tries at other shapes): bwd.x, dqk.early_w, 1 stage in the
       # per-channel intra kernels, W/U 4 warps, dvt 3 stages (adopted); state_fwd.output=0 with bwd.x,
-      # state_fwd.warps=16, dqk.stages=1 or 2, intra_bwd.maxnreg=80, intra_bwd.bk=128 (slower or even)
+      # state_fwd.warps=16, dqk.stages=1 or 2, intra_bwd.maxnreg=80, intra_bwd.bk=128 (slower or even);
+      # runs 60-63: bwd.intra_first (adopted for the per-channel decay), state_fwd.warps=4 (adopted for the
+      # no-grad pass without decay), with the intra backward first dqk at 8 warps, dqk.bk=32, dqk.stages=2,
+      # intra_bwd.maxnreg=80 (slower), the cumsum in the intra forward again (0.87 -> 3.85 ms, removed),
+      # intra_bwd.dg_lowp (2% faster, dg's error doubled: off)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-bwd.intra_first=1:kda_bounded,kda,gla,delta_rule state_fwd.warps=4:delta_rule,gated_delta_rule,linear_attn,simple_gla}; do
+      for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla intra_bwd.dg_lowp=1:kda_bounded,kda,gla}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
