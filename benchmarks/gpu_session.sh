@@ -119,7 +119,8 @@ for step in $STEPS; do
       # runs 60-63: bwd.intra_first (adopted for the per-channel decay), state_fwd.warps=4 (adopted for the
       # no-grad pass without decay), with the intra backward first dqk at 8 warps, dqk.bk=32, dqk.stages=2,
       # intra_bwd.maxnreg=80 (slower), the cumsum in the intra forward again (0.87 -> 3.85 ms, removed),
-      # intra_bwd.dg_lowp (2% faster, dg's error doubled: off)
+      # intra_bwd.dg_lowp (2% faster, dg's error doubled: off); run 65: the forward state pass with 64-column
+      # blocks (with 4 or 8 warps) or 1 stage (slower)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla intra_bwd.dg_lowp=1:kda_bounded,kda,gla}; do
