@@ -257,48 +257,37 @@ def test_bf16_inverse(
 
 
 @pytest.mark.parametrize(
-    "name,decay,delta,lower_bound",
+    "helper,name,decay,delta,lower_bound",
     [
-        ("gla", "channel", False, None),
-        ("delta_rule", None, True, None),
-        ("kda_bounded", "channel", True, -5.0),
+        ("_m_dtype", "gla", "channel", False, None),
+        ("_m_dtype", "delta_rule", None, True, None),
+        ("_m_dtype", "kda_bounded", "channel", True, -5.0),
+        ("_partial_dg_dtype", "gla", "channel", False, None),
+        ("_partial_dg_dtype", "kda_bounded", "channel", True, -5.0),
     ],
 )
-def test_bf16_intra_gradients(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, delta: bool, lower_bound: float | None
+def test_bf16_backward_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+    helper: str,
+    name: str,
+    decay: str | None,
+    delta: bool,
+    lower_bound: float | None,
 ) -> None:
-    # bwd.m_lowp: M_qk and M_kk (the dvt kernel's [C, C] gradients) stored in bf16, loaded into fp32 by the
-    # intra backward. With fp32 inputs in the interpreter, the errors are bf16's rounding of M (about 1e-3)
-    # while a mis-cast buffer or a missed conversion is O(1)
+    # buffers of the backward that 16-bit inputs may keep in bf16, loaded into fp32 by their readers:
+    # _m_dtype, bwd.m_lowp: M_qk and M_kk (the dvt kernel's [C, C] gradients, read by the intra backward);
+    # _partial_dg_dtype, intra_bwd.dg_lowp: the intra backward's partial dG where it runs first (the
+    # per-channel decay), added by dqk. With fp32 inputs in the interpreter the errors are bf16's rounding
+    # (about 1e-3) while a mis-cast buffer or a missed conversion is O(1)
     from kernels.triton import chunk
 
-    monkeypatch.setattr(chunk, "_m_dtype", lambda lowp: torch.bfloat16)
+    monkeypatch.setattr(chunk, helper, lambda lowp: torch.bfloat16)
     inputs = make_inputs(
         decay, delta, 1, 100, 2, K=16, V=32, seed=7, lower_bound=lower_bound, with_state=True
     )
     check_against_naive(inputs, lower_bound=lower_bound, tol=2e-2)
     with pytest.raises(AssertionError):
         check_against_naive(inputs, lower_bound=lower_bound)  # the bf16 buffers are really in use
-
-
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound", [("gla", "channel", False, None), ("kda_bounded", "channel", True, -5.0)]
-)
-def test_bf16_partial_dg(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None
-) -> None:
-    # intra_bwd.dg_lowp: the intra backward's partial dG (it runs first for the per-channel decay) stored in
-    # bf16, added in fp32 by dqk. With fp32 inputs in the interpreter the errors are bf16's rounding (about
-    # 1e-3 in dg) while a mis-cast buffer or a missed conversion is O(1)
-    from kernels.triton import chunk
-
-    monkeypatch.setattr(chunk, "_partial_dg_dtype", lambda first_lowp: torch.bfloat16)
-    inputs = make_inputs(
-        decay, delta, 1, 100, 2, K=16, V=32, seed=17, lower_bound=lower_bound, with_state=True
-    )
-    check_against_naive(inputs, lower_bound=lower_bound, tol=2e-2)
-    with pytest.raises(AssertionError):
-        check_against_naive(inputs, lower_bound=lower_bound)  # the bf16 buffer is really in use
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32])
