@@ -609,7 +609,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert wide["_wu_kernel"][1]["num_warps"] == 4  # W alone
         assert wide["_dvt_bwd_kernel"][1]["PRE_X"] and wide["_dvt_bwd_kernel"][1]["num_stages"] == 3
         assert wide["_intra_bwd_kernel"][1]["num_stages"] == 1
-        assert wide["_state_bwd_kernel"][1]["num_stages"] == 1
+        assert wide["_state_bwd_kernel"][1]["num_stages"] == 2
         # the intra backward before dqk, which finishes dq, dk and reverse-cumsums dG: no cumsum kernel
         assert wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in wide
 
@@ -631,6 +631,12 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(chunk, "INTERPRET", False)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)
     assert wide["_state_fwd_kernel"][1]["num_warps"] == 8
+    if keep:
+        # KDA's reverse state pass with many programs: 128-column blocks and 8 warps, as the forward's
+        state = wide["_state_bwd_kernel"]
+        assert state[0] == (1, 64 * 4) and state[1]["BV"] == 128 and state[1]["num_warps"] == 8
+        state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=-5.0, keep=True)["_state_bwd_kernel"]
+        assert state[1]["BV"] == 32 and state[1]["num_warps"] == 4 and state[1]["num_stages"] == 2
     rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=keep, decay=False)
     assert rule["_state_fwd_kernel"][1]["num_warps"] == (8 if keep else 4)
     state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep, decay=False)[
