@@ -120,7 +120,8 @@ for step in $STEPS; do
       # no-grad pass without decay), with the intra backward first dqk at 8 warps, dqk.bk=32, dqk.stages=2,
       # intra_bwd.maxnreg=80 (slower), the cumsum in the intra forward again (0.87 -> 3.85 ms, removed),
       # intra_bwd.dg_lowp (2% faster, dg's error doubled: off); run 65: the forward state pass with 64-column
-      # blocks (with 4 or 8 warps) or 1 stage (slower)
+      # blocks (with 4 or 8 warps) or 1 stage (slower); run 66: the reverse state pass in 128-column blocks
+      # of 8 warps with 2 stages (adopted for KDA where it has many programs), 32-column blocks (slower)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects)
       # (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla intra_bwd.dg_lowp=1:kda_bounded,kda,gla}; do
