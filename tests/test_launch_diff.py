@@ -39,10 +39,11 @@ def test_records_every_launch_with_its_settings() -> None:
     dqk = _launch(lines, "_dqk_bwd_kernel")
     assert dqk.startswith("_dqk_bwd_kernel (128, 2, 128) ")  # NT chunks, K blocks of 64, B * H
     assert "DELTA=True" in dqk and "num_warps=4" in dqk
-    # the reverse state pass: 1 stage with many programs, 2 for a long pass of few
-    assert "num_stages=1" in _launch(lines, "_state_bwd_kernel")
-    few = launch_diff.record(ROOT, _args("kda_bounded", 1, 4096, 2))
-    assert "num_stages=2" in _launch(few, "_state_bwd_kernel")
+    # the reverse state pass: 128-column blocks of 8 warps with many programs, 32 of 4 for a long pass of few
+    wide = _launch(lines, "_state_bwd_kernel")
+    assert wide.startswith("_state_bwd_kernel (1, 128) ") and "BV=128" in wide and "num_warps=8" in wide
+    few = _launch(launch_diff.record(ROOT, _args("kda_bounded", 1, 4096, 2)), "_state_bwd_kernel")
+    assert "BV=32" in few and "num_warps=4" in few and "num_stages=2" in few
     # linear attention: no delta rule, so no solve, W/U or dvt launch
     plain = launch_diff.record(ROOT, _args("linear_attn", 1, 100, 2))
     assert not [line for line in plain if line.startswith(("_solve", "_wu", "_dvt"))]
