@@ -567,10 +567,10 @@ BWD_KERNELS = [
 
 
 def _forward_launches(
-    monkeypatch, B: int, H: int, lower_bound: float | None, keep: bool, decay: bool = True
+    monkeypatch, B: int, H: int, lower_bound: float | None, keep: bool, decay: bool = True, delta: bool = True
 ) -> dict:
     # the launches of KDA's forward (and with keep, its backward) at B, T=100, H, K = V = 128, bf16 (without
-    # decay: the delta rule's)
+    # decay: the delta rule's; without delta: GLA's, or linear attention's)
     from kernels.triton import chunk
 
     log: list = []
@@ -580,7 +580,7 @@ def _forward_launches(
     bf = torch.bfloat16
     q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))
     g = torch.zeros(B, T, H, D) if decay else None
-    beta = torch.zeros(B, T, H, dtype=bf)
+    beta = torch.zeros(B, T, H, dtype=bf) if delta else None
     _, _, saved = chunk._chunk_fwd(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
     if keep:
         chunk._chunk_bwd(q, k, v, g, beta, 1.0, None, torch.zeros_like(v), None, 64, lower_bound, saved)
@@ -632,9 +632,15 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)
     assert wide["_state_fwd_kernel"][1]["num_warps"] == 8
     if keep:
-        # KDA's reverse state pass with many programs: 128-column blocks and 8 warps, as the forward's
+        # the reverse state pass with many programs: 128-column blocks and 8 warps, as the forward's, for KDA,
+        # GLA and linear attention; 64 columns and 4 warps for the delta rule (and GDN)
         state = wide["_state_bwd_kernel"]
         assert state[0] == (1, 64 * 4) and state[1]["BV"] == 128 and state[1]["num_warps"] == 8
+        for decay, delta in [(True, False), (False, False), (False, True)]:
+            state = _forward_launches(
+                monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay=decay, delta=delta
+            )["_state_bwd_kernel"]
+            assert (state[1]["BV"], state[1]["num_warps"]) == ((64, 4) if delta else (128, 8))
         state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=-5.0, keep=True)["_state_bwd_kernel"]
         assert state[1]["BV"] == 32 and state[1]["num_warps"] == 4 and state[1]["num_stages"] == 2
     rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=keep, decay=False)

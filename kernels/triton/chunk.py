@@ -1765,10 +1765,12 @@ TUNE: dict[str, int | None] = {
     # H200, B8 T8K H16 (run 51, checked within bounds): bounded KDA fwd+bwd 8.42 -> 8.36 ms (state pass 0.76
     # -> 1.08, W/U 0.39 -> 0.20, dvt 0.89 -> 0.70), KDA 8.65 -> 8.59, the delta rule 4.86 -> 4.77
     "bwd.x": None,
-    # KDA (both gates, 16-bit inputs, K, V <= 128) where the pass has many programs (B * H * V / 64 >= 256):
-    # 128-column blocks, 8 warps, 2 stages, as the forward pass (H200, B8 T8K H16, run 66: bounded KDA's
-    # reverse state pass 0.777 -> 0.607 ms, fwd+bwd 7.888 -> 7.722; 128 columns at 8 warps with 1 stage
-    # 0.954, 32 columns 1.230-1.250; the delta rule 0.679 -> 0.668). Else 64 columns (32 with few programs,
+    # KDA (both gates), GLA, simple GLA and linear attention (16-bit inputs, K, V <= 128) where the pass has
+    # many programs (B * H * V / 64 >= 256): 128-column blocks, 8 warps, 2 stages, as the forward pass
+    # (H200, B8 T8K H16, run 66: bounded KDA's reverse state pass 0.777 -> 0.607 ms, fwd+bwd 7.888 -> 7.722;
+    # 128 columns at 8 warps with 1 stage 0.954, 32 columns 1.230-1.250; run 69: GLA 0.679 -> 0.509, linear
+    # attention 0.598 -> 0.503, simple GLA 0.577 -> 0.552). Not for the delta rule (run 66: 0.679 -> 0.668)
+    # or GDN (run 69: 0.743 -> 0.800). Else 64 columns (32 with few programs,
     # see _block_v) and 4 warps, 2 stages for 16-bit inputs with K, V <= 128 (1 else). Before run 66 KDA's
     # wide pass ran 64 columns with 1 stage (run 56, 0.793 -> 0.770 against 2 stages); few programs need the
     # pipelining: at B1 H16 (run 59) 1 stage took bounded KDA's fwd+bwd at T=64K from 10.95 to 13.02 ms
@@ -2198,9 +2200,10 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     dh = torch.empty(B, H, NT, K, V, device=dev, dtype=h.dtype)
     dh0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
     programs, wide = _state_programs(B, H, V)
-    # KDA with many programs: the forward pass's 128-column blocks and 8 warps (TUNE["state_bwd.*"])
-    kda_wide = decay == 2 and delta and wide and pipelined
-    BV = _block_v(V, programs, "state_bwd.bv", wide=kda_wide)
+    # many programs: the forward pass's 128-column blocks and 8 warps (TUNE["state_bwd.*"]), except for the
+    # delta rule with a scalar decay or none (GDN, the delta rule), which gained nothing from them
+    big = wide and pipelined and (decay == 2 or not delta)
+    BV = _block_v(V, programs, "state_bwd.bv", wide=big)
     # software pipelining over the chunk loop: 3 stages of its buffered loads (A_qk, q, k, G, W per stage)
     # asked for 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1; with the decayed q, k
     # precomputed, 2 stages of 16-bit tiles fit (B8 T8K H16: 1.46 -> 0.81-0.90 ms with 4 warps)
@@ -2227,7 +2230,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         HAS_DHT=dht is not None,
         LOWP=lowp,
-        num_warps=_tuned("state_bwd.warps", _num_warps(kda_wide)),
+        num_warps=_tuned("state_bwd.warps", _num_warps(big)),
         num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
     )
     # no delta rule and no per-channel decay: the dqk kernel can do the intra-chunk part as well
