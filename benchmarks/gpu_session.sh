@@ -121,11 +121,13 @@ for step in $STEPS; do
       # intra_bwd.maxnreg=80 (slower), the cumsum in the intra forward again (0.87 -> 3.85 ms, removed),
       # intra_bwd.dg_lowp (2% faster, dg's error doubled: off); run 65: the forward state pass with 64-column
       # blocks (with 4 or 8 warps) or 1 stage (slower); run 66: the reverse state pass in 128-column blocks
-      # of 8 warps with 2 stages (adopted for KDA where it has many programs), 32-column blocks (slower)
+      # of 8 warps with 2 stages (adopted for KDA where it has many programs), 32-column blocks (slower);
+      # run 69: that form for GLA, simple GLA and linear attention (adopted; GDN slower), the intra
+      # backward's partial dG in scaled fp16 (intra_bwd.dg_f16) and Vt formed from X in the backward
+      # (bwd.vt_from_x): both slower for KDA and removed
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
-      # Untried: run 66's reverse-pass form for the ops other than KDA (the rule gives it to KDA alone)
-      # (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-state_bwd.bv=128,state_bwd.warps=8,state_bwd.stages=2:gla,gated_delta_rule,simple_gla,linear_attn bwd.intra_first=0:kda_bounded,kda,gla}; do
+      # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
+      for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"
