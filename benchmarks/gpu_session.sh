@@ -124,7 +124,8 @@ for step in $STEPS; do
       # of 8 warps with 2 stages (adopted for KDA where it has many programs), 32-column blocks (slower);
       # run 69: that form for GLA, simple GLA and linear attention (adopted; GDN slower), the intra
       # backward's partial dG in scaled fp16 (intra_bwd.dg_f16) and Vt formed from X in the backward
-      # (bwd.vt_from_x): both slower for KDA and removed
+      # (bwd.vt_from_x): both slower for KDA and removed; run 71: dqk.bk=128 with 8 warps (2 or 3 stages;
+      # slower)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
       # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla}; do
