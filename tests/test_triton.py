@@ -621,9 +621,11 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert not few["_dvt_bwd_kernel"][1]["PRE_X"] and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
         assert few["_state_bwd_kernel"][1]["num_stages"] == 2  # a long reverse pass keeps its pipelining
         assert few["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in few
-    # unbounded KDA: capped at 128 registers a thread, where 2 warps lost
+    # unbounded KDA: capped at 128 registers a thread, where 2 warps lost; the bounded gate's too (its
+    # decayed operands from the products' exponentials, intra_fwd.shared_exp)
     assert few["_intra_fwd_kernel"][1]["num_warps"] == 4
     assert few["_intra_fwd_kernel"][1]["maxnreg"] == 128
+    assert wide["_intra_fwd_kernel"][1]["maxnreg"] == 128 and wide["_intra_fwd_kernel"][1]["SHARED_EXP"]
     # the state pass: 8 warps at K = 128 and 64 columns, but 4 for the delta rule's wide no-grad pass (as
     # launched on a GPU: the interpreter runs every kernel with 4)
     from kernels.triton import chunk

@@ -184,6 +184,7 @@ def _intra_fwd_kernel(
     STORE_DECAYED: tl.constexpr,
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
+    SHARED_EXP: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -215,6 +216,7 @@ def _intra_fwd_kernel(
             LOWP,
             STORE_DECAYED,
             AUTO,
+            SHARED_EXP,
         )
     else:
         t0 = i_t * BT
@@ -333,6 +335,22 @@ def _fwd_diag_by_positions(
 
 
 @triton.jit
+def _fwd_block(
+    aqk, akk, b_qe, b_ke, b_y, o_r, m_r, o_j, m_j, p_a, scale, LOWP: tl.constexpr, DELTA: tl.constexpr
+):
+    # the block (rows o_r, columns o_j) of A_qk and A_kk from the rows' decayed q, k and the columns' keys b_y
+    b_y = tl.trans(_dot_cast(b_y, LOWP))
+    b_a = tl.dot(b_qe, b_y)
+    b_a = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
+    tl.store(aqk + p_a, b_a.to(aqk.dtype.element_ty), mask=m_r[:, None])
+    if DELTA:
+        b_a = tl.dot(b_ke, b_y)
+        tl.store(
+            akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
+        )
+
+
+@triton.jit
 def _intra_fwd_tri(
     q,
     k,
@@ -357,6 +375,7 @@ def _intra_fwd_tri(
     LOWP: tl.constexpr,
     STORE_DECAYED: tl.constexpr,
     AUTO: tl.constexpr,
+    SHARED_EXP: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
@@ -371,16 +390,49 @@ def _intra_fwd_tri(
     b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
     b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
     b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
+    # the bounded gate with TUNE["intra_fwd.shared_exp"]: the decayed operands from the [BC, K] tiles of
+    # exponentials the products need anyway, E_r = exp(G - G_a) and E_d = exp(G_a - G) (<= e^{-lower_bound
+    # (BC - 1)}), and [K] vectors: Q exp(G) = Q E_r exp(G_a), K exp(G_last - G) = K E_d exp(G_last - G_a);
+    # two tiles of exponentials a program instead of four (the diagonal block's keys are K E_d)
+    SHARED: tl.constexpr = SHARED_EXP  # (the launch sets it for the bounded gate only)
+    if SHARED:
+        b_ed = tl.exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf")))
     if STORE_DECAYED:
         b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-        _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
+        if SHARED:
+            p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+            b_eg = b_er * tl.exp(b_ga)[None, :]
+            tl.store(qg + p_rk, (b_q * b_eg).to(qg.dtype.element_ty), mask=m_r[:, None])
+            b_kdr = b_kr * b_ed * tl.exp(b_gl - b_ga)[None, :]
+            tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
+            if DELTA:
+                tl.store(kg + p_rk, (b_kr * b_eg).to(kg.dtype.element_ty), mask=m_r[:, None])
+        else:
+            _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
     b_qe = _dot_cast(b_q * b_er, LOWP)
     b_ke = _dot_cast(b_kr * b_er, LOWP)
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
+    if SHARED:
+        # first the diagonal block, its keys decayed to the anchor (E_d dies here, before the loop)
+        _fwd_block(
+            aqk,
+            akk,
+            b_qe,
+            b_ke,
+            b_kr * b_ed,
+            o_r,
+            m_r,
+            o_r,
+            m_r,
+            p_row + (i_c * BC + o_b)[None, :],
+            scale,
+            LOWP,
+            DELTA,
+        )
     dense = 0
     # the bounded gate keeps exp(G_r0 - G_i) <= e^{-lower_bound (BC - 1)} inside the diagonal block too
     if BOUNDED:
-        n_j = i_c + 1
+        n_j = i_c + 1 - SHARED  # (the diagonal block before the loop)
     elif AUTO:
         # unbounded gates, TUNE["unbounded.dense_if_safe"]: a block whose own decay, first row to last, is at
         # most e^75 in every channel (what the bounded gate -5 guarantees) takes the dense product for its
@@ -395,18 +447,10 @@ def _intra_fwd_tri(
         m_j = o_j < T
         b_gj = _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
-        b_y = tl.trans(
-            _dot_cast(b_y * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
+        b_y = b_y * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf")))
+        _fwd_block(
+            aqk, akk, b_qe, b_ke, b_y, o_r, m_r, o_j, m_j, p_row + (j * BC + o_b)[None, :], scale, LOWP, DELTA
         )
-        p_a = p_row + (j * BC + o_b)[None, :]
-        b_a = tl.dot(b_qe, b_y)
-        b_a = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
-        tl.store(aqk + p_a, b_a.to(aqk.dtype.element_ty), mask=m_r[:, None])
-        if DELTA:
-            b_a = tl.dot(b_ke, b_y)
-            tl.store(
-                akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
-            )
     # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
     # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
     if not BOUNDED:
@@ -1712,13 +1756,21 @@ TUNE: dict[str, int | None] = {
     # one (run 56) GLA 0.617 with 2 against 0.682 with 4, bounded KDA 0.885 against 0.868; unbounded KDA
     # (capped at 128 registers) 1.08 -> 1.42 with 2
     "intra_fwd.warps": None,
+    # 1: the bounded gate's intra forward takes its decayed operands Q exp(G), K exp(G_last - G), K exp(G)
+    # from the two tiles of exponentials its products need, times [K] vectors, instead of two more tiles
+    # of exponentials (_intra_fwd_tri; 7,168 exponentials a 16-row program instead of 11,264 on average).
+    # H200, B8 T8K H16 (run 73, checked within bounds), bounded KDA's intra forward 0.867 -> 0.843 ms, and
+    # 0.810 capped at 128 registers (sm_90: 144 -> 128, 3 -> 4 programs per SM, 32 bytes spilled):
+    # no-grad forward 2.107 -> 2.055 ms, fwd+bwd 7.674 -> 7.615
+    "intra_fwd.shared_exp": 1,
     # stages: 1 for the per-channel decay, whose triangular loop runs 1-4 steps (H200, B8 T8K H16, run 54:
     # bounded KDA 0.962 -> 0.886 ms, GLA 0.728 -> 0.618, KDA 1.085 -> 1.006; 2 stages 0.945, 0.653, 1.080),
-    # else Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for unbounded KDA with 16-bit
-    # inputs at K, V <= 128, else no cap. benchmarks/occupancy.py (sm_90, Triton 3.9, B8 T8K H16): 194
-    # registers hold unbounded KDA's intra forward to 2 programs (8 warps) per SM, the cap allows 4 (176
-    # bytes spilled): 1.361 -> 1.082 ms on the H200 (run 31; fwd+bwd 9.56 -> 9.31). Bounded KDA (128
-    # registers already), GLA and the delta rule: within 0.005 ms either way, so no cap there
+    # else Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for KDA (both gates; bounded
+    # since run 73, with intra_fwd.shared_exp) with 16-bit inputs at K, V <= 128, else no cap.
+    # benchmarks/occupancy.py (sm_90, Triton 3.9, B8 T8K H16): 194 registers hold unbounded KDA's intra
+    # forward to 2 programs (8 warps) per SM, the cap allows 4 (176 bytes spilled): 1.361 -> 1.082 ms on the
+    # H200 (run 31; fwd+bwd 9.56 -> 9.31). Bounded KDA (128 registers then), GLA and the delta rule: within
+    # 0.005 ms either way, so no cap there
     "intra_fwd.stages": None,
     "intra_fwd.maxnreg": None,
     "solve.warps": 1,
@@ -2026,8 +2078,9 @@ def _chunk_fwd(
     # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     tri = _auto("intra_fwd.tri", bounded or auto) or auto
-    # unbounded KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (TUNE)
-    capped = pipelined and decay == 2 and delta and not bounded
+    # KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (unbounded) or 3
+    # (bounded, with intra_fwd.shared_exp) (TUNE)
+    capped = pipelined and decay == 2 and delta
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
@@ -2050,6 +2103,7 @@ def _chunk_fwd(
         STORE_DECAYED=not early,
         TRI=tri,
         AUTO=auto,
+        SHARED_EXP=bounded and bool(TUNE["intra_fwd.shared_exp"]),
         num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
