@@ -126,7 +126,8 @@ for step in $STEPS; do
       # backward's partial dG in scaled fp16 (intra_bwd.dg_f16) and Vt formed from X in the backward
       # (bwd.vt_from_x): both slower for KDA and removed; run 71: dqk.bk=128 with 8 warps (2 or 3 stages;
       # slower); run 72: W from the training forward's state pass (state_fwd.w: the pass 1.09 -> 1.96 ms,
-      # removed)
+      # removed); run 73: the bounded intra forward's decayed operands from its products' exponentials
+      # (intra_fwd.shared_exp, with a cap of 128 registers: 0.867 -> 0.810 ms, adopted)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
       # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla}; do
