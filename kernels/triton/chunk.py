@@ -394,12 +394,12 @@ def _intra_fwd_tri(
     # exponentials the products need anyway, E_r = exp(G - G_a) and E_d = exp(G_a - G) (<= e^{-lower_bound
     # (BC - 1)}), and [K] vectors: Q exp(G) = Q E_r exp(G_a), K exp(G_last - G) = K E_d exp(G_last - G_a);
     # two tiles of exponentials a program instead of four (the diagonal block's keys are K E_d)
-    SHARED: tl.constexpr = SHARED_EXP  # (the launch sets it for the bounded gate only)
-    if SHARED:
+    # (the launch sets SHARED_EXP for the bounded gate only)
+    if SHARED_EXP:
         b_ed = tl.exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf")))
     if STORE_DECAYED:
         b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-        if SHARED:
+        if SHARED_EXP:
             p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
             b_eg = b_er * tl.exp(b_ga)[None, :]
             tl.store(qg + p_rk, (b_q * b_eg).to(qg.dtype.element_ty), mask=m_r[:, None])
@@ -412,7 +412,7 @@ def _intra_fwd_tri(
     b_qe = _dot_cast(b_q * b_er, LOWP)
     b_ke = _dot_cast(b_kr * b_er, LOWP)
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
-    if SHARED:
+    if SHARED_EXP:
         # first the diagonal block, its keys decayed to the anchor (E_d dies here, before the loop)
         _fwd_block(
             aqk,
@@ -432,7 +432,7 @@ def _intra_fwd_tri(
     dense = 0
     # the bounded gate keeps exp(G_r0 - G_i) <= e^{-lower_bound (BC - 1)} inside the diagonal block too
     if BOUNDED:
-        n_j = i_c + 1 - SHARED  # (the diagonal block before the loop)
+        n_j = i_c + 1 - SHARED_EXP  # (the diagonal block before the loop)
     elif AUTO:
         # unbounded gates, TUNE["unbounded.dense_if_safe"]: a block whose own decay, first row to last, is at
         # most e^75 in every channel (what the bounded gate -5 guarantees) takes the dense product for its
@@ -1822,8 +1822,8 @@ TUNE: dict[str, int | None] = {
     # (H200, B8 T8K H16, run 66: bounded KDA's reverse state pass 0.777 -> 0.607 ms, fwd+bwd 7.888 -> 7.722;
     # 128 columns at 8 warps with 1 stage 0.954, 32 columns 1.230-1.250; run 69: GLA 0.679 -> 0.509, linear
     # attention 0.598 -> 0.503, simple GLA 0.577 -> 0.552). Not for the delta rule (run 66: 0.679 -> 0.668)
-    # or GDN (run 69: 0.743 -> 0.800). Else 64 columns (32 with few programs,
-    # see _block_v) and 4 warps, 2 stages for 16-bit inputs with K, V <= 128 (1 else). Before run 66 KDA's
+    # or GDN (run 69: 0.743 -> 0.800). Else 64 columns (32 with few programs, see _block_v) and 4 warps, 2
+    # stages for 16-bit inputs with K, V <= 128 (1 else). Before run 66 KDA's
     # wide pass ran 64 columns with 1 stage (run 56, 0.793 -> 0.770 against 2 stages); few programs need the
     # pipelining: at B1 H16 (run 59) 1 stage took bounded KDA's fwd+bwd at T=64K from 10.95 to 13.02 ms
     "state_bwd.warps": None,
