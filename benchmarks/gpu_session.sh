@@ -127,7 +127,11 @@ for step in $STEPS; do
       # (bwd.vt_from_x): both slower for KDA and removed; run 71: dqk.bk=128 with 8 warps (2 or 3 stages;
       # slower); run 72: W from the training forward's state pass (state_fwd.w: the pass 1.09 -> 1.96 ms,
       # removed); run 73: the bounded intra forward's decayed operands from its products' exponentials
-      # (intra_fwd.shared_exp, with a cap of 128 registers: 0.867 -> 0.810 ms, adopted)
+      # (intra_fwd.shared_exp, with a cap of 128 registers: 0.867 -> 0.810 ms, adopted); run 75: the cumsum in
+      # the bounded intra forward a third time (0.81 -> 2.23 ms, removed); run 76: the bounded intra backward's
+      # sides sharing exponentials (intra_bwd.shared_exp: 1.72 -> 1.80 ms, removed), dqk's reverse cumsum as
+      # a TF32 product (dqk.cumsum_dot: 2.12 -> 2.05 ms, adopted); run 77: the forward cumsum kernel's scan
+      # as a 3xTF32 product (cumsum.dot: 0.26 -> 0.76 ms, removed)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
       # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla}; do

@@ -554,6 +554,22 @@ def test_intra_backward_first(
     assert bool(launched) == (decay == "scalar" or decay == "channel" and not first)
 
 
+@pytest.mark.parametrize("dot", [1, 0])
+@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize("name,delta,lower_bound", [("gla", False, None), ("kda_bounded", True, -5.0)])
+def test_dqk_reverse_cumsum_both_ways(
+    monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, T: int, dot: int
+) -> None:
+    # with the intra backward first, the dqk kernel reverse-cumsums the chunk's dG into dg: as a product with
+    # the upper triangle of ones (TUNE["dqk.cumsum_dot"] = 1, the default; 3xTF32 for these fp32 inputs) or
+    # as a scan (0); both are the reference's dg at a partial last chunk
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "dqk.cumsum_dot", dot)
+    inputs = make_inputs("channel", delta, 1, T, 2, K=16, V=32, seed=T + 5 * dot, lower_bound=lower_bound)
+    check_against_naive(inputs, lower_bound=lower_bound)
+
+
 FWD_KERNELS = ["_cumsum_kernel", "_intra_fwd_kernel", "_solve_kernel", "_wu_kernel", "_state_fwd_kernel"]
 
 
@@ -612,6 +628,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert wide["_state_bwd_kernel"][1]["num_stages"] == 2
         # the intra backward before dqk, which finishes dq, dk and reverse-cumsums dG: no cumsum kernel
         assert wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in wide
+        assert wide["_dqk_bwd_kernel"][1]["CUMSUM_DOT"]  # dG's reverse cumsum on the tensor cores
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]

@@ -952,6 +952,7 @@ def _dqk_bwd_kernel(
     FUSED: tl.constexpr,
     EARLY_W: tl.constexpr,
     FINISH: tl.constexpr,
+    CUMSUM_DOT: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
@@ -1061,7 +1062,18 @@ def _dqk_bwd_kernel(
         if DECAY > 0:
             # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T hold 0)
             b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-            b_dg = tl.cumsum(b_dg, axis=0, reverse=True)
+            if CUMSUM_DOT:
+                # (TUNE["dqk.cumsum_dot"]) a product with the upper triangle of ones on the tensor cores:
+                # single-pass TF32 for 16-bit inputs (dG rounded to 10 mantissa bits, beside bf16's 7 in
+                # dq, dk), 3xTF32 for fp32 inputs
+                o_c = tl.arange(0, BT)
+                b_up = (o_c[:, None] <= o_c[None, :]).to(tl.float32)
+                if LOWP:
+                    b_dg = tl.dot(b_up, b_dg, input_precision="tf32")
+                else:
+                    b_dg = tl.dot(b_up, b_dg, input_precision="tf32x3")
+            else:
+                b_dg = tl.cumsum(b_dg, axis=0, reverse=True)
             tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
     else:
         tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
@@ -1763,6 +1775,12 @@ TUNE: dict[str, int | None] = {
     # 0.810 capped at 128 registers (sm_90: 144 -> 128, 3 -> 4 programs per SM, 32 bytes spilled):
     # no-grad forward 2.107 -> 2.055 ms, fwd+bwd 7.674 -> 7.615
     "intra_fwd.shared_exp": 1,
+    # 1: with bwd.intra_first, the dqk kernel's reverse cumsum of the chunk's dG (inside the chunk, for dg) as
+    # a product with the upper triangle of ones on the tensor cores (single-pass TF32 for 16-bit inputs,
+    # 3xTF32 for fp32) instead of a scan over its rows (0). H200, B8 T8K H16, dqk: bounded KDA 2.123 ->
+    # 2.045 ms (run 76), GLA 1.840 -> 1.695 (run 77); bounded KDA's bf16 dg 7.3e-3 -> 7.4e-3 (T=1000), 9.0e-3
+    # -> 9.1e-3 (T=8192). 3xTF32 for 16-bit inputs too: 2.110 ms, dg as the scan's
+    "dqk.cumsum_dot": 1,
     # stages: 1 for the per-channel decay, whose triangular loop runs 1-4 steps (H200, B8 T8K H16, run 54:
     # bounded KDA 0.962 -> 0.886 ms, GLA 0.728 -> 0.618, KDA 1.085 -> 1.006; 2 stages 0.945, 0.653, 1.080),
     # else Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for KDA (both gates; bounded
@@ -2343,6 +2361,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
             LOWP=lowp,
             FUSED=fused,
             EARLY_W=bool(TUNE["dqk.early_w"]),
+            CUMSUM_DOT=bool(TUNE["dqk.cumsum_dot"]),
             FINISH=first,
             num_warps=_tuned("dqk.warps", 4),
             num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
