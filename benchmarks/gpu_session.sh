@@ -131,7 +131,9 @@ for step in $STEPS; do
       # the bounded intra forward a third time (0.81 -> 2.23 ms, removed); run 76: the bounded intra backward's
       # sides sharing exponentials (intra_bwd.shared_exp: 1.72 -> 1.80 ms, removed), dqk's reverse cumsum as
       # a TF32 product (dqk.cumsum_dot: 2.12 -> 2.05 ms, adopted); run 77: the forward cumsum kernel's scan
-      # as a 3xTF32 product (cumsum.dot: 0.26 -> 0.76 ms, removed)
+      # as a 3xTF32 product (cumsum.dot: 0.26 -> 0.76 ms, removed); run 78: a chunk's key blocks side by side
+      # in launch order (dqk.k_inner: dqk 2.05 -> 1.99 ms, adopted; the intra backward's 1.73 -> 1.80), dqk's
+      # row sum of k dk as a product (dqk.sum_dot: 2.05 -> 2.12 ms, removed)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
       # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla}; do

@@ -570,6 +570,26 @@ def test_dqk_reverse_cumsum_both_ways(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
+@pytest.mark.parametrize("k_inner", [1, 0])
+@pytest.mark.parametrize("name,delta,lower_bound", [("gla", False, None), ("kda_bounded", True, -5.0)])
+def test_dqk_key_blocks_side_by_side(
+    monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, k_inner: int
+) -> None:
+    # K = 128: two key blocks of 64 in dqk, launched with the chunks first or (TUNE["dqk.k_inner"] = 1, the
+    # default) the key blocks first; each program finds its chunk and key block
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "dqk.k_inner", k_inner)
+    launched: list = []
+    for name_ in ("_dqk_bwd_kernel", "_intra_bwd_kernel"):
+        monkeypatch.setattr(chunk, name_, _Recorder(getattr(chunk, name_), launched, name_))
+    inputs = make_inputs("channel", delta, 1, 130, 1, K=128, V=16, seed=k_inner, lower_bound=lower_bound)
+    check_against_naive(inputs, lower_bound=lower_bound)
+    grids = {n: grid for n, grid, _ in launched}
+    assert grids["_dqk_bwd_kernel"] == ((2, 3, 1) if k_inner else (3, 2, 1))
+    assert grids["_intra_bwd_kernel"] == (12, 2, 1)
+
+
 FWD_KERNELS = ["_cumsum_kernel", "_intra_fwd_kernel", "_solve_kernel", "_wu_kernel", "_state_fwd_kernel"]
 
 
@@ -629,6 +649,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         # the intra backward before dqk, which finishes dq, dk and reverse-cumsums dG: no cumsum kernel
         assert wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in wide
         assert wide["_dqk_bwd_kernel"][1]["CUMSUM_DOT"]  # dG's reverse cumsum on the tensor cores
+        assert wide["_dqk_bwd_kernel"][1]["K_INNER"] == 1  # a chunk's key blocks side by side
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]

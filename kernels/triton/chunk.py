@@ -953,6 +953,7 @@ def _dqk_bwd_kernel(
     EARLY_W: tl.constexpr,
     FINISH: tl.constexpr,
     CUMSUM_DOT: tl.constexpr,
+    K_INNER: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
@@ -962,9 +963,10 @@ def _dqk_bwd_kernel(
     # (TUNE["bwd.intra_first"]; no decay or the per-channel one): _intra_bwd_kernel ran first and left its
     # partial dq, dk in dq, dk and its dG in dgk; they are added here, and the chunk's dG reverse-cumsummed
     # into dg (the chunk's rows are all in this program), so no _rev_cumsum_kernel runs
+    # K_INNER (TUNE["dqk.k_inner"]): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side
     i_t, i_k, i_bh = (
-        tl.program_id(0).to(tl.int64),
-        tl.program_id(1).to(tl.int64),
+        tl.program_id(K_INNER).to(tl.int64),
+        tl.program_id(1 - K_INNER).to(tl.int64),
         tl.program_id(2).to(tl.int64),
     )
     i_b, i_h = i_bh // H, i_bh % H
@@ -1781,6 +1783,11 @@ TUNE: dict[str, int | None] = {
     # 2.045 ms (run 76), GLA 1.840 -> 1.695 (run 77); bounded KDA's bf16 dg 7.3e-3 -> 7.4e-3 (T=1000), 9.0e-3
     # -> 9.1e-3 (T=8192). 3xTF32 for 16-bit inputs too: 2.110 ms, dg as the scan's
     "dqk.cumsum_dot": 1,
+    # 1: dqk's key blocks of one chunk next to each other in launch order (grid (key blocks, chunks, B H)), so
+    # that they read the chunk's dO, Vt, dVt at about the same time, instead of NT programs apart. H200, B8
+    # T8K H16 (run 78): bounded KDA's dqk 2.051 -> 1.994 ms, GLA's 1.695 -> 1.689; the same for the intra
+    # backward's key blocks of one 16-row block lost (1.729 -> 1.802)
+    "dqk.k_inner": 1,
     # stages: 1 for the per-channel decay, whose triangular loop runs 1-4 steps (H200, B8 T8K H16, run 54:
     # bounded KDA 0.962 -> 0.886 ms, GLA 0.728 -> 0.618, KDA 1.085 -> 1.006; 2 stages 0.945, 0.653, 1.080),
     # else Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for KDA (both gates; bounded
@@ -2260,6 +2267,9 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     pipelined = _pipelined(q, K, V)
     BT = chunk_size
     NT = triton.cdiv(T, BT)
+    # TUNE["dqk.k_inner"]: dqk's key blocks of one chunk launched side by side (grid axis 1 holds at most
+    # 65,535 chunks: T up to about 4M at 64-row chunks)
+    k_inner = int(bool(TUNE["dqk.k_inner"]) and NT < 65536)
     decay = 0 if g is None else (1 if g.dim() == 3 else 2)
     delta = beta is not None
     bounded = lower_bound is not None
@@ -2329,7 +2339,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
 
     def dqk_pass():
-        _dqk_bwd_kernel[(NT, K // BK, B * H)](
+        _dqk_bwd_kernel[(K // BK, NT, B * H) if k_inner else (NT, K // BK, B * H)](
             q,
             k,
             v,
@@ -2362,6 +2372,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
             FUSED=fused,
             EARLY_W=bool(TUNE["dqk.early_w"]),
             CUMSUM_DOT=bool(TUNE["dqk.cumsum_dot"]),
+            K_INNER=k_inner,
             FINISH=first,
             num_warps=_tuned("dqk.warps", 4),
             num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
