@@ -134,7 +134,8 @@ for step in $STEPS; do
       # as a 3xTF32 product (cumsum.dot: 0.26 -> 0.76 ms, removed); run 78: a chunk's key blocks side by side
       # in launch order (dqk.k_inner: dqk 2.05 -> 1.99 ms, adopted; the intra backward's 1.73 -> 1.80), dqk's
       # row sum of k dk as a product (dqk.sum_dot: 2.05 -> 2.12 ms, removed); run 80: intra_bwd.bk=32 without
-      # a cap (8 programs per SM: 1.74 -> 2.03 ms), with 2 stages (2.35), dqk.stages=2 (2.00 -> 2.06): slower
+      # a cap (8 programs per SM: 1.74 -> 2.03 ms), with 2 stages (2.35), dqk.stages=2 (2.00 -> 2.06): slower;
+      # run 81: cumsum.warps=2/8 (even), 16 (0.26 -> 0.39 ms), solve.warps=2 with TF32 (0.16 -> 0.25)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
       # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla}; do

@@ -1788,6 +1788,9 @@ TUNE: dict[str, int | None] = {
     # T8K H16 (run 78): bounded KDA's dqk 2.051 -> 1.994 ms, GLA's 1.695 -> 1.689; the same for the intra
     # backward's key blocks of one 16-row block lost (1.729 -> 1.802)
     "dqk.k_inner": 1,
+    # warps of the forward cumsum kernel (None: 4). H200, B8 T8K H16 (run 81), bounded KDA: 2 warps 0.262 ms,
+    # 4 0.261, 8 0.262, 16 0.392 (at its bytes, 4.1 TB/s, whatever the warps)
+    "cumsum.warps": None,
     # stages: 1 for the per-channel decay, whose triangular loop runs 1-4 steps (H200, B8 T8K H16, run 54:
     # bounded KDA 0.962 -> 0.886 ms, GLA 0.728 -> 0.618, KDA 1.085 -> 1.006; 2 stages 0.945, 0.653, 1.080),
     # else Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for KDA (both gates; bounded
@@ -2095,6 +2098,7 @@ def _chunk_fwd(
             DECAY=decay,
             DECAYED=early,
             DELTA=delta,
+            num_warps=_tuned("cumsum.warps", 4),
         )
     gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
