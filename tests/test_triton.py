@@ -503,6 +503,44 @@ def test_pseudo_values_kept_for_the_backward(
     assert [kwargs["STORE_U"] for _, _, kwargs in launched] == [False]  # W alone
 
 
+@pytest.mark.parametrize("vt_x", [0, 1])
+@pytest.mark.parametrize("T", [63, 100])
+@pytest.mark.parametrize(
+    "name,decay,lower_bound",
+    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
+)
+def test_pseudo_values_from_x_both_ways(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    lower_bound: float | None,
+    T: int,
+    vt_x: int,
+) -> None:
+    # TUNE["bwd.vt_x"] = 1: with X kept (bwd.x) and the output inside the state pass, the forward keeps no
+    # Vt = T X; dqk sums X dS'^T and applies T after its V loop, dvt sums dO X^T and applies T^T. 0: Vt
+    # kept and read by both. Same gradients either way, with and without an initial state
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 1)
+    monkeypatch.setitem(chunk.TUNE, "bwd.vt_x", vt_x)
+    launched: list = []
+    for kernel in ("_state_fwd_kernel", "_dqk_bwd_kernel", "_dvt_bwd_kernel"):
+        monkeypatch.setattr(chunk, kernel, _Recorder(getattr(chunk, kernel), launched, kernel))
+    inputs = make_inputs(
+        decay, True, 1, T, 2, K=16, V=32, seed=T + 41 + vt_x, lower_bound=lower_bound, with_state=T % 2 == 1
+    )
+    check_against_naive(inputs, lower_bound=lower_bound)
+    # (the differentiable forward's state pass: the one that keeps X)
+    flags = {
+        (n, kw["VT_X"] if "VT_X" in kw else not kw["STORE_VT"])
+        for n, _, kw in launched
+        if kw.get("STORE_X", 1)
+    }
+    assert flags == {(n, bool(vt_x)) for n in ("_state_fwd_kernel", "_dqk_bwd_kernel", "_dvt_bwd_kernel")}
+
+
 @pytest.mark.parametrize("T", [63, 100])
 @pytest.mark.parametrize(
     "name,decay,lower_bound",
@@ -650,12 +688,19 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in wide
         assert wide["_dqk_bwd_kernel"][1]["CUMSUM_DOT"]  # dG's reverse cumsum on the tensor cores
         assert wide["_dqk_bwd_kernel"][1]["K_INNER"] == 1  # a chunk's key blocks side by side
+        assert not wide["_dqk_bwd_kernel"][1]["VT_X"] and not wide["_dvt_bwd_kernel"][1]["VT_X"]
+        # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (bwd.vt_x)
+        rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay=False)
+        assert rule["_state_fwd_kernel"][1]["STORE_X"] and not rule["_state_fwd_kernel"][1]["STORE_VT"]
+        assert rule["_dqk_bwd_kernel"][1]["VT_X"] and rule["_dvt_bwd_kernel"][1]["VT_X"]
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]
     assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
     assert few["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in few
+    assert state["STORE_VT"]  # read by the output pass (and kept for the backward)
     if keep:
+        assert not few["_dqk_bwd_kernel"][1]["VT_X"] and not few["_dvt_bwd_kernel"][1]["VT_X"]
         assert not few["_dvt_bwd_kernel"][1]["PRE_X"] and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
         assert few["_state_bwd_kernel"][1]["num_stages"] == 2  # a long reverse pass keeps its pipelining
         assert few["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in few

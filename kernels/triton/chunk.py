@@ -954,6 +954,7 @@ def _dqk_bwd_kernel(
     FINISH: tl.constexpr,
     CUMSUM_DOT: tl.constexpr,
     K_INNER: tl.constexpr,
+    VT_X: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
@@ -963,7 +964,9 @@ def _dqk_bwd_kernel(
     # (TUNE["bwd.intra_first"]; no decay or the per-channel one): _intra_bwd_kernel ran first and left its
     # partial dq, dk in dq, dk and its dG in dgk; they are added here, and the chunk's dG reverse-cumsummed
     # into dg (the chunk's rows are all in this program), so no _rev_cumsum_kernel runs
-    # K_INNER (TUNE["dqk.k_inner"]): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side
+    # K_INNER (TUNE["dqk.k_inner"]): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side.
+    # VT_X (TUNE["bwd.vt_x"]): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
+    # T (X dS'^T) follows it, so the forward keeps no Vt
     i_t, i_k, i_bh = (
         tl.program_id(K_INNER).to(tl.int64),
         tl.program_id(1 - K_INNER).to(tl.int64),
@@ -1003,9 +1006,12 @@ def _dqk_bwd_kernel(
         # Vt = U - W S: dW = -dVt S^T; W = T (Gamma K) with T = L diag(beta): d(Gamma K) = T^T dW. First, so
         # that dVt S^T and T are dead before the decay's tiles load (TUNE["dqk.early_w"])
         p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-        if EARLY_W:
+        if EARLY_W or VT_X:
             b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
             b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
+            if VT_X:
+                # Vt dS'^T = T (X dS'^T), in the dot operands' precision (tf32 operands: more shared memory)
+                b_dkd = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_dkd, LOWP))
             b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
     b_q = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K)
     b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
@@ -1033,7 +1039,7 @@ def _dqk_bwd_kernel(
     b_dg -= b_k * b_dk
     b_dgl += tl.sum(b_k * b_dk, 0)
     if DELTA:
-        if not EARLY_W:
+        if not (EARLY_W or VT_X):
             b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
             b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
             b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
@@ -1116,11 +1122,13 @@ def _dvt_bwd_kernel(
     LOWP: tl.constexpr,
     PRE_KG: tl.constexpr,
     PRE_X: tl.constexpr,
+    VT_X: tl.constexpr,
 ):
     # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
     # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel).
     # PRE_X (TUNE["bwd.x"]): X = V - (Gamma K) S as the forward state pass kept it, instead of from h and
-    # Gamma K here
+    # Gamma K here. VT_X (with PRE_X, TUNE["bwd.vt_x"]): no Vt in memory; the V loop sums dO X^T and
+    # dO Vt^T = (dO X^T) T^T follows it
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -1140,7 +1148,10 @@ def _dvt_bwd_kernel(
         o_v = i_v * BV + tl.arange(0, BV)
         p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-        if DELTA:
+        if VT_X:
+            b_x = tl.load(x + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_vt = b_x
+        elif DELTA:
             b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         else:
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -1154,11 +1165,16 @@ def _dvt_bwd_kernel(
                 b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_dv = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dvt, LOWP))
             tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_t[:, None])
-            if PRE_X:
+            if VT_X:
+                pass  # X loaded above
+            elif PRE_X:
                 b_x = tl.load(x + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             else:
                 b_x = b_v - tl.dot(b_kg, _dot_cast(b_s, LOWP))
             b_dtm += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_x, LOWP)))
+    if VT_X:
+        # dO Vt^T = (dO X^T) T^T: fp32 (tf32) operands, T as the forward's bf16 product rounded it
+        b_dp = tl.dot(b_dp, tl.trans(_dot_cast(b_tm, LOWP).to(tl.float32)))
     b_dp = tl.where((o_c[:, None] >= o_c[None, :]) & m_t[:, None], b_dp, 0.0) * scale
     tl.store(m_qk + p_a, b_dp.to(m_qk.dtype.element_ty), mask=m_t[:, None])
     if DELTA:
@@ -1845,6 +1861,16 @@ TUNE: dict[str, int | None] = {
     # H200, B8 T8K H16 (run 51, checked within bounds): bounded KDA fwd+bwd 8.42 -> 8.36 ms (state pass 0.76
     # -> 1.08, W/U 0.39 -> 0.20, dvt 0.89 -> 0.70), KDA 8.65 -> 8.59, the delta rule 4.86 -> 4.77
     "bwd.x": None,
+    # 1: with bwd.x and the output inside the forward state pass, the forward keeps no Vt (bf16 [B,T,H,V]):
+    # the dqk and dvt backwards read X instead and apply T = L diag(beta) to their [BT, BK] / [BT, BT]
+    # products after the V loop (Vt dS'^T = T (X dS'^T), dO Vt^T = (dO X^T) T^T); dvt reads one tile
+    # fewer per V block. 0: Vt kept and read. None: 1 without the per-channel decay (the delta rule, GDN).
+    # H200, B8 T8K H16 (run 82, checked within bounds at the wide forms): the forward state pass 0.999 ->
+    # 0.927 ms (the delta rule), 1.077 -> 1.005 (bounded KDA); dvt unchanged (0.660 -> 0.656); dqk 0.807
+    # -> 0.836 (the delta rule), 1.244 -> 1.287 (GDN), but 1.996 -> 2.260 for both KDAs (336 bytes
+    # spilled with the extra product; 1 program per SM with it in tf32). fwd+bwd: the delta rule 4.700
+    # -> 4.650, GDN 6.622 -> 6.619, bounded KDA 7.483 -> 7.674
+    "bwd.vt_x": None,
     # KDA (both gates), GLA, simple GLA and linear attention (16-bit inputs, K, V <= 128) where the pass has
     # many programs (B * H * V / 64 >= 256): 128-column blocks, 8 warps, 2 stages, as the forward pass
     # (H200, B8 T8K H16, run 66: bounded KDA's reverse state pass 0.777 -> 0.607 ms, fwd+bwd 7.888 -> 7.722;
@@ -2190,8 +2216,10 @@ def _chunk_fwd(
     # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
     fused = _auto("state_fwd.output", wide if keep else many)
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype) if keep or not fused else None
-    # Vt: read by the backward and by _output_kernel
-    vt = torch.empty_like(v) if delta and (keep or not fused) else None
+    # Vt: read by the backward and by _output_kernel; not kept where the backward forms it from X
+    # (TUNE["bwd.vt_x"])
+    vt_x = keep_x and fused and bool(_tuned("bwd.vt_x", decay != 2))
+    vt = torch.empty_like(v) if delta and (keep or not fused) and not vt_x else None
     ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
     BV = _block_v(V, programs, "state_fwd.bv", wide=pipelined)
@@ -2266,6 +2294,8 @@ def _chunk_fwd(
 
 def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, saved):
     gc, aqk, akk, linv, w, vt, h, qg, kd, kg, x = saved
+    # the forward kept X = V - (Gamma K) S and no Vt = T X (TUNE["bwd.vt_x"]): dqk and dvt read X for it
+    vt_x = beta is not None and vt is None
     B, T, H, K = q.shape
     V = v.shape[-1]
     pipelined = _pipelined(q, K, V)
@@ -2349,7 +2379,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
             v,
             gcx,
             beta if delta else q,
-            vt if delta else v,
+            (x if vt_x else vt) if delta else v,
             h,
             dh,
             do,
@@ -2377,6 +2407,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
             EARLY_W=bool(TUNE["dqk.early_w"]),
             CUMSUM_DOT=bool(TUNE["dqk.cumsum_dot"]),
             K_INNER=k_inner,
+            VT_X=vt_x,
             FINISH=first,
             num_warps=_tuned("dqk.warps", 4),
             num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
@@ -2395,7 +2426,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         v,
         gcx,
         beta if delta else q,
-        vt if delta else v,
+        vt if delta and not vt_x else v,
         h,
         do,
         dvt,
@@ -2419,6 +2450,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         LOWP=lowp,
         PRE_KG=kg is not None,
         PRE_X=x is not None,
+        VT_X=vt_x,
         num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
         num_stages=_tuned("dvt.stages", (3 if x is not None else 2) if pipelined else 1),
     )
