@@ -608,6 +608,31 @@ def test_dqk_reverse_cumsum_both_ways(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
+@pytest.mark.parametrize("seq", [1, 0])
+@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize(
+    "name,delta,lower_bound", [("gla", False, None), ("kda", True, None), ("kda_bounded", True, -5.0)]
+)
+def test_dqk_epilogue_both_orders(
+    monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, T: int, seq: int
+) -> None:
+    # with the intra backward first, the dqk kernel's epilogue loads each tile where it is first needed and
+    # stores dq before k loads (TUNE["dqk.seq"] = 1) or loads q, k and G together first (0); the same
+    # gradients either way, with and without an initial state
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "dqk.seq", seq)
+    launched: list = []
+    monkeypatch.setattr(
+        chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
+    )
+    inputs = make_inputs(
+        "channel", delta, 1, T, 2, K=16, V=32, seed=T + 11 * seq, lower_bound=lower_bound, with_state=T == 63
+    )
+    check_against_naive(inputs, lower_bound=lower_bound)
+    assert {kwargs["SEQ"] for _, _, kwargs in launched} == {bool(seq)}
+
+
 @pytest.mark.parametrize("k_inner", [1, 0])
 @pytest.mark.parametrize("name,delta,lower_bound", [("gla", False, None), ("kda_bounded", True, -5.0)])
 def test_dqk_key_blocks_side_by_side(
@@ -689,6 +714,9 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert wide["_dqk_bwd_kernel"][1]["CUMSUM_DOT"]  # dG's reverse cumsum on the tensor cores
         assert wide["_dqk_bwd_kernel"][1]["K_INNER"] == 1  # a chunk's key blocks side by side
         assert not wide["_dqk_bwd_kernel"][1]["VT_X"] and not wide["_dvt_bwd_kernel"][1]["VT_X"]
+        assert not wide["_dqk_bwd_kernel"][1]["SEQ"]  # KDA: q, k, G loaded together (dqk.seq)
+        gla = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, delta=False)
+        assert gla["_dqk_bwd_kernel"][1]["SEQ"] and gla["_dqk_bwd_kernel"][1]["FINISH"]
         # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (bwd.vt_x)
         rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay=False)
         assert rule["_state_fwd_kernel"][1]["STORE_X"] and not rule["_state_fwd_kernel"][1]["STORE_VT"]

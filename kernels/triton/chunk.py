@@ -955,6 +955,7 @@ def _dqk_bwd_kernel(
     CUMSUM_DOT: tl.constexpr,
     K_INNER: tl.constexpr,
     VT_X: tl.constexpr,
+    SEQ: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
@@ -1013,83 +1014,116 @@ def _dqk_bwd_kernel(
                 # Vt dS'^T = T (X dS'^T), in the dot operands' precision (tf32 operands: more shared memory)
                 b_dkd = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_dkd, LOWP))
             b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
-    b_q = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K)
-    b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
-    if DECAY == 2:
+    p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    if SEQ:
+        # (TUNE["dqk.seq"]; the per-channel decay with the intra backward first) the same terms, each tile
+        # loaded where it is first needed and dead after its last use, the finished dq stored before k loads
         b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
         b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
         b_eg = tl.exp(b_g)
-        b_ed = tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
+        b_dq = b_dqs * b_eg * scale
+        if DELTA:
+            b_dkg = b_dkg * b_eg
+        b_dk = b_dkd * tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
         b_dgl = b_dgl * tl.exp(b_gl)
-    elif DECAY == 1:
-        b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
-        b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
-        b_0 = tl.zeros([BT, BK], dtype=tl.float32)
-        b_eg = tl.exp(b_g)[:, None] + b_0
-        b_ed = tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None] + b_0
-        b_dgl = b_dgl * tl.exp(b_gl)
-    else:
-        b_eg = tl.full([BT, BK], 1.0, dtype=tl.float32)
-        b_ed = tl.full([BT, BK], 1.0, dtype=tl.float32)
-    # O = scale (Q Gamma) S: dq = scale (dO S^T) Gamma, and the log-decay sees q * dq
-    b_dq = b_dqs * b_eg * scale
-    b_dg = b_q * b_dq
-    # S' = Gamma_last S + K_d^T Vt with K_d = K Gamma_last / Gamma
-    b_dk = b_dkd * b_ed
-    b_dg -= b_k * b_dk
-    b_dgl += tl.sum(b_k * b_dk, 0)
-    if DELTA:
-        if not (EARLY_W or VT_X):
-            b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
-            b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
-            b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
-        b_dkg = b_dkg * b_eg
-        b_dk += b_dkg
-        b_dg += b_k * b_dkg
-    if FUSED:
-        # A_qk = scale tril(Q K^T) (times exp(G_r - G_i)): dq += M K, dk += M^T Q with M = dA_qk, and the
-        # log-decay sees q * dq - k * dk of these terms (fp32 operands, as in _intra_bwd_kernel)
-        o_c = i_t * BT + tl.arange(0, BT)
-        m_m = (o_t[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-        if DECAY == 1:
-            b_dp = b_dp * tl.exp(tl.where(m_m, b_g[:, None] - b_g[None, :], float("-inf")))
-        b_m = tl.where(m_m, b_dp, 0.0) * scale
-        b_dqi = tl.dot(b_m, b_k)
-        b_dki = tl.dot(tl.trans(b_m), b_q)
-        b_dq += b_dqi
-        b_dk += b_dki
-        b_dg += b_q * b_dqi - b_k * b_dki
-    # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
-    b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
-    p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    if FINISH:
+        b_dg = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K) * b_dq
         b_dq += tl.load(dq + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
         tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
+        b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
+        b_dg -= b_k * b_dk
+        b_dgl += tl.sum(b_k * b_dk, 0)
+        if DELTA:
+            b_dk += b_dkg
+            b_dg += b_k * b_dkg
         b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
         tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
-        if DECAY > 0:
-            # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T hold 0)
-            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-            if CUMSUM_DOT:
-                # (TUNE["dqk.cumsum_dot"]) a product with the upper triangle of ones on the tensor cores:
-                # single-pass TF32 for 16-bit inputs (dG rounded to 10 mantissa bits, beside bf16's 7 in
-                # dq, dk), 3xTF32 for fp32 inputs
-                o_c = tl.arange(0, BT)
-                b_up = (o_c[:, None] <= o_c[None, :]).to(tl.float32)
-                if LOWP:
-                    b_dg = tl.dot(b_up, b_dg, input_precision="tf32")
-                else:
-                    b_dg = tl.dot(b_up, b_dg, input_precision="tf32x3")
-            else:
-                b_dg = tl.cumsum(b_dg, axis=0, reverse=True)
-            tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
+        b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
+        b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+        o_c = tl.arange(0, BT)
+        b_up = (o_c[:, None] <= o_c[None, :]).to(tl.float32)
+        if LOWP:
+            b_dg = tl.dot(b_up, b_dg, input_precision="tf32")
+        else:
+            b_dg = tl.dot(b_up, b_dg, input_precision="tf32x3")
+        tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
     else:
-        tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
-        tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
-        # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
-        # H16 that used to be written and never read)
-        if DECAY > 0:
-            tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
+        b_q = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K)
+        b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
+        if DECAY == 2:
+            b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
+            b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
+            b_eg = tl.exp(b_g)
+            b_ed = tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
+            b_dgl = b_dgl * tl.exp(b_gl)
+        elif DECAY == 1:
+            b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+            b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
+            b_0 = tl.zeros([BT, BK], dtype=tl.float32)
+            b_eg = tl.exp(b_g)[:, None] + b_0
+            b_ed = tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None] + b_0
+            b_dgl = b_dgl * tl.exp(b_gl)
+        else:
+            b_eg = tl.full([BT, BK], 1.0, dtype=tl.float32)
+            b_ed = tl.full([BT, BK], 1.0, dtype=tl.float32)
+        # O = scale (Q Gamma) S: dq = scale (dO S^T) Gamma, and the log-decay sees q * dq
+        b_dq = b_dqs * b_eg * scale
+        b_dg = b_q * b_dq
+        # S' = Gamma_last S + K_d^T Vt with K_d = K Gamma_last / Gamma
+        b_dk = b_dkd * b_ed
+        b_dg -= b_k * b_dk
+        b_dgl += tl.sum(b_k * b_dk, 0)
+        if DELTA:
+            if not (EARLY_W or VT_X):
+                b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+                b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
+                b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
+            b_dkg = b_dkg * b_eg
+            b_dk += b_dkg
+            b_dg += b_k * b_dkg
+        if FUSED:
+            # A_qk = scale tril(Q K^T) (times exp(G_r - G_i)): dq += M K, dk += M^T Q with M = dA_qk, and the
+            # log-decay sees q * dq - k * dk of these terms (fp32 operands, as in _intra_bwd_kernel)
+            o_c = i_t * BT + tl.arange(0, BT)
+            m_m = (o_t[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
+            if DECAY == 1:
+                b_dp = b_dp * tl.exp(tl.where(m_m, b_g[:, None] - b_g[None, :], float("-inf")))
+            b_m = tl.where(m_m, b_dp, 0.0) * scale
+            b_dqi = tl.dot(b_m, b_k)
+            b_dki = tl.dot(tl.trans(b_m), b_q)
+            b_dq += b_dqi
+            b_dk += b_dki
+            b_dg += b_q * b_dqi - b_k * b_dki
+        # the carried state's decay exp(G_last) and K_d's numerator both hang on the last row's G
+        b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
+        if FINISH:
+            b_dq += tl.load(dq + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+            tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
+            b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+            tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
+            if DECAY > 0:
+                # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T
+                # hold 0)
+                b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+                if CUMSUM_DOT:
+                    # (TUNE["dqk.cumsum_dot"]) a product with the upper triangle of ones on the tensor cores:
+                    # single-pass TF32 for 16-bit inputs (dG rounded to 10 mantissa bits, beside bf16's 7 in
+                    # dq, dk), 3xTF32 for fp32 inputs
+                    o_c = tl.arange(0, BT)
+                    b_up = (o_c[:, None] <= o_c[None, :]).to(tl.float32)
+                    if LOWP:
+                        b_dg = tl.dot(b_up, b_dg, input_precision="tf32")
+                    else:
+                        b_dg = tl.dot(b_up, b_dg, input_precision="tf32x3")
+                else:
+                    b_dg = tl.cumsum(b_dg, axis=0, reverse=True)
+                tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
+        else:
+            tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
+            tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
+            # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
+            # H16 that used to be written and never read)
+            if DECAY > 0:
+                tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
 @triton.jit
@@ -1804,6 +1838,12 @@ TUNE: dict[str, int | None] = {
     # T8K H16 (run 78): bounded KDA's dqk 2.051 -> 1.994 ms, GLA's 1.695 -> 1.689; the same for the intra
     # backward's key blocks of one 16-row block lost (1.729 -> 1.802)
     "dqk.k_inner": 1,
+    # 1: with the intra backward first (the per-channel decay) and dqk.cumsum_dot, dqk's epilogue loads each
+    # tile where it is first needed (G, then q, then k) and stores the finished dq before k loads; 0: q, k
+    # and G loaded together after the V loop. None: 1 without the delta rule (GLA). sm_90 (occupancy.py):
+    # spills 56 -> 8 bytes (GLA), 344 -> 240 (both KDAs). H200, B8 T8K H16 (run 83, checked within bounds):
+    # GLA's dqk 1.701 -> 1.656 ms (fwd+bwd 5.262 -> 5.216), but both KDAs' 2.008 -> 2.028
+    "dqk.seq": None,
     # warps of the forward cumsum kernel (None: 4). H200, B8 T8K H16 (run 81), bounded KDA: 2 warps 0.262 ms,
     # 4 0.261, 8 0.262, 16 0.392 (at its bytes, 4.1 TB/s, whatever the warps)
     "cumsum.warps": None,
@@ -2408,6 +2448,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
             CUMSUM_DOT=bool(TUNE["dqk.cumsum_dot"]),
             K_INNER=k_inner,
             VT_X=vt_x,
+            SEQ=bool(_tuned("dqk.seq", not delta)) and first and decay == 2 and bool(TUNE["dqk.cumsum_dot"]),
             FINISH=first,
             num_warps=_tuned("dqk.warps", 4),
             num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
