@@ -633,6 +633,28 @@ def test_dqk_epilogue_both_orders(
     assert {kwargs["SEQ"] for _, _, kwargs in launched} == {bool(seq)}
 
 
+@pytest.mark.parametrize("dv", [1, 0])
+@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize("name,lower_bound", [("kda", None), ("kda_bounded", -5.0)])
+def test_dqk_delta_term_from_dv(
+    monkeypatch: pytest.MonkeyPatch, name: str, lower_bound: float | None, T: int, dv: int
+) -> None:
+    # the delta rule with the intra backward first (KDA): dqk runs after dvt and takes d(Gamma K) = -dV S^T
+    # from dvt's dV (TUNE["dqk.dv"] = 1) or T^T (-dVt S^T) from dVt (0); the same gradients either way
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "dqk.dv", dv)
+    launched: list = []
+    monkeypatch.setattr(
+        chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
+    )
+    inputs = make_inputs(
+        "channel", True, 1, T, 2, K=16, V=32, seed=T + 13 * dv, lower_bound=lower_bound, with_state=T == 63
+    )
+    check_against_naive(inputs, lower_bound=lower_bound)
+    assert {kwargs["DV_W"] for _, _, kwargs in launched} == {bool(dv)}
+
+
 @pytest.mark.parametrize("k_inner", [1, 0])
 @pytest.mark.parametrize("name,delta,lower_bound", [("gla", False, None), ("kda_bounded", True, -5.0)])
 def test_dqk_key_blocks_side_by_side(
@@ -715,6 +737,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert wide["_dqk_bwd_kernel"][1]["K_INNER"] == 1  # a chunk's key blocks side by side
         assert not wide["_dqk_bwd_kernel"][1]["VT_X"] and not wide["_dvt_bwd_kernel"][1]["VT_X"]
         assert not wide["_dqk_bwd_kernel"][1]["SEQ"]  # KDA: q, k, G loaded together (dqk.seq)
+        assert wide["_dqk_bwd_kernel"][1]["DV_W"]  # d(Gamma K) from dvt's dv (dqk.dv)
         gla = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, delta=False)
         assert gla["_dqk_bwd_kernel"][1]["SEQ"] and gla["_dqk_bwd_kernel"][1]["FINISH"]
         # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (bwd.vt_x)

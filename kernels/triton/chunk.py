@@ -956,6 +956,7 @@ def _dqk_bwd_kernel(
     K_INNER: tl.constexpr,
     VT_X: tl.constexpr,
     SEQ: tl.constexpr,
+    DV_W: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
@@ -966,6 +967,8 @@ def _dqk_bwd_kernel(
     # partial dq, dk in dq, dk and its dG in dgk; they are added here, and the chunk's dG reverse-cumsummed
     # into dg (the chunk's rows are all in this program), so no _rev_cumsum_kernel runs
     # K_INNER (TUNE["dqk.k_inner"]): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side.
+    # DV_W (TUNE["dqk.dv"]; the delta rule after the dvt backward): dvt holds dV = T^T dVt, not dVt, and
+    # d(Gamma K) = T^T dW = -dV S^T needs no product with T.
     # VT_X (TUNE["bwd.vt_x"]): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
     # T (X dS'^T) follows it, so the forward keeps no Vt
     i_t, i_k, i_bh = (
@@ -1007,13 +1010,18 @@ def _dqk_bwd_kernel(
         # Vt = U - W S: dW = -dVt S^T; W = T (Gamma K) with T = L diag(beta): d(Gamma K) = T^T dW. First, so
         # that dVt S^T and T are dead before the decay's tiles load (TUNE["dqk.early_w"])
         p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-        if EARLY_W or VT_X:
-            b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
-            b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
+        if EARLY_W or VT_X or DV_W:
+            if VT_X or not DV_W:
+                b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+                b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
             if VT_X:
                 # Vt dS'^T = T (X dS'^T), in the dot operands' precision (tf32 operands: more shared memory)
                 b_dkd = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_dkd, LOWP))
-            b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
+            if DV_W:
+                # the V loop summed dV S^T with dV = T^T dVt (dvt's output): d(Gamma K) = -dV S^T
+                b_dkg = -b_dws
+            else:
+                b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
     if SEQ:
         # (TUNE["dqk.seq"]; the per-channel decay with the intra backward first) the same terms, each tile
@@ -1073,7 +1081,7 @@ def _dqk_bwd_kernel(
         b_dg -= b_k * b_dk
         b_dgl += tl.sum(b_k * b_dk, 0)
         if DELTA:
-            if not (EARLY_W or VT_X):
+            if not (EARLY_W or VT_X or DV_W):
                 b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
                 b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
                 b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
@@ -1844,6 +1852,10 @@ TUNE: dict[str, int | None] = {
     # spills 56 -> 8 bytes (GLA), 344 -> 240 (both KDAs). H200, B8 T8K H16 (run 83, checked within bounds):
     # GLA's dqk 1.701 -> 1.656 ms (fwd+bwd 5.262 -> 5.216), but both KDAs' 2.008 -> 2.028
     "dqk.seq": None,
+    # 1: with the delta rule and the intra backward first (KDA), dqk (which then runs after dvt) sums
+    # dV S^T over its V loop with dvt's dV = T^T dVt instead of dVt S^T, so d(Gamma K) = T^T dW = -dV S^T
+    # takes no product with T and L, beta are not loaded; 0: dVt S^T, then T^T
+    "dqk.dv": 1,
     # warps of the forward cumsum kernel (None: 4). H200, B8 T8K H16 (run 81), bounded KDA: 2 warps 0.262 ms,
     # 4 0.261, 8 0.262, 16 0.392 (at its bytes, 4.1 TB/s, whatever the warps)
     "cumsum.warps": None,
@@ -2412,6 +2424,10 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
     BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
 
+    # dqk after dvt (the intra backward first) with the delta rule: the V loop reads dvt's dv = T^T dVt
+    # instead of dVt, and d(Gamma K) = -dv S^T needs no product with T (TUNE["dqk.dv"])
+    dv_w = delta and first and bool(TUNE["dqk.dv"])
+
     def dqk_pass():
         _dqk_bwd_kernel[(K // BK, NT, B * H) if k_inner else (NT, K // BK, B * H)](
             q,
@@ -2423,7 +2439,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
             h,
             dh,
             do,
-            dvt,
+            dv if dv_w else dvt,
             linv if delta else aqk,
             dq,
             dk,
@@ -2448,6 +2464,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
             CUMSUM_DOT=bool(TUNE["dqk.cumsum_dot"]),
             K_INNER=k_inner,
             VT_X=vt_x,
+            DV_W=dv_w,
             SEQ=bool(_tuned("dqk.seq", not delta)) and first and decay == 2 and bool(TUNE["dqk.cumsum_dot"]),
             FINISH=first,
             num_warps=_tuned("dqk.warps", 4),
