@@ -135,7 +135,12 @@ for step in $STEPS; do
       # in launch order (dqk.k_inner: dqk 2.05 -> 1.99 ms, adopted; the intra backward's 1.73 -> 1.80), dqk's
       # row sum of k dk as a product (dqk.sum_dot: 2.05 -> 2.12 ms, removed); run 80: intra_bwd.bk=32 without
       # a cap (8 programs per SM: 1.74 -> 2.03 ms), with 2 stages (2.35), dqk.stages=2 (2.00 -> 2.06): slower;
-      # run 81: cumsum.warps=2/8 (even), 16 (0.26 -> 0.39 ms), solve.warps=2 with TF32 (0.16 -> 0.25)
+      # run 81: cumsum.warps=2/8 (even), 16 (0.26 -> 0.39 ms), solve.warps=2 with TF32 (0.16 -> 0.25); run 82:
+      # no Vt kept, formed from X in dqk and dvt (bwd.vt_x: the delta rule 4.70 -> 4.65 ms, adopted without
+      # the per-channel decay; KDA's dqk +0.26 ms, as run 69); run 83: dqk's epilogue loading each tile where
+      # first needed (dqk.seq: GLA's dqk 1.70 -> 1.66 ms, adopted for GLA; KDA 2.01 -> 2.03), GLA's dqk with
+      # dqk.bk=128,dqk.warps=8 (1.89); run 84: d(Gamma K) = -dV S^T from dvt's dV in dqk (dqk.dv: 1.99 ->
+      # 1.80 ms, adopted); run 85: state_fwd.w again (the pass 1.08 -> 1.46 ms, removed, as in run 72)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
       # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla}; do
