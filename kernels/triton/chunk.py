@@ -147,15 +147,27 @@ def _store_decayed(
     H: tl.constexpr,
     K: tl.constexpr,
     DELTA: tl.constexpr,
+    SHARED_EXP: tl.constexpr = False,
+    b_ga=None,
+    b_er=None,
+    b_ed=None,
 ):
     # the decayed operands of rows o_r (G of the rows in b_g, of the chunk's last row in b_gl), written once
     # by the intra kernel for the later ones: Q exp(G) (queries read the state from the chunk start: the
     # output, the reverse state pass), K exp(G_last - G) (keys carried to the chunk's end: both state
-    # passes) and, with the delta rule, K exp(G) (W/U and the dvt backward)
+    # passes) and, with the delta rule, K exp(G) (W/U and the dvt backward). SHARED_EXP (the bounded intra
+    # forward, TUNE["intra_fwd.shared_exp"]): from the tiles E_r = exp(G - G_a), E_d = exp(G_a - G) its
+    # products take anyway, times [K] vectors of the anchor row's G_a, instead of two more exponential tiles
     p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-    b_eg = tl.exp(tl.where(m_r[:, None], b_g, 0.0))
+    if SHARED_EXP:
+        b_eg = b_er * tl.exp(b_ga)[None, :]
+    else:
+        b_eg = tl.exp(tl.where(m_r[:, None], b_g, 0.0))
     tl.store(qg + p_rk, (b_q * b_eg).to(qg.dtype.element_ty), mask=m_r[:, None])
-    b_kdr = b_k * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_g, 0.0))
+    if SHARED_EXP:
+        b_kdr = b_k * b_ed * tl.exp(b_gl - b_ga)[None, :]
+    else:
+        b_kdr = b_k * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_g, 0.0))
     tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
     if DELTA:
         tl.store(kg + p_rk, (b_k * b_eg).to(kg.dtype.element_ty), mask=m_r[:, None])
@@ -400,13 +412,9 @@ def _intra_fwd_tri(
     if STORE_DECAYED:
         b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
         if SHARED_EXP:
-            p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-            b_eg = b_er * tl.exp(b_ga)[None, :]
-            tl.store(qg + p_rk, (b_q * b_eg).to(qg.dtype.element_ty), mask=m_r[:, None])
-            b_kdr = b_kr * b_ed * tl.exp(b_gl - b_ga)[None, :]
-            tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
-            if DELTA:
-                tl.store(kg + p_rk, (b_kr * b_eg).to(kg.dtype.element_ty), mask=m_r[:, None])
+            _store_decayed(
+                qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA, True, b_ga, b_er, b_ed
+            )
         else:
             _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
     b_qe = _dot_cast(b_q * b_er, LOWP)
