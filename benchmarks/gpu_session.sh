@@ -7,11 +7,14 @@
 #
 # Optional inputs, if present beside the checkout: .whl/ (Hydra wheels, for the packing step: built with
 # `bash ../shared/device-wheels.sh .whl` on a machine with a package index) and .device/fla_core-*.whl
-# (FLA 0.6.0, for the side-by-side steps). Both are installed into /tmp/site, never into the image.
+# (FLA 0.6.0, for the side-by-side steps: `pip download --no-deps fla-core==0.6.0 -d .device`). Both are
+# installed into /tmp/site, never into the image.
 #
 # FLA autotunes every kernel on first use (about 200 s per op and shape on the H200, more than a session's
 # device time for the whole table). Triton keeps the autotuning results on disk (FLA asks it to), so the
-# script points TRITON_CACHE_DIR at /tmp/triton_cache, seeds it from .device/triton_autotune/ if present,
+# script points TRITON_CACHE_DIR at /tmp/triton_cache, seeds it from benchmarks/fla_autotune/ (committed:
+# run 87's results for every op at both shapes, FLA 0.6.0 with Triton 3.6.0 on the H200; a checkout
+# keeps them where .device/ is lost) and .device/triton_autotune/ if present,
 # and copies every *.autotune.json back to OUT/triton_autotune/ after each step. Copy that folder to
 # .device/triton_autotune/ (git-ignored) and carry ".device": the next session's FLA timings then compile
 # only the chosen configs instead of benchmarking all of them, and the results accumulate over sessions.
@@ -60,10 +63,12 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 quiet() { grep -v -i "warn"; }
 export TRITON_CACHE_DIR=/tmp/triton_cache
 mkdir -p "$TRITON_CACHE_DIR"
-if [ -d .device/triton_autotune ]; then
-  cp -r .device/triton_autotune/. "$TRITON_CACHE_DIR/"
-  echo "seeded the Triton cache with $(find .device/triton_autotune -name '*.autotune.json' | wc -l) autotuning results"
-fi
+for seeds in benchmarks/fla_autotune .device/triton_autotune; do
+  if [ -d "$seeds" ]; then
+    cp -r "$seeds/." "$TRITON_CACHE_DIR/"
+    echo "seeded the Triton cache with $(find "$seeds" -name '*.autotune.json' | wc -l) autotuning results from $seeds"
+  fi
+done
 save_autotune() {
   (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | while read -r f; do
     mkdir -p "$OUT/triton_autotune/$(dirname "$f")" && cp "$f" "$OUT/triton_autotune/$f"
