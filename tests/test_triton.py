@@ -655,6 +655,31 @@ def test_dqk_delta_term_from_dv(
     assert {kwargs["DV_W"] for _, _, kwargs in launched} == {bool(dv)}
 
 
+@pytest.mark.parametrize(
+    "name,decay,lower_bound",
+    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
+)
+def test_backward_forms_together(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None
+) -> None:
+    # the delta rule's backward forms forced on together, whatever their launch rules pick: the intra backward
+    # first (not for the scalar decay), X kept and no Vt (dqk and dvt form it from X, dqk loading T for
+    # it), and d(Gamma K) from dvt's dV in the same dqk program
+    from kernels.triton import chunk
+
+    forced = {"bwd.intra_first": 1, "bwd.x": 1, "state_fwd.output": 1, "bwd.vt_x": 1, "dqk.dv": 1}
+    for key, value in forced.items():
+        monkeypatch.setitem(chunk.TUNE, key, value)
+    launched: list = []
+    monkeypatch.setattr(
+        chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
+    )
+    inputs = make_inputs(decay, True, 1, 63, 2, K=16, V=32, seed=71, lower_bound=lower_bound, with_state=True)
+    check_against_naive(inputs, lower_bound=lower_bound)
+    flags = {(kw["VT_X"], kw["DV_W"]) for _, _, kw in launched}
+    assert flags == {(True, decay != "scalar")}  # (GDN's dqk runs before dvt: no dV to take)
+
+
 @pytest.mark.parametrize("k_inner", [1, 0])
 @pytest.mark.parametrize("name,delta,lower_bound", [("gla", False, None), ("kda_bounded", True, -5.0)])
 def test_dqk_key_blocks_side_by_side(
