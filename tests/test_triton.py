@@ -608,6 +608,24 @@ def test_dqk_reverse_cumsum_both_ways(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
+def _dqk_alternative(monkeypatch, key: str, value: int, flag: str, delta: bool, lower_bound, T: int) -> None:
+    # one dqk alternative (TUNE[key] = value) against the reference at a per-channel decay, and the dqk
+    # launches' constexpr flag that it sets
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, key, value)
+    launched: list = []
+    monkeypatch.setattr(
+        chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
+    )
+    seed = T + 11 * value + len(key)
+    inputs = make_inputs(
+        "channel", delta, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound, with_state=T == 63
+    )
+    check_against_naive(inputs, lower_bound=lower_bound)
+    assert {kwargs[flag] for _, _, kwargs in launched} == {bool(value)}
+
+
 @pytest.mark.parametrize("seq", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize(
@@ -619,18 +637,7 @@ def test_dqk_epilogue_both_orders(
     # with the intra backward first, the dqk kernel's epilogue loads each tile where it is first needed and
     # stores dq before k loads (TUNE["dqk.seq"] = 1) or loads q, k and G together first (0); the same
     # gradients either way, with and without an initial state
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "dqk.seq", seq)
-    launched: list = []
-    monkeypatch.setattr(
-        chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
-    )
-    inputs = make_inputs(
-        "channel", delta, 1, T, 2, K=16, V=32, seed=T + 11 * seq, lower_bound=lower_bound, with_state=T == 63
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    assert {kwargs["SEQ"] for _, _, kwargs in launched} == {bool(seq)}
+    _dqk_alternative(monkeypatch, "dqk.seq", seq, "SEQ", delta, lower_bound, T)
 
 
 @pytest.mark.parametrize("dv", [1, 0])
@@ -641,18 +648,7 @@ def test_dqk_delta_term_from_dv(
 ) -> None:
     # the delta rule with the intra backward first (KDA): dqk runs after dvt and takes d(Gamma K) = -dV S^T
     # from dvt's dV (TUNE["dqk.dv"] = 1) or T^T (-dVt S^T) from dVt (0); the same gradients either way
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "dqk.dv", dv)
-    launched: list = []
-    monkeypatch.setattr(
-        chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
-    )
-    inputs = make_inputs(
-        "channel", True, 1, T, 2, K=16, V=32, seed=T + 13 * dv, lower_bound=lower_bound, with_state=T == 63
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    assert {kwargs["DV_W"] for _, _, kwargs in launched} == {bool(dv)}
+    _dqk_alternative(monkeypatch, "dqk.dv", dv, "DV_W", True, lower_bound, T)
 
 
 @pytest.mark.parametrize(

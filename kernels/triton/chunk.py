@@ -39,6 +39,19 @@ def _dot_cast(x, LOWP: tl.constexpr):
 
 
 @triton.jit
+def _rev_cumsum_by_dot(b_x, BT: tl.constexpr, LOWP: tl.constexpr):
+    # the reverse cumsum of a chunk's [BT, *] rows as a product with the upper triangle of ones on the tensor
+    # cores (TUNE["dqk.cumsum_dot"]): single-pass TF32 for 16-bit inputs (10 mantissa bits, beside bf16's 7
+    # in dq, dk), 3xTF32 for fp32 inputs
+    o_c = tl.arange(0, BT)
+    b_up = (o_c[:, None] <= o_c[None, :]).to(tl.float32)
+    if LOWP:
+        return tl.dot(b_up, b_x, input_precision="tf32")
+    else:
+        return tl.dot(b_up, b_x, input_precision="tf32x3")
+
+
+@triton.jit
 def _cumsum_kernel(
     g,
     gc,
@@ -1055,12 +1068,7 @@ def _dqk_bwd_kernel(
         tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
         b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
         b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-        o_c = tl.arange(0, BT)
-        b_up = (o_c[:, None] <= o_c[None, :]).to(tl.float32)
-        if LOWP:
-            b_dg = tl.dot(b_up, b_dg, input_precision="tf32")
-        else:
-            b_dg = tl.dot(b_up, b_dg, input_precision="tf32x3")
+        b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
         tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
     else:
         b_q = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K)
@@ -1121,15 +1129,7 @@ def _dqk_bwd_kernel(
                 # hold 0)
                 b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
                 if CUMSUM_DOT:
-                    # (TUNE["dqk.cumsum_dot"]) a product with the upper triangle of ones on the tensor cores:
-                    # single-pass TF32 for 16-bit inputs (dG rounded to 10 mantissa bits, beside bf16's 7 in
-                    # dq, dk), 3xTF32 for fp32 inputs
-                    o_c = tl.arange(0, BT)
-                    b_up = (o_c[:, None] <= o_c[None, :]).to(tl.float32)
-                    if LOWP:
-                        b_dg = tl.dot(b_up, b_dg, input_precision="tf32")
-                    else:
-                        b_dg = tl.dot(b_up, b_dg, input_precision="tf32x3")
+                    b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
                 else:
                     b_dg = tl.cumsum(b_dg, axis=0, reverse=True)
                 tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
