@@ -2437,6 +2437,10 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # dqk after dvt (the intra backward first) with the delta rule: the V loop reads dvt's dv = T^T dVt
     # instead of dVt, and d(Gamma K) = -dv S^T needs no product with T (TUNE["dqk.dv"])
     dv_w = delta and first and bool(TUNE["dqk.dv"])
+    # dG's reverse cumsum by the triangle product, and with it the epilogue's load order (TUNE["dqk.seq"]; the
+    # per-channel decay with the intra backward first)
+    cumsum_dot = bool(TUNE["dqk.cumsum_dot"])
+    seq = bool(_tuned("dqk.seq", not delta)) and first and decay == 2 and cumsum_dot
 
     def dqk_pass():
         _dqk_bwd_kernel[(K // BK, NT, B * H) if k_inner else (NT, K // BK, B * H)](
@@ -2471,11 +2475,11 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
             LOWP=lowp,
             FUSED=fused,
             EARLY_W=bool(TUNE["dqk.early_w"]),
-            CUMSUM_DOT=bool(TUNE["dqk.cumsum_dot"]),
+            CUMSUM_DOT=cumsum_dot,
             K_INNER=k_inner,
             VT_X=vt_x,
             DV_W=dv_w,
-            SEQ=bool(_tuned("dqk.seq", not delta)) and first and decay == 2 and bool(TUNE["dqk.cumsum_dot"]),
+            SEQ=seq,
             FINISH=first,
             num_warps=_tuned("dqk.warps", 4),
             num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
