@@ -422,6 +422,43 @@ def test_output_pass_both_ways(
     check_against_naive(inputs)
 
 
+@pytest.mark.parametrize("early", [0, 1, 2])
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound", [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
+)
+def test_state_passes_small_inputs_early(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    delta: bool,
+    lower_bound: float | None,
+    early: int,
+) -> None:
+    # TUNE["state_fwd.early"], TUNE["state_bwd.early"]: the state passes' small per-chunk inputs (exp(G_last),
+    # the scalar decay's G, beta) loaded where used (0), at the top of the chunk's step (1) or one chunk ahead
+    # (2). T = 200: four chunks, the last one partial (its G_last is row 199, not the chunk's row 63), with an
+    # initial state; the WY form forced so that the forward state pass reads beta, with a gradient (then
+    # checked in full) and without one
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.early", early)
+    monkeypatch.setitem(chunk.TUNE, "state_bwd.early", early)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 1)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", 1)
+    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
+    inputs = make_inputs(decay, delta, 1, 200, 2, K=16, V=32, seed=41 + early, lower_bound=lower_bound)
+    assert inputs["initial_state"] is not None
+    check_against_naive(inputs, lower_bound=lower_bound)
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    h0 = inputs["initial_state"]
+    with torch.no_grad():
+        o, ht = triton_chunk(*args, None, h0, True, 64, lower_bound)
+    o_ref, ht_ref = naive_recurrent(
+        *[a.double() if a is not None else None for a in args], None, h0.double(), True
+    )
+    assert rel_rms(o, o_ref) <= TOL and rel_rms(ht, ht_ref) <= TOL
+
+
 @pytest.mark.parametrize("output,wy", [(1, 1), (1, 0), (0, 0)])
 @pytest.mark.parametrize("T", [1, 100])
 @pytest.mark.parametrize(
@@ -709,7 +746,13 @@ BWD_KERNELS = [
 
 
 def _forward_launches(
-    monkeypatch, B: int, H: int, lower_bound: float | None, keep: bool, decay: bool = True, delta: bool = True
+    monkeypatch,
+    B: int,
+    H: int,
+    lower_bound: float | None,
+    keep: bool,
+    decay: bool | str = True,
+    delta: bool = True,
 ) -> dict:
     # the launches of KDA's forward (and with keep, its backward) at B, T=100, H, K = V = 128, bf16 (without
     # decay: the delta rule's; without delta: GLA's, or linear attention's)
@@ -721,7 +764,7 @@ def _forward_launches(
     T, D = 100, 128
     bf = torch.bfloat16
     q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))
-    g = torch.zeros(B, T, H, D) if decay else None
+    g = (torch.zeros(B, T, H) if decay == "scalar" else torch.zeros(B, T, H, D)) if decay else None
     beta = torch.zeros(B, T, H, dtype=bf) if delta else None
     _, _, saved = chunk._chunk_fwd(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
     if keep:
@@ -759,6 +802,10 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert not wide["_dqk_bwd_kernel"][1]["VT_X"] and not wide["_dvt_bwd_kernel"][1]["VT_X"]
         assert not wide["_dqk_bwd_kernel"][1]["SEQ"]  # KDA: q, k, G loaded together (dqk.seq)
         assert wide["_dqk_bwd_kernel"][1]["DV_W"]  # d(Gamma K) from dvt's dv (dqk.dv)
+        # the state passes' small inputs where used: KDA's differentiable wide forward and its reverse pass
+        assert state["EARLY"] == 0 and wide["_state_bwd_kernel"][1]["EARLY"] == 0
+    else:
+        assert state["EARLY"] == 1  # at the top of each chunk's step without a gradient
         gla = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, delta=False)
         assert gla["_dqk_bwd_kernel"][1]["SEQ"] and gla["_dqk_bwd_kernel"][1]["FINISH"]
         # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (bwd.vt_x)
@@ -776,6 +823,11 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert not few["_dvt_bwd_kernel"][1]["PRE_X"] and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
         assert few["_state_bwd_kernel"][1]["num_stages"] == 2  # a long reverse pass keeps its pipelining
         assert few["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in few
+        assert few["_state_bwd_kernel"][1]["EARLY"] == 1  # per-channel decay, few programs
+        # the scalar decay (GDN) loads its small inputs where used, in both passes
+        gdn = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=True, decay="scalar")
+        assert gdn["_state_fwd_kernel"][1]["EARLY"] == 0 and gdn["_state_bwd_kernel"][1]["EARLY"] == 0
+    assert state["EARLY"] == 1
     # unbounded KDA: capped at 128 registers a thread, where 2 warps lost; the bounded gate's too (its
     # decayed operands from the products' exponentials, intra_fwd.shared_exp)
     assert few["_intra_fwd_kernel"][1]["num_warps"] == 4

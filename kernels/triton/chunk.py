@@ -688,6 +688,40 @@ def _store_block(
 
 
 @triton.jit
+def _chunk_small(
+    gc,
+    beta,
+    i_t,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    DECAY: tl.constexpr,
+    BETA: tl.constexpr,
+):
+    # a state pass's small inputs of chunk i_t, too small for Triton to pipeline (sm_90 TTGIR: plain loads,
+    # where the tiles are asynchronous copies a stage ahead), so each a wait of the sequential pass on memory
+    # where it is used (EARLY = 0); EARLY = 1 loads them at the top of the chunk's step, EARLY = 2 one chunk
+    # ahead: the per-channel decay to the chunk's end exp(G_last) ([K]), or the scalar decay's column G
+    # ([BT]); beta ([BT], BETA)
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    if DECAY == 2:
+        b_gv = tl.exp(_load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K))
+    elif DECAY == 1:
+        b_gv = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+    else:
+        b_gv = tl.full([K], 1.0, dtype=tl.float32)
+    if BETA:
+        b_b = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+    else:
+        b_b = tl.zeros([BT], dtype=tl.float32)
+    return b_gv, b_b
+
+
+@triton.jit
 def _key_decay_to_end(
     k, gc, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr
 ):
@@ -706,6 +740,31 @@ def _key_decay_to_end(
         b_kd = b_k
         b_dl = tl.full([K], 1.0, dtype=tl.float32)
     return b_kd, b_dl
+
+
+@triton.jit
+def _key_decay_from(
+    k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr
+):
+    # _key_decay_to_end from the chunk's b_gv of _chunk_small (loaded earlier)
+    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 1:
+        b_gl = tl.sum(tl.where(o_t == t_last, b_gv, 0.0), 0)
+        b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_gv, float("-inf")))[:, None]
+        b_dl = tl.exp(b_gl + tl.zeros([K], dtype=tl.float32))
+    else:
+        b_kd = b_k
+        b_dl = b_gv
+    return b_kd, b_dl
+
+
+@triton.jit
+def _decay_rows(b_x, b_gv, DECAY: tl.constexpr):
+    # rows of Q or K times exp(G) for the scalar decay (b_gv: the chunk's column G); the per-channel decay's
+    # operands come decayed already
+    if DECAY == 1:
+        b_x = b_x * tl.exp(b_gv)[:, None]
+    return b_x
 
 
 @triton.jit
@@ -761,6 +820,7 @@ def _state_fwd_kernel(
     STORE_VT: tl.constexpr,
     WY: tl.constexpr,
     STORE_X: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
     # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
@@ -768,7 +828,9 @@ def _state_fwd_kernel(
     # a separate pass that reads both back from memory. STORE_VT: Vt kept (the backward, _output_kernel).
     # WY (TUNE["state_fwd.wy"], the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
     # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
-    # STORE_X (with WY, TUNE["bwd.x"]): X = V - (Gamma K) S kept for the dvt backward, in the input dtype
+    # STORE_X (with WY, TUNE["bwd.x"]): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
+    # EARLY (TUNE["state_fwd.early"]): the chunk's small inputs (_chunk_small) loaded where used (0), at the
+    # top of the chunk's step (1) or one chunk ahead (2)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, K)
@@ -778,7 +840,16 @@ def _state_fwd_kernel(
         b_s = tl.load(h0 + p_s).to(tl.float32)
     else:
         b_s = tl.zeros([K, BV], dtype=tl.float32)
+    if EARLY == 2:
+        b_gv_n, b_b_n = _chunk_small(gc, beta, 0, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY)
     for i_t in range(NT):
+        if EARLY == 2:
+            b_gv, b_b = b_gv_n, b_b_n
+            b_gv_n, b_b_n = _chunk_small(
+                gc, beta, tl.minimum(i_t + 1, NT - 1), i_b, i_h, T, H, K, BT, DECAY, DELTA and WY
+            )
+        elif EARLY == 1:
+            b_gv, b_b = _chunk_small(gc, beta, i_t, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY)
         if STORE_H:
             tl.store(
                 h + i_t * K * V + i_bh * NT * K * V + o_k[:, None] * V + o_v[None, :],
@@ -793,7 +864,9 @@ def _state_fwd_kernel(
             if WY:
                 # pseudo-values Vt = L diag(beta) (V - (Gamma K) S), the WY form of U - W S
                 b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
-                if DECAY == 1:
+                if EARLY:
+                    b_kg = _decay_rows(b_kg, b_gv, DECAY)
+                elif DECAY == 1:
                     b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
                 b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
                 b_x -= tl.dot(_dot_cast(b_kg, LOWP), b_sd)
@@ -803,7 +876,10 @@ def _state_fwd_kernel(
                 # checked on the H200 computes them; hoisted above the branches it compiles in another order)
                 p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
                 b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0).to(tl.float32)
-                b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
+                if EARLY:
+                    b_tm = b_tm * b_b[None, :]
+                else:
+                    b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
                 b_vt = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP))
             else:
                 # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
@@ -818,14 +894,20 @@ def _state_fwd_kernel(
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_vo = b_vt
         if OUT:
-            b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
+            if EARLY:
+                b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
+            else:
+                b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
             p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
             b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
             b_o = tl.dot(_dot_cast(b_qg, LOWP), b_sd) * scale
             b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vo, LOWP))
             tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        if EARLY:
+            b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        else:
+            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
     if STORE_HT:
         tl.store(ht + p_s, b_s)
@@ -901,8 +983,11 @@ def _state_bwd_kernel(
     DELTA: tl.constexpr,
     HAS_DHT: tl.constexpr,
     LOWP: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
-    # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'
+    # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'.
+    # EARLY (TUNE["state_bwd.early"]): the chunk's decay (_chunk_small) loaded where used (0), at the top of
+    # the chunk's step (1) or one chunk ahead (2)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, K)
@@ -912,8 +997,15 @@ def _state_bwd_kernel(
         b_ds = tl.load(dht + p_s).to(tl.float32)
     else:
         b_ds = tl.zeros([K, BV], dtype=tl.float32)
+    if EARLY == 2:
+        b_gv_n, _ = _chunk_small(gc, gc, NT - 1, i_b, i_h, T, H, K, BT, DECAY, False)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
+        if EARLY == 2:
+            b_gv = b_gv_n
+            b_gv_n, _ = _chunk_small(gc, gc, tl.maximum(i_t - 1, 0), i_b, i_h, T, H, K, BT, DECAY, False)
+        elif EARLY == 1:
+            b_gv, _ = _chunk_small(gc, gc, i_t, i_b, i_h, T, H, K, BT, DECAY, False)
         tl.store(
             dh + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :], b_ds.to(dh.dtype.element_ty)
         )
@@ -924,11 +1016,17 @@ def _state_bwd_kernel(
         b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        if EARLY:
+            b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        else:
+            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         b_dvt = tl.dot(tl.trans(_dot_cast(b_a, LOWP)), _dot_cast(b_do, LOWP))
         b_dvt += tl.dot(_dot_cast(b_kd, LOWP), _dot_cast(b_ds, LOWP))
         tl.store(dvt + p_v, b_dvt.to(dvt.dtype.element_ty), mask=m_t[:, None])
-        b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
+        if EARLY:
+            b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
+        else:
+            b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
         b_ds_new = (
             b_ds * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_qg, LOWP)), _dot_cast(b_do, LOWP)) * scale
         )
@@ -1892,6 +1990,22 @@ TUNE: dict[str, int | None] = {
     # the delta rule) where it has many programs (H200, B8 T8K H16, run 60: linear attention's forward
     # 0.646 -> 0.577 ms, the delta rule's 1.253 -> 1.184; with a gradient both lost, 2.277 -> 2.337 and
     # 4.713 -> 4.868, as did simple GLA without one, 0.782 -> 0.849)
+    # where the forward state pass loads each chunk's small inputs (exp(G_last), the scalar decay's G, beta:
+    # too small for Triton's pipelining, so plain loads that the sequential loop waits on): 0 where they are
+    # used, 1 at the top of the chunk's step, 2 one chunk ahead (loop-carried). None: 1, but 0 for the scalar
+    # decay and for KDA's differentiable forward where the pass has many programs (B * H * V / 64 >= 256).
+    # H200 (run 89, GPU time per pass, 0 / 1 / 2): B8 T8K H16 no-grad bounded KDA 0.817 / 0.680 / 0.909 ms
+    # (forward 2.054 -> 1.918), KDA 0.827 / 0.680 / 0.900, the delta rule 0.691 / 0.586 / 0.708, GLA 0.518 /
+    # 0.449 / 0.433; with a gradient GLA 0.582 / 0.520 / 0.522, the delta rule 0.940 / 0.925 / 0.890, but
+    # bounded KDA 1.086 / 1.136 / 1.105; GDN 0.924 / 0.969 / 1.411 (no grad), 1.185 / 1.582 / 1.938, simple
+    # GLA 0.577 / 0.656 / 0.736; B1 T64K H16 bounded KDA 1.591 / 1.386 / 1.414 with a gradient; B32 T2K H2
+    # KDA 0.113 / 0.106 / 0.108
+    "state_fwd.early": None,
+    # the same for the reverse state pass (exp(G_last), the scalar decay's G). None: 1 for the per-channel
+    # decay where the pass has few programs (B * H * V / 64 < 256), else 0. H200 (run 89, 0 / 1 / 2): B1
+    # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
+    # / 0.137 / 0.139; B8 T8K H16 0.611 / 0.622 / 0.610, GDN 0.748 / 0.791 / 1.228
+    "state_bwd.early": None,
     "state_fwd.warps": None,
     # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 for fp32 inputs or
     # head sizes over 128).
@@ -2322,6 +2436,7 @@ def _chunk_fwd(
         STORE_VT=vt is not None,
         WY=wy or keep_x,
         STORE_X=keep_x,
+        EARLY=_tuned("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1),
         num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64 and (keep or decay or not wide))),
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )
@@ -2408,6 +2523,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         DELTA=delta,
         HAS_DHT=dht is not None,
         LOWP=lowp,
+        EARLY=_tuned("state_bwd.early", 1 if decay == 2 and not wide else 0),
         num_warps=_tuned("state_bwd.warps", _num_warps(big)),
         num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
     )
