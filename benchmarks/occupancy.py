@@ -4,12 +4,14 @@ kernels as they are launched, compiled for an H100/H200 (sm_90) on this machine,
     python benchmarks/occupancy.py                                  # bounded KDA, B8 T8K H16, bf16
     python benchmarks/occupancy.py --ops kda delta_rule --set intra_bwd.warps=2
     python benchmarks/occupancy.py --options intra_bwd:num_stages=2 intra_bwd:maxnreg=128
+    python benchmarks/occupancy.py --no-grad --ops kda_bounded delta_rule   # the no-grad forward's launches
 
 The forward and backward launch code (kernels/triton/chunk.py) runs on meta tensors with every kernel
 replaced by a recorder, so each launch is seen with its real constexprs, argument dtypes, warps and stages;
 each is then compiled with Triton's bundled ptxas and `cuobjdump --dump-resource-usage` reads its registers
 per thread, spilled bytes (LOCAL) and shared memory, and `cuobjdump -sass` its static instruction counts:
-all, each loop body's, exponentials (mufu), tensor-core products (mma), barriers. Programs per SM follow
+all, each loop body's, exponentials (mufu), tensor-core products (mma), barriers; and from the TTGIR the
+plain (not asynchronously copied, so waited-on) loads inside loops (`loop_loads`). Programs per SM follow
 from the sm_90 limits (65,536 registers in 256-register units per warp, 2,048 threads, 32 blocks, 228 KB of
 shared memory with 1 KB reserved per block). `--options KERNEL:NAME=INT` compiles one kernel with other
 launch options (num_warps, num_stages, maxnreg) than the launch code's, to see what they would free.
@@ -76,8 +78,11 @@ class _Recorder:
         return launch
 
 
-def record(name: str, decay, delta: bool, lower_bound, B: int, T: int, H: int, D: int) -> list[Launch]:
-    """Every kernel launch of one forward and one backward of `name`, on meta tensors."""
+def record(
+    name: str, decay, delta: bool, lower_bound, B: int, T: int, H: int, D: int, keep: bool = True
+) -> list[Launch]:
+    """Every kernel launch of one forward and one backward of `name`, on meta tensors (keep=False: of the
+    no-grad forward alone)."""
     launches: list[Launch] = []
     saved = {k: getattr(chunk, k) for k in KERNELS}
     for k in KERNELS:
@@ -91,10 +96,11 @@ def record(name: str, decay, delta: bool, lower_bound, B: int, T: int, H: int, D
                 (B, T, H) if decay == "scalar" else (B, T, H, D), device="meta", dtype=torch.float32
             )
         beta = torch.empty(B, T, H, **meta) if delta else None
-        o, ht, saved_t = chunk._chunk_fwd(q, k_, v, g, beta, D**-0.5, None, False, 64, lower_bound)
-        chunk._chunk_bwd(
-            q, k_, v, g, beta, D**-0.5, None, torch.empty_like(o), None, 64, lower_bound, saved_t
-        )
+        o, ht, saved_t = chunk._chunk_fwd(q, k_, v, g, beta, D**-0.5, None, False, 64, lower_bound, keep=keep)
+        if keep:
+            chunk._chunk_bwd(
+                q, k_, v, g, beta, D**-0.5, None, torch.empty_like(o), None, 64, lower_bound, saved_t
+            )
     finally:
         for k, fn in saved.items():
             setattr(chunk, k, fn)
@@ -161,6 +167,26 @@ def sass_counts(sass: str) -> dict:
     }
 
 
+_LOAD_TYPE = re.compile(r"tensor<([0-9x]+)x!tt\.ptr<(\w+)>")
+
+
+def loop_loads(ttgir: str) -> str:
+    """The plain loads (`tt.load`, not Triton's asynchronous copies) inside the loops of one kernel's TTGIR,
+    as `count: shapes`. A sequential loop with one program per SM waits on each where its value is used
+    (the state passes' small per-chunk inputs, run 89); where many programs share an SM they hide it."""
+    found, stack, depth = [], [], 0
+    for line in ttgir.splitlines():
+        if "scf.for" in line and line.rstrip().endswith("{"):
+            stack.append(depth)
+        if stack and re.search(r"= tt\.load ", line):
+            m = _LOAD_TYPE.search(line)
+            found.append(f"{m.group(1)}x{m.group(2)}" if m else "scalar")
+        depth += line.count("{") - line.count("}")
+        while stack and depth <= stack[-1]:
+            stack.pop()
+    return f"{len(found)}: {' '.join(found)}" if found else "0"
+
+
 def resources(launch: Launch, options: dict) -> dict:
     """Registers per thread, spilled bytes and shared memory of one launch, compiled for sm_90."""
     fn = getattr(chunk, launch.kernel)
@@ -187,6 +213,7 @@ def resources(launch: Launch, options: dict) -> dict:
         "spill_bytes": int(fields["LOCAL"]) + int(fields["STACK"]),
         "smem": int(out.metadata.shared) + int(fields["SHARED"]),
         **sass_counts(sass),
+        "loop_loads": loop_loads(out.asm["ttgir"]),
     }
 
 
@@ -228,6 +255,7 @@ def main() -> None:
     ap.add_argument("--D", type=int, default=128, help="head size K = V")
     ap.add_argument("--options", nargs="*", default=[], metavar="KERNEL:NAME=INT")
     ap.add_argument("--out", type=Path, default=None, help="CSV file")
+    ap.add_argument("--no-grad", action="store_true", help="the no-grad forward's launches alone")
     chunk.add_tune_argument(ap)
     args = ap.parse_args()
     changed = chunk.tune_from_args(args)
@@ -240,7 +268,9 @@ def main() -> None:
         if name not in args.ops:
             continue
         seen = set()
-        for launch in record(name, decay, delta, lower_bound, args.B, args.T, args.H, args.D):
+        for launch in record(
+            name, decay, delta, lower_bound, args.B, args.T, args.H, args.D, keep=not args.no_grad
+        ):
             key = (launch.kernel, tuple(sorted((k, str(v)) for k, v in launch.kwargs.items())))
             if key in seen:
                 continue
@@ -254,7 +284,7 @@ def main() -> None:
                              "waves": round(programs / (n * SMS), 1)})  # fmt: skip
     head = ["op", "kernel", "programs", "warps", "stages", "maxnreg", "regs", "spill_bytes", "smem",
             "programs_per_sm", "warps_per_sm", "limited_by", "waves", "instrs", "loop_instrs", "mufu", "mma",
-            "bar"]  # fmt: skip
+            "bar", "loop_loads"]  # fmt: skip
     widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in head]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     for r in rows:

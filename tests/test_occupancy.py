@@ -165,3 +165,26 @@ def test_sass_counts_finds_loops_and_instruction_kinds() -> None:
     # one loop, 0x20..0x50 (4 instructions); the forward branch at 0x70 is not one; NOP not counted
     expected = "{'instrs': 8, 'loop_instrs': '4', 'mufu': 1, 'mma': 1, 'bar': 1}"
     assert res.stdout.strip() == expected
+
+
+def test_loop_loads_counts_plain_loads_inside_loops_only() -> None:
+    ttgir = "\n".join(
+        [
+            "  tt.func public @k(%a: !tt.ptr<f32>) {",
+            "    %0 = tt.load %p0, %m0 : tensor<64x!tt.ptr<bf16>, #blocked> loc(#l0)",  # before the loop
+            "    %1:2 = scf.for %i = %c0 to %n step %c1 iter_args(%x = %c) -> (tensor<64xf32>) : i32 {",
+            "      %2 = ttg.async_copy_global_to_local %p1, %b {contiguity = 8 : i32} : t -> s loc(#l1)",
+            "      %3 = tt.load %p2, %m2, %cst : tensor<128x!tt.ptr<f32>, #ttg.slice<{dim = 1}>> loc(#l2)",
+            "      scf.for %j = %c0 to %n step %c1 : i32 {",
+            "        %4 = tt.load %p3 : tensor<16x64x!tt.ptr<bf16>, #blocked1> loc(#l3)",
+            "      } loc(#l4)",
+            "      scf.yield %x : tensor<64xf32> loc(#l5)",
+            "    } loc(#l6)",
+            "    %5 = tt.load %p4 : tensor<32x!tt.ptr<f32>, #blocked> loc(#l7)",  # after the loop
+            "    tt.return loc(#l8)",
+            "  } loc(#l9)",
+        ]
+    )
+    res = _run(["-c", f"from benchmarks.occupancy import loop_loads; print(loop_loads({ttgir!r}))"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "2: 128xf32 16x64xbf16"
