@@ -459,6 +459,44 @@ def test_state_passes_small_inputs_early(
     assert rel_rms(o, o_ref) <= TOL and rel_rms(ht, ht_ref) <= TOL
 
 
+@pytest.mark.parametrize("beta_x", [1, 0])
+@pytest.mark.parametrize("T,chunk_size", [(63, 64), (200, 64), (100, 16), (100, 32)])
+@pytest.mark.parametrize(
+    "name,decay,lower_bound",
+    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda", "channel", None)]
+    + [("kda_bounded", "channel", -5.0)],
+)
+def test_wy_state_pass_beta_both_ways(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    lower_bound: float | None,
+    T: int,
+    chunk_size: int,
+    beta_x: int,
+) -> None:
+    # where the WY state pass's Vt = L diag(beta) X takes beta: TUNE["state_fwd.beta_x"] 1 on the rows of X
+    # (L as loaded), 0 on the columns of L; at chunks of 1, 2 and 4 blocks of 16, partial last chunks, with
+    # an initial state; without a gradient (state_fwd.wy forced) and with one (bwd.x forced), in full
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.beta_x", beta_x)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 1)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", 1)
+    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
+    seed = T + 5 * beta_x
+    inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound)
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    h0 = inputs["initial_state"]
+    with torch.no_grad():
+        o, ht = triton_chunk(*args, None, h0, True, chunk_size, lower_bound)
+    o_ref, ht_ref = naive_recurrent(
+        *[a.double() if a is not None else None for a in args], None, h0.double(), True
+    )
+    assert rel_rms(o, o_ref) <= TOL and rel_rms(ht, ht_ref) <= TOL
+    check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
+
+
 @pytest.mark.parametrize("output,wy", [(1, 1), (1, 0), (0, 0)])
 @pytest.mark.parametrize("T", [1, 100])
 @pytest.mark.parametrize(

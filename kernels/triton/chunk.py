@@ -821,6 +821,7 @@ def _state_fwd_kernel(
     WY: tl.constexpr,
     STORE_X: tl.constexpr,
     EARLY: tl.constexpr,
+    BX: tl.constexpr,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
     # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
@@ -830,7 +831,8 @@ def _state_fwd_kernel(
     # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
     # STORE_X (with WY, TUNE["bwd.x"]): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
     # EARLY (TUNE["state_fwd.early"]): the chunk's small inputs (_chunk_small) loaded where used (0), at the
-    # top of the chunk's step (1) or one chunk ahead (2)
+    # top of the chunk's step (1) or one chunk ahead (2). BX (with WY, TUNE["state_fwd.beta_x"]): L as
+    # loaded times diag(beta) X, beta on the rows of X (in registers) instead of on the columns of L
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, K)
@@ -875,11 +877,19 @@ def _state_fwd_kernel(
                 # (the rows of L here and of A_qk below: one expression twice, left where the revision
                 # checked on the H200 computes them; hoisted above the branches it compiles in another order)
                 p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-                b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0).to(tl.float32)
-                if EARLY:
-                    b_tm = b_tm * b_b[None, :]
+                if BX:
+                    # L as loaded, beta on the rows of X: L (diag(beta) X)
+                    b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0)
+                    if EARLY:
+                        b_x = b_x * b_b[:, None]
+                    else:
+                        b_x = b_x * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[:, None]
                 else:
-                    b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
+                    b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0).to(tl.float32)
+                    if EARLY:
+                        b_tm = b_tm * b_b[None, :]
+                    else:
+                        b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
                 b_vt = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP))
             else:
                 # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
@@ -1983,6 +1993,13 @@ TUNE: dict[str, int | None] = {
     # data), TF32 adds 0.06-0.6x the error of storing L in bf16; H200 (run 38): 0.309 -> 0.162 ms, bf16
     # errors unchanged to two digits
     "solve.tf32": 1,
+    # 1: the WY state pass forms Vt = L (diag(beta) X), beta on the rows of X, and takes L as a dot operand
+    # as loaded; 0: (L diag(beta)) X, L's columns times beta in fp32 first. sm_90: bounded KDA's no-grad
+    # pass spills 96 -> 24 bytes. H200 (run 91, B8 T8K H16, GPU time): the state pass with a gradient 0.911
+    # -> 0.756 ms (the delta rule; fwd+bwd 4.646 -> 4.490), 1.073 -> 1.031 (bounded KDA; 7.282 -> 7.242),
+    # without one 0.677 -> 0.671; at B32 T2K H2 even (0.162 -> 0.165 no-grad). Run 90 tried the solve
+    # storing L diag(beta) for the no-grad pass instead: the pass 0.680 -> 0.662, the solve 0.163 -> 0.211
+    "state_fwd.beta_x": 1,
     # None: 4 where the pass writes W alone (bwd.x; H200, B8 T8K H16, run 54: 0.205 -> 0.177 ms for bounded
     # KDA and the delta rule), else 8 at K or V >= 128 and 4 below
     "wu.warps": None,
@@ -2436,6 +2453,7 @@ def _chunk_fwd(
         STORE_VT=vt is not None,
         WY=wy or keep_x,
         STORE_X=keep_x,
+        BX=bool(TUNE["state_fwd.beta_x"]),
         EARLY=_tuned("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1),
         num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64 and (keep or decay or not wide))),
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
