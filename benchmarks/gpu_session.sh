@@ -145,7 +145,13 @@ for step in $STEPS; do
       # the per-channel decay; KDA's dqk +0.26 ms, as run 69); run 83: dqk's epilogue loading each tile where
       # first needed (dqk.seq: GLA's dqk 1.70 -> 1.66 ms, adopted for GLA; KDA 2.01 -> 2.03), GLA's dqk with
       # dqk.bk=128,dqk.warps=8 (1.89); run 84: d(Gamma K) = -dV S^T from dvt's dV in dqk (dqk.dv: 1.99 ->
-      # 1.80 ms, adopted); run 85: state_fwd.w again (the pass 1.08 -> 1.46 ms, removed, as in run 72)
+      # 1.80 ms, adopted); run 85: state_fwd.w again (the pass 1.08 -> 1.46 ms, removed, as in run 72);
+      # runs 88-89: the state passes' small inputs at the top of the chunk's step (state_fwd.early=1,
+      # state_bwd.early=1: no-grad state pass 0.82 -> 0.68 ms, adopted by rule) or one chunk ahead (=2:
+      # slower); run 90: the solve storing L diag(beta) (solve.beta: removed), 16 warps in the no-grad state
+      # pass (3.9x slower); run 91: beta on X's rows in the WY state pass (state_fwd.beta_x: training pass
+      # 1.07 -> 1.03 ms, adopted); run 93: the intra forward with 2 warps, no cap, a cap of 112, 2 stages,
+      # the state pass in 64-column blocks (1 or 2 stages, 4 or 8 warps): none faster
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
       # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
       for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla}; do
