@@ -87,6 +87,22 @@ def check_against_naive(
     assert not bad, f"relative RMS error above {tol}: {bad} (all: {errors})"
 
 
+def check_no_grad_against_naive(
+    inputs: dict, lower_bound: float | None = None, chunk_size: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # the forward without a gradient wanted (the kernels' no-grad forms): output and final state against
+    # the float64 token loop; returns them
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+    h0 = inputs["initial_state"]
+    with torch.no_grad():
+        o, ht = triton_chunk(*args, None, h0, True, chunk_size, lower_bound)
+    o_ref, ht_ref = naive_recurrent(
+        *[a.double() if a is not None else None for a in args], None, h0.double(), True
+    )
+    assert rel_rms(o, o_ref) <= TOL and rel_rms(ht, ht_ref) <= TOL
+    return o, ht
+
+
 @pytest.mark.parametrize("T", [1, 63, 64, 100, 200])
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
@@ -449,14 +465,7 @@ def test_state_passes_small_inputs_early(
     inputs = make_inputs(decay, delta, 1, 200, 2, K=16, V=32, seed=41 + early, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
     check_against_naive(inputs, lower_bound=lower_bound)
-    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-    h0 = inputs["initial_state"]
-    with torch.no_grad():
-        o, ht = triton_chunk(*args, None, h0, True, 64, lower_bound)
-    o_ref, ht_ref = naive_recurrent(
-        *[a.double() if a is not None else None for a in args], None, h0.double(), True
-    )
-    assert rel_rms(o, o_ref) <= TOL and rel_rms(ht, ht_ref) <= TOL
+    check_no_grad_against_naive(inputs, lower_bound)
 
 
 @pytest.mark.parametrize("beta_x", [1, 0])
@@ -486,14 +495,7 @@ def test_wy_state_pass_beta_both_ways(
     monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
     seed = T + 5 * beta_x
     inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound)
-    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-    h0 = inputs["initial_state"]
-    with torch.no_grad():
-        o, ht = triton_chunk(*args, None, h0, True, chunk_size, lower_bound)
-    o_ref, ht_ref = naive_recurrent(
-        *[a.double() if a is not None else None for a in args], None, h0.double(), True
-    )
-    assert rel_rms(o, o_ref) <= TOL and rel_rms(ht, ht_ref) <= TOL
+    check_no_grad_against_naive(inputs, lower_bound, chunk_size)
     check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
@@ -521,10 +523,9 @@ def test_forward_without_gradient(
     monkeypatch.setitem(chunk.TUNE, "state_fwd.output", output)
     monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", wy)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 11, lower_bound=lower_bound)
+    o, ht = check_no_grad_against_naive(inputs, lower_bound)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
     h0 = inputs["initial_state"]
-    with torch.no_grad():
-        o, ht = triton_chunk(*args, None, h0, True, 64, lower_bound)
     leaves = [a.clone().requires_grad_(True) if a is not None else None for a in args]
     o_grad, ht_grad = triton_chunk(*leaves, None, h0, True, 64, lower_bound)
     assert not o.requires_grad and o_grad.requires_grad
@@ -532,10 +533,6 @@ def test_forward_without_gradient(
         assert torch.equal(o, o_grad.detach()) and torch.equal(ht, ht_grad.detach())
     else:
         assert rel_rms(o, o_grad.detach()) <= TOL and rel_rms(ht, ht_grad.detach()) <= TOL
-    o_ref, ht_ref = naive_recurrent(
-        *[a.double() if a is not None else None for a in args], None, h0.double(), True
-    )
-    assert rel_rms(o, o_ref) <= TOL and rel_rms(ht, ht_ref) <= TOL
 
 
 @pytest.mark.parametrize("T", [63, 200])
@@ -842,14 +839,14 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert wide["_dqk_bwd_kernel"][1]["DV_W"]  # d(Gamma K) from dvt's dv (dqk.dv)
         # the state passes' small inputs where used: KDA's differentiable wide forward and its reverse pass
         assert state["EARLY"] == 0 and wide["_state_bwd_kernel"][1]["EARLY"] == 0
-    else:
-        assert state["EARLY"] == 1  # at the top of each chunk's step without a gradient
         gla = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, delta=False)
         assert gla["_dqk_bwd_kernel"][1]["SEQ"] and gla["_dqk_bwd_kernel"][1]["FINISH"]
         # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (bwd.vt_x)
         rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay=False)
         assert rule["_state_fwd_kernel"][1]["STORE_X"] and not rule["_state_fwd_kernel"][1]["STORE_VT"]
         assert rule["_dqk_bwd_kernel"][1]["VT_X"] and rule["_dvt_bwd_kernel"][1]["VT_X"]
+    else:
+        assert state["EARLY"] == 1  # at the top of each chunk's step without a gradient
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]

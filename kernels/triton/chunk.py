@@ -2003,10 +2003,6 @@ TUNE: dict[str, int | None] = {
     # None: 4 where the pass writes W alone (bwd.x; H200, B8 T8K H16, run 54: 0.205 -> 0.177 ms for bounded
     # KDA and the delta rule), else 8 at K or V >= 128 and 4 below
     "wu.warps": None,
-    # None: 8 at K * BV >= 128 * 64, else 4; but 4 for the no-grad pass without a decay (linear attention,
-    # the delta rule) where it has many programs (H200, B8 T8K H16, run 60: linear attention's forward
-    # 0.646 -> 0.577 ms, the delta rule's 1.253 -> 1.184; with a gradient both lost, 2.277 -> 2.337 and
-    # 4.713 -> 4.868, as did simple GLA without one, 0.782 -> 0.849)
     # where the forward state pass loads each chunk's small inputs (exp(G_last), the scalar decay's G, beta:
     # too small for Triton's pipelining, so plain loads that the sequential loop waits on): 0 where they are
     # used, 1 at the top of the chunk's step, 2 one chunk ahead (loop-carried). None: 1, but 0 for the scalar
@@ -2023,6 +2019,10 @@ TUNE: dict[str, int | None] = {
     # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
     # / 0.137 / 0.139; B8 T8K H16 0.611 / 0.622 / 0.610, GDN 0.748 / 0.791 / 1.228
     "state_bwd.early": None,
+    # None: 8 at K * BV >= 128 * 64, else 4; but 4 for the no-grad pass without a decay (linear attention,
+    # the delta rule) where it has many programs (H200, B8 T8K H16, run 60: linear attention's forward
+    # 0.646 -> 0.577 ms, the delta rule's 1.253 -> 1.184; with a gradient both lost, 2.277 -> 2.337 and
+    # 4.713 -> 4.868, as did simple GLA without one, 0.782 -> 0.849)
     "state_fwd.warps": None,
     # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 for fp32 inputs or
     # head sizes over 128).
