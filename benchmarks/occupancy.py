@@ -11,7 +11,8 @@ replaced by a recorder, so each launch is seen with its real constexprs, argumen
 each is then compiled with Triton's bundled ptxas and `cuobjdump --dump-resource-usage` reads its registers
 per thread, spilled bytes (LOCAL) and shared memory, and `cuobjdump -sass` its static instruction counts:
 all, each loop body's, exponentials (mufu), tensor-core products (mma), barriers; and from the TTGIR the
-plain (not asynchronously copied, so waited-on) loads inside loops (`loop_loads`). Programs per SM follow
+plain (not asynchronously copied, so waited-on) loads inside loops (`loop_loads`) and the tensor-core
+products that several warps compute alike (`mma_dup`). Programs per SM follow
 from the sm_90 limits (65,536 registers in 256-register units per warp, 2,048 threads, 32 blocks, 228 KB of
 shared memory with 1 KB reserved per block). `--options KERNEL:NAME=INT` compiles one kernel with other
 launch options (num_warps, num_stages, maxnreg) than the launch code's, to see what they would free.
@@ -187,6 +188,31 @@ def loop_loads(ttgir: str) -> str:
     return f"{len(found)}: {' '.join(found)}" if found else "0"
 
 
+_MMA_LAYOUT = re.compile(
+    r"^#(mma\d*) = #ttg\.nvidia_mma<\{versionMajor = (\d+),.*?warpsPerCTA = \[(\d+), (\d+)\].*?"
+    r"instrShape = \[(\d+), (\d+)",
+    re.M,
+)
+_MMA_PRODUCT = re.compile(r"= (?:tt\.dot|ttng\.warp_group_dot) .*?-> tensor<(\d+)x(\d+)x\w+, #(mma\d*)>")
+
+
+def mma_dup(ttgir: str) -> str:
+    """The tensor-core products of one kernel's TTGIR whose layout covers more rows or columns than the
+    product has, so that several warps compute the same entries, as `duplicated/all`: each warp of an
+    `nvidia_mma` layout takes 16 rows, and 8 columns (MMAv2) or the instruction's N (MMAv3) at a time. Triton
+    puts all warps along the rows of a product whose result feeds another product (a chain); with 8 warps
+    and 64 rows that is twice the rows, both warpgroups computing the same ones (run 95)."""
+    layouts = {m.group(1): tuple(int(m.group(i)) for i in range(2, 7)) for m in _MMA_LAYOUT.finditer(ttgir)}
+    dup = total = 0
+    for m in _MMA_PRODUCT.finditer(ttgir):
+        rows, cols = int(m.group(1)), int(m.group(2))
+        version, warps_m, warps_n, _, instr_n = layouts[m.group(3)]
+        per_warp_n = instr_n if version == 3 else 8
+        total += 1
+        dup += warps_m * 16 > rows or warps_n * per_warp_n > cols
+    return f"{dup}/{total}"
+
+
 def resources(launch: Launch, options: dict) -> dict:
     """Registers per thread, spilled bytes and shared memory of one launch, compiled for sm_90."""
     fn = getattr(chunk, launch.kernel)
@@ -213,6 +239,7 @@ def resources(launch: Launch, options: dict) -> dict:
         "spill_bytes": int(fields["LOCAL"]) + int(fields["STACK"]),
         "smem": int(out.metadata.shared) + int(fields["SHARED"]),
         **sass_counts(sass),
+        "mma_dup": mma_dup(out.asm["ttgir"]),
         "loop_loads": loop_loads(out.asm["ttgir"]),
     }
 
@@ -284,7 +311,7 @@ def main() -> None:
                              "waves": round(programs / (n * SMS), 1)})  # fmt: skip
     head = ["op", "kernel", "programs", "warps", "stages", "maxnreg", "regs", "spill_bytes", "smem",
             "programs_per_sm", "warps_per_sm", "limited_by", "waves", "instrs", "loop_instrs", "mufu", "mma",
-            "bar", "loop_loads"]  # fmt: skip
+            "bar", "mma_dup", "loop_loads"]  # fmt: skip
     widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in head]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     for r in rows:

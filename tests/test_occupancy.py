@@ -188,3 +188,39 @@ def test_loop_loads_counts_plain_loads_inside_loops_only() -> None:
     res = _run(["-c", f"from benchmarks.occupancy import loop_loads; print(loop_loads({ttgir!r}))"])
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "2: 128xf32 16x64xbf16"
+
+
+def test_mma_dup_counts_products_whose_layout_repeats_rows_or_columns() -> None:
+    # three products: 64 rows on 8 warps along the rows (MMAv3; 128 rows covered: duplicated), the same
+    # shape on 4 x 2 warps (64 rows, 2 x 64 columns: not), and 16 rows on 4 warps (MMAv2: duplicated)
+    ttgir = "\n".join(
+        [
+            "#mma = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1], "
+            "instrShape = [16, 64, 16]}>",
+            "#mma1 = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [4, 2], "
+            "instrShape = [16, 64, 16]}>",
+            "#mma2 = #ttg.nvidia_mma<{versionMajor = 2, versionMinor = 0, warpsPerCTA = [4, 1], "
+            "instrShape = [16, 8]}>",
+            "    %a = ttng.warp_group_dot %x, %y, %c {inputPrecision = 0 : i32} : "
+            "!ttg.memdesc<64x128xbf16> * !ttg.memdesc<128x128xbf16> -> tensor<64x128xf32, #mma>",
+            "    %b = ttng.warp_group_dot %x, %y, %c {inputPrecision = 0 : i32} : "
+            "!ttg.memdesc<64x128xbf16> * !ttg.memdesc<128x128xbf16> -> tensor<64x128xf32, #mma1>",
+            "    %d = tt.dot %u, %w, %e : tensor<16x128xbf16> * tensor<128x16xbf16> "
+            "-> tensor<16x16xf32, #mma2>",
+        ]
+    )
+    res = _run(["-c", f"from benchmarks.occupancy import mma_dup; print(mma_dup({ttgir!r}))"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "2/3"
+
+
+@pytest.mark.parametrize("unchain,expected", [(None, "0/5"), (0, "3/5")])
+def test_state_pass_products_unchained(tmp_path: Path, unchain: int | None, expected: str) -> None:
+    # bounded KDA's no-grad state pass at B8 T8K H16 (8 warps, 128 columns): five products, three of them
+    # chained (X, Vt, the output's state term), laid out twice over unless _unchain breaks the chain
+    out = tmp_path / "occ.csv"
+    tune = [] if unchain is None else ["--set", f"state_fwd.unchain={unchain}"]
+    res = _run(["benchmarks/occupancy.py", "--no-grad", "--ops", "kda_bounded", "--out", str(out), *tune])
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,) = [r for r in csv.DictReader(out.open()) if r["kernel"] == "_state_fwd_kernel"]
+    assert row["warps"] == "8" and row["mma_dup"] == expected

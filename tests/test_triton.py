@@ -468,6 +468,38 @@ def test_state_passes_small_inputs_early(
     check_no_grad_against_naive(inputs, lower_bound)
 
 
+@pytest.mark.parametrize("unchain", [1, 0])
+@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize(
+    "name,decay,delta,lower_bound", [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
+)
+def test_state_passes_unchained_products(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    delta: bool,
+    lower_bound: float | None,
+    T: int,
+    unchain: int,
+) -> None:
+    # TUNE["state_fwd.unchain"], TUNE["state_bwd.unchain"]: the state passes' chained products (X, Vt, the
+    # output's state term; dVt) through _unchain's run-time branch (which the launch takes with 8 warps),
+    # or straight on. Forced both ways, with the forms that read and write every buffer (the output and
+    # the WY products inside the pass, X kept), with a gradient (checked in full) and without one, at one
+    # partial chunk and at four chunks with a partial last one, with an initial state
+    from kernels.triton import chunk
+
+    for key in ("state_fwd.unchain", "state_bwd.unchain"):
+        monkeypatch.setitem(chunk.TUNE, key, unchain)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 1)
+    monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", 1)
+    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 7 * unchain, lower_bound=lower_bound)
+    assert inputs["initial_state"] is not None
+    check_against_naive(inputs, lower_bound=lower_bound)
+    check_no_grad_against_naive(inputs, lower_bound)
+
+
 @pytest.mark.parametrize("beta_x", [1, 0])
 @pytest.mark.parametrize("T,chunk_size", [(63, 64), (200, 64), (100, 16), (100, 32)])
 @pytest.mark.parametrize(

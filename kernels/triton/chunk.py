@@ -688,6 +688,24 @@ def _store_block(
 
 
 @triton.jit
+def _unchain(x, on, UNCHAIN: tl.constexpr):
+    # x through a run-time branch that is always taken (on: a run-time truth). Triton gives a product whose
+    # result reaches another product (a chain) all its warps along the rows (flash attention's layout): with
+    # 8 warps and 64 rows, on sm_90 both warpgroups then compute the same 64 rows. Its search for the chain
+    # stops at the branch's yield, so the product takes the layout of an unchained one, the warpgroups
+    # splitting the columns. The branch never taken keeps a product of its own, so that it is not folded
+    # into a select (which the search would follow)
+    if UNCHAIN:
+        if on:
+            y = x
+        else:
+            y = x * 0.5
+    else:
+        y = x
+    return y
+
+
+@triton.jit
 def _chunk_small(
     gc,
     beta,
@@ -822,6 +840,7 @@ def _state_fwd_kernel(
     STORE_X: tl.constexpr,
     EARLY: tl.constexpr,
     BX: tl.constexpr,
+    UNCHAIN: tl.constexpr,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
     # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
@@ -871,7 +890,7 @@ def _state_fwd_kernel(
                 elif DECAY == 1:
                     b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
                 b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-                b_x -= tl.dot(_dot_cast(b_kg, LOWP), b_sd)
+                b_x -= _unchain(tl.dot(_dot_cast(b_kg, LOWP), b_sd), T > 0, UNCHAIN)
                 if STORE_X:
                     tl.store(x + p_v, b_x.to(x.dtype.element_ty), mask=m_t[:, None])
                 # (the rows of L here and of A_qk below: one expression twice, left where the revision
@@ -890,7 +909,7 @@ def _state_fwd_kernel(
                         b_tm = b_tm * b_b[None, :]
                     else:
                         b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
-                b_vt = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP))
+                b_vt = _unchain(tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP)), T > 0, UNCHAIN)
             else:
                 # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
                 b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
@@ -910,7 +929,7 @@ def _state_fwd_kernel(
                 b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
             p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
             b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
-            b_o = tl.dot(_dot_cast(b_qg, LOWP), b_sd) * scale
+            b_o = _unchain(tl.dot(_dot_cast(b_qg, LOWP), b_sd), T > 0, UNCHAIN) * scale
             b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vo, LOWP))
             tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
         t_last = tl.minimum(i_t * BT + BT, T) - 1
@@ -994,6 +1013,7 @@ def _state_bwd_kernel(
     HAS_DHT: tl.constexpr,
     LOWP: tl.constexpr,
     EARLY: tl.constexpr,
+    UNCHAIN: tl.constexpr,
 ):
     # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'.
     # EARLY (TUNE["state_bwd.early"]): the chunk's decay (_chunk_small) loaded where used (0), at the top of
@@ -1030,8 +1050,9 @@ def _state_bwd_kernel(
             b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         else:
             b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
-        b_dvt = tl.dot(tl.trans(_dot_cast(b_a, LOWP)), _dot_cast(b_do, LOWP))
+        b_dvt = _unchain(tl.dot(tl.trans(_dot_cast(b_a, LOWP)), _dot_cast(b_do, LOWP)), T > 0, UNCHAIN)
         b_dvt += tl.dot(_dot_cast(b_kd, LOWP), _dot_cast(b_ds, LOWP))
+        b_dvt = _unchain(b_dvt, T > 0, UNCHAIN and DELTA)  # (with the delta rule it feeds W^T dVt)
         tl.store(dvt + p_v, b_dvt.to(dvt.dtype.element_ty), mask=m_t[:, None])
         if EARLY:
             b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
@@ -2000,6 +2021,18 @@ TUNE: dict[str, int | None] = {
     # without one 0.677 -> 0.671; at B32 T2K H2 even (0.162 -> 0.165 no-grad). Run 90 tried the solve
     # storing L diag(beta) for the no-grad pass instead: the pass 0.680 -> 0.662, the solve 0.163 -> 0.211
     "state_fwd.beta_x": 1,
+    # 1: the state passes' chained products (forward: X = V - (Gamma K) S, Vt = L diag(beta) X, the output's
+    # state term; reverse: dVt) go through _unchain, so that Triton does not lay them out as a chain; 0:
+    # straight on. None: 1 with 8 warps. With 8 warps and 64 rows a chained product had all 8 warps along
+    # its rows, so on sm_90 both warpgroups computed the same 64 rows (benchmarks/occupancy.py's mma_dup
+    # column); unchained, they split the columns (bounded KDA's no-grad pass: 44 -> 24 tensor-core
+    # instructions a step, 255 -> 182 registers, 24 -> 0 bytes spilled). With 4 warps the layouts are the
+    # same either way. H200, B8 T8K H16 (run 95, checked within bounds at B=8 H=16), GPU time per pass,
+    # 0 -> 1: bounded KDA no-grad forward 1.914 -> 1.728 ms (state pass 0.680 -> 0.496), fwd+bwd 7.239 ->
+    # 7.000; KDA 2.110 -> 1.932 and 7.622 -> 7.375; GDN 1.478 -> 1.246 and 6.590 -> 6.342; the delta rule
+    # 4.498 -> 4.351 fwd+bwd; GLA 1.326 -> 1.246 and 5.124 -> 5.036
+    "state_fwd.unchain": None,
+    "state_bwd.unchain": None,
     # None: 4 where the pass writes W alone (bwd.x; H200, B8 T8K H16, run 54: 0.205 -> 0.177 ms for bounded
     # KDA and the delta rule), else 8 at K or V >= 128 and 4 below
     "wu.warps": None,
@@ -2418,6 +2451,7 @@ def _chunk_fwd(
     BV = _block_v(V, programs, "state_fwd.bv", wide=pipelined)
     h0 = initial_state.contiguous() if initial_state is not None else None
     dummy = v  # a valid pointer (of Vt's dtype) for the buffers a launch does not touch
+    warps = _tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64 and (keep or decay or not wide)))
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
         v,
@@ -2454,8 +2488,9 @@ def _chunk_fwd(
         WY=wy or keep_x,
         STORE_X=keep_x,
         BX=bool(TUNE["state_fwd.beta_x"]),
+        UNCHAIN=bool(_tuned("state_fwd.unchain", warps > 4)),
         EARLY=_tuned("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1),
-        num_warps=_tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64 and (keep or decay or not wide))),
+        num_warps=warps,
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )
     if not fused:
@@ -2518,6 +2553,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     # software pipelining over the chunk loop: 3 stages of its buffered loads (A_qk, q, k, G, W per stage)
     # asked for 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1; with the decayed q, k
     # precomputed, 2 stages of 16-bit tiles fit (B8 T8K H16: 1.46 -> 0.81-0.90 ms with 4 warps)
+    warps = _tuned("state_bwd.warps", _num_warps(big))
     _state_bwd_kernel[(V // BV, B * H)](
         qg if qg is not None else q,
         kd if kd is not None else k,
@@ -2542,7 +2578,8 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         HAS_DHT=dht is not None,
         LOWP=lowp,
         EARLY=_tuned("state_bwd.early", 1 if decay == 2 and not wide else 0),
-        num_warps=_tuned("state_bwd.warps", _num_warps(big)),
+        UNCHAIN=bool(_tuned("state_bwd.unchain", warps > 4)),
+        num_warps=warps,
         num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
     )
     # no delta rule and no per-channel decay: the dqk kernel can do the intra-chunk part as well

@@ -6,7 +6,7 @@ Run on the device machine (a CUDA GPU; FLA optional):
     python -m pytest -m gpu tests/gpu                               # the same grid, as a test
 
 For every op of DESIGN.md §3 (and KDA with the bounded gate, lower_bound=-5) at T in {63, 1000, 2048,
-8192}, H in {2, 16}, K = V = 128, B = 1, with an initial state and the final state: relative RMS error
+8192}, H in {2, 16}, K = V = 128, B = 1 (`--B`), with an initial state and the final state: relative RMS error
 of o, the final state and every gradient, against `naive_recurrent` in fp32 on the same (bf16-rounded)
 inputs, and the decode step at B=32, H=16. Bounds (FLA's own test bounds): o and final state 5e-3,
 dq/dk/dv/dh0 8e-3, dg/dbeta 2e-2.
@@ -67,19 +67,20 @@ def make_inputs(
     K: int = 128,
     V: int = 128,
     dtype: torch.dtype = torch.bfloat16,
+    B: int = 1,
 ) -> dict[str, torch.Tensor | None]:
     dev, bf = "cuda", dtype
-    q = torch.randn(1, T, H, K, device=dev, generator=gen).to(bf)
-    k = F.normalize(torch.randn(1, T, H, K, device=dev, generator=gen), dim=-1).to(bf)
-    v = torch.randn(1, T, H, V, device=dev, generator=gen).to(bf)
+    q = torch.randn(B, T, H, K, device=dev, generator=gen).to(bf)
+    k = F.normalize(torch.randn(B, T, H, K, device=dev, generator=gen), dim=-1).to(bf)
+    v = torch.randn(B, T, H, V, device=dev, generator=gen).to(bf)
     g = None
     if decay is not None:
-        shape = (1, T, H) if decay == "scalar" else (1, T, H, K)
+        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
         z = torch.randn(shape, device=dev, generator=gen)
         # unbounded: log-sigmoid gates (some far below -5); bounded: K3's g_min * sigmoid(z)
         g = (F.logsigmoid(z) if lower_bound is None else lower_bound * torch.sigmoid(z)).float()
-    beta = torch.sigmoid(torch.randn(1, T, H, device=dev, generator=gen)).to(bf) if delta else None
-    h0 = torch.randn(1, H, K, V, device=dev, generator=gen)
+    beta = torch.sigmoid(torch.randn(B, T, H, device=dev, generator=gen)).to(bf) if delta else None
+    h0 = torch.randn(B, H, K, V, device=dev, generator=gen)
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
 
 
@@ -199,6 +200,7 @@ def run(
     V: int = 128,
     chunk_size: int = 64,
     step: bool = True,
+    B: int = 1,
 ) -> bool:
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, ok = [], True
@@ -215,7 +217,7 @@ def run(
                     rows.append({"op": name, "T": T, "H": H, "impl": "ours", "note": "skipped: time budget"})
                     ok = False
                     continue
-                inputs = make_inputs(decay, delta, lower_bound, T, H, gen, K=K, V=V, dtype=dtype)
+                inputs = make_inputs(decay, delta, lower_bound, T, H, gen, K=K, V=V, dtype=dtype, B=B)
                 ref_in = {
                     n: (t.float().requires_grad_(True) if t is not None else None) for n, t in inputs.items()
                 }
@@ -262,6 +264,8 @@ def run(
                         note = f"{str(dtype).removeprefix('torch.')} inputs {note}".strip()
                     if (K, V, chunk_size) != (128, 128, 64):
                         note = f"K={K} V={V} chunk={chunk_size} {note}".strip()
+                    if B != 1:
+                        note = f"B={B} {note}".strip()
                     rows.append(
                         {"op": name, "T": T, "H": H, "impl": who, **errs, "over": ";".join(bad), "note": note}
                     )
@@ -292,6 +296,12 @@ def main() -> None:
     parser.add_argument("--K", type=int, default=128, help="key head size")
     parser.add_argument("--V", type=int, default=128, help="value head size")
     parser.add_argument("--chunk", type=int, default=64, help="chunk size (16, 32 or 64)")
+    parser.add_argument(
+        "--B",
+        type=int,
+        default=1,
+        help="batch size (B=8 with H=16: the state passes' many-program forms, as at the benchmark's B8 T8K)",
+    )
     parser.add_argument("--no-step", action="store_true", help="skip the decode-step check")
     parser.add_argument(
         "--no-fla", action="store_true", help="skip the FLA cross-check (its autotuning takes minutes)"
@@ -317,6 +327,7 @@ def main() -> None:
         V=args.V,
         chunk_size=args.chunk,
         step=not args.no_step,
+        B=args.B,
     )
     print(f"{'ALL WITHIN BOUNDS' if ok else 'SOME ERRORS OVER BOUNDS'} ({time.time() - start:.0f} s)")
     sys.exit(0 if ok else 1)
