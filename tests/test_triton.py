@@ -468,6 +468,31 @@ def test_state_passes_small_inputs_early(
     check_no_grad_against_naive(inputs, lower_bound)
 
 
+@pytest.mark.parametrize("carry,kk_zeros", [(1, 0), (1, 1), (0, 0), (0, 1)])
+@pytest.mark.parametrize(
+    "T,chunk_size", [(1, 64), (17, 64), (63, 64), (100, 64), (200, 64), (100, 16), (100, 32)]
+)
+def test_intra_forward_sums_inside_blocks(
+    monkeypatch: pytest.MonkeyPatch, T: int, chunk_size: int, carry: int, kk_zeros: int
+) -> None:
+    # TUNE["intra_fwd.carry"]: the bounded gate's no-grad intra forward from the raw gates (sums inside its
+    # 16-row blocks as products with triangles of ones) and G at block ends only (the cumsum kernel's SPARSE
+    # form), or from the whole G; TUNE["intra_fwd.kk_zeros"]: A_kk's zeros after the diagonal stored or not.
+    # Partial blocks (T = 17, 63, 100) and chunks of 1, 2 and 4 blocks, with an initial state: output and
+    # final state against the token loop. The differentiable forward keeps its own form (checked in full)
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "intra_fwd.carry", carry)
+    monkeypatch.setitem(chunk.TUNE, "intra_fwd.kk_zeros", kk_zeros)
+    inputs = make_inputs("channel", True, 1, T, 2, K=16, V=32, seed=T + carry, lower_bound=-5.0)
+    assert inputs["initial_state"] is not None
+    # steep gates near the bound in some channels, near 0 in others: the sums span e^-75 .. 1
+    inputs["g"] = inputs["g"] * torch.linspace(0.05, 1.0, 16)
+    check_no_grad_against_naive(inputs, -5.0, chunk_size)
+    if carry and kk_zeros == 0 and T == 200:
+        check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
+
+
 @pytest.mark.parametrize("unchain", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize(
