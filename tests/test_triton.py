@@ -468,29 +468,40 @@ def test_state_passes_small_inputs_early(
     check_no_grad_against_naive(inputs, lower_bound)
 
 
-@pytest.mark.parametrize("carry,kk_zeros", [(1, 0), (1, 1), (0, 0), (0, 1)])
+@pytest.mark.parametrize("kk_zeros", [0, 1])
+@pytest.mark.parametrize("T,chunk_size", [(17, 64), (100, 64), (200, 64), (100, 16), (100, 32)])
 @pytest.mark.parametrize(
-    "T,chunk_size", [(1, 64), (17, 64), (63, 64), (100, 64), (200, 64), (100, 16), (100, 32)]
+    "name,decay,lower_bound",
+    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda", "channel", None)]
+    + [("kda_bounded", "channel", -5.0)],
 )
-def test_intra_forward_sums_inside_blocks(
-    monkeypatch: pytest.MonkeyPatch, T: int, chunk_size: int, carry: int, kk_zeros: int
+def test_no_grad_intra_forward_kk_zeros_both_ways(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    lower_bound: float | None,
+    T: int,
+    chunk_size: int,
+    kk_zeros: int,
 ) -> None:
-    # TUNE["intra_fwd.carry"]: the bounded gate's no-grad intra forward from the raw gates (sums inside its
-    # 16-row blocks as products with triangles of ones) and G at block ends only (the cumsum kernel's SPARSE
-    # form), or from the whole G; TUNE["intra_fwd.kk_zeros"]: A_kk's zeros after the diagonal stored or not.
-    # Partial blocks (T = 17, 63, 100) and chunks of 1, 2 and 4 blocks, with an initial state: output and
-    # final state against the token loop. The differentiable forward keeps its own form (checked in full)
+    # TUNE["intra_fwd.kk_zeros"]: the no-grad intra forward stores A_kk's zeros after the diagonal (1) or
+    # not (0: the solve reads only the blocks up to it). The A_kk buffer is filled with NaN first, so that a
+    # read of a block not written shows; partial blocks and chunks of 1, 2 and 4 blocks, with an initial
+    # state. With a gradient the zeros are stored whatever the entry says (the dvt backward reads whole rows)
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.carry", carry)
     monkeypatch.setitem(chunk.TUNE, "intra_fwd.kk_zeros", kk_zeros)
-    inputs = make_inputs("channel", True, 1, T, 2, K=16, V=32, seed=T + carry, lower_bound=-5.0)
+    real_empty = torch.empty
+
+    def nan_empty(*shape, **kw):
+        return real_empty(*shape, **kw).fill_(float("nan"))
+
+    monkeypatch.setattr(chunk.torch, "empty", nan_empty)
+    inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=T + kk_zeros, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
-    # steep gates near the bound in some channels, near 0 in others: the sums span e^-75 .. 1
-    inputs["g"] = inputs["g"] * torch.linspace(0.05, 1.0, 16)
-    check_no_grad_against_naive(inputs, -5.0, chunk_size)
-    if carry and kk_zeros == 0 and T == 200:
-        check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
+    check_no_grad_against_naive(inputs, lower_bound, chunk_size)
+    if T == 200:
+        check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("unchain", [1, 0])
@@ -925,31 +936,34 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     assert few["_intra_fwd_kernel"][1]["num_warps"] == 4
     assert few["_intra_fwd_kernel"][1]["maxnreg"] == 128
     assert wide["_intra_fwd_kernel"][1]["maxnreg"] == 128 and wide["_intra_fwd_kernel"][1]["SHARED_EXP"]
-    # the state pass: 8 warps at K = 128 and 64 columns, but 4 for the delta rule's wide no-grad pass (as
-    # launched on a GPU: the interpreter runs every kernel with 4)
+    # the state pass: 8 warps at K = 128 and 64 columns or more (as launched on a GPU: the interpreter runs
+    # every kernel with 4), its chained products unchained there (with 4 warps they are laid out alike)
     from kernels.triton import chunk
 
     monkeypatch.setattr(chunk, "INTERPRET", False)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)
-    assert wide["_state_fwd_kernel"][1]["num_warps"] == 8
+    assert wide["_state_fwd_kernel"][1]["num_warps"] == 8 and wide["_state_fwd_kernel"][1]["UNCHAIN"]
     if keep:
-        # the reverse state pass with many programs: 128-column blocks and 8 warps, as the forward's, for KDA,
-        # GLA and linear attention; 64 columns and 4 warps for the delta rule (and GDN)
+        # the reverse state pass with many programs: 128-column blocks and 8 warps, as the forward's, for
+        # every op (the delta rule and GDN since state_bwd.unchain), unchained
         state = wide["_state_bwd_kernel"]
         assert state[0] == (1, 64 * 4) and state[1]["BV"] == 128 and state[1]["num_warps"] == 8
-        for decay, delta in [(True, False), (False, False), (False, True)]:
+        assert state[1]["UNCHAIN"]
+        for decay, delta in [(True, False), (False, False), (False, True), ("scalar", True)]:
             state = _forward_launches(
                 monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay=decay, delta=delta
             )["_state_bwd_kernel"]
-            assert (state[1]["BV"], state[1]["num_warps"]) == ((64, 4) if delta else (128, 8))
+            assert (state[1]["BV"], state[1]["num_warps"], state[1]["UNCHAIN"]) == (128, 8, True)
         state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=-5.0, keep=True)["_state_bwd_kernel"]
         assert state[1]["BV"] == 32 and state[1]["num_warps"] == 4 and state[1]["num_stages"] == 2
+        assert not state[1]["UNCHAIN"]
     rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=keep, decay=False)
-    assert rule["_state_fwd_kernel"][1]["num_warps"] == (8 if keep else 4)
+    assert rule["_state_fwd_kernel"][1]["num_warps"] == 8 and rule["_state_fwd_kernel"][1]["UNCHAIN"]
     state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep, decay=False)[
         "_state_fwd_kernel"
     ]
     assert state[1]["num_warps"] == (8 if state[1]["BV"] >= 64 else 4)  # few programs: the size rule alone
+    assert state[1]["UNCHAIN"] == (state[1]["num_warps"] == 8)
 
 
 def test_launch_rules_yield_to_tune(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,13 +67,10 @@ def _cumsum_kernel(
     DECAY: tl.constexpr,
     DECAYED: tl.constexpr,
     DELTA: tl.constexpr,
-    SPARSE: tl.constexpr = False,
 ):
-    # G = chunk-local cumsum of g (fp32). SPARSE (TUNE["intra_fwd.carry"], no gradient): only G at the last
-    # row of each 16-row block and at row T - 1, for an intra forward that sums inside its blocks itself and
-    # a state pass that reads G at each chunk's last row. DECAYED (per-channel decay,
-    # TUNE["decayed_in_cumsum"]): also the decayed operands Q exp(G), K exp(G_last - G) and, for the delta
-    # rule, K exp(G) (for W and dvt), here where G is in registers anyway, instead of in the intra kernel
+    # G = chunk-local cumsum of g (fp32). DECAYED (per-channel decay, TUNE["decayed_in_cumsum"]): also the
+    # decayed operands Q exp(G), K exp(G_last - G) and, for the delta rule, K exp(G) (for W and dvt), here
+    # where G is in registers anyway, instead of in the intra kernel
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -83,11 +80,7 @@ def _cumsum_kernel(
         p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
         b_g = tl.load(g + p, mask=m_t[:, None], other=0.0).to(tl.float32)
         b_gc = tl.cumsum(b_g, axis=0)
-        if SPARSE:
-            m_s = m_t & ((o_t % 16 == 15) | (o_t == T - 1))
-            tl.store(gc + p, b_gc, mask=m_s[:, None])
-        else:
-            tl.store(gc + p, b_gc, mask=m_t[:, None])
+        tl.store(gc + p, b_gc, mask=m_t[:, None])
         if DECAYED:
             b_gl = tl.sum(b_g, 0)  # G at the chunk's last valid row (rows past T hold g = 0)
             b_q = tl.load(q + p, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -194,32 +187,10 @@ def _store_decayed(
 
 
 @triton.jit
-def _tri_dot(KIND: tl.constexpr, b_x, BC: tl.constexpr, LOWP: tl.constexpr):
-    # sums of b_x's rows ([BC, K]) within the block as a product with a triangle of ones on the tensor cores:
-    # KIND 1, row r: rows (0, r] (the cumsum from the block's first row, which is left out); KIND 2, row i:
-    # rows (i, BC) (what follows i to the block's end). Single-pass TF32 for 16-bit inputs (g rounded to 10
-    # mantissa bits: each sum's error a fraction ~5e-4 of itself, against bf16's 4e-3 in the dots after),
-    # 3xTF32 for fp32 inputs
-    # Formed transposed, (b_x^T T^T)^T: a product of BC rows is laid out with its warps along the rows once
-    # it is taken for part of a chain (here: the A products after it), every warp then computing the same
-    # 16 rows; with K rows (the key channels) the warps split them
-    o_r = tl.arange(0, BC)
-    if KIND == 1:
-        b_t = ((o_r[:, None] <= o_r[None, :]) & (o_r[:, None] > 0)).to(tl.float32)  # [s, r]: 0 < s <= r
-    else:
-        b_t = (o_r[:, None] > o_r[None, :]).to(tl.float32)  # [s, i]: s > i
-    if LOWP:
-        return tl.trans(tl.dot(tl.trans(b_x), b_t, input_precision="tf32"))
-    else:
-        return tl.trans(tl.dot(tl.trans(b_x), b_t, input_precision="tf32x3"))
-
-
-@triton.jit
 def _intra_fwd_kernel(
     q,
     k,
     gc,
-    g,
     akk,
     aqk,
     qg,
@@ -239,7 +210,6 @@ def _intra_fwd_kernel(
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
     SHARED_EXP: tl.constexpr,
-    CARRY: tl.constexpr,
     ZERO_KK: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
@@ -273,8 +243,6 @@ def _intra_fwd_kernel(
             STORE_DECAYED,
             AUTO,
             SHARED_EXP,
-            g,
-            CARRY,
             ZERO_KK,
         )
     else:
@@ -435,8 +403,6 @@ def _intra_fwd_tri(
     STORE_DECAYED: tl.constexpr,
     AUTO: tl.constexpr,
     SHARED_EXP: tl.constexpr,
-    g,
-    CARRY: tl.constexpr,
     ZERO_KK: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
@@ -449,31 +415,15 @@ def _intra_fwd_tri(
     m_r = o_r < T
     b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
-    if CARRY:
-        # TUNE["intra_fwd.carry"] (the bounded gate without a gradient): no G tiles. gc holds G only at each
-        # block's last row (the cumsum kernel's SPARSE form); inside a block the sums of the raw gates g are
-        # products with triangles of ones (_tri_dot), each anchored where its errors stay a fraction of the
-        # exponent it serves: the rows' G - G_a from the block's first row on, the columns' from their row to
-        # their block's end. b_c: G at the row before the block (0 for the chunk's first block)
-        o_k = tl.arange(0, K)
-        m_c = ((o_k * 0 + i_c) > 0) & ((o_k * 0 + r0) <= T)  # (a block past T reads nothing)
-        b_c = tl.load(gc + ((i_b * T + r0 - 1) * H + i_h) * K + o_k, mask=m_c, other=0.0).to(tl.float32)
-        b_g0 = _load_row(g, r0, i_b, i_h, T, H, K)  # g of the block's first row
-        b_gr = _tri_dot(1, _load_rows(g, o_r, m_r, i_b, i_h, T, H, K), BC, LOWP)  # G - G_a
-        b_ga = b_c + b_g0
-        b_er = tl.exp(tl.where(m_r[:, None], b_gr, float("-inf")))  # <= 1
-    else:
-        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
-        b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
-        b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
+    b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
+    b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
+    b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
     # the bounded gate with TUNE["intra_fwd.shared_exp"]: the decayed operands from the [BC, K] tiles of
     # exponentials the products need anyway, E_r = exp(G - G_a) and E_d = exp(G_a - G) (<= e^{-lower_bound
     # (BC - 1)}), and [K] vectors: Q exp(G) = Q E_r exp(G_a), K exp(G_last - G) = K E_d exp(G_last - G_a);
     # two tiles of exponentials a program instead of four (the diagonal block's keys are K E_d)
     # (the launch sets SHARED_EXP for the bounded gate only)
-    if CARRY:
-        b_ed = tl.exp(tl.where(m_r[:, None], -b_gr, float("-inf")))
-    elif SHARED_EXP:
+    if SHARED_EXP:
         b_ed = tl.exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf")))
     if STORE_DECAYED:
         b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
@@ -519,12 +469,7 @@ def _intra_fwd_tri(
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
-        if CARRY:
-            # G_a - G_i = (G_c - G at block j's last row) + g_r0 + the sum of g over (i, block j's last row]
-            b_gj = _tri_dot(2, _load_rows(g, o_j, m_j, i_b, i_h, T, H, K), BC, LOWP)
-            b_gj += (b_ga - _load_row(gc, t0 + j * BC + BC - 1, i_b, i_h, T, H, K))[None, :]
-        else:
-            b_gj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
+        b_gj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
         b_y = b_y * tl.exp(tl.where(m_j[:, None], b_gj, float("-inf")))
         _fwd_block(
@@ -2031,13 +1976,6 @@ TUNE: dict[str, int | None] = {
     # 0.810 capped at 128 registers (sm_90: 144 -> 128, 3 -> 4 programs per SM, 32 bytes spilled):
     # no-grad forward 2.107 -> 2.055 ms, fwd+bwd 7.674 -> 7.615
     "intra_fwd.shared_exp": 1,
-    # 1: without a gradient, the bounded gate's intra forward takes the raw gates g and sums them inside its
-    # 16-row blocks as products with triangles of ones (_tri_dot), and the cumsum kernel writes G only at
-    # each block's last row (SPARSE), not the whole fp32 G (0.54 GB at B8 T8K H16); 0: G written and read.
-    # H200 (run 96): over the bounds (bounded KDA's o_infer 1.3e-2: K exp(G_last - G) took the TF32 sum's
-    # error of G - G_a, not a fraction of G_last - G) and 2.7x slower (intra forward 0.79 -> 2.14 ms;
-    # sm_90: 1,390 -> 1,795 instructions, 17 -> 51 barriers, 224 bytes spilled). Off; removed after this
-    "intra_fwd.carry": 0,
     # 1: the no-grad intra forward stores the zeros of A_kk after the diagonal too; None or 0: not (the
     # solve reads only the blocks up to the diagonal). With a gradient they are stored (dvt reads whole rows)
     "intra_fwd.kk_zeros": None,
@@ -2121,10 +2059,10 @@ TUNE: dict[str, int | None] = {
     # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
     # / 0.137 / 0.139; B8 T8K H16 0.611 / 0.622 / 0.610, GDN 0.748 / 0.791 / 1.228
     "state_bwd.early": None,
-    # None: 8 at K * BV >= 128 * 64, else 4; but 4 for the no-grad pass without a decay (linear attention,
-    # the delta rule) where it has many programs (H200, B8 T8K H16, run 60: linear attention's forward
-    # 0.646 -> 0.577 ms, the delta rule's 1.253 -> 1.184; with a gradient both lost, 2.277 -> 2.337 and
-    # 4.713 -> 4.868, as did simple GLA without one, 0.782 -> 0.849)
+    # None: 8 at K * BV >= 128 * 64, else 4. Until the products were unchained (state_fwd.unchain) the no-grad
+    # pass without a decay (linear attention, the delta rule) took 4 where it has many programs (H200, B8
+    # T8K H16, run 60: linear attention's forward 0.646 -> 0.577 ms, the delta rule's 1.253 -> 1.184);
+    # unchained, 8 won there too (run 96: 0.578 -> 0.559, 1.074 -> 0.978; state pass 0.577 -> 0.483)
     "state_fwd.warps": None,
     # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 for fp32 inputs or
     # head sizes over 128).
@@ -2405,9 +2343,6 @@ def _chunk_fwd(
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     tri = _auto("intra_fwd.tri", bounded or auto) or auto
     shared_exp = bounded and bool(TUNE["intra_fwd.shared_exp"])
-    # without a gradient (nothing reads G but the intra forward and the state pass's G_last) the bounded
-    # gate's intra forward sums g inside its blocks itself, and the cumsum kernel writes G at block ends only
-    carry = bounded and tri and shared_exp and not early and not keep and _auto("intra_fwd.carry", True)
     gc = None
     if decay:
         gc = torch.empty(g.shape, device=dev, dtype=f32)
@@ -2426,7 +2361,6 @@ def _chunk_fwd(
             DECAY=decay,
             DECAYED=early,
             DELTA=delta,
-            SPARSE=carry,
             num_warps=_tuned("cumsum.warps", 4),
         )
     gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
@@ -2440,7 +2374,6 @@ def _chunk_fwd(
         q,
         k,
         gcx,
-        g if carry else gcx,
         akk if delta else aqk,
         aqk,
         qg if qg is not None else q,
@@ -2460,7 +2393,6 @@ def _chunk_fwd(
         TRI=tri,
         AUTO=auto,
         SHARED_EXP=shared_exp,
-        CARRY=carry,
         ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
         num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
@@ -2528,7 +2460,7 @@ def _chunk_fwd(
     BV = _block_v(V, programs, "state_fwd.bv", wide=pipelined)
     h0 = initial_state.contiguous() if initial_state is not None else None
     dummy = v  # a valid pointer (of Vt's dtype) for the buffers a launch does not touch
-    warps = _tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64 and (keep or decay or not wide)))
+    warps = _tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64))
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
         v,
@@ -2623,9 +2555,11 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
     dh = torch.empty(B, H, NT, K, V, device=dev, dtype=h.dtype)
     dh0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
     programs, wide = _state_programs(B, H, V)
-    # many programs: the forward pass's 128-column blocks and 8 warps (TUNE["state_bwd.*"]), except for the
-    # delta rule with a scalar decay or none (GDN, the delta rule), which gained nothing from them
-    big = wide and pipelined and (decay == 2 or not delta)
+    # many programs: the forward pass's 128-column blocks and 8 warps (TUNE["state_bwd.*"]); the delta rule
+    # with a scalar decay or none (GDN, the delta rule) gained nothing from them until their products were
+    # unchained (state_bwd.unchain; H200 run 96, B8 T8K H16 fwd+bwd: the delta rule 4.338 -> 4.165 ms, the
+    # reverse pass 0.674 -> 0.505; GDN 6.312 -> 6.119, 0.747 -> 0.556)
+    big = wide and pipelined
     BV = _block_v(V, programs, "state_bwd.bv", wide=big)
     # software pipelining over the chunk loop: 3 stages of its buffered loads (A_qk, q, k, G, W per stage)
     # asked for 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1; with the decayed q, k
