@@ -943,6 +943,11 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(chunk, "INTERPRET", False)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)
     assert wide["_state_fwd_kernel"][1]["num_warps"] == 8 and wide["_state_fwd_kernel"][1]["UNCHAIN"]
+    # on a GPU the per-channel intra kernels' exponentials are ex2.approx.ftz (never under the interpreter,
+    # which has no inline PTX); the solve capped at 128 registers for 16-bit inputs
+    assert wide["_intra_fwd_kernel"][1]["FTZ"] and wide["_solve_kernel"][1]["maxnreg"] == 128
+    if keep:
+        assert wide["_intra_bwd_kernel"][1]["FTZ"]
     if keep:
         # the reverse state pass with many programs: 128-column blocks and 8 warps, as the forward's, for
         # every op (the delta rule and GDN since state_bwd.unchain), unchained

@@ -39,6 +39,25 @@ def _dot_cast(x, LOWP: tl.constexpr):
 
 
 @triton.jit
+def _exp(x, FTZ: tl.constexpr):
+    # exp(x). FTZ (TUNE["intra_fwd.ftz"], compiled for a GPU only): as ex2.approx.ftz.f32 of x log2(e), one
+    # MUFU.EX2 and its multiply; tl.exp's ex2.approx.f32 keeps subnormal results, which ptxas makes a compare,
+    # two predicated multiplies and a select around each MUFU (sm_90 SASS). The same approximation (2^-22
+    # relative) but for results under 2^-126 (1.2e-38), which become 0: decays that small change nothing
+    if FTZ:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;",
+            "=f,f",
+            [x * 1.4426950408889634],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def _rev_cumsum_by_dot(b_x, BT: tl.constexpr, LOWP: tl.constexpr):
     # the reverse cumsum of a chunk's [BT, *] rows as a product with the upper triangle of ones on the tensor
     # cores (TUNE["dqk.cumsum_dot"]): single-pass TF32 for 16-bit inputs (10 mantissa bits, beside bf16's 7
@@ -211,6 +230,7 @@ def _intra_fwd_kernel(
     AUTO: tl.constexpr,
     SHARED_EXP: tl.constexpr,
     ZERO_KK: tl.constexpr,
+    FTZ: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -244,6 +264,7 @@ def _intra_fwd_kernel(
             AUTO,
             SHARED_EXP,
             ZERO_KK,
+            FTZ,
         )
     else:
         t0 = i_t * BT
@@ -404,6 +425,7 @@ def _intra_fwd_tri(
     AUTO: tl.constexpr,
     SHARED_EXP: tl.constexpr,
     ZERO_KK: tl.constexpr,
+    FTZ: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
@@ -417,14 +439,14 @@ def _intra_fwd_tri(
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
     b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
     b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
-    b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
+    b_er = _exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")), FTZ)  # <= 1
     # the bounded gate with TUNE["intra_fwd.shared_exp"]: the decayed operands from the [BC, K] tiles of
     # exponentials the products need anyway, E_r = exp(G - G_a) and E_d = exp(G_a - G) (<= e^{-lower_bound
     # (BC - 1)}), and [K] vectors: Q exp(G) = Q E_r exp(G_a), K exp(G_last - G) = K E_d exp(G_last - G_a);
     # two tiles of exponentials a program instead of four (the diagonal block's keys are K E_d)
     # (the launch sets SHARED_EXP for the bounded gate only)
     if SHARED_EXP:
-        b_ed = tl.exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf")))
+        b_ed = _exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf")), FTZ)
     if STORE_DECAYED:
         b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
         if SHARED_EXP:
@@ -471,7 +493,7 @@ def _intra_fwd_tri(
         m_j = o_j < T
         b_gj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
-        b_y = b_y * tl.exp(tl.where(m_j[:, None], b_gj, float("-inf")))
+        b_y = b_y * _exp(tl.where(m_j[:, None], b_gj, float("-inf")), FTZ)
         _fwd_block(
             aqk, akk, b_qe, b_ke, b_y, o_r, m_r, o_j, m_j, p_row + (j * BC + o_b)[None, :], scale, LOWP, DELTA
         )
@@ -1533,6 +1555,7 @@ def _rel_rows_tri(
     LOWP: tl.constexpr,
     AUTO: tl.constexpr,
     dense,
+    FTZ: tl.constexpr,
 ):
     # _rel_rows for the per-channel decay over only the column blocks the rows can reach (0..i_c, or 0..i_c-1
     # when the unbounded path leaves the diagonal to _rel_diag), one BC-column block at a time, instead of
@@ -1553,14 +1576,14 @@ def _rel_rows_tri(
         m_j = o_j < T
         b_gj = _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K)
         b_yj = _load_block(y, o_j, m_j, o_k, i_b, i_h, T, H, K)
-        b_yj = _dot_cast(b_yj * tl.exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf"))), LOWP)
+        b_yj = _dot_cast(b_yj * _exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf")), FTZ), LOWP)
         p_m = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :]
         b_x += tl.dot(_dot_cast(tl.load(m + p_m, mask=m_r[:, None], other=0.0).to(tl.float32), LOWP), b_yj)
         if TWO:
             b_x2 += tl.dot(
                 _dot_cast(tl.load(m2 + p_m, mask=m_r[:, None], other=0.0).to(tl.float32), LOWP), b_yj
             )
-    b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))
+    b_er = _exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")), FTZ)
     b_x = b_x * b_er
     if TWO:
         b_x2 = b_x2 * b_er
@@ -1595,6 +1618,7 @@ def _rel_cols_tri(
     AUTO: tl.constexpr,
     dense,
     b_gd,
+    FTZ: tl.constexpr,
 ):
     # _rel_cols for the per-channel decay over only the row blocks that reach the columns (i_c..NC-1, or
     # i_c+1.. on the unbounded path), one BC-row block at a time (TUNE["intra_bwd.tri"])
@@ -1616,10 +1640,11 @@ def _rel_cols_tri(
     for j in range(j0, NC):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
-        b_ex = tl.exp(
+        b_ex = _exp(
             tl.where(
                 m_j[:, None], _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K) - b_ga[None, :], float("-inf")
-            )
+            ),
+            FTZ,
         )
         p_mt = ((i_b * T + o_j[None, :]) * H + i_h) * BT + (o_c - t0)[:, None]  # [BC columns, BC rows]
         b_xj = _load_block(x, o_j, m_j, o_k, i_b, i_h, T, H, K)
@@ -1633,7 +1658,7 @@ def _rel_cols_tri(
                 _dot_cast(tl.load(m2 + p_mt, mask=m_j[None, :], other=0.0).to(tl.float32), LOWP),
                 _dot_cast(b_x2j * b_ex, LOWP),
             )
-    return b_y * tl.exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")))
+    return b_y * _exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")), FTZ)
 
 
 @triton.jit
@@ -1800,6 +1825,7 @@ def _intra_bwd_kernel(
     TRI: tl.constexpr,
     AUTO: tl.constexpr,
     FIRST: tl.constexpr,
+    FTZ: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
@@ -1853,6 +1879,7 @@ def _intra_bwd_kernel(
             LOWP,
             AUTO,
             dense,
+            FTZ,
         )
         b_dkc = _rel_cols_tri(
             m_qk,
@@ -1879,6 +1906,7 @@ def _intra_bwd_kernel(
             AUTO,
             dense,
             b_gd,
+            FTZ,
         )
     else:
         b_dq, b_dkr, b_dkc = _rel_full(
@@ -1979,6 +2007,14 @@ TUNE: dict[str, int | None] = {
     # 1: the no-grad intra forward stores the zeros of A_kk after the diagonal too; None or 0: not (the
     # solve reads only the blocks up to the diagonal). With a gradient they are stored (dvt reads whole rows)
     "intra_fwd.kk_zeros": None,
+    # 1: the per-channel intra forward's tiles of exponentials as ex2.approx.ftz.f32 (_exp) on a GPU, 0:
+    # tl.exp. sm_90 (occupancy.py, B8 T8K H16 no-grad): bounded KDA 1,390 -> 1,259 instructions, KDA 1,864 ->
+    # 1,769, GLA 2,473 -> 2,273. H200 (run 98, checked within bounds): the intra forward 0.795 -> 0.771 ms
+    # (bounded KDA), 0.978 -> 0.962 (KDA), 0.619 -> 0.608 (GLA)
+    "intra_fwd.ftz": 1,
+    # the same for the per-channel intra backward's triangular loops (_rel_rows_tri, _rel_cols_tri). sm_90:
+    # bounded KDA 939 -> 840 instructions (8 -> 0 bytes spilled), KDA 1,494 -> 1,393, GLA 1,219 -> 1,124
+    "intra_bwd.ftz": 1,
     # 1: with bwd.intra_first, the dqk kernel's reverse cumsum of the chunk's dG (inside the chunk, for dg) as
     # a product with the upper triangle of ones on the tensor cores (single-pass TF32 for 16-bit inputs,
     # 3xTF32 for fp32) instead of a scan over its rows (0). H200, B8 T8K H16, dqk: bounded KDA 2.123 ->
@@ -2016,6 +2052,10 @@ TUNE: dict[str, int | None] = {
     "intra_fwd.stages": None,
     "intra_fwd.maxnreg": None,
     "solve.warps": 1,
+    # registers a thread for the solve (0: no cap; sm_90 138, 14 programs of one warp per SM). None: 128 for
+    # 16-bit inputs (16 programs per SM, 24 bytes spilled), else no cap. H200, B8 T8K H16 (run 98): bounded
+    # KDA's solve 0.162 -> 0.144 ms with 128, 0.179 with 96
+    "solve.maxnreg": None,
     # 1: the solve's products in single-pass TF32 for 16-bit inputs (whose L is stored in bf16), 0: 3xTF32 as
     # for fp32 inputs. Emulated on the CPU (benchmarks/solve_precision.py, chunks of KDA and delta-rule
     # data), TF32 adds 0.06-0.6x the error of storing L in bf16; H200 (run 38): 0.309 -> 0.162 ms, bf16
@@ -2394,6 +2434,7 @@ def _chunk_fwd(
         AUTO=auto,
         SHARED_EXP=shared_exp,
         ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
+        FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
         num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
@@ -2411,6 +2452,7 @@ def _chunk_fwd(
             BC=BC,
             PREC="tf32" if lowp and TUNE["solve.tf32"] else "tf32x3",
             num_warps=_tuned("solve.warps", 1),
+            maxnreg=_maxnreg("solve.maxnreg", 128 if lowp else None),
         )
     # the state pass's programs: few (B * H small) means a long sequential pass on part of the GPU, where the
     # output and the W/U products are better left to passes that run every chunk in parallel. H200 (runs
@@ -2745,6 +2787,7 @@ def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, sa
         TRI=bool(TUNE["intra_bwd.tri"]) or auto,
         AUTO=auto,
         FIRST=first,
+        FTZ=not INTERPRET and bool(TUNE["intra_bwd.ftz"]),
         num_warps=_tuned("intra_bwd.warps", 4),
         num_stages=_tuned("intra_bwd.stages", 1 if decay == 2 else (2 if capped else 3)),
         maxnreg=_maxnreg("intra_bwd.maxnreg", 128 if capped else (96 if kda_capped else None)),
