@@ -507,51 +507,6 @@ def test_no_grad_intra_forward_kk_zeros_both_ways(
         check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("segments", [2, 5])
-@pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound", [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
-)
-def test_forward_in_segments(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str | None,
-    delta: bool,
-    lower_bound: float | None,
-    with_state: bool,
-    segments: int,
-) -> None:
-    # TUNE["fwd.segments"]: the no-grad forward's intra, solve and state passes over runs of chunks, the state
-    # passes chained through the final state (on a GPU the state passes on a second stream). T = 300: five
-    # chunks, the last one partial, in 2 segments (3 + 2 chunks) or 5 (one each); with and without an
-    # initial state, the final state kept or not; chunks of 32 as well. Output and final state against the
-    # token loop; the differentiable call (one segment) alongside
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "fwd.segments", segments)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 1)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", 1)
-    inputs = make_inputs(
-        decay, delta, 1, 300, 2, K=16, V=32, seed=segments + 3 * with_state, lower_bound=lower_bound,
-        with_state=with_state,
-    )  # fmt: skip
-    launches = []
-    real = chunk._segmented_forward
-    monkeypatch.setattr(chunk, "_segmented_forward", lambda *a: launches.append(a[3:5]) or real(*a))
-    check_no_grad_against_naive(inputs, lower_bound)
-    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-    with torch.no_grad():
-        o, ht = triton_chunk(*args, None, inputs["initial_state"], False, 32, lower_bound)
-    o_ref, _ = naive_recurrent(
-        *[a.double() if a is not None else None for a in args], None, inputs["initial_state"].double()
-        if with_state else None, False,
-    )  # fmt: skip
-    assert ht is None and rel_rms(o, o_ref) <= TOL
-    assert launches == [(5, segments), (10, segments)]  # (chunks, segments) of the two no-grad calls
-    check_against_naive(inputs, lower_bound=lower_bound)
-    assert len(launches) == 2  # the differentiable call runs in one piece
-
-
 @pytest.mark.parametrize("unchain", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize(

@@ -217,7 +217,6 @@ def _intra_fwd_kernel(
     kg,
     scale,
     T,
-    C0,
     H: tl.constexpr,
     K: tl.constexpr,
     BT: tl.constexpr,
@@ -232,16 +231,12 @@ def _intra_fwd_kernel(
     SHARED_EXP: tl.constexpr,
     ZERO_KK: tl.constexpr,
     FTZ: tl.constexpr,
-    SEG: tl.constexpr,
 ):
-    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...).
-    # SEG: the launch covers the chunks from C0 on (a segment of the sequence, _segmented_forward), else all
+    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
-    if SEG:
-        i_t += C0
     if DECAY == 2 and TRI:
         _intra_fwd_tri(
             q,
@@ -586,23 +581,18 @@ def _solve_kernel(
     akk,
     linv,
     T,
-    C0,
     H: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
     PREC: tl.constexpr,
-    SEG: tl.constexpr,
 ):
-    # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows (SEG, C0: as in _intra_fwd_kernel): first the NC
-    # diagonal blocks (_inv_unit_lower), then the blocks below the diagonal from L_ij = -L_ii sum_{j <= m <
-    # i} A_im L_mj, all in registers (NC <= 4), every product on the tensor cores (PREC: "tf32" for 16-bit
-    # inputs, whose L is stored in bf16; "tf32x3", fp32-level, for fp32 inputs). One warp per program: the 16
-    # x 16 products give more warps nothing to share. H200, B8 T8K H16 (run 38): 0.295 -> 0.162 ms against
-    # forward substitution on the diagonal blocks (15 dependent steps of reductions) with fp32 FMA products;
-    # 3xTF32 products there: 0.309 ms
+    # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: first the NC diagonal blocks (_inv_unit_lower), then
+    # the blocks below the diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4),
+    # every product on the tensor cores (PREC: "tf32" for 16-bit inputs, whose L is stored in bf16; "tf32x3",
+    # fp32-level, for fp32 inputs). One warp per program: the 16 x 16 products give more warps nothing to
+    # share. H200, B8 T8K H16 (run 38): 0.295 -> 0.162 ms against forward substitution on the diagonal
+    # blocks (15 dependent steps of reductions) with fp32 FMA products; 3xTF32 products there: 0.309 ms
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    if SEG:
-        i_t += C0
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT
     NC: tl.constexpr = BT // BC
@@ -838,7 +828,7 @@ def _load_qg(
 # T and NT are not specialised: Triton 3.6 on the H200 miscompiled this kernel's WY form specialised for one
 # chunk (NT == 1, T <= 64): wrong outputs at T = 63 and an illegal memory access at T = 16 and 32, while the
 # interpreter and every T of more than one chunk were right (run 45); unspecialised, T = 1..2048 all match
-@triton.jit(do_not_specialize=["T", "NT", "C0", "C1"])
+@triton.jit(do_not_specialize=["T", "NT"])
 def _state_fwd_kernel(
     k,
     v,
@@ -859,8 +849,6 @@ def _state_fwd_kernel(
     scale,
     T,
     NT,
-    C0,
-    C1,
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -879,7 +867,6 @@ def _state_fwd_kernel(
     EARLY: tl.constexpr,
     BX: tl.constexpr,
     UNCHAIN: tl.constexpr,
-    SEG: tl.constexpr,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
     # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
@@ -900,21 +887,13 @@ def _state_fwd_kernel(
         b_s = tl.load(h0 + p_s).to(tl.float32)
     else:
         b_s = tl.zeros([K, BV], dtype=tl.float32)
-    # SEG: chunks C0 .. C1 - 1, a segment of the sequence (_segmented_forward, which chains the segments
-    # through h0 and ht); else all NT (C0, C1 unused)
-    if SEG:
-        c_lo = C0
-        c_hi = C1
-    else:
-        c_lo = 0
-        c_hi = NT
     if EARLY == 2:
-        b_gv_n, b_b_n = _chunk_small(gc, beta, c_lo, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY)
-    for i_t in range(c_lo, c_hi):
+        b_gv_n, b_b_n = _chunk_small(gc, beta, 0, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY)
+    for i_t in range(NT):
         if EARLY == 2:
             b_gv, b_b = b_gv_n, b_b_n
             b_gv_n, b_b_n = _chunk_small(
-                gc, beta, tl.minimum(i_t + 1, c_hi - 1), i_b, i_h, T, H, K, BT, DECAY, DELTA and WY
+                gc, beta, tl.minimum(i_t + 1, NT - 1), i_b, i_h, T, H, K, BT, DECAY, DELTA and WY
             )
         elif EARLY == 1:
             b_gv, b_b = _chunk_small(gc, beta, i_t, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY)
@@ -2100,15 +2079,6 @@ TUNE: dict[str, int | None] = {
     # 7.000; KDA 2.110 -> 1.932 and 7.622 -> 7.375; GDN 1.478 -> 1.246 and 6.590 -> 6.342; the delta rule
     # 4.498 -> 4.351 fwd+bwd; GLA 1.326 -> 1.246 and 5.124 -> 5.036
     "state_fwd.unchain": None,
-    # the no-grad forward (output inside the state pass, no W/U pass) in this many segments of the sequence,
-    # each segment's state pass on a second stream beside the next one's intra forward and solve
-    # (_segmented_forward); None: 1. H200, B8 T8K H16 (run 100, checked within bounds with 4), do_bench
-    # forward: bounded KDA 1.687 ms in 1 segment, 1.727 in 2, 1.763 in 4, 1.828 in 8; KDA 1.873 -> 1.922 ->
-    # 1.962 -> 2.036; the delta rule 0.977 -> 0.956 -> 0.980 -> 1.038: no overlap worth having. Removed
-    # after this commit
-    "fwd.segments": None,
-    # registers a thread for the forward state pass (0: no cap). None: 184 in segments with 8 warps, else none
-    "state_fwd.maxnreg": None,
     "state_bwd.unchain": None,
     # None: 4 where the pass writes W alone (bwd.x; H200, B8 T8K H16, run 54: 0.205 -> 0.177 ms for bounded
     # KDA and the delta rule), else 8 at K or V >= 128 and 4 below
@@ -2382,42 +2352,6 @@ def _m_dtype(lowp: bool) -> torch.dtype:
     return torch.bfloat16 if lowp and TUNE["bwd.m_lowp"] else torch.float32
 
 
-_SIDE_STREAMS: dict = {}
-
-
-def _segmented_forward(intra, solve, state, NT: int, segments: int, h0, ht, shape: tuple, dev) -> None:
-    # TUNE["fwd.segments"] (the no-grad forward with the output inside the state pass and no W/U pass): the
-    # sequence in `segments` runs of chunks, each one's intra forward and solve on the current stream and its
-    # state pass on a second stream of higher priority, after them and after the previous segment's state
-    # pass, whose final state it starts from (an fp32 buffer, read at the start of each program and written
-    # at its end). The state pass holds one program per SM (182 registers x 256 threads, 197 KB of shared
-    # memory at B8 T8K H16) and waits on its chain of products more than it issues; the next segment's intra
-    # programs (16 K registers, 9 KB) fit beside it. Without CUDA tensors (the interpreter) the segments run
-    # in order on one stream
-    hs = torch.empty(shape, device=dev, dtype=torch.float32) if ht is None else ht
-    bounds = [NT * i // segments for i in range(segments + 1)]
-    cuda = dev.type == "cuda"
-    if cuda:
-        main = torch.cuda.current_stream(dev)
-        side = _SIDE_STREAMS.get(dev.index)
-        if side is None:
-            side = _SIDE_STREAMS[dev.index] = torch.cuda.Stream(dev, priority=-1)
-        side.wait_stream(main)
-    for i in range(segments):
-        c0, c1 = bounds[i], bounds[i + 1]
-        intra(c0, c1)
-        solve(c0, c1)
-        h_in = h0 if i == 0 else hs
-        if cuda:
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                state(c0, c1, h_in, hs)
-        else:
-            state(c0, c1, h_in, hs)
-    if cuda:
-        main.wait_stream(side)
-
-
 def _chunk_fwd(
     q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=True
 ):
@@ -2476,61 +2410,50 @@ def _chunk_fwd(
     # KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (unbounded) or 3
     # (bounded, with intra_fwd.shared_exp) (TUNE)
     capped = pipelined and decay == 2 and delta
-
-    def intra(c0: int, c1: int) -> None:
-        _intra_fwd_kernel[((c1 - c0) * (BT // BC), B * H)](
-            q,
-            k,
-            gcx,
-            akk if delta else aqk,
-            aqk,
-            qg if qg is not None else q,
-            kd if kd is not None else k,
-            kg if kg is not None else k,
-            scale,
-            T,
-            c0,
-            H=H,
-            K=K,
-            BT=BT,
-            BC=BC,
-            DECAY=decay,
-            DELTA=delta,
-            BOUNDED=bounded,
-            LOWP=lowp,
-            STORE_DECAYED=not early,
-            TRI=tri,
-            AUTO=auto,
-            SHARED_EXP=shared_exp,
-            ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
-            FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
-            SEG=(c0, c1) != (0, NT),
-            num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
-            num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
-            maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
-        )
-
+    _intra_fwd_kernel[(NT * (BT // BC), B * H)](
+        q,
+        k,
+        gcx,
+        akk if delta else aqk,
+        aqk,
+        qg if qg is not None else q,
+        kd if kd is not None else k,
+        kg if kg is not None else k,
+        scale,
+        T,
+        H=H,
+        K=K,
+        BT=BT,
+        BC=BC,
+        DECAY=decay,
+        DELTA=delta,
+        BOUNDED=bounded,
+        LOWP=lowp,
+        STORE_DECAYED=not early,
+        TRI=tri,
+        AUTO=auto,
+        SHARED_EXP=shared_exp,
+        ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
+        FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
+        num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
+        num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
+        maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
+    )
     linv = w = u = vt = None
     if delta:
         linv = torch.empty(B, T, H, BT, device=dev, dtype=_l_dtype(lowp))
-
-    def solve(c0: int, c1: int) -> None:
-        if delta:
-            _solve_kernel[(c1 - c0, B * H)](
-                beta,
-                akk,
-                linv,
-                T,
-                c0,
-                H=H,
-                BT=BT,
-                BC=BC,
-                PREC="tf32" if lowp and TUNE["solve.tf32"] else "tf32x3",
-                SEG=(c0, c1) != (0, NT),
-                num_warps=_tuned("solve.warps", 1),
-                maxnreg=_maxnreg("solve.maxnreg", 128 if lowp else None),
-            )
-
+        _solve_kernel[(NT, B * H)](
+            beta,
+            akk,
+            linv,
+            T,
+            H=H,
+            BT=BT,
+            BC=BC,
+            PREC="tf32" if lowp and TUNE["solve.tf32"] else "tf32x3",
+            num_warps=_tuned("solve.warps", 1),
+            maxnreg=_maxnreg("solve.maxnreg", 128 if lowp else None),
+        )
     # the state pass's programs: few (B * H small) means a long sequential pass on part of the GPU, where the
     # output and the W/U products are better left to passes that run every chunk in parallel. H200 (runs
     # 48-50): the fused forms won at B8 H16 (256 programs of 64 columns) with or without a gradient, at B32 H2
@@ -2546,29 +2469,25 @@ def _chunk_fwd(
     if delta and not wy:
         w = torch.empty_like(k)
         u = None if keep_x else torch.empty_like(v)
-
-    def wu() -> None:
-        if delta and not wy:
-            _wu_kernel[(NT, B * H)](
-                kg if kg is not None else k,
-                v,
-                gcx,
-                beta,
-                linv,
-                w,
-                u if u is not None else v,
-                T,
-                H=H,
-                K=K,
-                V=V,
-                BT=BT,
-                DECAY=decay,
-                LOWP=lowp,
-                PRE_KG=kg is not None,
-                STORE_U=u is not None,
-                num_warps=_tuned("wu.warps", 4 if u is None else _num_warps(K >= 128 or V >= 128)),
-            )
-
+        _wu_kernel[(NT, B * H)](
+            kg if kg is not None else k,
+            v,
+            gcx,
+            beta,
+            linv,
+            w,
+            u if u is not None else v,
+            T,
+            H=H,
+            K=K,
+            V=V,
+            BT=BT,
+            DECAY=decay,
+            LOWP=lowp,
+            PRE_KG=kg is not None,
+            STORE_U=u is not None,
+            num_warps=_tuned("wu.warps", 4 if u is None else _num_warps(K >= 128 or V >= 128)),
+        )
     # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
     h_dtype = torch.bfloat16 if lowp else f32
     # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
@@ -2584,68 +2503,47 @@ def _chunk_fwd(
     h0 = initial_state.contiguous() if initial_state is not None else None
     dummy = v  # a valid pointer (of Vt's dtype) for the buffers a launch does not touch
     warps = _tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64))
-
-    def state(c0: int, c1: int, h_in, h_out) -> None:
-        _state_fwd_kernel[(V // BV, B * H)](
-            kd if kd is not None else k,
-            v,
-            gcx,
-            w if w is not None else k,
-            u if u is not None else v,
-            vt if vt is not None else dummy,
-            h if h is not None else dummy,
-            h_in if h_in is not None else dummy,
-            h_out if h_out is not None else dummy,
-            qg if qg is not None else q,
-            aqk,
-            o,
-            kg if kg is not None else k,
-            linv if linv is not None else dummy,
-            beta if beta is not None else dummy,
-            x if x is not None else dummy,
-            scale,
-            T,
-            NT,
-            c0,
-            c1,
-            H=H,
-            K=K,
-            V=V,
-            BT=BT,
-            BV=BV,
-            DECAY=decay,
-            DELTA=delta,
-            HAS_H0=h_in is not None,
-            STORE_HT=h_out is not None,
-            LOWP=lowp,
-            OUT=fused,
-            STORE_H=h is not None,
-            STORE_VT=vt is not None,
-            WY=wy or keep_x,
-            STORE_X=keep_x,
-            BX=bool(TUNE["state_fwd.beta_x"]),
-            UNCHAIN=bool(_tuned("state_fwd.unchain", warps > 4)),
-            SEG=(c0, c1) != (0, NT),
-            EARLY=_tuned(
-                "state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1
-            ),
-            num_warps=warps,
-            num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
-            # (in segments, at most 184 registers a thread: 8 warps of them leave room for one intra forward
-            # program of 128 registers x 4 warps on the SM)
-            maxnreg=_maxnreg("state_fwd.maxnreg", 184 if (c0, c1) != (0, NT) and warps == 8 else None),
-        )
-
-    segments = _tuned("fwd.segments", 1) if not keep and fused and (wy or not delta) else 1
-    segments = max(1, min(segments, NT))
-    if segments == 1:
-        intra(0, NT)
-        solve(0, NT)
-        wu()
-        state(0, NT, h0, ht)
-    else:
-        _segmented_forward(intra, solve, state, NT, segments, h0, ht, (B, H, K, V), dev)
-
+    _state_fwd_kernel[(V // BV, B * H)](
+        kd if kd is not None else k,
+        v,
+        gcx,
+        w if w is not None else k,
+        u if u is not None else v,
+        vt if vt is not None else dummy,
+        h if h is not None else dummy,
+        h0 if h0 is not None else dummy,
+        ht if ht is not None else dummy,
+        qg if qg is not None else q,
+        aqk,
+        o,
+        kg if kg is not None else k,
+        linv if linv is not None else dummy,
+        beta if beta is not None else dummy,
+        x if x is not None else dummy,
+        scale,
+        T,
+        NT,
+        H=H,
+        K=K,
+        V=V,
+        BT=BT,
+        BV=BV,
+        DECAY=decay,
+        DELTA=delta,
+        HAS_H0=h0 is not None,
+        STORE_HT=output_final_state,
+        LOWP=lowp,
+        OUT=fused,
+        STORE_H=h is not None,
+        STORE_VT=vt is not None,
+        WY=wy or keep_x,
+        STORE_X=keep_x,
+        BX=bool(TUNE["state_fwd.beta_x"]),
+        UNCHAIN=bool(_tuned("state_fwd.unchain", warps > 4)),
+        EARLY=_tuned("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1),
+        num_warps=warps,
+        num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
+    )
     if not fused:
         BVo = min(V, 64)
         _output_kernel[(NT, V // BVo, B * H)](
