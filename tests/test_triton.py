@@ -45,6 +45,15 @@ PER_CHANNEL = [
     ("kda", "channel", True, None),
     ("kda_bounded", "channel", True, -5.0),
 ]
+# (name, decay, delta rule, lower_bound): all seven, the bounded gate beside the six ops
+ALL_SEVEN = [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
+# (name, decay, lower_bound): the delta-rule ops, for the tests of the solve and the WY state pass
+DELTA_OPS = [
+    ("delta_rule", None, None),
+    ("gated_delta_rule", "scalar", None),
+    ("kda", "channel", None),
+    ("kda_bounded", "channel", -5.0),
+]
 
 
 def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -442,9 +451,7 @@ def test_output_pass_both_ways(
 
 
 @pytest.mark.parametrize("early", [0, 1, 2])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound", [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
-)
+@pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
 def test_state_passes_small_inputs_early(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
@@ -473,11 +480,7 @@ def test_state_passes_small_inputs_early(
 
 @pytest.mark.parametrize("kk_zeros", [0, 1])
 @pytest.mark.parametrize("T,chunk_size", [(17, 64), (100, 64), (200, 64), (100, 16), (100, 32)])
-@pytest.mark.parametrize(
-    "name,decay,lower_bound",
-    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda", "channel", None)]
-    + [("kda_bounded", "channel", -5.0)],
-)
+@pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
 def test_no_grad_intra_forward_kk_zeros_both_ways(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
@@ -509,9 +512,7 @@ def test_no_grad_intra_forward_kk_zeros_both_ways(
 
 @pytest.mark.parametrize("unchain", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound", [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
-)
+@pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
 def test_state_passes_unchained_products(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
@@ -541,11 +542,7 @@ def test_state_passes_unchained_products(
 
 @pytest.mark.parametrize("beta_x", [1, 0])
 @pytest.mark.parametrize("T,chunk_size", [(63, 64), (200, 64), (100, 16), (100, 32)])
-@pytest.mark.parametrize(
-    "name,decay,lower_bound",
-    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda", "channel", None)]
-    + [("kda_bounded", "channel", -5.0)],
-)
+@pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
 def test_wy_state_pass_beta_both_ways(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
@@ -572,9 +569,7 @@ def test_wy_state_pass_beta_both_ways(
 
 @pytest.mark.parametrize("output,wy", [(1, 1), (1, 0), (0, 0)])
 @pytest.mark.parametrize("T", [1, 100])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound", [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
-)
+@pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
 def test_forward_without_gradient(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
@@ -608,11 +603,7 @@ def test_forward_without_gradient(
 
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize(
-    "name,decay,lower_bound",
-    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda", "channel", None)]
-    + [("kda_bounded", "channel", -5.0)],
-)
+@pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
 def test_pseudo_values_kept_for_the_backward(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
