@@ -510,24 +510,6 @@ def test_no_grad_intra_forward_kk_zeros_both_ways(
         check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("joint", [1, 0])
-@pytest.mark.parametrize("T,chunk_size", [(17, 64), (63, 64), (200, 64), (100, 16), (100, 32)])
-def test_bounded_intra_forward_joint_product_both_ways(
-    monkeypatch: pytest.MonkeyPatch, T: int, chunk_size: int, joint: int
-) -> None:
-    # TUNE["intra_fwd.joint"]: the bounded gate's intra forward forms each block of A_qk and A_kk from one
-    # product of the stacked [q; k] rows (the top half A_qk's, masked on and below the diagonal and scaled;
-    # the bottom half A_kk's, strictly below it), or from two products. Partial blocks and chunks of 1, 2
-    # and 4 blocks, with an initial state, with a gradient (in full) and without one
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.joint", joint)
-    inputs = make_inputs("channel", True, 1, T, 2, K=16, V=32, seed=T + 11 * joint, lower_bound=-5.0)
-    assert inputs["initial_state"] is not None
-    check_no_grad_against_naive(inputs, -5.0, chunk_size)
-    check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
-
-
 @pytest.mark.parametrize("unchain", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)

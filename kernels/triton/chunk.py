@@ -231,7 +231,6 @@ def _intra_fwd_kernel(
     SHARED_EXP: tl.constexpr,
     ZERO_KK: tl.constexpr,
     FTZ: tl.constexpr,
-    JOINT: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -266,7 +265,6 @@ def _intra_fwd_kernel(
             SHARED_EXP,
             ZERO_KK,
             FTZ,
-            JOINT,
         )
     else:
         t0 = i_t * BT
@@ -385,49 +383,6 @@ def _fwd_diag_by_positions(
 
 
 @triton.jit
-def _stack_rows(b_x, b_z):
-    # [BC, K] on [BC, K] -> [2 BC, K]: b_x's rows, then b_z's
-    BC: tl.constexpr = b_x.shape[0]
-    KK: tl.constexpr = b_x.shape[1]
-    return tl.reshape(tl.permute(tl.join(b_x, b_z), (2, 0, 1)), [2 * BC, KK])
-
-
-@triton.jit
-def _fwd_block_joint(
-    aqk,
-    akk,
-    b_qke,
-    b_y,
-    r0,
-    T,
-    p_col,
-    i_b,
-    i_h,
-    o_j,
-    m_j,
-    scale,
-    H: tl.constexpr,
-    BT: tl.constexpr,
-    LOWP: tl.constexpr,
-):
-    # _fwd_block with the rows' decayed q and k stacked into one [2 BC, K] operand (TUNE["intra_fwd.joint"]):
-    # one [2 BC, BC] product, which 4 warps split 2 x 2, where each of two [BC, BC] products had all 4 warps
-    # computing the same BC rows (benchmarks/occupancy.py's mma_dup). Rows 0..BC-1 of it are A_qk's, the
-    # rest A_kk's (the same rows r0 + i of the chunk)
-    BC: tl.constexpr = b_y.shape[0]
-    b_a = tl.dot(b_qke, tl.trans(_dot_cast(b_y, LOWP)))  # [2 BC, BC]
-    o_p = tl.arange(0, 2 * BC)
-    o_rr = r0 + o_p % BC
-    m_rr = o_rr < T
-    kk = (o_p >= BC)[:, None]
-    p_a = ((i_b * T + o_rr[:, None]) * H + i_h) * BT + p_col[None, :]
-    b_qk = tl.where((o_rr[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
-    tl.store(aqk + p_a, b_qk.to(aqk.dtype.element_ty), mask=m_rr[:, None] & (kk == 0))
-    b_kk = tl.where((o_rr[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0)
-    tl.store(akk + p_a, b_kk, mask=m_rr[:, None] & kk)
-
-
-@triton.jit
 def _fwd_block(
     aqk, akk, b_qe, b_ke, b_y, o_r, m_r, o_j, m_j, p_a, scale, LOWP: tl.constexpr, DELTA: tl.constexpr
 ):
@@ -471,7 +426,6 @@ def _intra_fwd_tri(
     SHARED_EXP: tl.constexpr,
     ZERO_KK: tl.constexpr,
     FTZ: tl.constexpr,
-    JOINT: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
@@ -504,13 +458,7 @@ def _intra_fwd_tri(
     b_qe = _dot_cast(b_q * b_er, LOWP)
     b_ke = _dot_cast(b_kr * b_er, LOWP)
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
-    if JOINT:
-        b_qke = _stack_rows(b_qe, b_ke)
-    if JOINT:
-        _fwd_block_joint(
-            aqk, akk, b_qke, b_kr * b_ed, r0, T, i_c * BC + o_b, i_b, i_h, o_r, m_r, scale, H, BT, LOWP
-        )
-    elif SHARED_EXP:
+    if SHARED_EXP:
         # first the diagonal block, its keys decayed to the anchor (E_d dies here, before the loop)
         _fwd_block(
             aqk,
@@ -546,26 +494,9 @@ def _intra_fwd_tri(
         b_gj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
         b_y = b_y * _exp(tl.where(m_j[:, None], b_gj, float("-inf")), FTZ)
-        if JOINT:
-            _fwd_block_joint(
-                aqk, akk, b_qke, b_y, r0, T, j * BC + o_b, i_b, i_h, o_j, m_j, scale, H, BT, LOWP
-            )
-        else:
-            _fwd_block(
-                aqk,
-                akk,
-                b_qe,
-                b_ke,
-                b_y,
-                o_r,
-                m_r,
-                o_j,
-                m_j,
-                p_row + (j * BC + o_b)[None, :],
-                scale,
-                LOWP,
-                DELTA,
-            )
+        _fwd_block(
+            aqk, akk, b_qe, b_ke, b_y, o_r, m_r, o_j, m_j, p_row + (j * BC + o_b)[None, :], scale, LOWP, DELTA
+        )
     # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
     # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
     if not BOUNDED:
@@ -2081,11 +2012,6 @@ TUNE: dict[str, int | None] = {
     # 1,769, GLA 2,473 -> 2,273. H200 (run 98, checked within bounds): the intra forward 0.795 -> 0.771 ms
     # (bounded KDA), 0.978 -> 0.962 (KDA), 0.619 -> 0.608 (GLA)
     "intra_fwd.ftz": 1,
-    # 1: the bounded gate's intra forward (SHARED_EXP, the delta rule) forms each block of A_qk and A_kk as
-    # one product of the stacked [q; k] rows (_fwd_block_joint); 0: two products. sm_90 (Triton 3.9): HMMA
-    # 64 -> 16 a thread, loop body 332 -> 250 instructions, 48 -> 0 bytes spilled; but on the H200 (run 102,
-    # Triton 3.6, checked within bounds) the intra forward 0.772 -> 1.125 ms. Off; removed after this
-    "intra_fwd.joint": 0,
     # the same for the per-channel intra backward's triangular loops (_rel_rows_tri, _rel_cols_tri). sm_90:
     # bounded KDA 939 -> 840 instructions (8 -> 0 bytes spilled), KDA 1,494 -> 1,393, GLA 1,219 -> 1,124
     "intra_bwd.ftz": 1,
@@ -2509,7 +2435,6 @@ def _chunk_fwd(
         SHARED_EXP=shared_exp,
         ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
         FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
-        JOINT=shared_exp and delta and tri and bool(_tuned("intra_fwd.joint", 1)),
         num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
