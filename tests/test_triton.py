@@ -96,6 +96,15 @@ def check_against_naive(
     assert not bad, f"relative RMS error above {tol}: {bad} (all: {errors})"
 
 
+def force_wy_state_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the forward state pass's forms that read and write every buffer, which the launch gives only many
+    # programs: the output inside it, the WY products without a gradient, X kept with one
+    from kernels.triton import chunk
+
+    for key in ("state_fwd.output", "state_fwd.wy", "bwd.x"):
+        monkeypatch.setitem(chunk.TUNE, key, 1)
+
+
 def check_no_grad_against_naive(
     inputs: dict, lower_bound: float | None = None, chunk_size: int = 64
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -469,9 +478,7 @@ def test_state_passes_small_inputs_early(
 
     monkeypatch.setitem(chunk.TUNE, "state_fwd.early", early)
     monkeypatch.setitem(chunk.TUNE, "state_bwd.early", early)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 1)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", 1)
-    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
+    force_wy_state_forms(monkeypatch)
     inputs = make_inputs(decay, delta, 1, 200, 2, K=16, V=32, seed=41 + early, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
     check_against_naive(inputs, lower_bound=lower_bound)
@@ -531,9 +538,7 @@ def test_state_passes_unchained_products(
 
     for key in ("state_fwd.unchain", "state_bwd.unchain"):
         monkeypatch.setitem(chunk.TUNE, key, unchain)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 1)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", 1)
-    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
+    force_wy_state_forms(monkeypatch)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 7 * unchain, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
     check_against_naive(inputs, lower_bound=lower_bound)
@@ -558,9 +563,7 @@ def test_wy_state_pass_beta_both_ways(
     from kernels.triton import chunk
 
     monkeypatch.setitem(chunk.TUNE, "state_fwd.beta_x", beta_x)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 1)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", 1)
-    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
+    force_wy_state_forms(monkeypatch)
     seed = T + 5 * beta_x
     inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound, chunk_size)

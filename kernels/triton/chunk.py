@@ -491,9 +491,9 @@ def _intra_fwd_tri(
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
-        b_gj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)
+        b_dj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)  # G_a - G of the columns
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
-        b_y = b_y * _exp(tl.where(m_j[:, None], b_gj, float("-inf")), FTZ)
+        b_y = b_y * _exp(tl.where(m_j[:, None], b_dj, float("-inf")), FTZ)
         _fwd_block(
             aqk, akk, b_qe, b_ke, b_y, o_r, m_r, o_j, m_j, p_row + (j * BC + o_b)[None, :], scale, LOWP, DELTA
         )
@@ -2379,10 +2379,6 @@ def _chunk_fwd(
         # and Gamma K for W/U and the dvt backward (H200, B8 T8K H16, run 20: bounded KDA's W/U 0.60 -> 0.35
         # ms, dvt 1.44 -> 1.11, intra forward 0.96 -> 0.99)
         kg = torch.empty_like(qg) if delta else None
-    # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
-    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
-    tri = _auto("intra_fwd.tri", bounded or auto) or auto
-    shared_exp = bounded and bool(TUNE["intra_fwd.shared_exp"])
     gc = None
     if decay:
         gc = torch.empty(g.shape, device=dev, dtype=f32)
@@ -2407,6 +2403,9 @@ def _chunk_fwd(
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
+    # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
+    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
+    tri = _auto("intra_fwd.tri", bounded or auto) or auto
     # KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (unbounded) or 3
     # (bounded, with intra_fwd.shared_exp) (TUNE)
     capped = pipelined and decay == 2 and delta
@@ -2432,7 +2431,7 @@ def _chunk_fwd(
         STORE_DECAYED=not early,
         TRI=tri,
         AUTO=auto,
-        SHARED_EXP=shared_exp,
+        SHARED_EXP=bounded and bool(TUNE["intra_fwd.shared_exp"]),
         ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
         FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
         num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
