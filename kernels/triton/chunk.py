@@ -231,6 +231,7 @@ def _intra_fwd_kernel(
     SHARED_EXP: tl.constexpr,
     ZERO_KK: tl.constexpr,
     FTZ: tl.constexpr,
+    ZERO_QK: tl.constexpr = 1,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -265,6 +266,7 @@ def _intra_fwd_kernel(
             SHARED_EXP,
             ZERO_KK,
             FTZ,
+            ZERO_QK,
         )
     else:
         t0 = i_t * BT
@@ -426,6 +428,7 @@ def _intra_fwd_tri(
     SHARED_EXP: tl.constexpr,
     ZERO_KK: tl.constexpr,
     FTZ: tl.constexpr,
+    ZERO_QK: tl.constexpr = 1,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
@@ -527,7 +530,9 @@ def _intra_fwd_tri(
     o_c = tl.arange(0, BT)
     m_z = m_r[:, None] & (o_c[None, :] >= (i_c + 1) * BC)
     b_z = tl.zeros([BC, BT], dtype=tl.float32)
-    tl.store(aqk + p_row + o_c[None, :], b_z.to(aqk.dtype.element_ty), mask=m_z)
+    if ZERO_QK:
+        # (not where the state pass loads A_qk block lower-triangular, TUNE["fwd.tril"])
+        tl.store(aqk + p_row + o_c[None, :], b_z.to(aqk.dtype.element_ty), mask=m_z)
     if DELTA and ZERO_KK:
         # (the solve reads only the blocks up to the diagonal; the dvt backward reads whole rows)
         tl.store(akk + p_row + o_c[None, :], b_z, mask=m_z)
@@ -585,6 +590,7 @@ def _solve_kernel(
     BT: tl.constexpr,
     BC: tl.constexpr,
     PREC: tl.constexpr,
+    ZERO_L: tl.constexpr = 1,
 ):
     # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: first the NC diagonal blocks (_inv_unit_lower), then
     # the blocks below the diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4),
@@ -633,16 +639,18 @@ def _solve_kernel(
         _store_block(linv, b_l20, t0, 2, 0, i_b, i_h, T, H, BT, BC)
         _store_block(linv, b_l31, t0, 3, 1, i_b, i_h, T, H, BT, BC)
         _store_block(linv, b_l30, t0, 3, 0, i_b, i_h, T, H, BT, BC)
-    # the blocks above the diagonal are 0; the W/U kernel and the backward read L whole
-    o_t = t0 + tl.arange(0, BT)
-    m_t = o_t < T
-    o_c = tl.arange(0, BT)
-    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
-    tl.store(
-        linv + p_a,
-        tl.zeros([BT, BT], dtype=tl.float32).to(linv.dtype.element_ty),
-        mask=m_t[:, None] & (o_c[None, :] // BC > o_c[:, None] // BC),
-    )
+    # the blocks above the diagonal are 0; the W/U kernel and the backward read L whole (ZERO_L; not where the
+    # state pass loads it block lower-triangular, TUNE["fwd.tril"])
+    if ZERO_L:
+        o_t = t0 + tl.arange(0, BT)
+        m_t = o_t < T
+        o_c = tl.arange(0, BT)
+        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
+        tl.store(
+            linv + p_a,
+            tl.zeros([BT, BT], dtype=tl.float32).to(linv.dtype.element_ty),
+            mask=m_t[:, None] & (o_c[None, :] // BC > o_c[:, None] // BC),
+        )
 
 
 @triton.jit
@@ -867,6 +875,9 @@ def _state_fwd_kernel(
     EARLY: tl.constexpr,
     BX: tl.constexpr,
     UNCHAIN: tl.constexpr,
+    DECAY_IN: tl.constexpr = 0,
+    FTZ: tl.constexpr = 0,
+    TRIL: tl.constexpr = 0,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
     # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
@@ -877,7 +888,12 @@ def _state_fwd_kernel(
     # STORE_X (with WY, TUNE["bwd.x"]): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
     # EARLY (TUNE["state_fwd.early"]): the chunk's small inputs (_chunk_small) loaded where used (0), at the
     # top of the chunk's step (1) or one chunk ahead (2). BX (with WY, TUNE["state_fwd.beta_x"]): L as
-    # loaded times diag(beta) X, beta on the rows of X (in registers) instead of on the columns of L
+    # loaded times diag(beta) X, beta on the rows of X (in registers) instead of on the columns of L.
+    # DECAY_IN (the per-channel decay with EARLY = 1, TUNE["state_fwd.decay_in"]): q, k (and kg) are the raw
+    # queries and keys, and the pass forms Q exp(G), K exp(G_last - G) and K exp(G) from the chunk's G
+    # itself, so that the intra forward need not write them (and this pass need not read them back).
+    # TRIL (TUNE["fwd.tril"]): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
+    # the zeros above not stored by the solve and the intra forward
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, K)
@@ -897,20 +913,35 @@ def _state_fwd_kernel(
             )
         elif EARLY == 1:
             b_gv, b_b = _chunk_small(gc, beta, i_t, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY)
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        o_cb = tl.arange(0, BT)
+        if TRIL:
+            m_tc = m_t[:, None] & (o_cb[None, :] // 16 <= o_cb[:, None] // 16)
+        else:
+            m_tc = m_t[:, None]
+        if DECAY_IN:
+            # the chunk's G (rows past T hold 0, as do their q, k) and the raw keys, loaded once
+            b_gin = _load_rows(gc, o_t, m_t, i_b, i_h, T, H, K)
+            b_kin = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+            b_egin = _exp(b_gin, FTZ)
+            # G_last, at the top as EARLY = 1 has it
+            b_glin = _load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K)
         if STORE_H:
             tl.store(
                 h + i_t * K * V + i_bh * NT * K * V + o_k[:, None] * V + o_v[None, :],
                 b_s.to(h.dtype.element_ty),
             )
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
         p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
         # the state as a dot operand: what h holds (bf16 for 16-bit inputs), so OUT matches _output_kernel
         b_sd = _dot_cast(b_s, LOWP)
         if DELTA:
             if WY:
                 # pseudo-values Vt = L diag(beta) (V - (Gamma K) S), the WY form of U - W S
-                b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
+                if DECAY_IN:
+                    b_kg = b_kin * b_egin
+                else:
+                    b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
                 if EARLY:
                     b_kg = _decay_rows(b_kg, b_gv, DECAY)
                 elif DECAY == 1:
@@ -924,13 +955,13 @@ def _state_fwd_kernel(
                 p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
                 if BX:
                     # L as loaded, beta on the rows of X: L (diag(beta) X)
-                    b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0)
+                    b_tm = tl.load(linv + p_l, mask=m_tc, other=0.0)
                     if EARLY:
                         b_x = b_x * b_b[:, None]
                     else:
                         b_x = b_x * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[:, None]
                 else:
-                    b_tm = tl.load(linv + p_l, mask=m_t[:, None], other=0.0).to(tl.float32)
+                    b_tm = tl.load(linv + p_l, mask=m_tc, other=0.0).to(tl.float32)
                     if EARLY:
                         b_tm = b_tm * b_b[None, :]
                     else:
@@ -949,17 +980,22 @@ def _state_fwd_kernel(
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_vo = b_vt
         if OUT:
-            if EARLY:
+            if DECAY_IN:
+                b_qg = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K) * b_egin
+            elif EARLY:
                 b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
             else:
                 b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
             p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-            b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
+            b_a = tl.load(aqk + p_a, mask=m_tc, other=0.0)
             b_o = _unchain(tl.dot(_dot_cast(b_qg, LOWP), b_sd), T > 0, UNCHAIN) * scale
             b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vo, LOWP))
             tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        if EARLY:
+        if DECAY_IN:
+            b_dl = tl.exp(b_glin)
+            b_kd = b_kin * _exp(b_glin[None, :] - b_gin, FTZ)
+        elif EARLY:
             b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         else:
             b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
@@ -2094,6 +2130,15 @@ TUNE: dict[str, int | None] = {
     # GLA 0.577 / 0.656 / 0.736; B1 T64K H16 bounded KDA 1.591 / 1.386 / 1.414 with a gradient; B32 T2K H2
     # KDA 0.113 / 0.106 / 0.108
     "state_fwd.early": None,
+    # 1: the per-channel decay's no-grad forward (the output and, with the delta rule, Vt inside the state
+    # pass, state_fwd.early = 1): the state pass forms Q exp(G), K exp(G_last - G) and K exp(G) from q, k and
+    # the chunk's G itself, and the intra forward does not write them (3 x 2 bytes an element of q written
+    # and read back, for 4 + 2 more read); 0: the intra forward writes them, the state pass reads them
+    "state_fwd.decay_in": None,
+    # 1: without a gradient, where the state pass is the only reader of L and A_qk (the output and Vt inside
+    # it), it loads them block lower-triangular (16-column blocks up to the row's) and the solve and the
+    # intra forward do not store the zeros above (about 0.1 GB at B8 T8K H16); 0: stored and read
+    "fwd.tril": None,
     # the same for the reverse state pass (exp(G_last), the scalar decay's G). None: 1 for the per-channel
     # decay where the pass has few programs (B * H * V / 64 < 256), else 0. H200 (run 89, 0 / 1 / 2): B1
     # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
@@ -2371,7 +2416,32 @@ def _chunk_fwd(
     qg = kd = kg = None
     # written by the cumsum kernel (TUNE["decayed_in_cumsum"]) or else by the intra kernel
     early = decay == 2 and bool(TUNE["decayed_in_cumsum"])
-    if decay == 2:
+    # the state pass's programs: few (B * H small) means a long sequential pass on part of the GPU, where the
+    # output and the W/U products are better left to passes that run every chunk in parallel. H200 (runs
+    # 48-50): the fused forms won at B8 H16 (256 programs of 64 columns) with or without a gradient, at B32 H2
+    # without one only, and lost at B1 H16
+    programs, wide = _state_programs(B, H, V)
+    many = B * H >= 64
+    # the no-grad forward of the delta rule: Vt from L, Gamma K and V inside the state pass, no W/U pass
+    wy = delta and not keep and _auto("state_fwd.wy", many)
+    # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
+    fused = _auto("state_fwd.output", wide if keep else many)
+    state_early = _tuned("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1)
+    # the per-channel decay's decayed operands formed by the state pass itself, where it is their only reader
+    # (no gradient, the output and Vt inside the pass; TUNE["state_fwd.decay_in"])
+    decay_in = (
+        decay == 2
+        and not keep
+        and not early
+        and fused
+        and (wy or not delta)
+        and state_early == 1
+        and bool(_tuned("state_fwd.decay_in", 0))
+    )
+    # L and A_qk without their zeros above the diagonal blocks, where the state pass is their only reader
+    # (TUNE["fwd.tril"])
+    tril = not keep and fused and (wy or not delta) and BC == 16 and bool(_tuned("fwd.tril", 0))
+    if decay == 2 and not decay_in:
         # decayed queries and keys for the later kernels; they only ever feed dots (bf16 operands for 16-bit
         # inputs), so they are kept in that precision
         qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else f32)
@@ -2428,12 +2498,13 @@ def _chunk_fwd(
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=lowp,
-        STORE_DECAYED=not early,
+        STORE_DECAYED=not early and not decay_in,
         TRI=tri,
         AUTO=auto,
         SHARED_EXP=bounded and bool(TUNE["intra_fwd.shared_exp"]),
         ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
         FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
+        ZERO_QK=not tril,
         num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
@@ -2450,17 +2521,10 @@ def _chunk_fwd(
             BT=BT,
             BC=BC,
             PREC="tf32" if lowp and TUNE["solve.tf32"] else "tf32x3",
+            ZERO_L=not tril,
             num_warps=_tuned("solve.warps", 1),
             maxnreg=_maxnreg("solve.maxnreg", 128 if lowp else None),
         )
-    # the state pass's programs: few (B * H small) means a long sequential pass on part of the GPU, where the
-    # output and the W/U products are better left to passes that run every chunk in parallel. H200 (runs
-    # 48-50): the fused forms won at B8 H16 (256 programs of 64 columns) with or without a gradient, at B32 H2
-    # without one only, and lost at B1 H16
-    programs, wide = _state_programs(B, H, V)
-    many = B * H >= 64
-    # the no-grad forward of the delta rule: Vt from L, Gamma K and V inside the state pass, no W/U pass
-    wy = delta and not keep and _auto("state_fwd.wy", many)
     # with a gradient (TUNE["bwd.x"]): the same WY form of Vt, keeping X = V - (Gamma K) S for the dvt
     # backward, and W alone from the W/U pass (the backward reads W; U only served Vt)
     keep_x = delta and keep and _auto("bwd.x", wide)
@@ -2489,8 +2553,6 @@ def _chunk_fwd(
         )
     # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
     h_dtype = torch.bfloat16 if lowp else f32
-    # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
-    fused = _auto("state_fwd.output", wide if keep else many)
     h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype) if keep or not fused else None
     # Vt: read by the backward and by _output_kernel; not kept where the backward forms it from X
     # (TUNE["bwd.vt_x"])
@@ -2539,7 +2601,10 @@ def _chunk_fwd(
         STORE_X=keep_x,
         BX=bool(TUNE["state_fwd.beta_x"]),
         UNCHAIN=bool(_tuned("state_fwd.unchain", warps > 4)),
-        EARLY=_tuned("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1),
+        EARLY=state_early,
+        DECAY_IN=decay_in,
+        TRIL=tril,
+        FTZ=decay_in and not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
         num_warps=warps,
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )
