@@ -2426,7 +2426,9 @@ def _chunk_fwd(
     wy = delta and not keep and _auto("state_fwd.wy", many)
     # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
     fused = _auto("state_fwd.output", wide if keep else many)
-    state_early = _tuned("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1)
+    state_early = _tuned(
+        "state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1
+    )
     # the per-channel decay's decayed operands formed by the state pass itself, where it is their only reader
     # (no gradient, the output and Vt inside the pass; TUNE["state_fwd.decay_in"])
     decay_in = (
