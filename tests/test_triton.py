@@ -517,6 +517,49 @@ def test_no_grad_intra_forward_kk_zeros_both_ways(
         check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
+@pytest.mark.parametrize("tril", [1, 0])
+@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
+def test_no_grad_tril_loads_both_ways(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    decay: str | None,
+    delta: bool,
+    lower_bound: float | None,
+    T: int,
+    tril: int,
+) -> None:
+    # TUNE["fwd.tril"]: without a gradient the state pass loads L and A_qk block lower-triangular (16-column
+    # blocks up to the row's) and the solve and the intra forward do not store the zeros above (1), or they
+    # are stored and read whole (0). Every buffer is filled with NaN first, so that a read of an entry not
+    # written shows; with tril, L's and A_qk's blocks above the diagonal are left unwritten (still NaN)
+    from kernels.triton import chunk
+
+    force_wy_state_forms(monkeypatch)
+    monkeypatch.setitem(chunk.TUNE, "fwd.tril", tril)
+    real_empty = torch.empty
+    made = []
+
+    def nan_empty(*shape, **kw):
+        x = real_empty(*shape, **kw).fill_(float("nan"))
+        made.append(x)
+        return x
+
+    monkeypatch.setattr(chunk.torch, "empty", nan_empty)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + tril, lower_bound=lower_bound)
+    check_no_grad_against_naive(inputs, lower_bound, chunk_size=64)
+    # the [B, T, H, 64] buffers: A_qk, then (the delta rule) A_kk and L; block (0, 1) of the first chunk
+    square = [x for x in made if x.dim() == 4 and x.shape[-1] == 64 and x.shape[1] == T]
+    assert len(square) == (3 if delta else 1)
+    # (A_qk's zeros come with the whole-chunk tile where there is no per-channel decay)
+    written = [not tril or decay != "channel"] + ([not tril] if delta else [])
+    for x, zeros in zip((square[0], square[-1]) if delta else square, written, strict=True):
+        upper = x[0, :16, :, 16:32]
+        assert (upper == 0).all() if zeros else upper.isnan().all()
+    if T == 200:
+        check_against_naive(inputs, lower_bound=lower_bound, chunk_size=64)  # the backward reads them whole
+
+
 @pytest.mark.parametrize("unchain", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
@@ -912,10 +955,16 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert rule["_dqk_bwd_kernel"][1]["VT_X"] and rule["_dvt_bwd_kernel"][1]["VT_X"]
     else:
         assert state["EARLY"] == 1  # at the top of each chunk's step without a gradient
+    # L and A_qk block lower-triangular, their upper zeros not stored, where the state pass is their only
+    # reader (no gradient, the output and Vt inside it: fwd.tril); the backward reads them whole
+    assert state["TRIL"] == (not keep)
+    assert wide["_intra_fwd_kernel"][1]["ZERO_QK"] == keep and wide["_solve_kernel"][1]["ZERO_L"] == keep
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]
     assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
+    # (the W/U and output passes read L and A_qk whole)
+    assert not state["TRIL"] and few["_intra_fwd_kernel"][1]["ZERO_QK"] and few["_solve_kernel"][1]["ZERO_L"]
     assert few["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in few
     assert state["STORE_VT"]  # read by the output pass (and kept for the backward)
     if keep:

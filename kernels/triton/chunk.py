@@ -875,8 +875,6 @@ def _state_fwd_kernel(
     EARLY: tl.constexpr,
     BX: tl.constexpr,
     UNCHAIN: tl.constexpr,
-    DECAY_IN: tl.constexpr = 0,
-    FTZ: tl.constexpr = 0,
     TRIL: tl.constexpr = 0,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
@@ -889,9 +887,6 @@ def _state_fwd_kernel(
     # EARLY (TUNE["state_fwd.early"]): the chunk's small inputs (_chunk_small) loaded where used (0), at the
     # top of the chunk's step (1) or one chunk ahead (2). BX (with WY, TUNE["state_fwd.beta_x"]): L as
     # loaded times diag(beta) X, beta on the rows of X (in registers) instead of on the columns of L.
-    # DECAY_IN (the per-channel decay with EARLY = 1, TUNE["state_fwd.decay_in"]): q, k (and kg) are the raw
-    # queries and keys, and the pass forms Q exp(G), K exp(G_last - G) and K exp(G) from the chunk's G
-    # itself, so that the intra forward need not write them (and this pass need not read them back).
     # TRIL (TUNE["fwd.tril"]): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
     # the zeros above not stored by the solve and the intra forward
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -920,13 +915,6 @@ def _state_fwd_kernel(
             m_tc = m_t[:, None] & (o_cb[None, :] // 16 <= o_cb[:, None] // 16)
         else:
             m_tc = m_t[:, None]
-        if DECAY_IN:
-            # the chunk's G (rows past T hold 0, as do their q, k) and the raw keys, loaded once
-            b_gin = _load_rows(gc, o_t, m_t, i_b, i_h, T, H, K)
-            b_kin = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-            b_egin = _exp(b_gin, FTZ)
-            # G_last, at the top as EARLY = 1 has it
-            b_glin = _load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K)
         if STORE_H:
             tl.store(
                 h + i_t * K * V + i_bh * NT * K * V + o_k[:, None] * V + o_v[None, :],
@@ -938,10 +926,7 @@ def _state_fwd_kernel(
         if DELTA:
             if WY:
                 # pseudo-values Vt = L diag(beta) (V - (Gamma K) S), the WY form of U - W S
-                if DECAY_IN:
-                    b_kg = b_kin * b_egin
-                else:
-                    b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
+                b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
                 if EARLY:
                     b_kg = _decay_rows(b_kg, b_gv, DECAY)
                 elif DECAY == 1:
@@ -980,9 +965,7 @@ def _state_fwd_kernel(
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_vo = b_vt
         if OUT:
-            if DECAY_IN:
-                b_qg = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K) * b_egin
-            elif EARLY:
+            if EARLY:
                 b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
             else:
                 b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
@@ -992,10 +975,7 @@ def _state_fwd_kernel(
             b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vo, LOWP))
             tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        if DECAY_IN:
-            b_dl = tl.exp(b_glin)
-            b_kd = b_kin * _exp(b_glin[None, :] - b_gin, FTZ)
-        elif EARLY:
+        if EARLY:
             b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         else:
             b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
@@ -2130,14 +2110,12 @@ TUNE: dict[str, int | None] = {
     # GLA 0.577 / 0.656 / 0.736; B1 T64K H16 bounded KDA 1.591 / 1.386 / 1.414 with a gradient; B32 T2K H2
     # KDA 0.113 / 0.106 / 0.108
     "state_fwd.early": None,
-    # 1: the per-channel decay's no-grad forward (the output and, with the delta rule, Vt inside the state
-    # pass, state_fwd.early = 1): the state pass forms Q exp(G), K exp(G_last - G) and K exp(G) from q, k and
-    # the chunk's G itself, and the intra forward does not write them (3 x 2 bytes an element of q written
-    # and read back, for 4 + 2 more read); 0: the intra forward writes them, the state pass reads them
-    "state_fwd.decay_in": None,
-    # 1: without a gradient, where the state pass is the only reader of L and A_qk (the output and Vt inside
-    # it), it loads them block lower-triangular (16-column blocks up to the row's) and the solve and the
-    # intra forward do not store the zeros above (about 0.1 GB at B8 T8K H16); 0: stored and read
+    # 1 (None): without a gradient, where the state pass is the only reader of L and A_qk (the output and Vt
+    # inside it), it loads them block lower-triangular (16-column blocks up to the row's) and the solve and
+    # the intra forward do not store the zeros above (about 0.1 GB at B8 T8K H16); 0: stored and read whole.
+    # H200, B8 T8K H16 (run 103, checked within bounds), no-grad forward, GPU time: bounded KDA 1.682 ->
+    # 1.661 ms (intra forward 0.778 -> 0.758, solve 0.144 -> 0.137), KDA 1.867 -> 1.851, GLA 1.239 -> 1.188
+    # (intra 0.610 -> 0.578, state pass 0.368 -> 0.348), the delta rule 0.958 -> 0.942, GDN 1.237 -> 1.215
     "fwd.tril": None,
     # the same for the reverse state pass (exp(G_last), the scalar decay's G). None: 1 for the per-channel
     # decay where the pass has few programs (B * H * V / 64 < 256), else 0. H200 (run 89, 0 / 1 / 2): B1
@@ -2429,21 +2407,10 @@ def _chunk_fwd(
     state_early = _tuned(
         "state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1
     )
-    # the per-channel decay's decayed operands formed by the state pass itself, where it is their only reader
-    # (no gradient, the output and Vt inside the pass; TUNE["state_fwd.decay_in"])
-    decay_in = (
-        decay == 2
-        and not keep
-        and not early
-        and fused
-        and (wy or not delta)
-        and state_early == 1
-        and bool(_tuned("state_fwd.decay_in", 0))
-    )
     # L and A_qk without their zeros above the diagonal blocks, where the state pass is their only reader
     # (TUNE["fwd.tril"])
-    tril = not keep and fused and (wy or not delta) and BC == 16 and bool(_tuned("fwd.tril", 0))
-    if decay == 2 and not decay_in:
+    tril = not keep and fused and (wy or not delta) and BC == 16 and bool(_tuned("fwd.tril", 1))
+    if decay == 2:
         # decayed queries and keys for the later kernels; they only ever feed dots (bf16 operands for 16-bit
         # inputs), so they are kept in that precision
         qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else f32)
@@ -2500,7 +2467,7 @@ def _chunk_fwd(
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=lowp,
-        STORE_DECAYED=not early and not decay_in,
+        STORE_DECAYED=not early,
         TRI=tri,
         AUTO=auto,
         SHARED_EXP=bounded and bool(TUNE["intra_fwd.shared_exp"]),
@@ -2604,9 +2571,7 @@ def _chunk_fwd(
         BX=bool(TUNE["state_fwd.beta_x"]),
         UNCHAIN=bool(_tuned("state_fwd.unchain", warps > 4)),
         EARLY=state_early,
-        DECAY_IN=decay_in,
         TRIL=tril,
-        FTZ=decay_in and not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
         num_warps=warps,
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )
