@@ -463,36 +463,42 @@ def _cumsum_intra_fwd_kernel(
     FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr,
     GROUP: tl.constexpr,
+    LAG: tl.constexpr,
+    TICKET: tl.constexpr = 1,
 ):
     # the per-channel cumsum and intra forward in one launch (TUNE["fwd.cumsum_fused"]), so that the intra
     # programs read each chunk's G from L2 soon after it was written, and the cumsum's memory traffic runs
     # beside the intra programs' work instead of in a kernel of its own. Each program takes a ticket from
     # the counter sync[0] (in the order programs start, so every lower ticket belongs to a program already
     # running or done: no program waits on one that cannot run) and by it a task, in rounds of GROUP chunks
-    # (chunks ordered head by head, as _intra_fwd_kernel's grid): round r holds the NC * GROUP intra
-    # programs of the chunks of round r - 1, then the GROUP cumsum programs of round r's chunks. A cumsum
-    # program writes its chunk's G and then sets the chunk's flag sync[1 + chunk] (release); an intra
-    # program waits for its chunk's flag (acquire), then runs as _intra_fwd_kernel's program would
+    # (chunks ordered head by head, as _intra_fwd_kernel's grid): round r holds the GROUP cumsum programs of
+    # round r's chunks, then the NC * GROUP intra programs of the chunks of round r - LAG. A cumsum program
+    # writes its chunk's G and then sets the chunk's flag sync[1 + chunk] (release); an intra program waits
+    # for its chunk's flag (acquire), then runs as _intra_fwd_kernel's program would
     NC: tl.constexpr = BT // BC
     ROUND: tl.constexpr = (NC + 1) * GROUP
-    n = tl.atomic_add(sync, 1, sem="relaxed").to(tl.int64) + NC * GROUP
+    if TICKET:
+        n = tl.atomic_add(sync, 1, sem="relaxed").to(tl.int64)
+    else:
+        # (the program id instead: programs start in id order on NVIDIA GPUs, though CUDA does not promise it)
+        n = tl.program_id(0).to(tl.int64)
     r, j = n // ROUND, n % ROUND
     n_chunks = NT * BH
-    if j >= NC * GROUP:
-        c = r * GROUP + (j - NC * GROUP)
+    if j < GROUP:
+        c = r * GROUP + j
         if c < n_chunks:
             _cumsum_chunk(c % NT, c // NT, g, gc, q, k, qg, kd, kg, T, H, K, BT, 2, 0, DELTA)
             tl.debug_barrier()  # every thread's G stored before the flag is set
             tl.atomic_xchg(sync + 1 + c, 1, sem="release")
     else:
-        c = (r - 1) * GROUP + j // NC
-        if c < n_chunks:
+        c = (r - LAG) * GROUP + (j - GROUP) // NC
+        if c >= 0 and c < n_chunks:
             ready = tl.atomic_add(sync + 1 + c, 0, sem="acquire")
             while ready == 0:
                 ready = tl.atomic_add(sync + 1 + c, 0, sem="acquire")
             tl.debug_barrier()
             _intra_fwd_program(
-                (c % NT) * NC + j % NC,
+                (c % NT) * NC + (j - GROUP) % NC,
                 c // NT,
                 q,
                 k,
@@ -2311,6 +2317,11 @@ TUNE: dict[str, int | None] = {
     # _cumsum_intra_fwd_kernel, in rounds of this many chunks: each round's intra programs run after the next
     # round's cumsum programs and wait on their own chunk's flag; 0: two kernels
     "fwd.cumsum_fused": 0,
+    # with fwd.cumsum_fused: a round's cumsum programs come this many rounds before the intra programs of
+    # their chunks (None: 1)
+    "fwd.cumsum_lag": None,
+    # with fwd.cumsum_fused: 1 (None) each program's task from a ticket of an atomic counter, 0 from its id
+    "fwd.cumsum_ticket": None,
     # the same for the reverse state pass (exp(G_last), the scalar decay's G). None: 1 for the per-channel
     # decay where the pass has few programs (B * H * V / 64 < 256), else 0. H200 (run 89, 0 / 1 / 2): B1
     # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
@@ -2675,9 +2686,22 @@ def _chunk_fwd(
         # sync[0]: the ticket counter; sync[1 + chunk]: the chunk's G written
         n_chunks = NT * B * H
         sync = torch.zeros(1 + n_chunks, device=dev, dtype=torch.int32)
-        rounds = triton.cdiv(n_chunks, group)
+        lag = _tuned("fwd.cumsum_lag", 1)
+        rounds = triton.cdiv(n_chunks, group) + lag
         _cumsum_intra_fwd_kernel[(rounds * (BT // BC + 1) * group,)](
-            g, gc, sync, q, k, *out, T, NT, B * H, GROUP=group, **intra
+            g,
+            gc,
+            sync,
+            q,
+            k,
+            *out,
+            T,
+            NT,
+            B * H,
+            GROUP=group,
+            LAG=lag,
+            TICKET=_tuned("fwd.cumsum_ticket", 1),
+            **intra,
         )
     else:
         _intra_fwd_kernel[(NT * (BT // BC), B * H)](q, k, gcx, *out, T, DECAY=decay, TRI=tri, **intra)
