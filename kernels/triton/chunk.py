@@ -90,46 +90,7 @@ def _cumsum_kernel(
     # G = chunk-local cumsum of g (fp32). DECAYED (per-channel decay, TUNE["decayed_in_cumsum"]): also the
     # decayed operands Q exp(G), K exp(G_last - G) and, for the delta rule, K exp(G) (for W and dvt), here
     # where G is in registers anyway, instead of in the intra kernel
-    _cumsum_chunk(
-        tl.program_id(0).to(tl.int64),
-        tl.program_id(1).to(tl.int64),
-        g,
-        gc,
-        q,
-        k,
-        qg,
-        kd,
-        kg,
-        T,
-        H,
-        K,
-        BT,
-        DECAY,
-        DECAYED,
-        DELTA,
-    )
-
-
-@triton.jit
-def _cumsum_chunk(
-    i_t,
-    i_bh,
-    g,
-    gc,
-    q,
-    k,
-    qg,
-    kd,
-    kg,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    DECAY: tl.constexpr,
-    DECAYED: tl.constexpr,
-    DELTA: tl.constexpr,
-):
-    # _cumsum_kernel's chunk i_t of head i_bh (int64)
+    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
@@ -272,70 +233,8 @@ def _intra_fwd_kernel(
     FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr = 1,
 ):
-    # one program per BC-row block of a chunk (grid: chunks * BT / BC, B * H)
-    _intra_fwd_program(
-        tl.program_id(0).to(tl.int64),
-        tl.program_id(1).to(tl.int64),
-        q,
-        k,
-        gc,
-        akk,
-        aqk,
-        qg,
-        kd,
-        kg,
-        scale,
-        T,
-        H,
-        K,
-        BT,
-        BC,
-        DECAY,
-        DELTA,
-        BOUNDED,
-        LOWP,
-        STORE_DECAYED,
-        TRI,
-        AUTO,
-        SHARED_EXP,
-        ZERO_KK,
-        FTZ,
-        ZERO_QK,
-    )
-
-
-@triton.jit
-def _intra_fwd_program(
-    i_tc,
-    i_bh,
-    q,
-    k,
-    gc,
-    akk,
-    aqk,
-    qg,
-    kd,
-    kg,
-    scale,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    DECAY: tl.constexpr,
-    DELTA: tl.constexpr,
-    BOUNDED: tl.constexpr,
-    LOWP: tl.constexpr,
-    STORE_DECAYED: tl.constexpr,
-    TRI: tl.constexpr,
-    AUTO: tl.constexpr,
-    SHARED_EXP: tl.constexpr,
-    ZERO_KK: tl.constexpr,
-    FTZ: tl.constexpr,
-    ZERO_QK: tl.constexpr,
-):
-    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...) for
-    # block i_tc (chunk i_tc // (BT / BC)) of head i_bh (int64)
+    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
+    i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
@@ -431,101 +330,6 @@ def _intra_fwd_program(
         if DELTA:
             b_akk = tl.where((o_r[:, None] > o_i[None, :]) & m_i[None, :], b_akk, 0.0)
             tl.store(akk + p_a, b_akk, mask=m_r[:, None])
-
-
-@triton.jit
-def _cumsum_intra_fwd_kernel(
-    g,
-    gc,
-    sync,
-    q,
-    k,
-    akk,
-    aqk,
-    qg,
-    kd,
-    kg,
-    scale,
-    T,
-    NT,
-    BH,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    DELTA: tl.constexpr,
-    BOUNDED: tl.constexpr,
-    LOWP: tl.constexpr,
-    STORE_DECAYED: tl.constexpr,
-    AUTO: tl.constexpr,
-    SHARED_EXP: tl.constexpr,
-    ZERO_KK: tl.constexpr,
-    FTZ: tl.constexpr,
-    ZERO_QK: tl.constexpr,
-    GROUP: tl.constexpr,
-    LAG: tl.constexpr,
-    TICKET: tl.constexpr = 1,
-):
-    # the per-channel cumsum and intra forward in one launch (TUNE["fwd.cumsum_fused"]), so that the intra
-    # programs read each chunk's G from L2 soon after it was written, and the cumsum's memory traffic runs
-    # beside the intra programs' work instead of in a kernel of its own. Each program takes a ticket from
-    # the counter sync[0] (in the order programs start, so every lower ticket belongs to a program already
-    # running or done: no program waits on one that cannot run) and by it a task, in rounds of GROUP chunks
-    # (chunks ordered head by head, as _intra_fwd_kernel's grid): round r holds the GROUP cumsum programs of
-    # round r's chunks, then the NC * GROUP intra programs of the chunks of round r - LAG. A cumsum program
-    # writes its chunk's G and then sets the chunk's flag sync[1 + chunk] (release); an intra program waits
-    # for its chunk's flag (acquire), then runs as _intra_fwd_kernel's program would
-    NC: tl.constexpr = BT // BC
-    ROUND: tl.constexpr = (NC + 1) * GROUP
-    if TICKET:
-        n = tl.atomic_add(sync, 1, sem="relaxed").to(tl.int64)
-    else:
-        # (the program id instead: programs start in id order on NVIDIA GPUs, though CUDA does not promise it)
-        n = tl.program_id(0).to(tl.int64)
-    r, j = n // ROUND, n % ROUND
-    n_chunks = NT * BH
-    if j < GROUP:
-        c = r * GROUP + j
-        if c < n_chunks:
-            _cumsum_chunk(c % NT, c // NT, g, gc, q, k, qg, kd, kg, T, H, K, BT, 2, 0, DELTA)
-            tl.debug_barrier()  # every thread's G stored before the flag is set
-            tl.atomic_xchg(sync + 1 + c, 1, sem="release")
-    else:
-        c = (r - LAG) * GROUP + (j - GROUP) // NC
-        if c >= 0 and c < n_chunks:
-            ready = tl.atomic_add(sync + 1 + c, 0, sem="acquire")
-            while ready == 0:
-                ready = tl.atomic_add(sync + 1 + c, 0, sem="acquire")
-            tl.debug_barrier()
-            _intra_fwd_program(
-                (c % NT) * NC + (j - GROUP) % NC,
-                c // NT,
-                q,
-                k,
-                gc,
-                akk,
-                aqk,
-                qg,
-                kd,
-                kg,
-                scale,
-                T,
-                H,
-                K,
-                BT,
-                BC,
-                2,
-                DELTA,
-                BOUNDED,
-                LOWP,
-                STORE_DECAYED,
-                1,
-                AUTO,
-                SHARED_EXP,
-                ZERO_KK,
-                FTZ,
-                ZERO_QK,
-            )
 
 
 @triton.jit
@@ -2313,15 +2117,6 @@ TUNE: dict[str, int | None] = {
     # 1.661 ms (intra forward 0.778 -> 0.758, solve 0.144 -> 0.137), KDA 1.867 -> 1.851, GLA 1.239 -> 1.188
     # (intra 0.610 -> 0.578, state pass 0.368 -> 0.348), the delta rule 0.958 -> 0.942, GDN 1.237 -> 1.215
     "fwd.tril": None,
-    # > 0: the per-channel cumsum and the intra forward (its triangular form) in one launch,
-    # _cumsum_intra_fwd_kernel, in rounds of this many chunks: each round's intra programs run after the next
-    # round's cumsum programs and wait on their own chunk's flag; 0: two kernels
-    "fwd.cumsum_fused": 0,
-    # with fwd.cumsum_fused: a round's cumsum programs come this many rounds before the intra programs of
-    # their chunks (None: 1)
-    "fwd.cumsum_lag": None,
-    # with fwd.cumsum_fused: 1 (None) each program's task from a ticket of an atomic counter, 0 from its id
-    "fwd.cumsum_ticket": None,
     # the same for the reverse state pass (exp(G_last), the scalar decay's G). None: 1 for the per-channel
     # decay where the pass has few programs (B * H * V / 64 < 256), else 0. H200 (run 89, 0 / 1 / 2): B1
     # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
@@ -2624,14 +2419,8 @@ def _chunk_fwd(
         # ms, dvt 1.44 -> 1.11, intra forward 0.96 -> 0.99)
         kg = torch.empty_like(qg) if delta else None
     gc = None
-    # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
-    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
-    tri = _auto("intra_fwd.tri", bounded or auto) or auto
-    # the cumsum and the intra forward in one launch (TUNE["fwd.cumsum_fused"]: chunks a round, 0 = apart)
-    group = _tuned("fwd.cumsum_fused", 0) if decay == 2 and tri and not early else 0
     if decay:
         gc = torch.empty(g.shape, device=dev, dtype=f32)
-    if decay and not group:
         _cumsum_kernel[(NT, B * H)](
             g,
             gc,
@@ -2653,18 +2442,33 @@ def _chunk_fwd(
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
+    # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
+    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
+    tri = _auto("intra_fwd.tri", bounded or auto) or auto
     # KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (unbounded) or 3
     # (bounded, with intra_fwd.shared_exp) (TUNE)
     capped = pipelined and decay == 2 and delta
-    intra = dict(
+    _intra_fwd_kernel[(NT * (BT // BC), B * H)](
+        q,
+        k,
+        gcx,
+        akk if delta else aqk,
+        aqk,
+        qg if qg is not None else q,
+        kd if kd is not None else k,
+        kg if kg is not None else k,
+        scale,
+        T,
         H=H,
         K=K,
         BT=BT,
         BC=BC,
+        DECAY=decay,
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=lowp,
         STORE_DECAYED=not early,
+        TRI=tri,
         AUTO=auto,
         SHARED_EXP=bounded and bool(TUNE["intra_fwd.shared_exp"]),
         ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
@@ -2674,37 +2478,6 @@ def _chunk_fwd(
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
     )
-    out = (
-        akk if delta else aqk,
-        aqk,
-        qg if qg is not None else q,
-        kd if kd is not None else k,
-        kg if kg is not None else k,
-        scale,
-    )
-    if group:
-        # sync[0]: the ticket counter; sync[1 + chunk]: the chunk's G written
-        n_chunks = NT * B * H
-        sync = torch.zeros(1 + n_chunks, device=dev, dtype=torch.int32)
-        lag = _tuned("fwd.cumsum_lag", 1)
-        rounds = triton.cdiv(n_chunks, group) + lag
-        _cumsum_intra_fwd_kernel[(rounds * (BT // BC + 1) * group,)](
-            g,
-            gc,
-            sync,
-            q,
-            k,
-            *out,
-            T,
-            NT,
-            B * H,
-            GROUP=group,
-            LAG=lag,
-            TICKET=_tuned("fwd.cumsum_ticket", 1),
-            **intra,
-        )
-    else:
-        _intra_fwd_kernel[(NT * (BT // BC), B * H)](q, k, gcx, *out, T, DECAY=decay, TRI=tri, **intra)
     linv = w = u = vt = None
     if delta:
         linv = torch.empty(B, T, H, BT, device=dev, dtype=_l_dtype(lowp))
