@@ -517,6 +517,24 @@ def test_no_grad_intra_forward_kk_zeros_both_ways(
         check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
+@pytest.mark.parametrize("fold", [1, 0])
+@pytest.mark.parametrize("T", [1, 63, 100, 200])
+def test_bounded_intra_forward_fold_both_ways(monkeypatch: pytest.MonkeyPatch, T: int, fold: int) -> None:
+    # TUNE["intra_fwd.fold"]: the bounded intra forward's decayed operands from the products' own fp32 tiles
+    # (Q E_r, K E_r, K E_d) times [K] vectors, and its loop's blocks (all before the rows' own) stored
+    # without masks (1), or as before (0); with and without a gradient, partial chunks, an initial state.
+    # Buffers filled with NaN first, so that an entry left unwritten shows
+    from kernels.triton import chunk
+
+    monkeypatch.setitem(chunk.TUNE, "intra_fwd.fold", fold)
+    real_empty = torch.empty
+    monkeypatch.setattr(chunk.torch, "empty", lambda *s, **kw: real_empty(*s, **kw).fill_(float("nan")))
+    for delta in (True, False):
+        inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + fold, lower_bound=-5.0)
+        check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
+        check_against_naive(inputs, lower_bound=-5.0, chunk_size=64)
+
+
 @pytest.mark.parametrize("tril", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)

@@ -232,6 +232,7 @@ def _intra_fwd_kernel(
     ZERO_KK: tl.constexpr,
     FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr = 1,
+    FOLD: tl.constexpr = 0,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -267,6 +268,7 @@ def _intra_fwd_kernel(
             ZERO_KK,
             FTZ,
             ZERO_QK,
+            FOLD,
         )
     else:
         t0 = i_t * BT
@@ -386,18 +388,38 @@ def _fwd_diag_by_positions(
 
 @triton.jit
 def _fwd_block(
-    aqk, akk, b_qe, b_ke, b_y, o_r, m_r, o_j, m_j, p_a, scale, LOWP: tl.constexpr, DELTA: tl.constexpr
+    aqk,
+    akk,
+    b_qe,
+    b_ke,
+    b_y,
+    o_r,
+    m_r,
+    o_j,
+    m_j,
+    p_a,
+    scale,
+    LOWP: tl.constexpr,
+    DELTA: tl.constexpr,
+    OFF_DIAG: tl.constexpr = 0,
 ):
-    # the block (rows o_r, columns o_j) of A_qk and A_kk from the rows' decayed q, k and the columns' keys b_y
+    # the block (rows o_r, columns o_j) of A_qk and A_kk from the rows' decayed q, k and the columns' keys
+    # b_y. OFF_DIAG: a block before the rows' own, whose columns past T hold keys of 0: no mask to apply
     b_y = tl.trans(_dot_cast(b_y, LOWP))
     b_a = tl.dot(b_qe, b_y)
-    b_a = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
+    if OFF_DIAG:
+        b_a = b_a * scale
+    else:
+        b_a = tl.where((o_r[:, None] >= o_j[None, :]) & m_j[None, :], b_a, 0.0) * scale
     tl.store(aqk + p_a, b_a.to(aqk.dtype.element_ty), mask=m_r[:, None])
     if DELTA:
         b_a = tl.dot(b_ke, b_y)
-        tl.store(
-            akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
-        )
+        if OFF_DIAG:
+            tl.store(akk + p_a, b_a, mask=m_r[:, None])
+        else:
+            tl.store(
+                akk + p_a, tl.where((o_r[:, None] > o_j[None, :]) & m_j[None, :], b_a, 0.0), mask=m_r[:, None]
+            )
 
 
 @triton.jit
@@ -429,6 +451,7 @@ def _intra_fwd_tri(
     ZERO_KK: tl.constexpr,
     FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr = 1,
+    FOLD: tl.constexpr = 0,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
@@ -450,16 +473,54 @@ def _intra_fwd_tri(
     # (the launch sets SHARED_EXP for the bounded gate only)
     if SHARED_EXP:
         b_ed = _exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf")), FTZ)
-    if STORE_DECAYED:
-        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+    if SHARED_EXP and FOLD:
+        # (TUNE["intra_fwd.fold"]) the decayed operands from the products' own fp32 tiles Q E_r, K E_r and
+        # the diagonal block's keys K E_d, times [K] vectors of exponentials (ex2.ftz with FTZ)
+        b_qr = b_q * b_er
+        b_kr_e = b_kr * b_er
+        b_kd_e = b_kr * b_ed
+        if STORE_DECAYED:
+            b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+            p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+            b_ea = _exp(b_ga, FTZ)[None, :]
+            tl.store(qg + p_rk, (b_qr * b_ea).to(qg.dtype.element_ty), mask=m_r[:, None])
+            b_el = _exp(b_gl - b_ga, FTZ)[None, :]
+            tl.store(kd + p_rk, (b_kd_e * b_el).to(kd.dtype.element_ty), mask=m_r[:, None])
+            if DELTA:
+                tl.store(kg + p_rk, (b_kr_e * b_ea).to(kg.dtype.element_ty), mask=m_r[:, None])
+        b_qe = _dot_cast(b_qr, LOWP)
+        b_ke = _dot_cast(b_kr_e, LOWP)
+    else:
+        if STORE_DECAYED:
+            b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+            if SHARED_EXP:
+                _store_decayed(
+                    qg,
+                    kd,
+                    kg,
+                    b_q,
+                    b_kr,
+                    b_gr,
+                    b_gl,
+                    o_r,
+                    m_r,
+                    i_b,
+                    i_h,
+                    T,
+                    H,
+                    K,
+                    DELTA,
+                    True,
+                    b_ga,
+                    b_er,
+                    b_ed,
+                )
+            else:
+                _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
+        b_qe = _dot_cast(b_q * b_er, LOWP)
+        b_ke = _dot_cast(b_kr * b_er, LOWP)
         if SHARED_EXP:
-            _store_decayed(
-                qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA, True, b_ga, b_er, b_ed
-            )
-        else:
-            _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
-    b_qe = _dot_cast(b_q * b_er, LOWP)
-    b_ke = _dot_cast(b_kr * b_er, LOWP)
+            b_kd_e = b_kr * b_ed
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
     if SHARED_EXP:
         # first the diagonal block, its keys decayed to the anchor (E_d dies here, before the loop)
@@ -468,7 +529,7 @@ def _intra_fwd_tri(
             akk,
             b_qe,
             b_ke,
-            b_kr * b_ed,
+            b_kd_e,
             o_r,
             m_r,
             o_r,
@@ -498,7 +559,20 @@ def _intra_fwd_tri(
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
         b_y = b_y * _exp(tl.where(m_j[:, None], b_dj, float("-inf")), FTZ)
         _fwd_block(
-            aqk, akk, b_qe, b_ke, b_y, o_r, m_r, o_j, m_j, p_row + (j * BC + o_b)[None, :], scale, LOWP, DELTA
+            aqk,
+            akk,
+            b_qe,
+            b_ke,
+            b_y,
+            o_r,
+            m_r,
+            o_j,
+            m_j,
+            p_row + (j * BC + o_b)[None, :],
+            scale,
+            LOWP,
+            DELTA,
+            FOLD and BOUNDED and SHARED_EXP,  # (the diagonal block before the loop there)
         )
     # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
     # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
@@ -2117,6 +2191,13 @@ TUNE: dict[str, int | None] = {
     # 1.661 ms (intra forward 0.778 -> 0.758, solve 0.144 -> 0.137), KDA 1.867 -> 1.851, GLA 1.239 -> 1.188
     # (intra 0.610 -> 0.578, state pass 0.368 -> 0.348), the delta rule 0.958 -> 0.942, GDN 1.237 -> 1.215
     "fwd.tril": None,
+    # 1: the bounded intra forward (with intra_fwd.shared_exp) takes its decayed operands from the products'
+    # fp32 tiles Q E_r, K E_r, K E_d times [K] vectors exp(G_a), exp(G_last - G_a) (those as ex2.ftz too),
+    # instead of forming E_r exp(G_a) first and the [K] vectors by tl.exp, and stores its loop's blocks (all
+    # before the rows' own: the diagonal block goes before the loop) without the causal and length masks
+    # (their columns past T hold keys of 0). sm_90 (occupancy.py, B8 T8K H16 no-grad): 1,239 -> 1,050
+    # instructions, the loop 332 -> 222, 40 -> 8 bytes spilled. 0: as before
+    "intra_fwd.fold": None,
     # the same for the reverse state pass (exp(G_last), the scalar decay's G). None: 1 for the per-channel
     # decay where the pass has few programs (B * H * V / 64 < 256), else 0. H200 (run 89, 0 / 1 / 2): B1
     # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
@@ -2474,6 +2555,7 @@ def _chunk_fwd(
         ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
         FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
         ZERO_QK=not tril,
+        FOLD=bool(_tuned("intra_fwd.fold", 0)),
         num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
