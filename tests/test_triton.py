@@ -1000,6 +1000,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     assert few["_intra_fwd_kernel"][1]["num_warps"] == 4
     assert few["_intra_fwd_kernel"][1]["maxnreg"] == 128
     assert wide["_intra_fwd_kernel"][1]["maxnreg"] == 128 and wide["_intra_fwd_kernel"][1]["SHARED_EXP"]
+    assert wide["_intra_fwd_kernel"][1]["FOLD"]  # the decayed operands from the products' tiles
     # the state pass: 8 warps at K = 128 and 64 columns or more (as launched on a GPU: the interpreter runs
     # every kernel with 4), its chained products unchained there (with 4 warps they are laid out alike)
     from kernels.triton import chunk
