@@ -2085,7 +2085,11 @@ TUNE: dict[str, int | None] = {
     # None: 2 for GLA (the per-channel decay without the delta rule) with 16-bit inputs at K, V <= 128, else
     # 4. H200, B8 T8K H16: with 3 stages (run 52) GLA 0.795 -> 0.728 ms and bounded KDA 0.986 -> 0.960, with
     # one (run 56) GLA 0.617 with 2 against 0.682 with 4, bounded KDA 0.885 against 0.868; unbounded KDA
-    # (capped at 128 registers) 1.08 -> 1.42 with 2
+    # (capped at 128 registers) 1.08 -> 1.42 with 2. Since intra_fwd.fold, the bounded gate's no-grad intra
+    # forward takes 2 warps at a cap of 168 registers (6 programs per SM, no spill; sm_90: 1,626
+    # instructions a thread against 1,045 with 4 warps, 16% fewer a program): H200, B8 T8K H16 (run 109,
+    # checked within bounds) 0.709 -> 0.651 ms, the forward 1.606 -> 1.551; 2 warps at the cap of 128 (176
+    # bytes spilled) 0.791, a cap of 96 with 4 warps 0.861, 2 stages 0.752, no cap 0.709
     "intra_fwd.warps": None,
     # 1: the bounded gate's intra forward takes its decayed operands Q exp(G), K exp(G_last - G), K exp(G)
     # from the two tiles of exponentials its products need, times [K] vectors, instead of two more tiles
@@ -2531,6 +2535,10 @@ def _chunk_fwd(
     # KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (unbounded) or 3
     # (bounded, with intra_fwd.shared_exp) (TUNE)
     capped = pipelined and decay == 2 and delta
+    # the bounded gate's no-grad intra forward (its decayed operands from the products' tiles): 2 warps at
+    # 168 registers (TUNE["intra_fwd.warps"]'s comment)
+    fold = bool(_tuned("intra_fwd.fold", 1))
+    narrow = capped and bounded and not keep and fold and bool(TUNE["intra_fwd.shared_exp"])
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
@@ -2557,10 +2565,10 @@ def _chunk_fwd(
         ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
         FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
         ZERO_QK=not tril,
-        FOLD=bool(_tuned("intra_fwd.fold", 1)),
-        num_warps=_tuned("intra_fwd.warps", 2 if pipelined and decay == 2 and not delta else 4),
+        FOLD=fold,
+        num_warps=_tuned("intra_fwd.warps", 2 if (pipelined and decay == 2 and not delta) or narrow else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
-        maxnreg=_maxnreg("intra_fwd.maxnreg", 128 if capped else None),
+        maxnreg=_maxnreg("intra_fwd.maxnreg", 168 if narrow else (128 if capped else None)),
     )
     linv = w = u = vt = None
     if delta:
