@@ -105,6 +105,23 @@ def force_wy_state_forms(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setitem(chunk.TUNE, key, 1)
 
 
+def nan_buffers(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    # every buffer the launch code allocates (torch.empty) filled with NaN, so that a read of an entry no
+    # kernel wrote shows in the result; returns the list the buffers are appended to, in allocation order
+    from kernels.triton import chunk
+
+    real_empty = torch.empty
+    made: list[torch.Tensor] = []
+
+    def nan_empty(*shape, **kw):
+        x = real_empty(*shape, **kw).fill_(float("nan"))
+        made.append(x)
+        return x
+
+    monkeypatch.setattr(chunk.torch, "empty", nan_empty)
+    return made
+
+
 def check_no_grad_against_naive(
     inputs: dict, lower_bound: float | None = None, chunk_size: int = 64
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -504,12 +521,7 @@ def test_no_grad_intra_forward_kk_zeros_both_ways(
     from kernels.triton import chunk
 
     monkeypatch.setitem(chunk.TUNE, "intra_fwd.kk_zeros", kk_zeros)
-    real_empty = torch.empty
-
-    def nan_empty(*shape, **kw):
-        return real_empty(*shape, **kw).fill_(float("nan"))
-
-    monkeypatch.setattr(chunk.torch, "empty", nan_empty)
+    nan_buffers(monkeypatch)
     inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=T + kk_zeros, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
     check_no_grad_against_naive(inputs, lower_bound, chunk_size)
@@ -527,8 +539,7 @@ def test_bounded_intra_forward_fold_both_ways(monkeypatch: pytest.MonkeyPatch, T
     from kernels.triton import chunk
 
     monkeypatch.setitem(chunk.TUNE, "intra_fwd.fold", fold)
-    real_empty = torch.empty
-    monkeypatch.setattr(chunk.torch, "empty", lambda *s, **kw: real_empty(*s, **kw).fill_(float("nan")))
+    nan_buffers(monkeypatch)
     for delta in (True, False):
         inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + fold, lower_bound=-5.0)
         check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
@@ -555,15 +566,7 @@ def test_no_grad_tril_loads_both_ways(
 
     force_wy_state_forms(monkeypatch)
     monkeypatch.setitem(chunk.TUNE, "fwd.tril", tril)
-    real_empty = torch.empty
-    made = []
-
-    def nan_empty(*shape, **kw):
-        x = real_empty(*shape, **kw).fill_(float("nan"))
-        made.append(x)
-        return x
-
-    monkeypatch.setattr(chunk.torch, "empty", nan_empty)
+    made = nan_buffers(monkeypatch)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + tril, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound, chunk_size=64)
     # the [B, T, H, 64] buffers: A_qk, then (the delta rule) A_kk and L; block (0, 1) of the first chunk
