@@ -123,12 +123,7 @@ def _signature(fn, args: tuple, kwargs: dict, plain: tuple = ()) -> tuple[dict, 
         raise SystemExit(f"{fn.__name__}: {len(args)} positional arguments for {len(runtime)} parameters")
     for (name, _), a in zip(runtime, args, strict=True):
         if isinstance(a, torch.Tensor):
-            sig[name] = (
-                "*"
-                + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}[
-                    a.dtype
-                ]
-            )
+            sig[name] = "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[a.dtype]
             attrs[(index[name],)] = [["tt.divisibility", 16]]
         elif isinstance(a, float):
             sig[name] = "fp32"

@@ -2537,8 +2537,9 @@ def _chunk_fwd(
     capped = pipelined and decay == 2 and delta
     # the bounded gate's no-grad intra forward (its decayed operands from the products' tiles): 2 warps at
     # 168 registers (TUNE["intra_fwd.warps"]'s comment)
+    shared_exp = bounded and bool(TUNE["intra_fwd.shared_exp"])
     fold = bool(_tuned("intra_fwd.fold", 1))
-    narrow = capped and bounded and not keep and fold and bool(TUNE["intra_fwd.shared_exp"])
+    narrow = capped and not keep and fold and shared_exp
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
@@ -2561,7 +2562,7 @@ def _chunk_fwd(
         STORE_DECAYED=not early,
         TRI=tri,
         AUTO=auto,
-        SHARED_EXP=bounded and bool(TUNE["intra_fwd.shared_exp"]),
+        SHARED_EXP=shared_exp,
         ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
         FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
         ZERO_QK=not tril,
