@@ -39,20 +39,27 @@ def _dot_cast(x, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _exp(x, FTZ: tl.constexpr):
+def _exp(x, FTZ: tl.constexpr, LOG2: tl.constexpr = 0):
     # exp(x). FTZ (TUNE["intra_fwd.ftz"], compiled for a GPU only): as ex2.approx.ftz.f32 of x log2(e), one
     # MUFU.EX2 and its multiply; tl.exp's ex2.approx.f32 keeps subnormal results, which ptxas makes a compare,
     # two predicated multiplies and a select around each MUFU (sm_90 SASS). The same approximation (2^-22
-    # relative) but for results under 2^-126 (1.2e-38), which become 0: decays that small change nothing
+    # relative) but for results under 2^-126 (1.2e-38), which become 0: decays that small change nothing.
+    # LOG2 (TUNE["fwd.log2"]): x is in log2 units already (G stored times log2(e)), so 2^x, no multiply
+    if LOG2:
+        y = x
+    else:
+        y = x * 1.4426950408889634
     if FTZ:
         return tl.inline_asm_elementwise(
             "ex2.approx.ftz.f32 $0, $1;",
             "=f,f",
-            [x * 1.4426950408889634],
+            [y],
             dtype=tl.float32,
             is_pure=True,
             pack=1,
         )
+    elif LOG2:
+        return tl.exp2(x)
     else:
         return tl.exp(x)
 
@@ -86,10 +93,12 @@ def _cumsum_kernel(
     DECAY: tl.constexpr,
     DECAYED: tl.constexpr,
     DELTA: tl.constexpr,
+    LOG2: tl.constexpr = 0,
 ):
-    # G = chunk-local cumsum of g (fp32). DECAYED (per-channel decay, TUNE["decayed_in_cumsum"]): also the
-    # decayed operands Q exp(G), K exp(G_last - G) and, for the delta rule, K exp(G) (for W and dvt), here
-    # where G is in registers anyway, instead of in the intra kernel
+    # G = chunk-local cumsum of g (fp32); LOG2 (TUNE["fwd.log2"], per-channel decay without DECAYED): G
+    # stored times log2(e), for readers that take 2^x. DECAYED (per-channel decay,
+    # TUNE["decayed_in_cumsum"]): also the decayed operands Q exp(G), K exp(G_last - G) and, for the delta
+    # rule, K exp(G) (for W and dvt), here where G is in registers anyway, instead of in the intra kernel
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -99,7 +108,10 @@ def _cumsum_kernel(
         p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
         b_g = tl.load(g + p, mask=m_t[:, None], other=0.0).to(tl.float32)
         b_gc = tl.cumsum(b_g, axis=0)
-        tl.store(gc + p, b_gc, mask=m_t[:, None])
+        if LOG2:
+            tl.store(gc + p, b_gc * 1.4426950408889634, mask=m_t[:, None])
+        else:
+            tl.store(gc + p, b_gc, mask=m_t[:, None])
         if DECAYED:
             b_gl = tl.sum(b_g, 0)  # G at the chunk's last valid row (rows past T hold g = 0)
             b_q = tl.load(q + p, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -233,6 +245,7 @@ def _intra_fwd_kernel(
     FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr = 1,
     FOLD: tl.constexpr = 0,
+    LOG2: tl.constexpr = 0,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -269,6 +282,7 @@ def _intra_fwd_kernel(
             FTZ,
             ZERO_QK,
             FOLD,
+            LOG2,
         )
     else:
         t0 = i_t * BT
@@ -452,6 +466,7 @@ def _intra_fwd_tri(
     FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr = 1,
     FOLD: tl.constexpr = 0,
+    LOG2: tl.constexpr = 0,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
@@ -465,14 +480,17 @@ def _intra_fwd_tri(
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
     b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
     b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
-    b_er = _exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")), FTZ)  # <= 1
+    # LOG2 (TUNE["fwd.log2"]): G comes times log2(e) from the cumsum kernel, every exponential here a 2^x
+    # without the multiply. The launch sets it for the bounded fold form only (SHARED_EXP, FOLD), the only
+    # form here whose every use of G is an exponential through _exp
+    b_er = _exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")), FTZ, LOG2)  # <= 1
     # the bounded gate with TUNE["intra_fwd.shared_exp"]: the decayed operands from the [BC, K] tiles of
     # exponentials the products need anyway, E_r = exp(G - G_a) and E_d = exp(G_a - G) (<= e^{-lower_bound
     # (BC - 1)}), and [K] vectors: Q exp(G) = Q E_r exp(G_a), K exp(G_last - G) = K E_d exp(G_last - G_a);
     # two tiles of exponentials a program instead of four (the diagonal block's keys are K E_d)
     # (the launch sets SHARED_EXP for the bounded gate only)
     if SHARED_EXP:
-        b_ed = _exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf")), FTZ)
+        b_ed = _exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf")), FTZ, LOG2)
     if SHARED_EXP and FOLD:
         # (TUNE["intra_fwd.fold"]) the decayed operands from the products' own fp32 tiles Q E_r, K E_r and
         # the diagonal block's keys K E_d, times [K] vectors of exponentials (ex2.ftz with FTZ)
@@ -482,9 +500,9 @@ def _intra_fwd_tri(
         if STORE_DECAYED:
             b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
             p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-            b_ea = _exp(b_ga, FTZ)[None, :]
+            b_ea = _exp(b_ga, FTZ, LOG2)[None, :]
             tl.store(qg + p_rk, (b_qr * b_ea).to(qg.dtype.element_ty), mask=m_r[:, None])
-            b_el = _exp(b_gl - b_ga, FTZ)[None, :]
+            b_el = _exp(b_gl - b_ga, FTZ, LOG2)[None, :]
             tl.store(kd + p_rk, (b_kd_e * b_el).to(kd.dtype.element_ty), mask=m_r[:, None])
             if DELTA:
                 tl.store(kg + p_rk, (b_kr_e * b_ea).to(kg.dtype.element_ty), mask=m_r[:, None])
@@ -557,7 +575,7 @@ def _intra_fwd_tri(
         m_j = o_j < T
         b_dj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)  # G_a - G of the columns
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
-        b_y = b_y * _exp(tl.where(m_j[:, None], b_dj, float("-inf")), FTZ)
+        b_y = b_y * _exp(tl.where(m_j[:, None], b_dj, float("-inf")), FTZ, LOG2)
         _fwd_block(
             aqk,
             akk,
@@ -826,6 +844,7 @@ def _chunk_small(
     BT: tl.constexpr,
     DECAY: tl.constexpr,
     BETA: tl.constexpr,
+    LOG2: tl.constexpr = 0,
 ):
     # a state pass's small inputs of chunk i_t, too small for Triton to pipeline (sm_90 TTGIR: plain loads,
     # where the tiles are asynchronous copies a stage ahead), so each a wait of the sequential pass on memory
@@ -835,7 +854,7 @@ def _chunk_small(
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     if DECAY == 2:
-        b_gv = tl.exp(_load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K))
+        b_gv = _exp(_load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K), False, LOG2)
     elif DECAY == 1:
         b_gv = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
     else:
@@ -849,14 +868,25 @@ def _chunk_small(
 
 @triton.jit
 def _key_decay_to_end(
-    k, gc, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr
+    k,
+    gc,
+    o_t,
+    m_t,
+    t_last,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    DECAY: tl.constexpr,
+    LOG2: tl.constexpr = 0,
 ):
     # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K]).
     # For the per-channel decay, k already holds K_d (written by the intra or the cumsum kernel)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
     if DECAY == 2:
         b_kd = b_k
-        b_dl = tl.exp(_load_row(gc, t_last, i_b, i_h, T, H, K))
+        b_dl = _exp(_load_row(gc, t_last, i_b, i_h, T, H, K), False, LOG2)
     elif DECAY == 1:
         b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
         b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
@@ -950,6 +980,7 @@ def _state_fwd_kernel(
     BX: tl.constexpr,
     UNCHAIN: tl.constexpr,
     TRIL: tl.constexpr = 0,
+    LOG2: tl.constexpr = 0,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
     # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
@@ -973,15 +1004,15 @@ def _state_fwd_kernel(
     else:
         b_s = tl.zeros([K, BV], dtype=tl.float32)
     if EARLY == 2:
-        b_gv_n, b_b_n = _chunk_small(gc, beta, 0, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY)
+        b_gv_n, b_b_n = _chunk_small(gc, beta, 0, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2)
     for i_t in range(NT):
         if EARLY == 2:
             b_gv, b_b = b_gv_n, b_b_n
             b_gv_n, b_b_n = _chunk_small(
-                gc, beta, tl.minimum(i_t + 1, NT - 1), i_b, i_h, T, H, K, BT, DECAY, DELTA and WY
+                gc, beta, tl.minimum(i_t + 1, NT - 1), i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2
             )
         elif EARLY == 1:
-            b_gv, b_b = _chunk_small(gc, beta, i_t, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY)
+            b_gv, b_b = _chunk_small(gc, beta, i_t, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         o_cb = tl.arange(0, BT)
@@ -1052,7 +1083,7 @@ def _state_fwd_kernel(
         if EARLY:
             b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         else:
-            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY, LOG2)
         b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
     if STORE_HT:
         tl.store(ht + p_s, b_s)
@@ -2204,6 +2235,19 @@ TUNE: dict[str, int | None] = {
     # checked within bounds), GPU time: the intra forward 0.759 -> 0.714 ms, no-grad bounded KDA 1.658 ->
     # 1.617, fwd+bwd 6.968 -> 6.936
     "intra_fwd.fold": None,
+    # 1 (None): the bounded gate's no-grad forward (with intra_fwd.fold) stores G times log2(e), and its
+    # readers, the intra forward and the state pass's exp(G_last), take 2^x without the multiply; 0: G as
+    # is. sm_90 (occupancy.py, B8 T8K H16 no-grad): the intra forward 1,626 -> 1,508 instructions, its loop
+    # 367 -> 335. H200 (run 111, checked within bounds, also with slow gates): no-grad bounded KDA 1.550 ->
+    # 1.529 ms GPU time (intra forward 0.651 -> 0.646, state pass 0.500 -> 0.485)
+    "fwd.log2": None,
+    # 1 (None): the no-grad forward of the delta rule's ops stores A_kk in bf16 for 16-bit inputs (the
+    # solve, its only reader there, takes it to fp32 on load; L is stored in bf16 anyway); 0: fp32. H200
+    # (run 111, checked within bounds, o_infer as before to two digits), no-grad GPU time at B8 T8K H16:
+    # bounded KDA 1.529 -> 1.485 ms (intra forward 0.646 -> 0.622, solve 0.137 -> 0.113), KDA 1.845 ->
+    # 1.779, the delta rule 0.942 -> 0.893, GDN 1.209 -> 1.146. (intra_fwd.akk_lowp, run 29, took it in
+    # bf16 with a gradient too, where dvt reads it: no gain there)
+    "fwd.akk_bf16": None,
     # the same for the reverse state pass (exp(G_last), the scalar decay's G). None: 1 for the per-channel
     # decay where the pass has few programs (B * H * V / 64 < 256), else 0. H200 (run 89, 0 / 1 / 2): B1
     # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
@@ -2457,6 +2501,12 @@ def _l_dtype(lowp: bool) -> torch.dtype:
     return torch.bfloat16 if lowp and TUNE["solve.lowp"] else torch.float32
 
 
+def _akk_dtype(lowp: bool, keep: bool) -> torch.dtype:
+    # A_kk in bf16 for 16-bit inputs without a gradient, where the solve is its only reader
+    # (TUNE["fwd.akk_bf16"]); fp32 otherwise (the dvt backward reads it too)
+    return torch.bfloat16 if lowp and not keep and _tuned("fwd.akk_bf16", 1) else torch.float32
+
+
 def _m_dtype(lowp: bool) -> torch.dtype:
     # M_qk, M_kk in bf16 for 16-bit inputs with TUNE["bwd.m_lowp"]; the intra backward loads them into fp32
     return torch.bfloat16 if lowp and TUNE["bwd.m_lowp"] else torch.float32
@@ -2505,6 +2555,13 @@ def _chunk_fwd(
         # and Gamma K for W/U and the dvt backward (H200, B8 T8K H16, run 20: bounded KDA's W/U 0.60 -> 0.35
         # ms, dvt 1.44 -> 1.11, intra forward 0.96 -> 0.99)
         kg = torch.empty_like(qg) if delta else None
+    # the bounded gate's no-grad forward with intra_fwd.fold: G stored times log2(e), its readers (the intra
+    # forward, the state pass's exp(G_last)) taking 2^x without a multiply (TUNE["fwd.log2"])
+    shared_exp = bounded and bool(TUNE["intra_fwd.shared_exp"])
+    fold = bool(_tuned("intra_fwd.fold", 1))
+    # (the fold form is _intra_fwd_tri's, which the bounded gate takes unless intra_fwd.tri is 0)
+    fold_tri = decay == 2 and fold and shared_exp and _auto("intra_fwd.tri", True)
+    log2 = fold_tri and not keep and not early and bool(_tuned("fwd.log2", 1))
     gc = None
     if decay:
         gc = torch.empty(g.shape, device=dev, dtype=f32)
@@ -2523,12 +2580,13 @@ def _chunk_fwd(
             DECAY=decay,
             DECAYED=early,
             DELTA=delta,
+            LOG2=log2,
             num_warps=_tuned("cumsum.warps", 4),
         )
     gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
-    akk = torch.empty(B, T, H, BT, device=dev, dtype=f32) if delta else None
+    akk = torch.empty(B, T, H, BT, device=dev, dtype=_akk_dtype(lowp, keep)) if delta else None
     # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
     auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     tri = _auto("intra_fwd.tri", bounded or auto) or auto
@@ -2537,8 +2595,6 @@ def _chunk_fwd(
     capped = pipelined and decay == 2 and delta
     # the bounded gate's no-grad intra forward (its decayed operands from the products' tiles): 2 warps at
     # 168 registers (TUNE["intra_fwd.warps"]'s comment)
-    shared_exp = bounded and bool(TUNE["intra_fwd.shared_exp"])
-    fold = bool(_tuned("intra_fwd.fold", 1))
     narrow = capped and not keep and fold and shared_exp
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
@@ -2567,6 +2623,7 @@ def _chunk_fwd(
         FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
         ZERO_QK=not tril,
         FOLD=fold,
+        LOG2=log2,
         num_warps=_tuned("intra_fwd.warps", 2 if (pipelined and decay == 2 and not delta) or narrow else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 168 if narrow else (128 if capped else None)),
@@ -2665,6 +2722,7 @@ def _chunk_fwd(
         UNCHAIN=bool(_tuned("state_fwd.unchain", warps > 4)),
         EARLY=state_early,
         TRIL=tril,
+        LOG2=log2,
         num_warps=warps,
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )
