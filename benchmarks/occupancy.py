@@ -108,6 +108,9 @@ def record(
     return launches
 
 
+POINTER_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint16: "u16"}
+
+
 def _signature(fn, args: tuple, kwargs: dict, plain: tuple = ()) -> tuple[dict, dict, dict]:
     """Triton's signature, constexprs and attributes of one launch, specialized as its launcher would:
     tensors 16-byte aligned (fresh CUDA allocations are 256-byte aligned) and integers divisible by 16
@@ -123,7 +126,7 @@ def _signature(fn, args: tuple, kwargs: dict, plain: tuple = ()) -> tuple[dict, 
         raise SystemExit(f"{fn.__name__}: {len(args)} positional arguments for {len(runtime)} parameters")
     for (name, _), a in zip(runtime, args, strict=True):
         if isinstance(a, torch.Tensor):
-            sig[name] = "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[a.dtype]
+            sig[name] = "*" + POINTER_TYPES[a.dtype]
             attrs[(index[name],)] = [["tt.divisibility", 16]]
         elif isinstance(a, float):
             sig[name] = "fp32"

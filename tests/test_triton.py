@@ -114,7 +114,9 @@ def nan_buffers(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     made: list[torch.Tensor] = []
 
     def nan_empty(*shape, **kw):
-        x = real_empty(*shape, **kw).fill_(float("nan"))
+        x = real_empty(*shape, **kw)
+        # (integer buffers, fwd.g16's uint16 decays: their largest value, a decay of 2^-128)
+        x.fill_(float("nan") if x.is_floating_point() else torch.iinfo(x.dtype).max)
         made.append(x)
         return x
 
@@ -566,6 +568,48 @@ def test_bounded_no_grad_log2_both_ways(monkeypatch: pytest.MonkeyPatch, T: int,
         for early in (0, 1, 2):
             monkeypatch.setitem(chunk.TUNE, "state_fwd.early", early)
             check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
+
+
+@pytest.mark.parametrize("T", [1, 17, 63, 64, 100, 200])
+def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int) -> None:
+    # TUNE["fwd.g16"]: for 16-bit inputs the bounded gate's no-grad forward stores each row's decay from
+    # its 16-row block's first row as uint16 in steps of 1/512 (log2 units), and fp32 G only at the blocks'
+    # first rows and the chunks' last valid rows. The interpreter runs fp32 inputs, so the form is forced
+    # for them here: outputs and final state match the token loop to the steps' rounding (a few 1e-4), not
+    # to fp32's; the fp32 G buffer (NaN-filled first) is written at those rows and nowhere else. With and
+    # without the delta rule, half the channels decaying slowly, each way of loading exp(G_last)
+    from kernels.triton import chunk
+
+    assert chunk._g16(True) and not chunk._g16(False)
+    monkeypatch.setattr(chunk, "_g16", lambda lowp: True)
+    made = nan_buffers(monkeypatch)
+    slow = torch.where(torch.arange(16) % 2 == 0, 0.01, 1.0)
+    for delta in (True, False):
+        inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + 7, lower_bound=-5.0)
+        inputs["g"] = inputs["g"] * slow
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+        o_ref, ht_ref = naive_recurrent(
+            *[a.double() if a is not None else None for a in args],
+            None,
+            inputs["initial_state"].double(),
+            True,
+        )
+        for early in (0, 1, 2):
+            monkeypatch.setitem(chunk.TUNE, "state_fwd.early", early)
+            made.clear()
+            with torch.no_grad():
+                o, ht = triton_chunk(*args, None, inputs["initial_state"], True, 64, -5.0)
+            errs = rel_rms(o, o_ref), rel_rms(ht, ht_ref)
+            # (4.9e-4 at most at these seeds; 8.0e-4 where the steps truncate instead of rounding)
+            assert max(errs) <= 6e-4, errs
+            if T > 1:
+                assert max(errs) > TOL  # the steps' rounding shows: the uint16 decays were read
+            (i,) = [n for n, x in enumerate(made) if x.dtype == torch.uint16]
+            gc = made[i + 1]
+            assert gc.shape == inputs["g"].shape and gc.dtype == torch.float32
+            t = torch.arange(T)
+            kept = (t % 16 == 0) | (t == torch.clamp(t // 64 * 64 + 64, max=T) - 1)
+            assert not gc[:, kept].isnan().any() and gc[:, ~kept].isnan().all()
 
 
 @pytest.mark.parametrize("T", [1, 63, 200])

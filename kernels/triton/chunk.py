@@ -21,10 +21,21 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+try:  # grid dependency control (programmatic dependent launch, sm_90+), TUNE["fwd.pdl"]
+    import triton.language.extra.cuda  # noqa: F401
+
+    HAS_GDC = hasattr(tl.extra.cuda, "gdc_wait")
+except ImportError:
+    HAS_GDC = False
+
 # The interpreter runs on the CPU: one config, no autotune, and fp32 dots only (the caller's job).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Sub-chunk edge: the diagonal blocks of the per-channel decay are handled 16 rows at a time.
 BC = 16
+# TUNE["fwd.g16"]: the within-block decays G_a - G (log2 units, >= 0) stored as uint16 in steps of 1/512
+# (0.068% at most in an exponential, 0.039% RMS, beside bf16's 0.2% and 0.11%); the cap 65535 / 512 = 128
+# is 2^128, where fp32 overflows anyway (15 steps of g < -5.9; lower_bound >= MIN_LOWER_BOUND keeps clear)
+G16_STEPS = tl.constexpr(512.0)
 # exp(-lower_bound * (BC - 1)) must stay finite in fp32/bf16 (max ~ e^88): |lower_bound| <= 5.5 leaves margin.
 MIN_LOWER_BOUND = -5.5
 
@@ -78,6 +89,17 @@ def _rev_cumsum_by_dot(b_x, BT: tl.constexpr, LOWP: tl.constexpr):
 
 
 @triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    # a kernel of the forward launched as a programmatic dependent of the one before it (TUNE["fwd.pdl"]):
+    # it lets the next kernel's programs be placed once all of its own have started, then waits until the
+    # kernel before it has finished and its writes are visible, before any load or store of its own. Only
+    # the launch and the placing of programs overlap the previous kernel's last wave, nothing it reads
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
 def _cumsum_kernel(
     g,
     gc,
@@ -94,11 +116,13 @@ def _cumsum_kernel(
     DECAYED: tl.constexpr,
     DELTA: tl.constexpr,
     LOG2: tl.constexpr = 0,
+    PDL: tl.constexpr = 0,
 ):
     # G = chunk-local cumsum of g (fp32); LOG2 (TUNE["fwd.log2"], per-channel decay without DECAYED): G
     # stored times log2(e), for readers that take 2^x. DECAYED (per-channel decay,
     # TUNE["decayed_in_cumsum"]): also the decayed operands Q exp(G), K exp(G_last - G) and, for the delta
     # rule, K exp(G) (for W and dvt), here where G is in registers anyway, instead of in the intra kernel
+    _pdl_start(PDL)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -124,6 +148,48 @@ def _cumsum_kernel(
         p = (i_b * T + o_t) * H + i_h
         b_g = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
         tl.store(gc + p, tl.cumsum(b_g, axis=0), mask=m_t)
+
+
+@triton.jit
+def _cumsum16_kernel(g, gc, gq, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
+    # TUNE["fwd.g16"] (the bounded gate's no-grad forward, with fwd.log2): one 16-row block of a chunk per
+    # program (one warp, its rows in each thread's registers): every row's decay from the block's first
+    # row a, G_a - G = -(g summed over the rows after a, up to the row), times log2(e) in steps of 1/512 as
+    # uint16 (gq); G itself (times log2(e), fp32, gc) only at the block's first row and, in the block that
+    # holds it, at the chunk's last valid row: the rows the intra forward and the state pass read. The
+    # earlier blocks of the chunk are summed again for the prefix (from L2: their programs run alongside)
+    _pdl_start(PDL)
+    i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC: tl.constexpr = BT // 16
+    i_t, i_c = i_tc // NC, i_tc % NC
+    t0 = i_t * BT
+    r0 = t0 + i_c * 16
+    if r0 < T:
+        o_k = tl.arange(0, K)
+        b_s = tl.zeros([K], dtype=tl.float32)  # g summed over the chunk's rows before this block
+        for j in range(0, i_c):
+            b_s += tl.sum(
+                _load_rows(
+                    g, t0 + j * 16 + tl.arange(0, 16), t0 + j * 16 + tl.arange(0, 16) < T, i_b, i_h, T, H, K
+                ),
+                0,
+            )
+        o_r = r0 + tl.arange(0, 16)
+        m_r = o_r < T
+        p = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
+        b_g = tl.load(g + p, mask=m_r[:, None], other=0.0).to(tl.float32)
+        b_g0 = tl.where((tl.arange(0, 16) == 0)[:, None], b_g, 0.0)
+        b_d = tl.cumsum(b_g - b_g0, axis=0) * (-1.4426950408889634 * G16_STEPS)  # >= 0 for g <= 0
+        b_d = tl.minimum(tl.maximum(b_d, 0.0) + 0.5, 65535.0)  # rounded (the conversion truncates)
+        tl.store(gq + p, b_d.to(tl.uint16), mask=m_r[:, None])
+        b_ga = b_s + tl.sum(b_g0, 0)
+        tl.store(gc + ((i_b * T + r0) * H + i_h) * K + o_k, b_ga * 1.4426950408889634)
+        t_last = tl.minimum(t0 + BT, T) - 1
+        if t_last < r0 + 16:
+            tl.store(
+                gc + ((i_b * T + t_last) * H + i_h) * K + o_k, (b_s + tl.sum(b_g, 0)) * 1.4426950408889634
+            )
 
 
 @triton.jit
@@ -222,6 +288,7 @@ def _intra_fwd_kernel(
     q,
     k,
     gc,
+    gq,
     akk,
     aqk,
     qg,
@@ -246,8 +313,11 @@ def _intra_fwd_kernel(
     ZERO_QK: tl.constexpr = 1,
     FOLD: tl.constexpr = 0,
     LOG2: tl.constexpr = 0,
+    PDL: tl.constexpr = 0,
+    G16: tl.constexpr = 0,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
+    _pdl_start(PDL)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
@@ -257,6 +327,7 @@ def _intra_fwd_kernel(
             q,
             k,
             gc,
+            gq,
             akk,
             aqk,
             qg,
@@ -283,6 +354,7 @@ def _intra_fwd_kernel(
             ZERO_QK,
             FOLD,
             LOG2,
+            G16,
         )
     else:
         t0 = i_t * BT
@@ -441,6 +513,7 @@ def _intra_fwd_tri(
     q,
     k,
     gc,
+    gq,
     akk,
     aqk,
     qg,
@@ -467,6 +540,7 @@ def _intra_fwd_tri(
     ZERO_QK: tl.constexpr = 1,
     FOLD: tl.constexpr = 0,
     LOG2: tl.constexpr = 0,
+    G16: tl.constexpr = 0,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
@@ -478,19 +552,24 @@ def _intra_fwd_tri(
     m_r = o_r < T
     b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
-    b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
     b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
+    if G16:
+        # (TUNE["fwd.g16"]) the rows' decays from the anchor, G_a - G_r (>= 0, log2 units), from uint16
+        b_dr = _load_rows(gq, o_r, m_r, i_b, i_h, T, H, K) * (1.0 / G16_STEPS)
+    else:
+        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
+        b_dr = b_ga[None, :] - b_gr
     # LOG2 (TUNE["fwd.log2"]): G comes times log2(e) from the cumsum kernel, every exponential here a 2^x
     # without the multiply. The launch sets it for the bounded fold form only (SHARED_EXP, FOLD), the only
     # form here whose every use of G is an exponential through _exp
-    b_er = _exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")), FTZ, LOG2)  # <= 1
+    b_er = _exp(tl.where(m_r[:, None], -b_dr, float("-inf")), FTZ, LOG2)  # <= 1
     # the bounded gate with TUNE["intra_fwd.shared_exp"]: the decayed operands from the [BC, K] tiles of
     # exponentials the products need anyway, E_r = exp(G - G_a) and E_d = exp(G_a - G) (<= e^{-lower_bound
     # (BC - 1)}), and [K] vectors: Q exp(G) = Q E_r exp(G_a), K exp(G_last - G) = K E_d exp(G_last - G_a);
     # two tiles of exponentials a program instead of four (the diagonal block's keys are K E_d)
     # (the launch sets SHARED_EXP for the bounded gate only)
     if SHARED_EXP:
-        b_ed = _exp(tl.where(m_r[:, None], b_ga[None, :] - b_gr, float("-inf")), FTZ, LOG2)
+        b_ed = _exp(tl.where(m_r[:, None], b_dr, float("-inf")), FTZ, LOG2)
     if SHARED_EXP and FOLD:
         # (TUNE["intra_fwd.fold"]) the decayed operands from the products' own fp32 tiles Q E_r, K E_r and
         # the diagonal block's keys K E_d, times [K] vectors of exponentials (ex2.ftz with FTZ)
@@ -573,7 +652,13 @@ def _intra_fwd_tri(
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
-        b_dj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)  # G_a - G of the columns
+        if G16:
+            # G_a - G_j = (G_a - G at block j's first row) + block j's own decays
+            b_dj = (b_ga - _load_row(gc, t0 + j * BC, i_b, i_h, T, H, K))[None, :] + _load_rows(
+                gq, o_j, m_j, i_b, i_h, T, H, K
+            ) * (1.0 / G16_STEPS)
+        else:
+            b_dj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)  # G_a - G of the columns
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
         b_y = b_y * _exp(tl.where(m_j[:, None], b_dj, float("-inf")), FTZ, LOG2)
         _fwd_block(
@@ -683,6 +768,7 @@ def _solve_kernel(
     BC: tl.constexpr,
     PREC: tl.constexpr,
     ZERO_L: tl.constexpr = 1,
+    PDL: tl.constexpr = 0,
 ):
     # L = (I + diag(beta) A_kk)^-1 by blocks of BC rows: first the NC diagonal blocks (_inv_unit_lower), then
     # the blocks below the diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4),
@@ -690,6 +776,7 @@ def _solve_kernel(
     # fp32-level, for fp32 inputs). One warp per program: the 16 x 16 products give more warps nothing to
     # share. H200, B8 T8K H16 (run 38): 0.295 -> 0.162 ms against forward substitution on the diagonal
     # blocks (15 dependent steps of reductions) with fp32 FMA products; 3xTF32 products there: 0.309 ms
+    _pdl_start(PDL)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     t0 = i_t * BT
@@ -981,6 +1068,7 @@ def _state_fwd_kernel(
     UNCHAIN: tl.constexpr,
     TRIL: tl.constexpr = 0,
     LOG2: tl.constexpr = 0,
+    PDL: tl.constexpr = 0,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
     # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
@@ -994,6 +1082,7 @@ def _state_fwd_kernel(
     # loaded times diag(beta) X, beta on the rows of X (in registers) instead of on the columns of L.
     # TRIL (TUNE["fwd.tril"]): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
     # the zeros above not stored by the solve and the intra forward
+    _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, K)
@@ -2166,6 +2255,7 @@ TUNE: dict[str, int | None] = {
     # warps of the forward cumsum kernel (None: 4). H200, B8 T8K H16 (run 81), bounded KDA: 2 warps 0.262 ms,
     # 4 0.261, 8 0.262, 16 0.392 (at its bytes, 4.1 TB/s, whatever the warps)
     "cumsum.warps": None,
+    "cumsum16.warps": None,
     # stages: 1 for the per-channel decay, whose triangular loop runs 1-4 steps (H200, B8 T8K H16, run 54:
     # bounded KDA 0.962 -> 0.886 ms, GLA 0.728 -> 0.618, KDA 1.085 -> 1.006; 2 stages 0.945, 0.653, 1.080),
     # else Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for KDA (both gates; bounded
@@ -2248,6 +2338,15 @@ TUNE: dict[str, int | None] = {
     # 1.779, the delta rule 0.942 -> 0.893, GDN 1.209 -> 1.146. (intra_fwd.akk_lowp, run 29, took it in
     # bf16 with a gradient too, where dvt reads it: no gain there)
     "fwd.akk_bf16": None,
+    # 1 (None): the forward's cumsum, intra, solve and state-pass kernels launched as programmatic dependent
+    # launches on sm_90 and later (_pdl_start): each lets the next one's programs be placed as its own last
+    # ones start, and waits for the one before it to finish before it touches memory; 0: plain launches
+    "fwd.pdl": None,
+    # 1 (None): with fwd.log2, the cumsum kernel stores G (fp32) only at each 16-row block's first row and
+    # at the chunk's last valid row, and every row's decay from its block's first row, G_a - G, as uint16
+    # in steps of 1/512 (G16_STEPS); the intra forward takes its exponentials from those (half the bytes of
+    # fp32 G written and read); 0: fp32 G at every row
+    "fwd.g16": None,
     # the same for the reverse state pass (exp(G_last), the scalar decay's G). None: 1 for the per-channel
     # decay where the pass has few programs (B * H * V / 64 < 256), else 0. H200 (run 89, 0 / 1 / 2): B1
     # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
@@ -2501,6 +2600,12 @@ def _l_dtype(lowp: bool) -> torch.dtype:
     return torch.bfloat16 if lowp and TUNE["solve.lowp"] else torch.float32
 
 
+def _g16(lowp: bool) -> bool:
+    # TUNE["fwd.g16"] for 16-bit inputs only: its steps of 1/512 in the exponents (0.039% RMS) sit below
+    # bf16's rounding of the operands, not below fp32's
+    return lowp and bool(_tuned("fwd.g16", 1))
+
+
 def _akk_dtype(lowp: bool, keep: bool) -> torch.dtype:
     # A_kk in bf16 for 16-bit inputs without a gradient, where the solve is its only reader
     # (TUNE["fwd.akk_bf16"]); fp32 otherwise (the dvt backward reads it too)
@@ -2562,8 +2667,25 @@ def _chunk_fwd(
     # (the fold form is _intra_fwd_tri's, which the bounded gate takes unless intra_fwd.tri is 0)
     fold_tri = decay == 2 and fold and shared_exp and _auto("intra_fwd.tri", True)
     log2 = fold_tri and not keep and not early and bool(_tuned("fwd.log2", 1))
+    # the forward's kernels as programmatic dependent launches (TUNE["fwd.pdl"]; sm_90 and later)
+    pdl = bool(
+        HAS_GDC
+        and not INTERPRET
+        and q.is_cuda
+        and _tuned("fwd.pdl", 1)
+        and torch.cuda.get_device_capability(q.device)[0] >= 9
+    )
+    on_pdl = {"launch_pdl": True} if pdl else {}
+    # with fwd.log2: G's rows as 16-bit decays from their block's first row (TUNE["fwd.g16"])
+    g16 = log2 and _g16(lowp)
+    gq = torch.empty(g.shape, device=dev, dtype=torch.uint16) if g16 else None
     gc = None
-    if decay:
+    if g16:
+        gc = torch.empty(g.shape, device=dev, dtype=f32)  # (its rows at blocks' first rows, chunks' last)
+        _cumsum16_kernel[(NT * (BT // BC), B * H)](
+            g, gc, gq, T, H=H, K=K, BT=BT, PDL=pdl, **on_pdl, num_warps=_tuned("cumsum16.warps", 1)
+        )
+    elif decay:
         gc = torch.empty(g.shape, device=dev, dtype=f32)
         _cumsum_kernel[(NT, B * H)](
             g,
@@ -2581,7 +2703,9 @@ def _chunk_fwd(
             DECAYED=early,
             DELTA=delta,
             LOG2=log2,
+            PDL=pdl,
             num_warps=_tuned("cumsum.warps", 4),
+            **on_pdl,
         )
     gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
@@ -2600,6 +2724,7 @@ def _chunk_fwd(
         q,
         k,
         gcx,
+        gq if gq is not None else gcx,
         akk if delta else aqk,
         aqk,
         qg if qg is not None else q,
@@ -2624,6 +2749,9 @@ def _chunk_fwd(
         ZERO_QK=not tril,
         FOLD=fold,
         LOG2=log2,
+        PDL=pdl,
+        G16=g16,
+        **on_pdl,
         num_warps=_tuned("intra_fwd.warps", 2 if (pipelined and decay == 2 and not delta) or narrow else 4),
         num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
         maxnreg=_maxnreg("intra_fwd.maxnreg", 168 if narrow else (128 if capped else None)),
@@ -2641,6 +2769,8 @@ def _chunk_fwd(
             BC=BC,
             PREC="tf32" if lowp and TUNE["solve.tf32"] else "tf32x3",
             ZERO_L=not tril,
+            PDL=pdl,
+            **on_pdl,
             num_warps=_tuned("solve.warps", 1),
             maxnreg=_maxnreg("solve.maxnreg", 128 if lowp else None),
         )
@@ -2723,6 +2853,8 @@ def _chunk_fwd(
         EARLY=state_early,
         TRIL=tril,
         LOG2=log2,
+        PDL=pdl,
+        **on_pdl,
         num_warps=warps,
         num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
     )
