@@ -4,14 +4,20 @@ and the programs per SM that their registers and shared memory allow."""
 from __future__ import annotations
 
 import csv
+import importlib.util
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+# (not importorskip: importing triton here, before test_triton.py sets TRITON_INTERPRET, would leave the
+# interpreter off for the tests after these in one process)
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -257,3 +263,40 @@ def test_intra_forward_exponentials_without_subnormal_handling(tmp_path: Path) -
     # intra_fwd.fold are laid out otherwise there, 118 MUFU against 112)
     assert abs(instrs[2, 1][1] - instrs[2, 0][1]) <= 8
     assert instrs[2, 0][0] - instrs[2, 1][0] >= 200
+
+
+def test_forward_kernels_wait_for_the_one_before_under_pdl() -> None:
+    # fwd.pdl: launched as programmatic dependents, the forward's kernels let the next one be placed and
+    # then wait for the one before (griddepcontrol.launch_dependents, griddepcontrol.wait) before their
+    # first global load, store or asynchronous copy (sm_90 PTX); plain launches have neither
+    code = textwrap.dedent(
+        """
+        import json, sys
+        from pathlib import Path
+        sys.path.insert(0, ".")
+        from benchmarks.ptx_diff import DEFAULTS, compile_in
+        out = {}
+        kernels = ["_cumsum_kernel", "_cumsum16_kernel", "_intra_fwd_kernel", "_solve_kernel"]
+        for name in kernels + ["_state_fwd_kernel", "_solve_kernel 0"]:
+            kernel, _, plain = name.partition(" ")
+            consts = {**DEFAULTS, "FOLD": 1, "SHARED_EXP": 1, "LOG2": 1, "G16": 1, "PDL": 0 if plain else 1}
+            out[name] = compile_in(Path("."), kernel, consts)[1]
+        print(json.dumps(out))
+        """
+    )
+    res = _run(["-c", code])
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    for name, lines in out.items():
+        memory = [
+            i
+            for i, line in enumerate(lines)
+            if any(op in line for op in ("ld.global", "st.global", "cp.async"))
+        ]
+        assert memory, name
+        if name.endswith(" 0"):
+            assert not any("griddepcontrol" in line for line in lines), name
+            continue
+        (wait,) = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")]
+        (launch,) = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.launch_dependents")]
+        assert launch < wait < memory[0], name
