@@ -570,14 +570,17 @@ def test_bounded_no_grad_log2_both_ways(monkeypatch: pytest.MonkeyPatch, T: int,
             check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
 
 
-@pytest.mark.parametrize("T", [1, 17, 63, 64, 100, 200])
-def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int) -> None:
+@pytest.mark.parametrize(
+    "T,chunk_size", [(1, 64), (17, 64), (63, 64), (64, 64), (100, 64), (200, 64), (100, 32), (100, 16)]
+)
+def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size: int) -> None:
     # TUNE["fwd.g16"]: for 16-bit inputs the bounded gate's no-grad forward stores each row's decay from
     # its 16-row block's first row as uint16 in steps of 1/512 (log2 units), and fp32 G only at the blocks'
     # first rows and the chunks' last valid rows. The interpreter runs fp32 inputs, so the form is forced
     # for them here: outputs and final state match the token loop to the steps' rounding (a few 1e-4), not
     # to fp32's; the fp32 G buffer (NaN-filled first) is written at those rows and nowhere else. With and
-    # without the delta rule, half the channels decaying slowly, each way of loading exp(G_last)
+    # without the delta rule, half the channels decaying slowly, each way of loading exp(G_last), chunks of
+    # 64, 32 and 16 rows
     from kernels.triton import chunk
 
     assert chunk._g16(True) and not chunk._g16(False)
@@ -598,7 +601,7 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int) -> None:
             monkeypatch.setitem(chunk.TUNE, "state_fwd.early", early)
             made.clear()
             with torch.no_grad():
-                o, ht = triton_chunk(*args, None, inputs["initial_state"], True, 64, -5.0)
+                o, ht = triton_chunk(*args, None, inputs["initial_state"], True, chunk_size, -5.0)
             errs = rel_rms(o, o_ref), rel_rms(ht, ht_ref)
             # (4.9e-4 at most at these seeds; 8.0e-4 where the steps truncate instead of rounding)
             assert max(errs) <= 6e-4, errs
@@ -608,7 +611,7 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int) -> None:
             gc = made[i + 1]
             assert gc.shape == inputs["g"].shape and gc.dtype == torch.float32
             t = torch.arange(T)
-            kept = (t % 16 == 0) | (t == torch.clamp(t // 64 * 64 + 64, max=T) - 1)
+            kept = (t % 16 == 0) | (t == torch.clamp(t // chunk_size * chunk_size + chunk_size, max=T) - 1)
             assert not gc[:, kept].isnan().any() and gc[:, ~kept].isnan().all()
 
 
