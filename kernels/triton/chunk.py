@@ -14,6 +14,7 @@ bounded-gate fast path are in README.md beside this file. Pipeline (one program 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -36,6 +37,8 @@ BC = 16
 # (0.068% at most in an exponential, 0.039% RMS, beside bf16's 0.2% and 0.11%); the cap 65535 / 512 = 128
 # is 2^128, where fp32 overflows anyway (15 steps of g < -5.9; lower_bound >= MIN_LOWER_BOUND keeps clear)
 G16_STEPS = tl.constexpr(512.0)
+# log2(e): exp(x) = 2^(x log2(e)); G times it where its readers take 2^x (TUNE["fwd.log2"])
+LOG2E = tl.constexpr(1.4426950408889634)
 # exp(-lower_bound * (BC - 1)) must stay finite in fp32/bf16 (max ~ e^88): |lower_bound| <= 5.5 leaves margin.
 MIN_LOWER_BOUND = -5.5
 
@@ -59,7 +62,7 @@ def _exp(x, FTZ: tl.constexpr, LOG2: tl.constexpr = 0):
     if LOG2:
         y = x
     else:
-        y = x * 1.4426950408889634
+        y = x * LOG2E
     if FTZ:
         return tl.inline_asm_elementwise(
             "ex2.approx.ftz.f32 $0, $1;",
@@ -133,7 +136,7 @@ def _cumsum_kernel(
         b_g = tl.load(g + p, mask=m_t[:, None], other=0.0).to(tl.float32)
         b_gc = tl.cumsum(b_g, axis=0)
         if LOG2:
-            tl.store(gc + p, b_gc * 1.4426950408889634, mask=m_t[:, None])
+            tl.store(gc + p, b_gc * LOG2E, mask=m_t[:, None])
         else:
             tl.store(gc + p, b_gc, mask=m_t[:, None])
         if DECAYED:
@@ -169,27 +172,21 @@ def _cumsum16_kernel(g, gc, gq, T, H: tl.constexpr, K: tl.constexpr, BT: tl.cons
         o_k = tl.arange(0, K)
         b_s = tl.zeros([K], dtype=tl.float32)  # g summed over the chunk's rows before this block
         for j in range(0, i_c):
-            b_s += tl.sum(
-                _load_rows(
-                    g, t0 + j * 16 + tl.arange(0, 16), t0 + j * 16 + tl.arange(0, 16) < T, i_b, i_h, T, H, K
-                ),
-                0,
-            )
+            o_j = t0 + j * 16 + tl.arange(0, 16)
+            b_s += tl.sum(_load_rows(g, o_j, o_j < T, i_b, i_h, T, H, K), 0)
         o_r = r0 + tl.arange(0, 16)
         m_r = o_r < T
         p = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
         b_g = tl.load(g + p, mask=m_r[:, None], other=0.0).to(tl.float32)
         b_g0 = tl.where((tl.arange(0, 16) == 0)[:, None], b_g, 0.0)
-        b_d = tl.cumsum(b_g - b_g0, axis=0) * (-1.4426950408889634 * G16_STEPS)  # >= 0 for g <= 0
+        b_d = tl.cumsum(b_g - b_g0, axis=0) * (-LOG2E * G16_STEPS)  # >= 0 for g <= 0
         b_d = tl.minimum(tl.maximum(b_d, 0.0) + 0.5, 65535.0)  # rounded (the conversion truncates)
         tl.store(gq + p, b_d.to(tl.uint16), mask=m_r[:, None])
         b_ga = b_s + tl.sum(b_g0, 0)
-        tl.store(gc + ((i_b * T + r0) * H + i_h) * K + o_k, b_ga * 1.4426950408889634)
+        tl.store(gc + ((i_b * T + r0) * H + i_h) * K + o_k, b_ga * LOG2E)
         t_last = tl.minimum(t0 + BT, T) - 1
         if t_last < r0 + 16:
-            tl.store(
-                gc + ((i_b * T + t_last) * H + i_h) * K + o_k, (b_s + tl.sum(b_g, 0)) * 1.4426950408889634
-            )
+            tl.store(gc + ((i_b * T + t_last) * H + i_h) * K + o_k, (b_s + tl.sum(b_g, 0)) * LOG2E)
 
 
 @triton.jit
@@ -2600,6 +2597,13 @@ def _l_dtype(lowp: bool) -> torch.dtype:
     return torch.bfloat16 if lowp and TUNE["solve.lowp"] else torch.float32
 
 
+@functools.cache
+def _gdc_on(device: int | None) -> bool:
+    # programmatic dependent launch for this CUDA device (TUNE["fwd.pdl"]): compiled kernels (not the
+    # interpreter), a Triton with grid dependency control, sm_90 or later; asked once a device
+    return HAS_GDC and not INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _g16(lowp: bool) -> bool:
     # TUNE["fwd.g16"] for 16-bit inputs only: its steps of 1/512 in the exponents (0.039% RMS) sit below
     # bf16's rounding of the operands, not below fp32's
@@ -2664,17 +2668,14 @@ def _chunk_fwd(
     # forward, the state pass's exp(G_last)) taking 2^x without a multiply (TUNE["fwd.log2"])
     shared_exp = bounded and bool(TUNE["intra_fwd.shared_exp"])
     fold = bool(_tuned("intra_fwd.fold", 1))
+    # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
+    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
+    tri = _auto("intra_fwd.tri", bounded or auto) or auto
     # (the fold form is _intra_fwd_tri's, which the bounded gate takes unless intra_fwd.tri is 0)
-    fold_tri = decay == 2 and fold and shared_exp and _auto("intra_fwd.tri", True)
+    fold_tri = decay == 2 and fold and shared_exp and tri
     log2 = fold_tri and not keep and not early and bool(_tuned("fwd.log2", 1))
     # the forward's kernels as programmatic dependent launches (TUNE["fwd.pdl"]; sm_90 and later)
-    pdl = bool(
-        HAS_GDC
-        and not INTERPRET
-        and q.is_cuda
-        and _tuned("fwd.pdl", 1)
-        and torch.cuda.get_device_capability(q.device)[0] >= 9
-    )
+    pdl = q.is_cuda and bool(_tuned("fwd.pdl", 1)) and _gdc_on(q.device.index)
     on_pdl = {"launch_pdl": True} if pdl else {}
     # with fwd.log2: G's rows as 16-bit decays from their block's first row (TUNE["fwd.g16"])
     g16 = log2 and _g16(lowp)
@@ -2711,9 +2712,6 @@ def _chunk_fwd(
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=_akk_dtype(lowp, keep)) if delta else None
-    # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
-    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
-    tri = _auto("intra_fwd.tri", bounded or auto) or auto
     # KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (unbounded) or 3
     # (bounded, with intra_fwd.shared_exp) (TUNE)
     capped = pipelined and decay == 2 and delta
