@@ -2,6 +2,7 @@
 
 from kernels.naive import naive_recurrent, recurrent_step
 from kernels.ops import (
+    value_checks,
     chunk_delta_rule,
     chunk_gated_delta_rule,
     chunk_gla,
@@ -31,4 +32,5 @@ __all__ = [
     "naive_recurrent",
     "recurrent_step",
     "simple_gla_step",
+    "value_checks",
 ]

@@ -15,6 +15,9 @@ kernels/chunk_torch.py), "triton" (kernels/triton/), "auto" (triton on CUDA tens
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -27,6 +30,32 @@ Decay = Literal["none", "scalar", "channel"]
 BACKENDS = ("auto", "naive", "torch", "triton")
 # g is a log-decay, so it must be <= 0; allow this much positive slack for round-off in the gate's computation
 G_POSITIVE_TOLERANCE = 1e-4
+
+
+_checks = threading.local()
+
+
+@contextlib.contextmanager
+def value_checks(enabled: bool) -> Iterator[None]:
+    """Turn the checks of input *values* (g <= 0, g >= lower_bound, no NaN) on or off in this thread.
+
+    Shapes, dtypes and devices are always checked. A value check reads a GPU tensor back to the host, which
+    stalls the launch queue once per op call; a training loop turns them off between its log steps (its own
+    finiteness check of the loss covers those steps) and on for the first step and every log step.
+    """
+    previous = getattr(_checks, "enabled", True)
+    _checks.enabled = enabled
+    try:
+        yield
+    finally:
+        _checks.enabled = previous
+
+
+def _values_checked(t: torch.Tensor) -> bool:
+    # CPU tensors cost nothing to read; under torch.compile a read-back would break the graph
+    if t.device.type == "cpu":
+        return True
+    return getattr(_checks, "enabled", True) and not torch.compiler.is_compiling()
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -46,6 +75,8 @@ def _check_float(name: str, t: torch.Tensor) -> None:
 
 
 def _check_g_values(op: str, g: torch.Tensor) -> None:
+    if not _values_checked(g):
+        return
     g_max = g.detach().max().item() if g.numel() else 0.0
     if g_max != g_max:
         raise ValueError(
@@ -162,7 +193,7 @@ def _check_lower_bound(op: str, g: torch.Tensor | None, lower_bound: float) -> N
     """`lower_bound` is a promise that g >= lower_bound everywhere (a bounded gate, e.g. K3's g_min = -5)."""
     if not (isinstance(lower_bound, (int, float)) and -float("inf") < lower_bound <= 0):
         raise ValueError(f"{op}: lower_bound={lower_bound!r}; it must be a finite number <= 0, or None")
-    if g is not None and g.numel():
+    if g is not None and g.numel() and _values_checked(g):
         g_min = g.detach().min().item()
         if not g_min >= lower_bound - G_POSITIVE_TOLERANCE:
             raise ValueError(
