@@ -1,4 +1,4 @@
-"""Train one mixer on one synthetic task: the Hydra entry point (DESIGN.md §5).
+"""Train one mixer on one synthetic task: the Hydra entry point (docs/design.md §7).
 
     python train.py                                    # the default: MQAR, small enough for a laptop CPU
     python train.py task=palindrome mixer=attention task.seq_len=256 optim.lr=1e-3

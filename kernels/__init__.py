@@ -1,4 +1,4 @@
-"""Ops of the linear-mixer family (DESIGN.md §3). See kernels/README.md for the math."""
+"""Ops of the linear-mixer family (docs/design.md §3). See kernels/README.md for the math."""
 
 from kernels.naive import naive_recurrent, recurrent_step
 from kernels.ops import (

@@ -1,4 +1,4 @@
-"""The ground truth: the token-by-token recurrence of DESIGN.md §1 (Eq. 1 of the KDA seed).
+"""The ground truth: the token-by-token recurrence of docs/design.md §1 (Kimi Linear's Eq. 1).
 
     S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T      (delta rule on)
     S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T                                    (delta rule off)

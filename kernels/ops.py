@@ -1,4 +1,4 @@
-"""Public ops of the linear-mixer family (DESIGN.md §3): six chunked ops and six single-token steps.
+"""Public ops of the linear-mixer family (docs/design.md §3): six chunked ops and six single-token steps.
 
 All twelve functions are thin wrappers around two generic entry points, `_chunk` and `_step`. The family has
 two switches and nothing else differs between the ops:

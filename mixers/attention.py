@@ -1,4 +1,4 @@
-"""Softmax attention: the baseline mixer every comparison needs (DESIGN.md §1, the seventh mixer).
+"""Softmax attention: the baseline mixer every comparison needs (docs/design.md §1, the seventh mixer).
 
 Causal multi-head attention through PyTorch's `scaled_dot_product_attention`, with optional rotary
 position embedding (RoPE) on queries and keys, and an optional causal short convolution on q, k, v (the

@@ -1,4 +1,4 @@
-"""The mixer contract (DESIGN.md §4), written once so every mixer and the backbone agree on it.
+"""The mixer contract (docs/design.md §4), written once so every mixer and the backbone agree on it.
 
 A mixer maps `x: [B, T, D] -> [B, T, D]` causally. Besides `forward` it supports token-by-token
 decoding through a cache it creates itself:

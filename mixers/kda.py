@@ -1,4 +1,4 @@
-"""Kimi Delta Attention (Kimi Linear, 2025; K3): Gated DeltaNet with a per-channel decay (DESIGN.md §1).
+"""Kimi Delta Attention (Kimi Linear, 2025; K3): Gated DeltaNet with a per-channel decay (docs/design.md §1).
 
     S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T
     z_t = W_up W_down x_t + b                                  (Eq. 2: low rank, one logit per key channel)
@@ -9,7 +9,7 @@
                                                                full rank in K3)
 
 The bounded gate keeps g in (g_min, 0), so a chunk of 16 tokens decays by at most exp(16 g_min) and the
-chunkwise kernel can rescale by the inverse decay without overflow (seed 000/002). Init per paper: the
+chunkwise kernel can rescale by the inverse decay without overflow (K3 §2.1.1; kernels/README.md §0). Init per paper: the
 softplus gate as Mamba2 (A in [1, 16], softplus(b) = dt log-uniform in [1e-3, 1e-1]); the bounded gate with
 A_log = 0 (K3) and b chosen so that the initial decay is the same dt range (g_min sigmoid(b) = -dt).
 """

@@ -1,4 +1,4 @@
-"""The one layer skeleton shared by every linear mixer (DESIGN.md §1, §4).
+"""The one layer skeleton shared by every linear mixer (docs/design.md §1, §4).
 
     x ─┬─ q/k/v projections ─ [short conv + SiLU] ─ [feature map] ─ [L2 norm q, k] ─┐
        ├─ the mixer's own gates: log-decay g, write strength beta (and, for Mamba2, v·dt)
@@ -12,7 +12,7 @@ A subclass states only what differs, in the paper's words:
 - `delta_rule`: whether the layer erases (`beta` given) or only writes;
 - `gates(x, k, v) -> (v, g, beta)`: how it computes them from the input.
 
-The pair (decay, delta_rule) picks the op from the family table of DESIGN.md §1; nothing else in the
+The pair (decay, delta_rule) picks the op from the family table of docs/design.md §1; nothing else in the
 layer knows which mixer it is. `paper_defaults` holds the switch values of the mixer's paper, applied
 under whatever the caller passes, so `GLA(d_model)` is GLA as published and a yaml can still flip any
 switch. Unknown keyword arguments reach `LinearMixer.__init__` and raise a TypeError there.
@@ -40,7 +40,7 @@ OUTPUT_GATES = ("none", "sigmoid", "swish")
 OUTPUT_GATE_RANKS = ("low", "full")
 BACKENDS = ("auto", "triton", "torch", "naive")
 
-# (decay, delta_rule) -> (chunked op, single-token step): the 3 x 2 table of DESIGN.md §1
+# (decay, delta_rule) -> (chunked op, single-token step): the 3 x 2 table of docs/design.md §1
 OPS: dict[tuple[str, bool], tuple[Callable[..., Any], Callable[..., Any]]] = {
     ("none", False): (kernels.chunk_linear_attn, kernels.linear_attn_step),
     ("head", False): (kernels.chunk_simple_gla, kernels.simple_gla_step),

@@ -1,5 +1,5 @@
 """Longhorn (Liu et al., 2024), as a DeltaNet variant: the closed-form solution of the one-step regularised
-regression instead of one gradient step (seed 000), which rescales DeltaNet's write strength:
+regression instead of one gradient step (kernels/README.md §0), which rescales DeltaNet's write strength:
 
     beta'_t = beta_t / (1 + beta_t k_t^T k_t)
     S_t = (I - beta'_t k_t k_t^T) S_{t-1} + beta'_t k_t v_t^T

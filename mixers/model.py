@@ -1,4 +1,4 @@
-"""The backbone: a small language model around any mixer (DESIGN.md §2, §4).
+"""The backbone: a small language model around any mixer (docs/design.md §2, §4).
 
     tokens [B, T] -> embedding -> N x (x + mixer(norm(x)); x + mlp(norm(x)))
                   -> norm -> LM head -> logits [B, T, V]

@@ -1,6 +1,6 @@
 """Synthetic tasks: one module per task, found by name (``tasks.<name>``), no registry.
 
-Each module exposes (DESIGN.md §4b)::
+Each module exposes (docs/design.md §5)::
 
     generate(num_examples, seq_len, *, seed, **params) -> (inputs, labels)   # int64 [N, T]
     num_tokens(**params) -> int                                              # ids are all below it

@@ -1,4 +1,4 @@
-"""analysis.collect and analysis.plot on synthetic run dirs shaped like the harness's (DESIGN.md §5)."""
+"""analysis.collect and analysis.plot on synthetic run dirs shaped like the harness's (docs/design.md §7)."""
 
 from __future__ import annotations
 

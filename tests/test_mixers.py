@@ -1,4 +1,4 @@
-"""Every mixer of conf/mixer/*.yaml against the contract of mixers/base.py (DESIGN.md §4).
+"""Every mixer of conf/mixer/*.yaml against the contract of mixers/base.py (docs/design.md §4).
 
 Mixers are discovered from their yaml, so a new `conf/mixer/<name>.yaml` is tested with no edit here. Each
 is built by `hydra.utils.instantiate` at a small size (the keys of SMALL that its yaml has).

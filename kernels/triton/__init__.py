@@ -54,7 +54,7 @@ def triton_chunk(
     chunk_size: int = 64,
     lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunkwise recurrence of DESIGN.md §1 on Triton; differentiable in every tensor input.
+    """Chunkwise recurrence of docs/design.md §1 on Triton; differentiable in every tensor input.
 
     `lower_bound` (e.g. K3's g_min = -5) promises g >= lower_bound everywhere and lets the
     per-channel decay compute its diagonal 16x16 blocks with dense dots; values of g below it

@@ -1,4 +1,4 @@
-"""Chunkwise Triton kernels for the whole family (DESIGN.md §1), forward and backward.
+"""Chunkwise Triton kernels for the whole family (docs/design.md §1), forward and backward.
 
 Two compile-time switches select the op: DECAY (0 none, 1 scalar per head, 2 per key channel) and
 DELTA (delta rule off/on). The derivation, the buffers kept for the backward and why, and the

@@ -5,7 +5,7 @@ Run on the device machine (a CUDA GPU; FLA optional):
     python tests/gpu/check_kernels.py --out runs/gpu_check          # the full grid
     python -m pytest -m gpu tests/gpu                               # the same grid, as a test
 
-For every op of DESIGN.md §3 (and KDA with the bounded gate, lower_bound=-5) at T in {63, 1000, 2048,
+For every op of docs/design.md §3 (and KDA with the bounded gate, lower_bound=-5) at T in {63, 1000, 2048,
 8192}, H in {2, 16}, K = V = 128, B = 1 (`--B`), with an initial state and the final state: relative RMS error
 of o, the final state and every gradient, against `naive_recurrent` in fp32 on the same (bf16-rounded)
 inputs, and the decode step at B=32, H=16. Bounds (FLA's own test bounds): o and final state 5e-3,

@@ -5,9 +5,8 @@
 #   tests/slurm/cluster.sh stop DIR      # stops the daemons started from DIR (by their pid files)
 #   tests/slurm/cluster.sh env DIR       # prints the exports a client shell needs
 #
-# Needs root and the packages of tests/slurm/install.sh. Settings follow
-# /work/shared/notes/slurm-on-one-machine.md: no cgroups, no accounting daemon; the sacct
-# stand-in (tests/slurm/bin/sacct) replaces sacct on PATH so that submitit notices jobs SLURM killed.
+# Needs root and the packages of tests/slurm/install.sh. One node, no cgroups, no accounting daemon; the
+# sacct stand-in (tests/slurm/bin/sacct) replaces sacct on PATH so that submitit notices jobs SLURM killed.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
