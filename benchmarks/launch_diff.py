@@ -57,10 +57,13 @@ def show(title):
     launches.clear()
 
 
+# (the entry points' names at older revisions: _chunk_fwd, _chunk_bwd)
+forward = getattr(chunk, "chunk_forward", None) or chunk._chunk_fwd
+backward = getattr(chunk, "chunk_backward", None) or chunk._chunk_bwd
 for keep in (False, True):
-    _, _, saved = chunk._chunk_fwd(q, k, v, g, beta, D**-0.5, None, False, 64, lower_bound, keep=keep)
+    _, _, saved = forward(q, k, v, g, beta, D**-0.5, None, False, 64, lower_bound, keep=keep)
     show("-- forward " + ("with a gradient" if keep else "without a gradient"))
-chunk._chunk_bwd(q, k, v, g, beta, D**-0.5, None, torch.empty_like(v), None, 64, lower_bound, saved)
+backward(q, k, v, g, beta, D**-0.5, None, torch.empty_like(v), None, 64, lower_bound, saved)
 show("-- backward")
 """
 

@@ -97,9 +97,11 @@ def record(
                 (B, T, H) if decay == "scalar" else (B, T, H, D), device="meta", dtype=torch.float32
             )
         beta = torch.empty(B, T, H, **meta) if delta else None
-        o, ht, saved_t = chunk._chunk_fwd(q, k_, v, g, beta, D**-0.5, None, False, 64, lower_bound, keep=keep)
+        o, ht, saved_t = chunk.chunk_forward(
+            q, k_, v, g, beta, D**-0.5, None, False, 64, lower_bound, keep=keep
+        )
         if keep:
-            chunk._chunk_bwd(
+            chunk.chunk_backward(
                 q, k_, v, g, beta, D**-0.5, None, torch.empty_like(o), None, 64, lower_bound, saved_t
             )
     finally:

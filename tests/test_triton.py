@@ -425,7 +425,7 @@ def test_out_of_gpu_resources_names_the_call_and_the_fix(monkeypatch: pytest.Mon
         raise OutOfResources(245760, 232448, "shared memory")
 
     x = make_inputs("channel", True, B=1, T=20, H=1, K=32, V=16, seed=0)
-    monkeypatch.setattr(chunk, "_chunk_fwd", too_big)
+    monkeypatch.setattr(chunk, "chunk_forward", too_big)
     for grad in (True, False):  # the differentiable call and the no-grad forward
         args = [x[n].clone().requires_grad_(grad) for n in ("q", "k", "v", "g", "beta")]
         with pytest.raises(
@@ -1029,9 +1029,9 @@ def _forward_launches(
     q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))
     g = (torch.zeros(B, T, H) if decay == "scalar" else torch.zeros(B, T, H, D)) if decay else None
     beta = torch.zeros(B, T, H, dtype=bf) if delta else None
-    _, _, saved = chunk._chunk_fwd(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
+    _, _, saved = chunk.chunk_forward(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
     if keep:
-        chunk._chunk_bwd(q, k, v, g, beta, 1.0, None, torch.zeros_like(v), None, 64, lower_bound, saved)
+        chunk.chunk_backward(q, k, v, g, beta, 1.0, None, torch.zeros_like(v), None, 64, lower_bound, saved)
     launches = {}
     for name, grid, kwargs in log:
         assert name not in launches  # one launch per kernel

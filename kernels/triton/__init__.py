@@ -10,6 +10,7 @@ import torch
 
 from kernels.triton import chunk as _chunk
 from kernels.triton.chunk import MIN_LOWER_BOUND, ChunkFunction
+from kernels.triton.compile import compiled_chunk
 from kernels.triton.recurrent import recurrent_step_fwd
 
 __all__ = ["VARIANTS", "triton_chunk", "triton_recurrent_step"]
@@ -87,10 +88,15 @@ def triton_chunk(
         o = q.new_zeros(B, 0, H, V)
         state = initial_state if initial_state is not None else q.new_zeros(B, H, K, V, dtype=torch.float32)
         return o, state if output_final_state else None
+    if torch.compiler.is_compiling():
+        # opaque to the compiler: custom ops with fake shapes and a registered backward (compile.py)
+        return compiled_chunk(
+            q, k, v, g, beta, float(scale), initial_state, output_final_state, chunk_size, lower_bound
+        )
     if not _wants_grad(q, k, v, g, beta, initial_state):
         # no gradient wanted (inference, evaluation): the forward without the buffers kept for a backward
         with _chunk._resources(q, v, "chunk forward"):
-            o, ht, _ = _chunk._chunk_fwd(
+            o, ht, _ = _chunk.chunk_forward(
                 q,
                 k,
                 v,

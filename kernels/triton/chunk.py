@@ -2576,7 +2576,7 @@ def _num_warps(big: bool) -> int:
 
 def _state_programs(B: int, H: int, V: int) -> tuple[int, bool]:
     # the state passes' programs counted in blocks of 64 V columns, and whether there are enough of them
-    # (>= 256) to fill the H200 alone: the launch rules of both passes go by it (see _chunk_fwd)
+    # (>= 256) to fill the H200 alone: the launch rules of both passes go by it (see chunk_forward)
     programs = B * H * max(1, V // 64)
     return programs, programs >= 256
 
@@ -2621,11 +2621,12 @@ def _m_dtype(lowp: bool) -> torch.dtype:
     return torch.bfloat16 if lowp and TUNE["bwd.m_lowp"] else torch.float32
 
 
-def _chunk_fwd(
+def chunk_forward(
     q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=True
 ):
-    # keep: store what the backward reads (returned as the third item; None without keep). Without it (no
-    # gradient wanted) the chunk-entry states h and Vt are not written where nothing else reads them
+    """The chunkwise forward on checked, contiguous inputs (triton_chunk checks them): returns (o, final
+    state or None, the buffers chunk_backward reads or None). keep=False (no gradient wanted) keeps
+    nothing and skips the chunk-entry states h and Vt where nothing else reads them."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BT = chunk_size
@@ -2885,7 +2886,9 @@ def _chunk_fwd(
     return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd, None if keep_x else kg, x)
 
 
-def _chunk_bwd(q, k, v, g, beta, scale, h0, do, dht, chunk_size, lower_bound, saved):
+def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, lower_bound, saved):
+    """The chunkwise backward from chunk_forward's saved buffers and the output's (and final state's)
+    gradients do, dht: returns (dq, dk, dv, dg, dbeta, dh0) in the kernels' dtypes (ChunkFunction casts)."""
     gc, aqk, akk, linv, w, vt, h, qg, kd, kg, x = saved
     # the forward kept X = V - (Gamma K) S and no Vt = T X (TUNE["bwd.vt_x"]): dqk and dvt read X for it
     vt_x = beta is not None and vt is None
@@ -3134,7 +3137,7 @@ class ChunkFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
         with _resources(q, v, "chunk forward"):
-            o, ht, saved = _chunk_fwd(
+            o, ht, saved = chunk_forward(
                 q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound
             )
         ctx.save_for_backward(q, k, v, g, beta, initial_state, *saved)
@@ -3147,7 +3150,7 @@ class ChunkFunction(torch.autograd.Function):
     def backward(ctx, do, dht=None):
         q, k, v, g, beta, h0, *saved = ctx.saved_tensors
         with _resources(q, v, "chunk backward"):
-            dq, dk, dv, dg, dbeta, dh0 = _chunk_bwd(
+            dq, dk, dv, dg, dbeta, dh0 = chunk_backward(
                 q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.chunk_size, ctx.lower_bound, saved
             )
         return (
