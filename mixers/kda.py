@@ -11,7 +11,8 @@
 The bounded gate keeps g in (g_min, 0), so a chunk of 16 tokens decays by at most exp(16 g_min) and the
 chunkwise kernel can rescale by the inverse decay without overflow (K3 §2.1.1; kernels/README.md §0).
 Init per paper: the softplus gate as Mamba2 (A in [1, 16], softplus(b) = dt log-uniform in [1e-3, 1e-1]);
-the bounded gate with A_log = 0 (K3) and b chosen so that the initial decay is the same dt range (g_min sigmoid(b) = -dt).
+the bounded gate with A_log = 0 (K3) and b chosen so that the initial decay is the same dt range
+(g_min sigmoid(b) = -dt).
 """
 
 from __future__ import annotations

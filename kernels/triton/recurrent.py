@@ -1,4 +1,4 @@
-"""One-token recurrent step for decoding (docs/design.md §1), with the chunk kernels' DECAY / DELTA switches."""
+"""One-token recurrent step for decoding (docs/design.md §1), the chunk kernels' DECAY / DELTA switches."""
 
 from __future__ import annotations
 
