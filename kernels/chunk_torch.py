@@ -19,6 +19,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# exp(x) is exactly 0 in float64 for x below about -745; the scalar path's cumulative log-decays are floored
+# here, far enough below that a sum of floored values and ordinary ones never comes back above -745
+LOG_DECAY_FLOOR = -1e4
+
 
 def _to_chunks(x: torch.Tensor, T: int, C: int, dtype: torch.dtype) -> torch.Tensor:
     """[B, T, H, ...] -> [B, H, N, C, ...] in `dtype`, zero-padded to N * C tokens.
@@ -155,7 +159,10 @@ def chunk_torch(
             # G_r: log of the decay accumulated from the chunk start through token r, [B, H, N, C, 1]. Kept
             # in float64: exponents are differences G_r - G_i of values that reach -100s, and in float32 the
             # rounding of G (ulp(300) ~ 3e-5) would show up directly as a relative error of every factor.
-            G = _to_chunks(g.unsqueeze(-1), T, C, torch.float64).cumsum(-2)
+            # A decay of zero (g = -inf: forget everything) is legal, but -inf - -inf is NaN in the
+            # differences below; any g below LOG_DECAY_FLOOR already has exp(g) = 0 in float64, so flooring it
+            # changes no factor (nor any gradient: both are 0 there).
+            G = _to_chunks(g.clamp(min=LOG_DECAY_FLOOR).unsqueeze(-1), T, C, torch.float64).cumsum(-2)
             A_qk, A_kk = _intra_grams(q_c, k_c, G, beta is not None)  # [B, H, N, C, C]
             G_last = G[..., -1:, :]  # [B, H, N, 1, 1]
             decay_in = G.to(acc).exp()  # [B, H, N, C, 1], <= 1

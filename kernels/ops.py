@@ -16,6 +16,7 @@ kernels/chunk_torch.py), "triton" (kernels/triton/), "auto" (triton on CUDA tens
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Literal
@@ -52,10 +53,10 @@ def value_checks(enabled: bool) -> Iterator[None]:
 
 
 def _values_checked(t: torch.Tensor) -> bool:
-    # CPU tensors cost nothing to read; under torch.compile a read-back would break the graph
-    if t.device.type == "cpu":
-        return True
-    return getattr(_checks, "enabled", True) and not torch.compiler.is_compiling()
+    # under torch.compile a read-back would break the graph; CPU tensors cost nothing to read
+    if torch.compiler.is_compiling():
+        return False
+    return t.device.type == "cpu" or getattr(_checks, "enabled", True)
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -87,6 +88,24 @@ def _check_g_values(op: str, g: torch.Tensor) -> None:
         raise ValueError(
             f"{op}: g has a maximum value of {g_max:.3g}; g is the log-decay and must be <= 0 "
             "(pass log(alpha), e.g. -softplus(x) or logsigmoid(x), not alpha itself)"
+        )
+
+
+def _check_finite(op: str, named: dict[str, torch.Tensor | None]) -> None:
+    """q, k, v, beta and the state must hold finite values (g has its own check: -inf is a legal log-decay).
+
+    All tensors in one read-back, and only those `_values_checked` lets through.
+    """
+    tensors = [(name, t) for name, t in named.items() if t is not None and t.numel() and _values_checked(t)]
+    if not tensors:
+        return
+    finite = torch.stack([torch.isfinite(t.detach()).all() for _, t in tensors]).tolist()
+    bad = [name for (name, _), ok in zip(tensors, finite, strict=True) if not ok]
+    if bad:
+        raise ValueError(
+            f"{op}: {', '.join(bad)} hold(s) NaN or infinite values; every input must be finite (in "
+            "training: the values feeding the mixer are no longer finite, the run diverged; lower the "
+            "learning rate)"
         )
 
 
@@ -182,6 +201,7 @@ def _validate(
             raise ValueError(
                 f"{op}: {state_name} has dtype {state.dtype}; it must be torch.float32 (use .float())"
             )
+    _check_finite(op, {"q": q, "k": k, "v": v, "beta": beta, state_name: state})
 
 
 def _validate_scale(op: str, scale: float | None) -> None:
@@ -218,9 +238,16 @@ def _import_triton():  # noqa: ANN202 (returns the kernels.triton module)
     return triton_ops
 
 
-def _resolve(backend: str, q: torch.Tensor) -> str:
+def _resolve(op: str, backend: str, q: torch.Tensor) -> str:
     if backend == "auto":
         return "triton" if q.is_cuda else "torch"
+    if backend == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        # Triton itself would only say that it found 0 active drivers
+        raise ValueError(
+            f"{op}: backend='triton' got tensors on {q.device} but Triton's interpreter is off; move them "
+            "to a GPU, set TRITON_INTERPRET=1 before triton is imported (the kernels then run on the CPU, "
+            "slowly), or use backend='torch' (or 'auto') on the CPU"
+        )
     return backend
 
 
@@ -249,7 +276,7 @@ def _chunk(
         _check_lower_bound(op, g, lower_bound)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    backend = _resolve(backend, q)
+    backend = _resolve(op, backend, q)
     # the references compute in float32 by design; an enclosing autocast would silently run their
     # matmuls in bf16/fp16
     if backend == "naive":
@@ -288,7 +315,7 @@ def _step(
     _validate(op, q, k, v, g, beta, state, decay, delta, ("B", "H"), "state")
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    backend = _resolve(backend, q)
+    backend = _resolve(op, backend, q)
     if backend == "triton":
         return _import_triton().triton_recurrent_step(q, k, v, g, beta, state, scale)
     # "torch" and "naive" share the recurrence: one token has no chunk structure to exploit
