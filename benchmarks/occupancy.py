@@ -218,17 +218,29 @@ def mma_dup(ttgir: str) -> str:
     return f"{dup}/{total}"
 
 
-def resources(launch: Launch, options: dict) -> dict:
-    """Registers per thread, spilled bytes and shared memory of one launch, compiled for sm_90."""
-    fn = getattr(chunk, launch.kernel)
-    plain = tuple(p.name for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False))
-    sig, consts, attrs = _signature(fn.fn, launch.args, launch.kwargs, plain)
+def launch_options(launch: Launch, options: dict | None = None) -> dict:
+    """The compile options of one launch (warps, stages, register cap), `options` taking precedence."""
     opts = {"num_warps": launch.kwargs.get("num_warps", 4), "num_stages": launch.kwargs.get("num_stages", 3)}
     if launch.kwargs.get("maxnreg") is not None:
         opts["maxnreg"] = launch.kwargs["maxnreg"]
-    opts.update(options)
+    opts.update(options or {})
+    return opts
+
+
+def compile_launch(launch: Launch, options: dict | None = None):
+    """One recorded launch compiled for sm_90 as its launcher would (Triton's CompiledKernel: asm["ptx"],
+    asm["ttgir"], asm["cubin"], metadata)."""
+    fn = getattr(chunk, launch.kernel)
+    plain = tuple(p.name for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False))
+    sig, consts, attrs = _signature(fn.fn, launch.args, launch.kwargs, plain)
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch_options(launch, options))
+
+
+def resources(launch: Launch, options: dict) -> dict:
+    """Registers per thread, spilled bytes and shared memory of one launch, compiled for sm_90."""
+    opts = launch_options(launch, options)
+    out = compile_launch(launch, options)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(out.asm["cubin"])

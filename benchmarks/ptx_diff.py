@@ -10,6 +10,13 @@ default bounded-KDA launch (DECAY=2, DELTA=1, BOUNDED=1, LOWP=1, K=V=128, BT=64,
 constexprs only one side has are passed as 0 there (a new alternative, off). Pointers are bf16 where
 the default launch passes 16-bit tensors (q, k, v, qg, kd, kg, aqk, o, dq, dk, ...), fp32 elsewhere.
 Exits 1 when the instructions differ (and says when they are only in another order).
+
+    python benchmarks/ptx_diff.py REV --ops kda_bounded delta_rule --B 8 --T 8192 --H 16
+
+With --ops (names of kernels.triton.VARIANTS, or `all`): every launch of each op's no-grad forward and
+of its forward and backward with a gradient, as each tree's launch code makes it at that shape (recorded
+on meta tensors by that tree's benchmarks/occupancy.py), compiled with its real constexprs, argument
+dtypes, warps, stages and register cap, and the two trees' launches compared in order, kernel by kernel.
 """
 
 from __future__ import annotations
@@ -79,6 +86,51 @@ print(out.asm["ptx"])
 """
 
 
+# runs in a fresh interpreter inside the tree (argv: JSON of [ops], B, T, H, D); one JSON line a launch
+_COMPILE_LAUNCHES = r"""
+import json, os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "benchmarks")]
+import occupancy
+from kernels.triton import VARIANTS
+
+ops = json.loads(sys.argv[1])
+B, T, H, D = (int(x) for x in sys.argv[2:6])
+
+
+def compile_launch(launch):
+    if hasattr(occupancy, "compile_launch"):
+        return occupancy.compile_launch(launch)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(occupancy.chunk, launch.kernel)
+    plain = tuple(p.name for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False))
+    sig, consts, attrs = occupancy._signature(fn.fn, launch.args, launch.kwargs, plain)
+    opts = {"num_warps": launch.kwargs.get("num_warps", 4), "num_stages": launch.kwargs.get("num_stages", 3)}
+    if launch.kwargs.get("maxnreg") is not None:
+        opts["maxnreg"] = launch.kwargs["maxnreg"]
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+cache = {}
+for name, decay, delta, lower_bound in VARIANTS:
+    if name not in ops:
+        continue
+    for phase, keep in (("no-grad forward", False), ("forward and backward", True)):
+        for launch in occupancy.record(name, decay, delta, lower_bound, B, T, H, D, keep=keep):
+            dtypes = [str(a.dtype) if hasattr(a, "dtype") else type(a).__name__ for a in launch.args]
+            key = repr((launch.kernel, sorted(launch.kwargs.items()), dtypes))
+            if key not in cache:
+                cache[key] = compile_launch(launch).asm["ptx"]
+            settings = " ".join(f"{k}={v}" for k, v in sorted(launch.kwargs.items()))
+            print(json.dumps({"op": name, "phase": phase, "kernel": launch.kernel, "settings": settings,
+                              "ptx": cache[key]}))
+"""
+
+
 def instructions(ptx: str) -> tuple[int, list[str]]:
     """The number of kernel parameters, and the PTX body without the parameter declarations, debug
     sections, comments, .loc lines and register numbers, its parameter loads sorted (a new, unused
@@ -110,10 +162,55 @@ def compile_in(tree: Path, kernel: str, consts: dict) -> tuple[int, list[str]]:
     return instructions(res.stdout)
 
 
+def compile_launches(tree: Path, ops: list[str], shape: tuple[int, int, int, int]) -> list[dict]:
+    """Every launch of `ops` at shape (B, T, H, D) in `tree`, each with its PTX instructions
+    (`instructions`), in launch order."""
+    res = subprocess.run(
+        [sys.executable, "-c", _COMPILE_LAUNCHES, json.dumps(ops), *(str(x) for x in shape)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0:
+        raise SystemExit(f"compiling the launches of {ops} in {tree} failed:\n{res.stderr[-3000:]}")
+    launches = [json.loads(line) for line in res.stdout.splitlines()]
+    for launch in launches:
+        launch["params"], launch["ptx"] = instructions(launch.pop("ptx"))
+    return launches
+
+
+def compare_launches(rev: str, before: list[dict], after: list[dict]) -> bool:
+    """Print, per op and phase, whether each launch compiles to the same instructions in both trees;
+    True when all do (and the launches are the same kernels in the same order)."""
+    same = True
+    groups: dict[tuple[str, str], tuple[list, list]] = {}
+    for side, launches in ((0, before), (1, after)):
+        for launch in launches:
+            groups.setdefault((launch["op"], launch["phase"]), ([], []))[side].append(launch)
+    for (op, phase), (old, new) in groups.items():
+        if [x["kernel"] for x in old] != [x["kernel"] for x in new]:
+            same = False
+            print(f"{op}, {phase}: other kernels: {[x['kernel'] for x in old]} at {rev}, "
+                  f"{[x['kernel'] for x in new]} now")  # fmt: skip
+            continue
+        differ = [b["kernel"] for a, b in zip(old, new, strict=True) if a["ptx"] != b["ptx"]]
+        same = same and not differ
+        verdict = f"other instructions in {', '.join(differ)}" if differ else "same instructions"
+        print(f"{op}, {phase}: {len(new)} launches, {verdict}")
+    return same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rev", help="git revision to compare the working tree against, e.g. HEAD~3")
-    ap.add_argument("kernel", help="a @triton.jit kernel of kernels/triton/chunk.py, e.g. _intra_fwd_kernel")
+    ap.add_argument(
+        "kernel", nargs="?", help="a @triton.jit kernel of kernels/triton/chunk.py, e.g. _intra_fwd_kernel"
+    )
+    ap.add_argument("--ops", nargs="*", default=None, help="every launch of these ops (or all), see above")
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--D", type=int, default=128, help="K = V")
     ap.add_argument(
         "--const",
         nargs="*",
@@ -122,6 +219,11 @@ def main() -> None:
         help="constexpr values (integers, or strings: PREC)",
     )
     args = ap.parse_args()
+    if args.ops is not None:
+        main_ops(args)
+        return
+    if args.kernel is None:
+        raise SystemExit("name a kernel (e.g. _intra_fwd_kernel) or give --ops")
     consts = dict(DEFAULTS)
     for item in args.const:
         name, sep, value = item.partition("=")
@@ -147,6 +249,29 @@ def main() -> None:
     if Counter(x for x in before if not labels.match(x)) == Counter(x for x in after if not labels.match(x)):
         print("(the same instructions in another order)")
     raise SystemExit(1)
+
+
+def main_ops(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
+    from kernels.triton import VARIANTS
+
+    names = [variant[0] for variant in VARIANTS]
+    ops = names if args.ops in ([], ["all"]) else args.ops
+    unknown = sorted(set(ops) - set(names))
+    if unknown:
+        raise SystemExit(f"--ops {unknown}: not ops of kernels.triton.VARIANTS {names}")
+    shape = (args.B, args.T, args.H, args.D)
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), args.rev], cwd=ROOT, check=True)
+        try:
+            before = compile_launches(old, ops, shape)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=True)
+    after = compile_launches(ROOT, ops, shape)
+    print(f"B{args.B} T{args.T} H{args.H} K=V={args.D} bf16, {args.rev} against the working tree")
+    if not compare_launches(args.rev, before, after):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
