@@ -39,8 +39,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from mixers.model import LanguageModel
 
@@ -130,8 +128,9 @@ class LoggerConfig:
 @dataclass
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
-    # The mixer group has no schema: `_target_` + the mixer's kwargs, checked against its constructor.
-    mixer: Any = MISSING
+    # The mixer group has no schema: `_target_` + the mixer's kwargs, checked against its constructor. Open
+    # (not struct), so that a misspelt `mixer.<key>=` override reaches that check, which lists the valid keys.
+    mixer: Any = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -398,6 +397,150 @@ def _start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress:
     return run
 
 
+# A run's wall time is projected this many steps after its first (which pays one-time costs: compiling,
+# allocator warm-up), or once this many seconds have passed since it, whichever comes first.
+PROJECT_AFTER_STEPS = 5
+PROJECT_AFTER_S = 20.0
+# A CPU run projected to take longer than this is sized for a GPU, and says so.
+CPU_WARN_S = 3 * 3600.0
+
+
+def format_duration(seconds: float) -> str:
+    """42s, 3m 05s, 2h 07m, 3d 04h: two units are enough for an ETA."""
+    seconds = max(0, round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def _short_number(value: float) -> str:
+    """980, 12.3k, 4.56M: a rate at a glance."""
+    for divisor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= divisor:
+            return f"{value / divisor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _short_float(value: float) -> str:
+    """1e-3, 5e-5, 1.5e-4, 1e4: a learning rate as a run name spells it."""
+    mantissa, exponent = f"{value:.6e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def run_name(task: str, mixer: str, seq_len: int, lr: float, seed: int, variant: str | None = None) -> str:
+    """A run's short name in a sweep's log lines: mqar/kda/L1024/lr1e-3/s0 (mqar/kda:<variant>/... for a
+    KDA ablation)."""
+    mixer = f"{mixer}:{variant}" if variant else mixer
+    return f"{task}/{mixer}/L{seq_len}/lr{_short_float(lr)}/s{seed}"
+
+
+class _RunNamePrefix(logging.Filter):
+    """Leads every line of the `train` logger with the run's name: a sweep's parallel jobs share a console."""
+
+    def __init__(self, run: str) -> None:
+        super().__init__()
+        self.run = run
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = f"[{self.run}] {record.msg}"
+        return True
+
+
+def _name_log_lines(run: str | None) -> None:
+    """Prefix the log's lines with `run` from now on (None: no prefix); replaces an earlier run's prefix
+    (the basic launcher runs a sweep's jobs one after another in one process)."""
+    for old in [f for f in log.filters if isinstance(f, _RunNamePrefix)]:
+        log.removeFilter(old)
+    if run is not None:
+        log.addFilter(_RunNamePrefix(run))
+
+
+def _format_acc(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4f}"
+
+
+class ProgressLog:
+    """What a run says while it trains, the same in a terminal, a log file, a sweep's worker or a SLURM job.
+
+    - A line per logged step (every trainer.log_every steps, the first, and every eval): step, loss,
+      accuracy, steps/s and tokens/s over the training time since the previous line (evals excluded), the
+      ETA (the remaining steps at the wall-clock pace since the first step, evals included), and on eval
+      steps the eval results.
+    - Once, a few steps in, the projected wall time; on a CPU, past CPU_WARN_S, a warning naming the GPU
+      path and how to shrink the run instead.
+    """
+
+    def __init__(self, *, start_step: int, max_steps: int, batch_size: int, seq_len: int,
+                 device: torch.device, train_time_s: float = 0.0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.start_step, self.max_steps, self.seq_len = start_step, max_steps, seq_len
+        self.tokens_per_step = batch_size * seq_len
+        self.device, self.clock = device, clock
+        self.started = clock()
+        self.first_step_end: float | None = None
+        self.projected = False
+        self.last_step, self.last_train_time_s = start_step, train_time_s
+
+    def seconds_per_step(self, step: int) -> float | None:
+        """Wall-clock seconds a step since the segment's first; None until a second step is done."""
+        if self.first_step_end is None or step <= self.start_step + 1:
+            return None
+        return (self.clock() - self.first_step_end) / (step - self.start_step - 1)
+
+    def after_step(self, step: int, train_time_s: float, record: dict[str, Any]) -> None:
+        """Called after every optimizer step with the run's training time so far and the step's metrics
+        record (empty on steps that are not logged)."""
+        if step == self.start_step + 1:
+            self.first_step_end = self.clock()
+        elif not self.projected and step < self.max_steps:
+            since_first = self.clock() - (self.first_step_end or self.started)
+            if step - self.start_step - 1 >= PROJECT_AFTER_STEPS or since_first >= PROJECT_AFTER_S:
+                self.project(step)
+        if record:
+            self.line(step, train_time_s, record)
+
+    def project(self, step: int) -> None:
+        self.projected = True
+        per_step = self.seconds_per_step(step)
+        if per_step is None:
+            return
+        total = self.clock() - self.started + per_step * (self.max_steps - step)
+        steps = self.max_steps - self.start_step
+        log.info("projected wall time %s for %s steps (%.3g s/step on %s; evals add to it)",
+                 format_duration(total), f"{steps:,}", per_step, self.device)
+        if self.device.type == "cpu" and total > CPU_WARN_S:
+            log.warning(
+                "this run would take about %s on the CPU: it is sized for a GPU. Run it there "
+                "(trainer.device=cuda; a sweep: hydra/launcher=joblib_gpu or hydra/launcher=slurm, see "
+                "docs/sweeps.md), or shrink it for the CPU (trainer=default, a lower trainer.max_steps, "
+                "trainer.batch_size or task.seq_len)", format_duration(total))
+
+    def line(self, step: int, train_time_s: float, record: dict[str, Any]) -> None:
+        parts = [f"step {step}/{self.max_steps}"]
+        if "train/loss" in record:
+            parts.append(f"loss {record['train/loss']:.4f} acc {_format_acc(record.get('train/acc'))}")
+        window = train_time_s - self.last_train_time_s
+        if step > self.last_step and window > 0:
+            rate = (step - self.last_step) / window
+            parts.append(f"{rate:.3g} steps/s {_short_number(rate * self.tokens_per_step)} tok/s")
+        per_step = self.seconds_per_step(step)
+        if per_step is not None:
+            parts.append(f"ETA {format_duration(per_step * (self.max_steps - step))}")
+        if "eval/acc" in record:
+            parts.append(f"eval acc {_format_acc(record['eval/acc'])} "
+                         f"seq_acc {_format_acc(record.get('eval/seq_acc'))}")
+            trained = f"eval/acc@{self.seq_len}"
+            parts += [f"{key[len('eval/'):]} {_format_acc(value)}" for key, value in record.items()
+                      if key.startswith("eval/acc@") and key != trained]
+        self.last_step, self.last_train_time_s = step, train_time_s
+        log.info(" | ".join(parts))
+
+
 def _summary(status: str, progress: Progress, meta: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "status": status,
@@ -467,6 +610,8 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
             log.warning("resuming with a changed config (new, old): %s", changed)
         log.info("resumed from %s at step %d", checkpoint_path, progress.step)
     _truncate_metrics(metrics_path, progress.step)
+    # The step the checkpoint on disk holds (None: no checkpoint yet), for what an interrupt says.
+    saved = {"step": progress.step if checkpoint_path.exists() else None}
     log.info("%s on %s: %d parameters, state %d numbers at length %d, vocab %d", meta["mixer"], task.name,
              meta["n_params"], meta["state_size"], task.seq_len, vocab_size)
 
@@ -476,6 +621,7 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                  "data_position": progress.step * trainer.batch_size, "config": meta["config"]}
         torch.save(state, run_dir / "checkpoint.pt.tmp")
         os.replace(run_dir / "checkpoint.pt.tmp", checkpoint_path)
+        saved["step"] = progress.step
 
     wandb_run = _start_wandb(cfg, run_dir, meta, progress, sweep_dir)
     sampler = EpochSampler(task.num_train, trainer.batch_size, cfg.seed)
@@ -484,11 +630,11 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     # True while model, optimizer and scheduler hold exactly the state after `progress.step` steps.
     at_step_boundary = True
     model.train()
+    progress_log = ProgressLog(start_step=progress.step, max_steps=trainer.max_steps,
+                               batch_size=trainer.batch_size, seq_len=task.seq_len, device=device,
+                               train_time_s=progress.train_time_s)
     try:
-        with open(metrics_path, "a") as metrics_file, logging_redirect_tqdm(), tqdm(
-            total=trainer.max_steps, initial=progress.step, desc=f"{task.name}/{meta['mixer']}", disable=None,
-            dynamic_ncols=True,
-        ) as bar:
+        with open(metrics_path, "a") as metrics_file:
             for step in range(progress.step + 1, trainer.max_steps + 1):
                 step_start = time.perf_counter()
                 index = sampler.indices(step - 1).to(device)
@@ -534,7 +680,6 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                 if is_eval or step % trainer.log_every == 0 or step == 1:
                     correct, total, _, _ = token_accuracy(logits.detach(), y)
                     record = {"train/loss": loss_value, "train/acc": correct / max(total, 1), "lr": lr}
-                    bar.set_postfix(loss=f"{loss_value:.3f}", acc=f"{record['train/acc']:.3f}", refresh=False)
                 if is_eval:
                     try:
                         evals = evaluate_lengths(model, eval_sets, task.seq_len, trainer.eval_batch_size,
@@ -567,7 +712,7 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                 if step % trainer.checkpoint_every == 0 or step == trainer.max_steps:
                     save_checkpoint()
                 at_step_boundary = True
-                bar.update(1)
+                progress_log.after_step(step, progress.train_time_s, record)
     except (KeyboardInterrupt, SystemExit) as interrupt:
         # Stopped from outside (Ctrl-C; submitit exits with SystemExit after SLURM's SIGUSR2 and requeues
         # the job): keep every finished step, so that re-launching resumes exactly here.
@@ -576,8 +721,11 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
             log.warning("interrupted (%s) after step %d: checkpoint saved, re-launch to resume",
                         type(interrupt).__name__, progress.step)
         else:
-            log.warning("interrupted (%s) inside step %d: re-launching resumes from the last checkpoint",
-                        type(interrupt).__name__, progress.step)
+            resume = ("no checkpoint was saved yet: re-launching starts again from step 0"
+                      if saved["step"] is None else
+                      f"re-launching resumes from the checkpoint of step {saved['step']}")
+            log.warning("interrupted (%s) inside step %d: %s", type(interrupt).__name__, progress.step,
+                        resume)
         if wandb_run is not None:
             wandb_run.summary["status"] = "incomplete"
             wandb_run.finish(exit_code=1)
@@ -609,7 +757,8 @@ def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None
         previous = json.loads(summary_path.read_text())
         if previous.get("status") in FINISHED:
             print(f"{run_dir}: already {previous['status']} (final eval acc "
-                  f"{previous.get('final_eval_acc')}); nothing to do. Delete summary.json to train it again.")
+                  f"{_format_acc(previous.get('final_eval_acc'))}); nothing to do. Delete summary.json to "
+                  "train it again.")
             return previous
     _attach_log_file(run_dir / "train.log")
     mixer_name = mixer_name or str(cfg.mixer.get("_target_", "mixer")).rsplit(".", 1)[-1]
@@ -617,6 +766,9 @@ def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None
     meta: dict[str, Any] = {"state_size": None, "n_params": None, "task": cfg.task.name, "mixer": mixer_name,
                             "seq_len": cfg.task.seq_len, "lr": cfg.optim.lr, "seed": cfg.seed,
                             "run_dir": str(run_dir), "config": _flatten(config)}
+    # In a sweep every line names its run: parallel jobs share one console.
+    _name_log_lines(run_name(cfg.task.name, mixer_name, cfg.task.seq_len, cfg.optim.lr, cfg.seed,
+                             _ablation()) if sweep_dir is not None else None)
     progress = Progress()
     try:
         status = _run(cfg, run_dir, meta, progress, job_num, sweep_dir)
@@ -626,16 +778,33 @@ def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None
         _write_json(summary_path, _summary("incomplete", progress, meta, extra))
         raise
     except BaseException as error:
-        log.error("run failed:\n%s", traceback.format_exc())
+        # The traceback once on the console: Hydra prints a single run's; a sweep's is in train.log.
+        _log_to_file(run_dir / "train.log", logging.ERROR, "run failed:\n" + traceback.format_exc())
+        log.error("run failed: %s: %s (traceback in %s)", type(error).__name__, error, run_dir / "train.log")
         extra = {"error": f"{type(error).__name__}: {error}"}
         _write_json(summary_path, _summary("failed", progress, meta, extra))
         raise
     summary = _summary(status, progress, meta, {})
     _write_json(summary_path, summary)
-    log.info("%s: %s after %d steps, final eval acc %s, best %s, %.1f s", meta["mixer"], status,
-             progress.step, summary["final_eval_acc"], summary["best_eval_acc"], progress.wall_time_s)
+    log.info("%s: %s after %d steps, final eval acc %s, best %s, %s", meta["mixer"], status, progress.step,
+             _format_acc(summary["final_eval_acc"]), _format_acc(summary["best_eval_acc"]),
+             format_duration(progress.wall_time_s))
     log.info("outputs: %s (metrics.jsonl, summary.json, checkpoint.pt, train.log)", run_dir.resolve())
     return summary
+
+
+def _ablation() -> str | None:
+    """The KDA ablation variant (conf/experiment/ablation/) of the Hydra job, if any."""
+    return HydraConfig.get().runtime.choices.get("experiment/ablation") if HydraConfig.initialized() else None
+
+
+def _log_to_file(path: Path, level: int, message: str) -> None:
+    """A record for the log file at `path` (attached by _attach_log_file or Hydra) and no other handler."""
+    target = str(path.resolve())
+    record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers + log.handlers:
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename == target:
+            handler.handle(record)
 
 
 def _attach_log_file(path: Path) -> None:
