@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from kernels.conv import short_conv
 from mixers.base import Mixer
 
 Decay = Literal["none", "head", "channel"]
@@ -84,30 +85,30 @@ class ShortConvolution(nn.Module):
 
     `forward(x, conv_state)` prepends the last `size - 1` inputs kept from earlier calls (zeros at the start
     of a sequence), so a sequence cut into pieces, down to one token at a time, gives the output of one call.
+    The op is kernels.conv.short_conv: `backend` "auto" runs its fused Triton kernel on CUDA and the F.conv1d
+    reference on the CPU, "triton" forces the kernel, "torch" / "naive" the reference.
     """
 
-    def __init__(self, channels: int, size: int) -> None:
+    def __init__(self, channels: int, size: int, backend: str = "auto") -> None:
         super().__init__()
         self.channels, self.size = channels, size
+        self.backend = _choice("backend", backend, BACKENDS)
         self.weight = nn.Parameter(torch.empty(channels, 1, size))
         # the init of nn.Conv1d for a depthwise kernel: fan_in = size
         bound = 1 / math.sqrt(size)
         nn.init.uniform_(self.weight, -bound, bound)
+
+    def init_state(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        """The cache at the start of a sequence: zeros [B, channels, size - 1], the last inputs before it."""
+        return torch.zeros(batch_size, self.channels, self.size - 1, device=device, dtype=dtype)
 
     def forward(
         self,
         x: torch.Tensor,  # [B, T, C]
         conv_state: torch.Tensor | None = None,  # [B, C, size - 1], the last inputs before x
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (y [B, T, C], new conv_state [B, C, size - 1])."""
-        B, T, C = x.shape
-        x = x.transpose(1, 2)  # [B, C, T]
-        if conv_state is None:
-            conv_state = x.new_zeros(B, C, self.size - 1)
-        x = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [B, C, size - 1 + T]
-        y = F.conv1d(x, self.weight.to(x.dtype), groups=C)  # [B, C, T]
-        # clone: a view would keep the whole padded input alive inside the cache
-        return F.silu(y).transpose(1, 2), x[:, :, x.shape[-1] - (self.size - 1) :].clone()
+        """Returns (y [B, T, C], new conv_state [B, C, size - 1]), both in x's dtype."""
+        return short_conv(x, self.weight[:, 0], conv_state, backend=self.backend)
 
 
 class MambaDecay(nn.Module):
@@ -217,9 +218,9 @@ class LinearMixer(Mixer):
                 raise ValueError(
                     f"conv_size={conv_size}; a short conv needs >= 2 taps (papers: 4) or use_short_conv=false"
                 )
-            self.q_conv = ShortConvolution(H * K, conv_size)
-            self.k_conv = ShortConvolution(H * K, conv_size)
-            self.v_conv = ShortConvolution(H * V, conv_size)
+            self.q_conv = ShortConvolution(H * K, conv_size, backend)
+            self.k_conv = ShortConvolution(H * K, conv_size, backend)
+            self.v_conv = ShortConvolution(H * V, conv_size, backend)
         self.o_norm = nn.RMSNorm(V, eps=norm_eps) if output_norm else None
         if output_gate != "none":
             if output_gate_rank == "full":
@@ -310,10 +311,8 @@ class LinearMixer(Mixer):
             "state": torch.zeros(batch_size, H, K, V, device=device, dtype=torch.float32)
         }
         if self.use_short_conv:
-            for name, channels in (("conv_q", H * K), ("conv_k", H * K), ("conv_v", H * V)):
-                cache[name] = torch.zeros(
-                    batch_size, channels, self.conv_size - 1, device=device, dtype=dtype
-                )
+            for name, conv in (("conv_q", self.q_conv), ("conv_k", self.k_conv), ("conv_v", self.v_conv)):
+                cache[name] = conv.init_state(batch_size, device, dtype)
         return cache
 
     def step(self, x: torch.Tensor, cache: dict[str, Any]) -> torch.Tensor:  # [B, D] -> [B, D]

@@ -1,0 +1,265 @@
+"""The short convolution (causal depthwise conv over time + SiLU, kernels/conv.py) as fused Triton kernels.
+
+Channels-last throughout: x [B, T, C] is read in place (no transposes), a program owns a tile of BLOCK_T
+positions x BLOCK_C channels, and the W taps are W shifted loads of that tile (the overlap hits the cache).
+
+Backward, with a[t] the pre-activation and da[t] = dy[t] * silu'(a[t]):
+
+    dx[s, c]      = sum_k weight[c, W - 1 - k] * da[s + k, c]          (k = 0 .. W - 1, da = 0 past T)
+    dweight[c, j] = sum_{b, t} da[t, c] * x[t - (W - 1) + j, c]
+
+One kernel computes both. It recomputes a[s + k] for its W shifts instead of reading a saved one (nothing
+but x is kept for the backward), and it runs over the positions s = -(W - 1) .. T - 1 when there is an
+initial state, so the rows s < 0 are the gradient of the initial state. The weight gradient is a partial sum
+per program in fp32, reduced afterwards by one torch sum (no atomics: deterministic).
+
+The two launches are torch custom ops (namespace kda_harness) with fake implementations and a registered
+autograd formula, so torch.compile treats them as opaque calls and fuses the glue around them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# triton.jit reads the switch when a kernel is defined, that is when this module is imported
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# (BLOCK_T, BLOCK_C, num_warps) on the GPU. 64 channels: a bf16 row of a tile is 128 contiguous bytes. The
+# backward holds its 2W - 1 shifted x tiles at once, hence half the positions (compiled for sm_90 at W = 4:
+# forward 94 registers a thread, backward 175, no spills). tests/gpu/check_conv.py --sweep times others.
+FWD_CONFIG = (64, 64, 4)
+BWD_CONFIG = (32, 64, 4)
+
+
+@triton.jit
+def _load_prefixed(
+    x,  # pointer to x[b, 0, 0]
+    state,  # pointer to initial_state[b, 0, 0]
+    o_p,  # [BLOCK_T] positions in x; -(W - 1) .. -1 are the initial state's columns 0 .. W - 2
+    o_c,  # [BLOCK_C] channels
+    m_c,  # [BLOCK_C]
+    T,
+    C,
+    W: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+):
+    """x at the positions o_p, with the initial state before position 0 and zeros outside: fp32 [BT, BC]."""
+    m_x = (o_p >= 0) & (o_p < T)
+    b_x = tl.load(x + o_p[:, None] * C + o_c[None, :], mask=m_x[:, None] & m_c[None, :], other=0.0)
+    b_x = b_x.to(tl.float32)
+    if HAS_STATE:
+        m_s = (o_p < 0) & (o_p >= 1 - W)
+        p_s = state + o_c[None, :] * (W - 1) + (o_p + W - 1)[:, None]
+        b_x += tl.load(p_s, mask=m_s[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+    return b_x
+
+
+@triton.jit
+def _short_conv_fwd_kernel(
+    x,  # [B, T, C]
+    weight,  # [C, W]
+    state,  # [B, C, W - 1] (unused without HAS_STATE)
+    y,  # [B, T, C]
+    T,
+    C,
+    NT,  # number of position tiles per sequence
+    W: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    i_bt, i_c = tl.program_id(0), tl.program_id(1)
+    i_b, i_t = i_bt // NT, i_bt % NT
+    o_t = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = o_c < C
+    # int64: B * T * C passes 2^31 at paper batch sizes and long sequences
+    x += i_b.to(tl.int64) * T * C
+    y += i_b.to(tl.int64) * T * C
+    state += i_b.to(tl.int64) * C * (W - 1)
+
+    b_a = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(W):
+        b_w = tl.load(weight + o_c * W + j, mask=m_c, other=0.0).to(tl.float32)
+        b_a += b_w[None, :] * _load_prefixed(x, state, o_t + (j - (W - 1)), o_c, m_c, T, C, W, HAS_STATE)
+    b_y = b_a * tl.sigmoid(b_a)
+    m_y = (o_t < T)[:, None] & m_c[None, :]
+    tl.store(y + o_t[:, None] * C + o_c[None, :], b_y.to(y.dtype.element_ty), mask=m_y)
+
+
+@triton.jit
+def _short_conv_bwd_kernel(
+    x,  # [B, T, C]
+    weight,  # [C, W]
+    state,  # [B, C, W - 1] (unused without HAS_STATE)
+    dy,  # [B, T, C]
+    dx,  # [B, T, C]
+    dstate,  # [B, C, W - 1] (unused without HAS_STATE)
+    dweight_partial,  # [B * NT, W, C] fp32: one partial sum per program row
+    T,
+    C,
+    NT,  # number of position tiles per sequence (over T + W - 1 positions with HAS_STATE)
+    W: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    i_bt, i_c = tl.program_id(0), tl.program_id(1)
+    i_b, i_t = i_bt // NT, i_bt % NT
+    # the positions s of this tile; with an initial state they start at -(W - 1), its columns
+    if HAS_STATE:
+        o_s = i_t * BLOCK_T + tl.arange(0, BLOCK_T) - (W - 1)
+    else:
+        o_s = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = o_c < C
+    x += i_b.to(tl.int64) * T * C
+    dy += i_b.to(tl.int64) * T * C
+    dx += i_b.to(tl.int64) * T * C
+    state += i_b.to(tl.int64) * C * (W - 1)
+    dstate += i_b.to(tl.int64) * C * (W - 1)
+
+    b_dx = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    # da at the tile's own positions (k = 0), kept for the weight gradient
+    b_da0 = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for k in tl.static_range(W):
+        # the output position o_s + k reads x[o_s] through tap W - 1 - k: recompute its pre-activation
+        o_p = o_s + k
+        b_a = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+        for i in tl.static_range(W):
+            b_w = tl.load(weight + o_c * W + i, mask=m_c, other=0.0).to(tl.float32)
+            # the shift as one constant, so that the loads of equal shifts are one load after CSE
+            b_x = _load_prefixed(x, state, o_s + (k + i - (W - 1)), o_c, m_c, T, C, W, HAS_STATE)
+            b_a += b_w[None, :] * b_x
+        m_p = (o_p >= 0) & (o_p < T)
+        p_dy = dy + o_p[:, None] * C + o_c[None, :]
+        b_dy = tl.load(p_dy, mask=m_p[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+        b_sig = tl.sigmoid(b_a)
+        # silu'(a) = sigma(a) (1 + a (1 - sigma(a)))
+        b_da = b_dy * b_sig * (1.0 + b_a * (1.0 - b_sig))
+        b_w = tl.load(weight + o_c * W + (W - 1 - k), mask=m_c, other=0.0).to(tl.float32)
+        b_dx += b_w[None, :] * b_da
+        if k == 0:
+            b_da0 = b_da
+
+    m_x = (o_s >= 0) & (o_s < T)
+    p_dx = dx + o_s[:, None] * C + o_c[None, :]
+    tl.store(p_dx, b_dx.to(dx.dtype.element_ty), mask=m_x[:, None] & m_c[None, :])
+    if HAS_STATE:
+        m_s = o_s < 0
+        p_ds = dstate + o_c[None, :] * (W - 1) + (o_s + W - 1)[:, None]
+        tl.store(p_ds, b_dx.to(dstate.dtype.element_ty), mask=m_s[:, None] & m_c[None, :])
+
+    # b_da0 is zero at s < 0 and s >= T (no output there), so the state's rows add nothing here
+    p_dw = dweight_partial + i_bt.to(tl.int64) * W * C + o_c
+    for j in tl.static_range(W):
+        b_x = _load_prefixed(x, state, o_s + (j - (W - 1)), o_c, m_c, T, C, W, HAS_STATE)
+        tl.store(p_dw + j * C, tl.sum(b_da0 * b_x, axis=0), mask=m_c)
+
+
+def _config(C: int, config: tuple[int, int, int]) -> tuple[int, int, int]:
+    if INTERPRET:
+        # the interpreter runs a program as numpy calls: fewer, larger programs are faster
+        return 64, max(16, min(256, triton.next_power_of_2(C))), 4
+    return config
+
+
+def _device(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    # Triton launches on the current CUDA device; make it x's (several runs packed on one host)
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+@torch.library.custom_op("kda_harness::short_conv_fwd", mutates_args=())
+def short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor | None) -> torch.Tensor:
+    """y [B, T, C] in x's dtype from x [B, T, C], weight [C, W] and an initial state [B, C, W - 1]."""
+    x, weight = x.contiguous(), weight.contiguous()
+    B, T, C = x.shape
+    W = weight.shape[1]
+    y = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
+    if B * T * C == 0:
+        return y
+    has_state = initial_state is not None
+    state = initial_state.contiguous() if has_state else x
+    BT, BC, num_warps = _config(C, FWD_CONFIG)
+    NT = triton.cdiv(T, BT)
+    with _device(x):
+        _short_conv_fwd_kernel[(B * NT, triton.cdiv(C, BC))](
+            x, weight, state, y, T, C, NT,
+            W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=num_warps,
+        )  # fmt: skip
+    return y
+
+
+@short_conv_fwd.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("kda_harness::short_conv_bwd", mutates_args=())
+def short_conv_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx [B, T, C], dweight [C, W], dinitial_state [B, C, W - 1], or an empty tensor without a state)."""
+    dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
+    B, T, C = x.shape
+    W = weight.shape[1]
+    has_state = initial_state is not None
+    dx = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
+    if has_state:
+        state = initial_state.contiguous()
+        dstate = torch.empty(B, C, W - 1, device=x.device, dtype=initial_state.dtype)
+    else:
+        state = dstate = x
+    positions = T + (W - 1 if has_state else 0)
+    BT, BC, num_warps = _config(C, BWD_CONFIG)
+    NT = triton.cdiv(positions, BT)
+    dweight_partial = torch.empty(B * NT, W, C, device=x.device, dtype=torch.float32)
+    if B * C > 0 and NT > 0:
+        with _device(x):
+            _short_conv_bwd_kernel[(B * NT, triton.cdiv(C, BC))](
+                x, weight, state, dy, dx, dstate, dweight_partial, T, C, NT,
+                W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=num_warps,
+            )  # fmt: skip
+    dweight = dweight_partial.sum(0).t().to(weight.dtype).contiguous()  # [C, W]
+    return dx, dweight, dstate if has_state else x.new_empty(0)
+
+
+@short_conv_bwd.register_fake
+def _(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dstate = initial_state.new_empty(initial_state.shape) if initial_state is not None else x.new_empty(0)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), dstate
+
+
+def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, initial_state = inputs
+    ctx.save_for_backward(x, weight, initial_state)
+
+
+def _backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    x, weight, initial_state = ctx.saved_tensors
+    dx, dweight, dstate = short_conv_bwd(dy, x, weight, initial_state)
+    return dx, dweight, dstate if initial_state is not None else None
+
+
+short_conv_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def triton_short_conv(
+    x: torch.Tensor,  # [B, T, C]
+    weight: torch.Tensor,  # [C, W]
+    initial_state: torch.Tensor | None = None,  # [B, C, W - 1]
+) -> torch.Tensor:
+    """y [B, T, C] in x's dtype, differentiable in all three inputs (shapes checked by kernels.conv)."""
+    if x.device.type == "cpu" and not INTERPRET:
+        raise ValueError(
+            "short_conv: the Triton kernel got CPU tensors but Triton's interpreter is off; set "
+            "TRITON_INTERPRET=1 before triton is imported, or use backend='torch' (or 'auto') on the CPU"
+        )
+    return short_conv_fwd(x, weight, initial_state)

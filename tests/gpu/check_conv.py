@@ -1,0 +1,255 @@
+"""GPU check of the short convolution's Triton kernel (kernels/triton/conv.py): correctness and speed.
+
+Run on the device machine (a CUDA GPU):
+
+    python tests/gpu/check_conv.py --out runs/gpu_check           # correctness grid + timing
+    python tests/gpu/check_conv.py --out runs/gpu_check --sweep   # + the kernels' tile configs timed
+    python tests/gpu/check_conv.py --compile                      # sm_90 registers/spills (no GPU needed)
+    TRITON_INTERPRET=1 python tests/gpu/check_conv.py --cpu --out /tmp/conv   # the grid, tiny, on the CPU
+
+Correctness: for bf16 and fp32 at the paper's shape (B=256, T=1024, C=256, W=4, with and without an initial
+state) and odd shapes (odd lengths and channel counts, W in {2, 3, 4, 8}, the decode step T=1): relative RMS
+error of y, the final state and the gradients of x, weight and the initial state, against the F.conv1d
+reference in float64 on the same (rounded) inputs. The same error of the path the mixers took before (the
+reference in the input dtype, weight cast to it) is written beside ours as a cross-check of the bounds.
+Bounds: fp32 1e-5; bf16 y 5e-3, gradients 8e-3 (the kernel rounds only its outputs).
+Timing (bf16, B=256, T=1024, C=256, W=4, no state: a training step's conv): forward and forward + backward
+(dx and dweight) of ours and of the F.conv1d path, triton.testing.do_bench medians.
+Writes conv_errors.csv and conv_timing.csv into --out, prints tables; exits 1 if an error is over its bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from kernels.conv import short_conv, short_conv_reference  # noqa: E402
+
+BOUNDS = {
+    torch.float32: {"y": 1e-5, "final_state": 1e-5, "dx": 1e-5, "dweight": 1e-5, "dstate": 1e-5},
+    torch.bfloat16: {"y": 5e-3, "final_state": 5e-3, "dx": 8e-3, "dweight": 8e-3, "dstate": 8e-3},
+}
+# (B, T, C, W, with initial state)
+PAPER = [(256, 1024, 256, 4, False), (256, 1024, 256, 4, True)]
+ODD = [
+    (3, 1000, 200, 4, True),
+    (5, 63, 96, 3, False),
+    (2, 100, 48, 2, True),
+    (4, 17, 256, 8, True),
+    (32, 1, 768, 4, True),
+    (1, 8192, 512, 4, False),
+]
+CPU = [(2, 17, 48, 4, True), (2, 1, 48, 3, True), (1, 63, 20, 2, False)]
+# tile configs (BLOCK_T, BLOCK_C, num_warps) for --sweep
+SWEEP = [(16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8)]
+
+
+def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    denominator = ref.pow(2).mean().sqrt().item()
+    return (x - ref).pow(2).mean().sqrt().item() / (denominator if denominator > 0 else 1.0)
+
+
+def _grads(x, weight, state, fn, dy, dfinal) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in (x, weight, state)]
+    y, final = fn(*leaves)
+    wanted = [t for t in leaves if t is not None]
+    grads = torch.autograd.grad((y * dy.to(y.dtype)).sum() + (final * dfinal.to(final.dtype)).sum(), wanted)
+    out = {"y": y, "final_state": final, "dx": grads[0], "dweight": grads[1]}
+    if state is not None:
+        out["dstate"] = grads[2]
+    return out
+
+
+def check_case(
+    B: int, T: int, C: int, W: int, with_state: bool, dtype: torch.dtype, device: str
+) -> list[dict]:
+    gen = torch.Generator(device=device).manual_seed(B * 7 + T * 3 + C + W)
+    x = torch.randn(B, T, C, device=device, generator=gen).to(dtype)
+    weight = torch.randn(C, W, device=device, generator=gen) / W**0.5
+    state = torch.randn(B, C, W - 1, device=device, generator=gen).to(dtype) if with_state else None
+    dy = torch.randn(B, T, C, device=device, generator=gen)
+    dfinal = torch.randn(B, C, W - 1, device=device, generator=gen)
+    ours = _grads(x, weight, state, lambda *a: short_conv(*a, backend="triton"), dy, dfinal)
+    ref = _grads(*(t.double() if t is not None else None for t in (x, weight, state)), short_conv_reference,
+                 dy.double(), dfinal.double())  # fmt: skip
+    before = _grads(x, weight, state, short_conv_reference, dy, dfinal)
+    rows = []
+    for name in ref:
+        err, err_before = rel_rms(ours[name], ref[name]), rel_rms(before[name], ref[name])
+        rows.append({
+            "dtype": str(dtype).removeprefix("torch."), "B": B, "T": T, "C": C, "W": W, "state": with_state,
+            "tensor": name, "ours": err, "before": err_before, "bound": BOUNDS[dtype][name],
+            "ok": err <= BOUNDS[dtype][name],
+        })  # fmt: skip
+    return rows
+
+
+def _bench(fn, warmup: int = 25, rep: int = 100) -> float:  # noqa: ANN001
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def timing(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
+    """ms of forward and forward + backward, ours and the F.conv1d path, bf16, no initial state."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(B, T, C, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_(True)
+    weight = (torch.randn(C, W, device="cuda", generator=gen) / W**0.5).requires_grad_(True)
+    dy = torch.randn(B, T, C, device="cuda", generator=gen, dtype=torch.bfloat16)
+    paths = {"ours": lambda: short_conv(x, weight, backend="triton")[0],
+             "F.conv1d": lambda: short_conv_reference(x, weight)[0]}  # fmt: skip
+    rows = []
+    for name, fn in paths.items():
+        with torch.no_grad():
+            fwd = _bench(fn)
+
+        def step(fn=fn) -> None:
+            x.grad = weight.grad = None
+            fn().backward(dy)
+
+        rows.append({"path": name, "B": B, "T": T, "C": C, "W": W, "fwd_ms": fwd, "fwd_bwd_ms": _bench(step)})
+    return rows
+
+
+def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
+    """ms of each kernel alone at each tile config of SWEEP (bf16, no initial state)."""
+    from kernels.triton import conv
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(B, T, C, device="cuda", generator=gen, dtype=torch.bfloat16)
+    weight = torch.randn(C, W, device="cuda", generator=gen)
+    dy = torch.randn_like(x)
+    rows = []
+    default = conv.FWD_CONFIG, conv.BWD_CONFIG
+    try:
+        for config in SWEEP:
+            conv.FWD_CONFIG = conv.BWD_CONFIG = config
+            fwd = _bench(lambda: conv.short_conv_fwd(x, weight, None))
+            bwd = _bench(lambda: conv.short_conv_bwd(dy, x, weight, None))
+            rows.append({"BLOCK_T": config[0], "BLOCK_C": config[1], "num_warps": config[2],
+                         "fwd_ms": fwd, "bwd_ms": bwd, "default_fwd": config == default[0],
+                         "default_bwd": config == default[1]})  # fmt: skip
+    finally:
+        conv.FWD_CONFIG, conv.BWD_CONFIG = default
+    return rows
+
+
+def compile_report(W: int = 4) -> list[dict]:
+    """Registers a thread and spilled bytes of both kernels compiled for sm_90 (bf16 x, fp32 weight, C and T
+    multiples of 16, as a launch at the paper's shape specializes them). Needs no GPU."""
+    import re
+    import subprocess
+    import tempfile
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("--compile compiles for the GPU: run it without TRITON_INTERPRET=1")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.triton import conv
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    kernels = [(conv._short_conv_fwd_kernel, conv.FWD_CONFIG), (conv._short_conv_bwd_kernel, conv.BWD_CONFIG)]
+    rows = []
+    for kernel, (BT, BC, warps) in kernels:
+        for has_state in (False, True):
+            sig, consts, attrs = {}, {}, {}
+            for i, p in enumerate(kernel.params):
+                if p.is_constexpr:
+                    sig[p.name] = "constexpr"
+                    consts[p.name] = {"W": W, "HAS_STATE": has_state, "BLOCK_T": BT, "BLOCK_C": BC}[p.name]
+                    continue
+                if p.name in ("T", "C", "NT"):
+                    sig[p.name] = "i32"
+                else:
+                    sig[p.name] = "*fp32" if p.name in ("weight", "dweight_partial") else "*bf16"
+                if p.name != "NT":
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+            src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
+            out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(out.asm["cubin"])
+                f.flush()
+                usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
+                                       text=True, check=True).stdout  # fmt: skip
+            fields = dict(re.findall(r"(\w+(?:\[\d\])?):(\d+)", usage))
+            rows.append({"kernel": kernel.fn.__name__, "state": has_state, "BLOCK_T": BT, "BLOCK_C": BC,
+                         "warps": warps, "regs": int(fields["REG"]),
+                         "spill_bytes": int(fields["LOCAL"]) + int(fields["STACK"])})  # fmt: skip
+    return rows
+
+
+def _table(rows: list[dict]) -> str:
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.2e}" if v < 0.1 else f"{v:.4g}"
+        return str(v)
+
+    lines = [" ".join(f"{k:>11}" for k in rows[0])]
+    lines += [" ".join(f"{cell(v):>11}" for v in r.values()) for r in rows]
+    return "\n".join(lines)
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="folder for conv_errors.csv, conv_timing.csv")
+    parser.add_argument("--cpu", action="store_true", help="tiny grid on CPU tensors; TRITON_INTERPRET=1")
+    parser.add_argument("--sweep", action="store_true", help="also time the kernels at the configs of SWEEP")
+    parser.add_argument("--compile", action="store_true", help="only compile for sm_90: registers, spills")
+    args = parser.parse_args(argv)
+    if args.compile:
+        print(_table(compile_report()))
+        return 0
+    if args.cpu:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("--cpu runs the Triton kernel in the interpreter: set TRITON_INTERPRET=1")
+        device, cases, dtypes = "cpu", CPU, (torch.float32, torch.bfloat16)
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: run this on the GPU machine, or --cpu for the tiny CPU grid")
+        device, cases, dtypes = "cuda", PAPER + ODD, (torch.bfloat16, torch.float32)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    errors = [row for dtype in dtypes for case in cases for row in check_case(*case, dtype, device)]
+    print(_table(errors))
+    if args.out is not None:
+        _write(args.out / "conv_errors.csv", errors)
+    if device == "cuda":
+        print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}")
+        times = timing()
+        print(_table(times))
+        ours, ref = times
+        fwd, both = ref["fwd_ms"] / ours["fwd_ms"], ref["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
+        print(f"speed-up of ours over F.conv1d: forward {fwd:.1f}x, forward + backward {both:.1f}x")
+        if args.out is not None:
+            _write(args.out / "conv_timing.csv", times)
+        if args.sweep:
+            configs = sweep()
+            print(_table(configs))
+            if args.out is not None:
+                _write(args.out / "conv_sweep.csv", configs)
+    bad = [r for r in errors if not r["ok"]]
+    for r in bad:
+        print(f"OVER BOUND: {r}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
