@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from mixers.base import Mixer
+from mixers.loss import linear_cross_entropy
 
 # Keys Hydra's instantiate reads itself; they are not constructor arguments.
 _HYDRA_KEYS = {"_target_", "_recursive_", "_convert_", "_partial_", "_args_"}
@@ -173,11 +174,23 @@ class LanguageModel(nn.Module):
     def mixers(self) -> list[Mixer]:
         return [block.mixer for block in self.blocks]
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, vocab]
+    def features(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, D]
+        """The final normalised hidden states, the LM head's input (training scores only labelled positions:
+        `scored_loss`)."""
         x = self.embedding(tokens)  # [B, T, D]
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.norm(x))
+        return self.norm(x)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, vocab]
+        return self.lm_head(self.features(tokens))
+
+    def scored_loss(self, features: torch.Tensor, positions: torch.Tensor,
+                    targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed cross-entropy, hits [N] bool) of the head at `positions` (flat indices into [B * T])
+        against `targets` [N], without forming the logits of any other position (mixers/loss.py)."""
+        hidden = features.flatten(0, 1).index_select(0, positions)  # [N, D]
+        return linear_cross_entropy(hidden, self.lm_head.weight, targets)
 
     def init_cache(self, batch_size: int, device: torch.device | str,
                    dtype: torch.dtype = torch.float32) -> list[dict[str, Any]]:

@@ -1,0 +1,102 @@
+"""The LM head and cross-entropy at the labelled positions only, without a `[tokens, vocab]` logits tensor.
+
+The synthetic tasks score a fraction of the positions (MQAR its queries, Palindrome its second half), and
+their vocabularies reach 8192 ids: full fp32 logits of a `[256, 1024]` batch are 8 GiB before the softmax
+and its gradient. Here the caller gathers the final hidden states of the scored positions (`[N, D]`), and
+`linear_cross_entropy` runs the head and the loss over them in blocks of rows: each block's logits live
+only inside the loop, and with a gradient wanted the block's gradients with respect to the hidden states and
+the head's weight are computed right there, so the backward only scales them.
+
+The slow, obvious reference is `F.cross_entropy(hidden @ weight.T, targets, reduction="sum")`
+(tests/test_loss.py checks loss, hits and both gradients against it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Rows of logits per block: 4096 x 8192 fp32 logits are 128 MiB, enough to keep the matmuls efficient.
+DEFAULT_BLOCK_ROWS = 4096
+
+
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    # under autocast the head's matmul runs in the autocast dtype, as nn.Linear would; the softmax in fp32
+    if torch.is_autocast_enabled(hidden.device.type):
+        return torch.get_autocast_dtype(hidden.device.type)
+    return hidden.dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, block_rows):  # [N, D], [V, D], [N]
+        dtype = _compute_dtype(hidden)
+        wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        # the softmax in fp32 at least (fp64 inputs, as in the tests' references, stay fp64)
+        acc = torch.promote_types(dtype, torch.float32)
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(dtype)
+            loss = hidden.new_zeros((), dtype=acc)
+            hits = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+            grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+            grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
+                if ctx.needs_input_grad[1] else None
+            for start in range(0, hidden.shape[0], block_rows):
+                rows = slice(start, start + block_rows)
+                h = hidden[rows].to(dtype)  # [n, D]
+                logits = (h @ w.T).to(acc)  # [n, V]
+                target = targets[rows]
+                lse = torch.logsumexp(logits, dim=-1)  # [n]
+                picked = logits.gather(1, target[:, None])[:, 0]
+                loss += (lse - picked).sum()
+                hits[rows] = logits.argmax(-1) == target
+                if wants_grad:
+                    # d(lse - logit_y)/dlogits = softmax - onehot(y), formed in place of the logits
+                    grad = logits.sub_(lse[:, None]).exp_()
+                    grad.scatter_add_(1, target[:, None], grad.new_full((len(target), 1), -1.0))
+                    grad = grad.to(dtype)
+                    if grad_hidden is not None:
+                        grad_hidden[rows] = (grad @ w).to(hidden.dtype)
+                    if grad_weight is not None:
+                        grad_weight += (grad.T @ h).to(acc)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(hits)
+        return loss, hits
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_hits):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        dh = None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype)
+        dw = None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype)
+        return dh, dw, None, None
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,  # [N, D], the final hidden states of the scored positions
+    weight: torch.Tensor,  # [V, D], the LM head's weight
+    targets: torch.Tensor,  # [N] int64, each in [0, V)
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (the summed cross-entropy: a float32 scalar, float64 for float64 inputs; hits [N] bool:
+    whether argmax == target).
+
+    Differentiable in `hidden` and `weight`. Divide the sum by N for the mean over scored positions.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear_cross_entropy: hidden {list(hidden.shape)} and weight {list(weight.shape)} "
+                         "must be [N, D] and [V, D] with the same D")
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"linear_cross_entropy: targets {list(targets.shape)} must be [N] = "
+                         f"[{hidden.shape[0]}], one per row of hidden")
+    if block_rows < 1:
+        raise ValueError(f"linear_cross_entropy: block_rows={block_rows} must be >= 1")
+    return _LinearCrossEntropy.apply(hidden, weight, targets, block_rows)
+
+
+def reference_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
+                            targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The obvious form on the full logits (what `linear_cross_entropy` must equal)."""
+    logits = hidden @ weight.T
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits, targets, reduction="sum"), logits.argmax(-1) == targets
