@@ -17,20 +17,22 @@ against its constructor). Every run writes into its Hydra run directory:
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import json
 import logging
 import math
-import os
 import re
+import signal
+import threading
 import time
 import traceback
-from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import hydra
 import torch
@@ -41,6 +43,7 @@ from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from mixers.model import LanguageModel
+from rundir import FileUnreadable, ResumeRefused, RunDir, RunDirError
 
 log = logging.getLogger("train")
 
@@ -156,13 +159,45 @@ class Progress:
     wandb_id: str | None = None
 
 
+def _schema_problems(node: Any, schema: type, prefix: str = "") -> list[str]:
+    """Keys of `node` that the dataclass `schema` lacks (a `+key=value` override adds them past Hydra's typed
+    config), and floats that are not finite; free-form fields (`mixer`, `task.params`) are not walked."""
+    hints = get_type_hints(schema)
+    problems = []
+    for key in node.keys():
+        name = f"{prefix}{key}"
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f"did you mean {prefix}{close[0]}?" if close else f"known: {list(hints)}"
+            problems.append(f"unknown key {name} ({hint})")
+            continue
+        if OmegaConf.is_interpolation(node, key):  # resolved in the run; train.py reads it there
+            continue
+        value = node[key]
+        if is_dataclass(hints[key]) and isinstance(value, DictConfig):
+            problems += _schema_problems(value, hints[key], f"{name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{name}={value} is not a finite number")
+    return problems
+
+
 def validate(cfg: DictConfig) -> None:
-    """Check the values the schema's types cannot; each error names the key and the fix."""
-    t, tr, o = cfg.task, cfg.trainer, cfg.optim
+    """Check what the schema's types cannot: keys added with `+`, non-finite numbers and value ranges; each
+    error names the key and the fix."""
+    problems = _schema_problems(cfg, Config)
+    unknown = [p for p in problems if p.startswith("unknown key")]
+    if unknown:
+        raise ValueError("config: " + "; ".join(unknown) + ". A key given with `+` must still be one of "
+                         "train.py's schema (only mixer.* and task.params.* are free-form): fix the "
+                         "spelling, or drop the `+` to let Hydra check it")
+    if problems:
+        raise ValueError("config: " + "; ".join(problems) + ": give a finite value")
+    t, tr, o, m = cfg.task, cfg.trainer, cfg.optim, cfg.model
     positive = {"task.seq_len": t.seq_len, "task.num_train": t.num_train, "task.num_eval": t.num_eval,
                 "trainer.max_steps": tr.max_steps, "trainer.batch_size": tr.batch_size,
                 "trainer.eval_batch_size": tr.eval_batch_size, "trainer.eval_every": tr.eval_every,
-                "trainer.log_every": tr.log_every, "trainer.checkpoint_every": tr.checkpoint_every}
+                "trainer.log_every": tr.log_every, "trainer.checkpoint_every": tr.checkpoint_every,
+                "model.d_model": m.d_model, "model.num_layers": m.num_layers}
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"{key}={value}: must be >= 1")
@@ -170,13 +205,114 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"task.eval_seq_lens={list(t.eval_seq_lens)}: lengths must be >= 1")
     if tr.precision not in ("auto", "bf16", "fp32"):
         raise ValueError(f"trainer.precision={tr.precision!r}: choose auto, bf16 or fp32")
-    if not o.lr > 0 or o.warmup_steps < 0 or not 0 <= o.min_lr_ratio <= 1 or len(o.betas) != 2:
-        raise ValueError(f"optim: need lr > 0 (got {o.lr}), warmup_steps >= 0 (got {o.warmup_steps}), "
-                         f"0 <= min_lr_ratio <= 1 (got {o.min_lr_ratio}), two betas (got {list(o.betas)})")
+    ranges = [
+        ("optim.lr", o.lr, o.lr > 0, "must be > 0"),
+        ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, "must be >= 0 (0: no weight decay)"),
+        ("optim.eps", o.eps, o.eps > 0, "must be > 0"),
+        ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, "must be >= 0"),
+        ("optim.min_lr_ratio", o.min_lr_ratio, 0 <= o.min_lr_ratio <= 1, "must be in [0, 1]"),
+        ("optim.betas", list(o.betas), len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+         "must be two numbers in [0, 1)"),
+        # 0 would read as "no clipping" through `or`, a negative value flips every update (trains backwards)
+        ("optim.grad_clip", o.grad_clip, o.grad_clip is None or o.grad_clip > 0,
+         "must be > 0, or null for no clipping"),
+        ("trainer.acc_threshold", tr.acc_threshold, 0 <= tr.acc_threshold <= 1,
+         "must be in [0, 1] (an accuracy)"),
+        ("model.mlp_ratio", m.mlp_ratio, m.mlp_ratio > 0, "must be > 0"),
+        ("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be > 0"),
+    ]
+    for key, value, ok, rule in ranges:
+        if not ok:
+            raise ValueError(f"{key}={value}: {rule}")
     if cfg.logger.wandb.mode not in ("disabled", "offline", "online"):
         raise ValueError(f"logger.wandb.mode={cfg.logger.wandb.mode!r}: choose disabled, offline or online")
     if cfg.seed < 0:
         raise ValueError(f"seed={cfg.seed}: must be >= 0")
+
+
+# What a resumed run may change: where and how it runs, not what it computes. A change here is applied from
+# the resume step on and recorded in the summary (`config_changes`); any other change refuses the resume.
+RESUME_MAY_CHANGE = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoint_every", "trainer.compile",
+                     "logger.")
+
+
+def _config_changes(old: dict[str, Any], new: dict[str, Any], step: int,
+                    checkpoint: Path) -> list[dict[str, Any]]:
+    """The changes from the checkpoint's flattened config `old` to this launch's `new` that a resume may
+    apply (as records with the step they take effect at); `ResumeRefused` for any other change."""
+    changed = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])
+    for key in sorted(old.keys() ^ new.keys()):
+        log.warning("resume: the checkpoint's config and this launch's differ in having %s (another version "
+                    "of train.py); taken as unchanged", key)
+    refused = [k for k in changed if not k.startswith(RESUME_MAY_CHANGE)]
+    if refused:
+        listed = ", ".join(f"{k}={old[k]!r} -> {new[k]!r}" for k in refused)
+        raise ResumeRefused(
+            f"resume refused: {checkpoint} (step {step}) was trained with another config ({listed}). Its "
+            "optimizer state, schedule and data order are those of the old values, so the run would go on "
+            "under the old config while recording the new one. Launch with the checkpoint's values to "
+            "resume; give the new config its own run directory (hydra.run.dir=..., or another sweep dir); "
+            "or, to train this directory again from step 0, delete its checkpoint.pt, metrics.jsonl and "
+            "summary.json")
+    return [{"step": step, "key": k, "old": old[k], "new": new[k]} for k in changed]
+
+
+def _resume(rundir: RunDir, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            scheduler: Any, progress: Progress, meta: dict[str, Any]) -> None:
+    """Load a checkpoint's state into the run, after checking that its config is this launch's."""
+    step = int(state["progress"].get("step", 0))
+    changes = _config_changes(state["config"], meta["config"], step, rundir.checkpoint)
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+    except (RuntimeError, KeyError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        reason = f"does not fit this model and optimizer ({type(error).__name__}: {first})"
+        raise FileUnreadable(rundir.checkpoint, reason, "delete it to train the run from step 0") from None
+    progress.__dict__.update(state["progress"])
+    meta["config_changes"] = state.get("config_changes", []) + changes
+    if changes:
+        log.info("resuming with %s changed from step %d on", ", ".join(
+            f"{c['key']}={c['old']!r} -> {c['new']!r}" for c in changes), step)
+
+
+def logged_steps(trainer: DictConfig, up_to: int) -> list[int]:
+    """The steps through `up_to` that write a metrics record: the first, every log_every-th and eval_every-th,
+    and the last."""
+    last = trainer.max_steps
+    return [s for s in range(1, min(up_to, last) + 1)
+            if s == 1 or s % trainer.log_every == 0 or s % trainer.eval_every == 0 or s == last]
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived (schedulers, `kill`, a sweep whose launcher died): stop like Ctrl-C, exit 143."""
+
+    def __str__(self) -> str:
+        return "SIGTERM"
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Turn SIGTERM into `Terminated` for the block, so that it checkpoints like Ctrl-C. Left alone where
+    someone else handles SIGTERM already (submitit does, to requeue), or off the main thread."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    seen = []
+
+    def handler(signum: int, frame: Any) -> None:
+        # once: a second SIGTERM while the first one's checkpoint is written must not cut it
+        if not seen:
+            seen.append(signum)
+            raise Terminated(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def resolve_device(spec: str, job_num: int | None = None) -> torch.device:
@@ -341,13 +477,6 @@ def first_nonfinite(model: torch.nn.Module, x: torch.Tensor, autocast: Callable[
     return found[0] if found else None
 
 
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    """Write via a temporary file so a kill mid-write never leaves a truncated file behind."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(obj, dict):
         out: dict[str, Any] = {}
@@ -355,24 +484,6 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(value, f"{prefix}{key}."))
         return out
     return {prefix[:-1]: obj}
-
-
-def _truncate_metrics(path: Path, last_step: int) -> None:
-    """Keep only the metrics lines up to the checkpoint's step, so a resumed run neither repeats nor skips."""
-    if not path.exists():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a kill
-            continue
-        if record.get("step", math.inf) <= last_step:
-            kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
 
 
 def _start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress,
@@ -597,19 +708,13 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, optim.warmup_steps, trainer.max_steps, optim.min_lr_ratio))
 
-    checkpoint_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
-    if checkpoint_path.exists():
-        state = torch.load(checkpoint_path, map_location=device, weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        progress.__dict__.update(state["progress"])
-        old = state["config"]
-        changed = {k: (v, old.get(k)) for k, v in meta["config"].items() if old.get(k) != v}
-        if changed:
-            log.warning("resuming with a changed config (new, old): %s", changed)
+    rundir = RunDir(run_dir)
+    checkpoint_path, metrics_path = rundir.checkpoint, rundir.metrics
+    state = rundir.load_checkpoint(device)
+    if state is not None:
+        _resume(rundir, state, model, optimizer, scheduler, progress, meta)
         log.info("resumed from %s at step %d", checkpoint_path, progress.step)
-    _truncate_metrics(metrics_path, progress.step)
+    rundir.cut_metrics(progress.step, logged_steps(trainer, progress.step))
     # The step the checkpoint on disk holds (None: no checkpoint yet), for what an interrupt says.
     saved = {"step": progress.step if checkpoint_path.exists() else None}
     log.info("%s on %s: %d parameters, state %d numbers at length %d, vocab %d", meta["mixer"], task.name,
@@ -618,9 +723,9 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     def save_checkpoint() -> None:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  "scheduler": scheduler.state_dict(), "progress": asdict(progress),
-                 "data_position": progress.step * trainer.batch_size, "config": meta["config"]}
-        torch.save(state, run_dir / "checkpoint.pt.tmp")
-        os.replace(run_dir / "checkpoint.pt.tmp", checkpoint_path)
+                 "data_position": progress.step * trainer.batch_size, "config": meta["config"],
+                 "config_changes": meta.get("config_changes", [])}
+        rundir.save_checkpoint(state)
         saved["step"] = progress.step
 
     wandb_run = _start_wandb(cfg, run_dir, meta, progress, sweep_dir)
@@ -748,13 +853,38 @@ def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None
 
     On an exception the summary says `failed` with the error, the traceback goes to train.log, and the
     exception is re-raised (the caller decides whether a sweep goes on). An interrupt (KeyboardInterrupt,
-    SystemExit) checkpoints the last finished step, leaves status `incomplete` and is re-raised.
+    SystemExit, SIGTERM) checkpoints the last finished step, leaves status `incomplete` and is re-raised.
+    A `RunDirError` (another process writes into `run_dir`; a resume with a changed config) refuses the
+    launch and leaves the directory as it was.
     """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    summary_path = run_dir / "summary.json"
-    if summary_path.exists():
-        previous = json.loads(summary_path.read_text())
+    rundir = RunDir(run_dir)
+    try:
+        with rundir.lock(), _sigterm_interrupts():
+            return _train(cfg, rundir, mixer_name, job_num, sweep_dir)
+    except RunDirError as error:
+        log.error("%s", error)
+        raise
+
+
+def _previous_summary(rundir: RunDir) -> dict[str, Any] | None:
+    """The run directory's summary; an unreadable one is set aside (the run resumes from its checkpoint and
+    writes a new one), with a warning in train.log."""
+    try:
+        return rundir.read_summary()
+    except FileUnreadable as error:
+        _attach_log_file(rundir.log)
+        moved = rundir.set_aside_summary()
+        resume = "resumes from checkpoint.pt" if rundir.checkpoint.exists() else "starts over (no checkpoint)"
+        log.warning("%s: %s; moved to %s, the run %s and writes a new summary", rundir.summary, error.reason,
+                    moved.name, resume)
+        return None
+
+
+def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str | None, job_num: int | None,
+           sweep_dir: str | None) -> dict[str, Any]:
+    run_dir = rundir.path
+    previous = _previous_summary(rundir)
+    if previous is not None:
         if previous.get("status") in FINISHED:
             print(f"{run_dir}: already {previous['status']} (final eval acc "
                   f"{_format_acc(previous.get('final_eval_acc'))}); nothing to do. Delete summary.json to "
@@ -775,21 +905,23 @@ def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None
     except (KeyboardInterrupt, SystemExit) as interrupt:
         # Not a failure: analysis/collect.py counts `incomplete` runs as resumable, not broken.
         extra = {"error": f"{type(interrupt).__name__}: {interrupt}"}
-        _write_json(summary_path, _summary("incomplete", progress, meta, extra))
+        rundir.write_summary(_summary("incomplete", progress, meta, extra))
+        raise
+    except RunDirError:
         raise
     except BaseException as error:
         # The traceback once on the console: Hydra prints a single run's; a sweep's is in train.log.
         _log_to_file(run_dir / "train.log", logging.ERROR, "run failed:\n" + traceback.format_exc())
         log.error("run failed: %s: %s (traceback in %s)", type(error).__name__, error, run_dir / "train.log")
         extra = {"error": f"{type(error).__name__}: {error}"}
-        _write_json(summary_path, _summary("failed", progress, meta, extra))
+        rundir.write_summary(_summary("failed", progress, meta, extra))
         raise
     summary = _summary(status, progress, meta, {})
-    _write_json(summary_path, summary)
+    rundir.write_summary(summary)
     log.info("%s: %s after %d steps, final eval acc %s, best %s, %s", meta["mixer"], status, progress.step,
              _format_acc(summary["final_eval_acc"]), _format_acc(summary["best_eval_acc"]),
              format_duration(progress.wall_time_s))
-    log.info("outputs: %s (metrics.jsonl, summary.json, checkpoint.pt, train.log)", run_dir.resolve())
+    log.info("outputs: %s (%s)", run_dir.resolve(), ", ".join(rundir.existing()))
     return summary
 
 
@@ -833,6 +965,10 @@ def main(cfg: DictConfig) -> float:
         summary = train(cfg, hydra_cfg.runtime.output_dir, mixer_name=hydra_cfg.runtime.choices.get("mixer"),
                         job_num=hydra_cfg.job.num if multirun else None,
                         sweep_dir=hydra_cfg.sweep.dir if multirun else None)
+    except RunDirError:
+        # Nothing was recorded in the run directory (it belongs to another process, or to another config):
+        # the job fails, and the sweep's summary lists it.
+        raise
     except Exception:
         # Recorded in summary.json and train.log already; a sweep goes on to its next job.
         if multirun:

@@ -46,7 +46,8 @@ SCALAR_AND_CHANNEL = [
 ]
 
 
-@pytest.mark.parametrize(("name", "decay", "delta"), SCALAR_AND_CHANNEL, ids=[c[0] for c in SCALAR_AND_CHANNEL])
+@pytest.mark.parametrize(("name", "decay", "delta"), SCALAR_AND_CHANNEL,
+                         ids=[c[0] for c in SCALAR_AND_CHANNEL])
 def test_zero_decay_matches_the_reference(name: str, decay: str, delta: bool) -> None:
     """g = -inf (exp(g) = 0: the state is forgotten) is legal; the chunked form must equal the token loop,
     in outputs, final state and every gradient, not turn NaN."""
@@ -105,3 +106,209 @@ def test_triton_without_gpu_or_interpreter_says_what_to_do(monkeypatch: pytest.M
         kernels.chunk_linear_attn(q, q, q, backend="triton")
     with pytest.raises(ValueError, match=r"TRITON_INTERPRET=1"):
         kernels.linear_attn_step(q[:, 0], q[:, 0], q[:, 0], torch.zeros(1, 1, 8, 8), backend="triton")
+
+
+# ---- the run directory: one writer, consistent files, clear refusals ----
+
+import train  # noqa: E402
+from rundir import FileUnreadable, ResumeRefused, RunDirBusy  # noqa: E402
+
+SHORT = ["trainer.max_steps=20", "trainer.eval_every=10", "trainer.log_every=2", "trainer.checkpoint_every=5"]
+
+
+def _interrupted_run(
+    make_cfg: MakeCfg, run_dir: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str
+) -> None:
+    """A run stopped by Ctrl-C as step 13 starts: checkpoint of step 12, summary `incomplete`."""
+    indices = train.EpochSampler.indices
+
+    def stop_at_13(self: train.EpochSampler, step: int) -> torch.Tensor:
+        if step == 12:
+            raise KeyboardInterrupt
+        return indices(self, step)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(train.EpochSampler, "indices", stop_at_13)
+        with pytest.raises(KeyboardInterrupt):
+            train.train(make_cfg(*SHORT, *overrides), run_dir, mixer_name="attention")
+    assert _summary(run_dir)["status"] == "incomplete"
+
+
+def _hold_lock(run_dir: Path) -> subprocess.Popen[str]:
+    """Another process that holds the run directory's lock until killed."""
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from rundir import RunDir\n"
+            f"with RunDir({str(run_dir)!r}).lock():\n    print('held', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_writer_is_refused_and_a_killed_one_holds_no_lock(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    holder = _hold_lock(tmp_path)
+    try:
+        with pytest.raises(RunDirBusy, match=rf"in use by pid {holder.pid} .*wait for that run to end"):
+            train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+        # refused before it touched anything
+        assert not (tmp_path / "summary.json").exists() and not (tmp_path / "metrics.jsonl").exists()
+    finally:
+        holder.kill()  # SIGKILL: no chance to release anything
+        holder.wait()
+    assert train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("optim.grad_clip=-1", "optim.grad_clip=-1.0: must be > 0, or null"),
+        ("optim.grad_clip=0", "optim.grad_clip=0.0: must be > 0, or null"),
+        ("optim.weight_decay=-1", "optim.weight_decay=-1.0: must be >= 0"),
+        ("trainer.acc_threshold=2", r"trainer.acc_threshold=2.0: must be in \[0, 1\]"),
+        ("optim.lr=inf", "optim.lr=inf is not a finite number"),
+        ("+trainer.max_stepz=10", "unknown key trainer.max_stepz .did you mean trainer.max_steps"),
+        ("+optim.lrr=1e-2", "unknown key optim.lrr .did you mean optim.lr"),
+        ("+task.seq_lenn=64", "unknown key task.seq_lenn"),
+        ("+sed=1", "unknown key sed .did you mean seed"),
+        ("+model.d_modle=64", "unknown key model.d_modle .did you mean model.d_model"),
+    ],
+)
+def test_impossible_values_and_added_keys_are_refused(
+    make_cfg: MakeCfg, tmp_path: Path, override: str, named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        train.train(make_cfg(*SHORT, override), tmp_path, mixer_name="attention")
+    summary = _summary(tmp_path)
+    assert summary["status"] == "failed" and summary["steps"] == 0
+    assert not (tmp_path / "metrics.jsonl").exists()  # before any work
+
+
+def test_resume_with_a_changed_config_is_refused_or_recorded(
+    make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _interrupted_run(make_cfg, tmp_path, monkeypatch)
+    names = ("summary.json", "metrics.jsonl", "checkpoint.pt")
+    before = {name: (tmp_path / name).read_bytes() for name in names}
+    # the checkpoint's optimizer and schedule hold lr 1e-3: resuming at 1e-2 would record a value not used
+    with pytest.raises(ResumeRefused, match=r"optim.lr=0.001 -> 0.01.*Launch with the checkpoint's values"):
+        train.train(make_cfg(*SHORT, "optim.lr=1e-2"), tmp_path, mixer_name="attention")
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    assert "resume refused" in (tmp_path / "train.log").read_text()
+    # where it runs may change; the summary records the change and the step it took effect at
+    summary = train.train(make_cfg(*SHORT, "trainer.checkpoint_every=4"), tmp_path, mixer_name="attention")
+    assert summary["status"] == "completed" and summary["steps"] == 20
+    assert summary["config_changes"] == [{"step": 12, "key": "trainer.checkpoint_every", "old": 5, "new": 4}]
+
+
+def test_a_corrupt_summary_is_rebuilt_from_the_checkpoint(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    first = train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+    (tmp_path / "summary.json").write_text('{"status": "compl')
+    again = train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+    log = (tmp_path / "train.log").read_text()
+    assert "summary.json: not valid JSON" in log and "resumes from checkpoint.pt" in log
+    assert (tmp_path / "summary.json.corrupt").read_text() == '{"status": "compl'
+    for key in ("status", "steps", "final_eval_acc", "best_eval_acc", "steps_to_threshold", "n_params"):
+        assert again[key] == first[key]
+
+
+def test_a_corrupt_checkpoint_is_named_with_the_fix(
+    make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _interrupted_run(make_cfg, tmp_path, monkeypatch)
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
+    with pytest.raises(FileUnreadable, match=r"checkpoint.pt: cannot be read .*delete it to train the run"):
+        train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+    summary = _summary(tmp_path)
+    assert summary["status"] == "failed" and "checkpoint.pt" in summary["error"]
+
+
+def test_gaps_and_cut_lines_in_metrics_are_reported(
+    make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _interrupted_run(make_cfg, tmp_path, monkeypatch)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines]
+    assert steps == [1, 2, 4, 6, 8, 10, 12]
+    # steps 4 and 6 lost, and a line cut mid-write in the middle
+    kept = [lines[0], lines[1], lines[4][:20], *lines[4:]]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    summary = train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+    log = (tmp_path / "train.log").read_text()
+    assert "metrics.jsonl line 3 is not JSON" in log
+    assert "has no record of step(s) 4, 6, before the checkpoint's step 12" in log
+    assert summary["status"] == "completed"
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        1, 2, 8, 10, 12, 14, 16, 18, 20
+    ]
+
+
+def test_a_normal_resume_warns_about_nothing(
+    make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics check knows the logging schedule: an ordinary resume has no gap to report."""
+    schedule = ("trainer.log_every=3", "trainer.eval_every=7")
+    _interrupted_run(make_cfg, tmp_path, monkeypatch, *schedule)
+    train.train(make_cfg(*SHORT, *schedule), tmp_path, mixer_name="attention")
+    log = (tmp_path / "train.log").read_text()
+    assert "resumed from" in log and "train.rundir" not in log
+
+
+def test_a_diverged_run_lists_only_the_files_it_wrote(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    cfg = make_cfg("optim.lr=1e30", "optim.warmup_steps=0", "trainer.max_steps=20")
+    assert train.train(cfg, tmp_path, mixer_name="attention")["status"] == "diverged"
+    assert not (tmp_path / "checkpoint.pt").exists()
+    last = (tmp_path / "train.log").read_text().strip().splitlines()[-1]
+    assert "outputs:" in last and "summary.json" in last and "checkpoint.pt" not in last
+
+
+CLI_TINY = [
+    "task=palindrome",
+    "mixer=attention",
+    "task.seq_len=16",
+    "task.num_train=64",
+    "task.num_eval=16",
+    "task.params.vocab_size=8",
+    "model.d_model=16",
+    "mixer.head_dim=8",
+    "trainer.batch_size=8",
+    "trainer.device=cpu",
+    "trainer.cpu_threads=1",
+]
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_sigterm_checkpoints_like_ctrl_c(tmp_path: Path) -> None:
+    """SIGTERM (what SLURM, schedulers and `kill` send first) stops the run as Ctrl-C does: at a step
+    boundary it checkpoints the last finished step (the only checkpoint here), summary `incomplete`, exit
+    143. Inside a step's update, like Ctrl-C, it keeps the last checkpoint instead."""
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "train.py", *CLI_TINY, "trainer.max_steps=100000", "trainer.log_every=10",
+         "trainer.checkpoint_every=100000", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        started = lambda: metrics.exists() and metrics.stat().st_size > 400 or process.poll() is not None
+        _wait_for(started, 120, "training to start")
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    summary = _summary(run_dir)
+    assert summary["status"] == "incomplete" and summary["error"] == "Terminated: SIGTERM"
+    log = (run_dir / "train.log").read_text()
+    if "interrupted (Terminated) after step" in log:
+        assert "checkpoint saved" in log
+        checkpointed = torch.load(run_dir / "checkpoint.pt", weights_only=True)["progress"]["step"]
+        assert checkpointed == summary["steps"] >= json.loads(metrics.read_text().splitlines()[-1])["step"]
+    else:
+        assert "interrupted (Terminated) inside step" in log and not (run_dir / "checkpoint.pt").exists()
