@@ -36,12 +36,12 @@ from typing import Any, get_type_hints
 
 import hydra
 import torch
-import torch.nn.functional as F
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+import kernels
 from mixers.model import LanguageModel
 from rundir import FileUnreadable, ResumeRefused, RunDir, RunDirError
 
@@ -106,6 +106,9 @@ class TrainerConfig:
     device: str = "auto"
     # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
     precision: str = "auto"
+    # torch.compile the model's body (embedding to final norm; the scored loss stays eager). Our Triton
+    # ops are opaque custom ops to the compiler, so the glue between them fuses.
+    compile: bool = False
     # steps_to_threshold = first eval step with eval/acc >= acc_threshold
     acc_threshold: float = 0.9
     # torch's CPU threads; null: torch's default (one per core). Small models on a busy or shared CPU run
@@ -403,40 +406,105 @@ class EpochSampler:
         return torch.cat(chunks)
 
 
-def token_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[int, int, int, int]:
-    """(correct tokens, labelled tokens, all-correct sequences, sequences with a label); -100 is ignored."""
-    mask = labels != -100  # [B, T]
-    hits = (logits.argmax(-1) == labels) & mask
-    scored = mask.any(-1)  # [B]
-    perfect = (hits.sum(-1) == mask.sum(-1)) & scored
-    return int(hits.sum()), int(mask.sum()), int(perfect.sum()), int(scored.sum())
+@dataclass
+class Batch:
+    """A batch on its device, with the scored positions found on the host (no device read-back needed)."""
+
+    inputs: torch.Tensor  # [B, T]
+    positions: torch.Tensor  # [N] flat indices into [B * T] of the labelled positions
+    targets: torch.Tensor  # [N] their labels
+    sequence: torch.Tensor  # [N] the sequence each belongs to
+    per_sequence: torch.Tensor  # [B] labelled positions per sequence
+    num_scored: int  # N
+    num_sequences_scored: int  # sequences with at least one label
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # pinned + non_blocking: the copy is queued behind the GPU's work instead of waiting for it
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def make_batch(inputs: torch.Tensor, labels: torch.Tensor, device: torch.device) -> Batch:
+    """`inputs` [B, T] on the host or already on `device`; `labels` [B, T] on the host (-100: not scored)."""
+    flat = labels.reshape(-1)
+    positions = (flat != -100).nonzero().squeeze(1)  # [N]
+    per_sequence = (labels != -100).sum(-1)  # [B]
+    return Batch(
+        inputs=inputs if inputs.device.type == device.type else _to_device(inputs, device),
+        positions=_to_device(positions, device), targets=_to_device(flat[positions], device),
+        sequence=_to_device(positions // labels.shape[1], device),
+        per_sequence=_to_device(per_sequence, device), num_scored=len(positions),
+        num_sequences_scored=int((per_sequence > 0).sum()))
+
+
+def batch_loss(model: LanguageModel, features: Callable[[torch.Tensor], torch.Tensor],
+               batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy over the scored positions, hits [N] bool); call under the run's autocast."""
+    if batch.num_scored == 0:
+        raise ValueError("a batch has no labelled position (every label is -100): the task generated "
+                         "nothing to score; check task.params")
+    return model.scored_loss(features(batch.inputs), batch.positions, batch.targets)
+
+
+def forward_backward(model: LanguageModel, features: Callable[[torch.Tensor], torch.Tensor], batch: Batch,
+                     optimizer: torch.optim.Optimizer, autocast: Callable[[], Any],
+                     value_checks: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's forward and backward: (mean loss over the scored positions, hits [N]), gradients set.
+    `value_checks`: let the ops read their inputs back to check values (kernels.value_checks)."""
+    with kernels.value_checks(value_checks), autocast():
+        loss_sum, hits = batch_loss(model, features, batch)
+    loss = loss_sum / batch.num_scored
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss.detach(), hits
+
+
+def clip_and_guard(params: list[torch.nn.Parameter], grad_clip: float | None, loss: torch.Tensor,
+                   optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip the gradients' norm (None: no clipping) and arm the fused optimizer to skip its next update on
+    the device if the loss or the norm is not finite (a NaN gradient would be written into every weight),
+    without the host waiting for the GPU. Returns (gradient norm, finite) as device scalars."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf)
+    finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
+    optimizer.found_inf = (~finite).float()
+    return grad_norm, finite
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int,
-             device: torch.device, autocast: Callable[[], Any]) -> dict[str, float]:
-    """Loss, token accuracy and sequence accuracy over a whole eval set."""
+def evaluate(model: LanguageModel, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int,
+             device: torch.device, autocast: Callable[[], Any],
+             features: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+    """Loss, token accuracy and sequence accuracy over a whole eval set (on the CPU: `labels`), with the
+    head at labelled positions only, summed on the device and read back once."""
     model.eval()
-    loss_sum, correct, total, perfect, scored = 0.0, 0, 0, 0, 0
+    features = features or model.features
+    sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss, correct tokens, perfect sequences
+    total, scored = 0, 0
     for start in range(0, len(inputs), batch_size):
-        x, y = inputs[start:start + batch_size].to(device), labels[start:start + batch_size].to(device)
+        batch = make_batch(inputs[start:start + batch_size], labels[start:start + batch_size], device)
+        if batch.num_scored == 0:
+            continue
         with autocast():
-            logits = model(x)  # [b, T, vocab]
-        loss_sum += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum"))
-        c, t, p, s = token_accuracy(logits, y)
-        correct, total, perfect, scored = correct + c, total + t, perfect + p, scored + s
+            loss, hits = batch_loss(model, features, batch)
+        seq_hits = torch.zeros_like(batch.per_sequence).index_add_(0, batch.sequence, hits.long())
+        perfect = ((seq_hits == batch.per_sequence) & (batch.per_sequence > 0)).sum()
+        sums += torch.stack([loss.double(), hits.sum().double(), perfect.double()])
+        total, scored = total + batch.num_scored, scored + batch.num_sequences_scored
     model.train()
+    loss_sum, correct, perfect = sums.tolist()
     total, scored = max(total, 1), max(scored, 1)
     return {"loss": loss_sum / total, "acc": correct / total, "seq_acc": perfect / scored}
 
 
-def evaluate_lengths(model: torch.nn.Module, eval_sets: dict[int, tuple[torch.Tensor, torch.Tensor]],
-                     seq_len: int, batch_size: int, device: torch.device,
-                     autocast: Callable[[], Any]) -> dict[str, float]:
+def evaluate_lengths(model: LanguageModel, eval_sets: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                     seq_len: int, batch_size: int, device: torch.device, autocast: Callable[[], Any],
+                     features: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
     """eval/{loss,acc,seq_acc} at the training length, and eval/{acc,seq_acc}@<len> at every length."""
     evals = {}
     for length, (inputs, labels) in eval_sets.items():
-        result = evaluate(model, inputs, labels, batch_size, device, autocast)
+        result = evaluate(model, inputs, labels, batch_size, device, autocast, features)
         if length == seq_len:
             evals.update({f"eval/{key}": value for key, value in result.items()})
         evals[f"eval/acc@{length}"], evals[f"eval/seq_acc@{length}"] = result["acc"], result["seq_acc"]
@@ -689,7 +757,9 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     train_inputs, train_labels = generate(task.num_train, task.seq_len, seed=cfg.seed)  # [N, T]
     eval_lens = [task.seq_len] + [n for n in dict.fromkeys(task.eval_seq_lens or []) if n != task.seq_len]
     eval_sets = {n: generate(task.num_eval, n, seed=cfg.seed + EVAL_SEED_OFFSET) for n in eval_lens}
-    train_inputs, train_labels = train_inputs.to(device), train_labels.to(device)
+    # the inputs live on the device; the labels stay on the host, where each batch's scored positions are
+    # found without reading anything back from the GPU
+    device_inputs = train_inputs.to(device)
 
     # A scoped seed: the model's init is reproducible without touching the caller's global RNG.
     with torch.random.fork_rng(devices=[]):
@@ -704,7 +774,9 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     optimizer = torch.optim.AdamW(
         [{"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
          {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
+        # fused: one kernel for the whole update, and it takes `found_inf` (below) to skip a non-finite step
+        # on the device without the host waiting for the GPU
+        lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, optim.warmup_steps, trainer.max_steps, optim.min_lr_ratio))
 
@@ -735,6 +807,9 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     # True while model, optimizer and scheduler hold exactly the state after `progress.step` steps.
     at_step_boundary = True
     model.train()
+    features = torch.compile(model.features) if trainer.compile else model.features
+    # the first non-finite step since the last host check, on the device (0: none)
+    bad_step = torch.zeros((), dtype=torch.long, device=device)
     progress_log = ProgressLog(start_step=progress.step, max_steps=trainer.max_steps,
                                batch_size=trainer.batch_size, seq_len=task.seq_len, device=device,
                                train_time_s=progress.train_time_s)
@@ -742,29 +817,37 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
         with open(metrics_path, "a") as metrics_file:
             for step in range(progress.step + 1, trainer.max_steps + 1):
                 step_start = time.perf_counter()
-                index = sampler.indices(step - 1).to(device)
-                x, y = train_inputs[index], train_labels[index]  # [B, T]
+                is_eval = step % trainer.eval_every == 0 or step == trainer.max_steps
+                is_log = is_eval or step % trainer.log_every == 0 or step == 1
+                # The host reads values back from the GPU only on logged, evaluated and checkpointed steps
+                # (a read waits for the queue to drain); on the CPU reading costs nothing, so every step.
+                host_check = is_log or step % trainer.checkpoint_every == 0 or device.type != "cuda"
+                index = sampler.indices(step - 1)
+                batch = make_batch(device_inputs[_to_device(index, device)], train_labels[index], device)
                 lr = scheduler.get_last_lr()[0]
                 divergence = None
                 try:
-                    with autocast():
-                        logits = model(x)  # [B, T, vocab]
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
+                    loss, hits = forward_backward(model, features, batch, optimizer, autocast, host_check)
                 except Exception as error:
-                    where = first_nonfinite(model, x, autocast)
+                    where = first_nonfinite(model, batch.inputs, autocast)
                     if where is None:
                         raise
                     divergence = (f"{where} became non-finite at step {step} (lr {lr:.3g}), and then "
                                   f"{type(error).__name__}: {error}")
                 if divergence is None:
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip or math.inf)
-                    loss_value = float(loss.detach())
-                    # Checked before optimizer.step(): a NaN gradient would be written into every weight.
-                    if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
-                        what = "loss" if not math.isfinite(loss_value) else "gradient norm"
-                        divergence = f"{what} became non-finite at step {step} (lr {lr:.3g})"
+                    grad_norm, finite = clip_and_guard(params, optim.grad_clip, loss, optimizer)
+                    # remembered on the device until the next host check ends the run
+                    bad_step = torch.where(finite | (bad_step > 0), bad_step, step)
+                    if host_check:
+                        loss_value, grad_value, first_bad, correct = torch.stack(
+                            [loss.detach().float(), grad_norm.float(), bad_step.float(), hits.sum().float()]
+                        ).tolist()
+                        if first_bad and first_bad < step:
+                            divergence = (f"loss or gradient norm became non-finite at step {int(first_bad)} "
+                                          f"(its update skipped; found at step {step}, lr {lr:.3g})")
+                        elif not (math.isfinite(loss_value) and math.isfinite(grad_value)):
+                            what = "loss" if not math.isfinite(loss_value) else "gradient norm"
+                            divergence = f"{what} became non-finite at step {step} (lr {lr:.3g})"
                 if divergence is not None:
                     meta["error"] = divergence
                     log.error("diverged: %s", divergence)
@@ -775,23 +858,23 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                 at_step_boundary = False
                 optimizer.step()
                 scheduler.step()
+                if host_check and device.type == "cuda":
+                    torch.cuda.synchronize(device)  # so that train_time_s counts the GPU's time
                 progress.step = step
                 progress.train_time_s += time.perf_counter() - step_start
-                progress.train_tokens += x.numel()
+                progress.train_tokens += batch.inputs.numel()
                 progress.wall_time_s = wall_before + time.perf_counter() - segment_start
 
                 record: dict[str, Any] = {}
-                is_eval = step % trainer.eval_every == 0 or step == trainer.max_steps
-                if is_eval or step % trainer.log_every == 0 or step == 1:
-                    correct, total, _, _ = token_accuracy(logits.detach(), y)
-                    record = {"train/loss": loss_value, "train/acc": correct / max(total, 1), "lr": lr}
+                if is_log:
+                    record = {"train/loss": loss_value, "train/acc": correct / batch.num_scored, "lr": lr}
                 if is_eval:
                     try:
                         evals = evaluate_lengths(model, eval_sets, task.seq_len, trainer.eval_batch_size,
-                                                 device, autocast)
+                                                 device, autocast, features)
                     except Exception as error:
                         # This step's update made the weights unusable: the same test as in training.
-                        where = first_nonfinite(model, x, autocast)
+                        where = first_nonfinite(model, batch.inputs, autocast)
                         if where is None:
                             raise
                         meta["error"] = (f"{where} became non-finite after step {step} (lr {lr:.3g}), and "
@@ -804,9 +887,6 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                     if progress.steps_to_threshold is None and evals["eval/acc"] >= trainer.acc_threshold:
                         progress.steps_to_threshold = step
                     record.update(evals)
-                    log.info("step %d | train loss %.4f acc %.4f | eval acc %.4f seq_acc %.4f%s", step,
-                             loss_value, record["train/acc"], evals["eval/acc"], evals["eval/seq_acc"],
-                             "".join(f" | acc@{n} {evals[f'eval/acc@{n}']:.4f}" for n in eval_lens[1:]))
                 if record:
                     progress.wall_time_s = wall_before + time.perf_counter() - segment_start
                     record = {"step": step, **record, "time_s": round(progress.wall_time_s, 3)}

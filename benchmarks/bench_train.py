@@ -1,0 +1,340 @@
+"""The whole training step, as a user runs it: step time, tokens/s, peak memory and where the GPU time goes.
+
+    python benchmarks/bench_train.py --out DIR             # every mixer, MQAR + Palindrome, T 256-2048
+    python benchmarks/bench_train.py --out DIR --mixers kda attention --lengths 1024 --impls ours fla
+    python benchmarks/bench_train.py --out DIR --device cpu --batch 2 --lengths 32 --d-model 32   # smoke test
+
+The model of Kimi Linear's synthetic setting (2 layers, d_model 256, the mixers' yamls: 2 heads x 128), one
+fixed batch of the task (B=256 by default), bf16 autocast on CUDA, and the step train.py takes: the body, the
+LM head + cross-entropy at the labelled positions only, backward, gradient clipping, fused AdamW. After
+`--warmup` steps, `--steps` steps are timed with CUDA events; peak memory is the largest allocation of the
+timed steps. One more step runs under torch.profiler and its GPU time is split into
+
+    mixer op      our Triton chunk kernels (or FLA's, or SDPA's for attention), forward and backward
+    lm head+loss  the head's matmuls, softmax and their gradients
+    short conv    the causal depthwise convolutions, forward and backward
+    matmuls       every other GEMM (projections, MLP, their gradients)
+    rest          elementwise glue, norms, the optimizer
+
+`--impls fla` builds the same backbone around FLA's layers (`fla.layers`, flash-linear-attention >= 0.6,
+with their short convolutions and fused norms) and FLA's fused linear cross-entropy over all positions
+(ignore_index -100), where FLA has the layer. `--compile` adds rows with `torch.compile` of the body.
+`benchmarks/anchors/train_a359d38_h200.csv` (the step before this benchmark existed) is printed beside.
+Writes DIR/bench_train.csv and DIR/bench_train.md (date, GPU, versions, commit on top).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import inspect
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import train  # noqa: E402
+from mixers.model import LanguageModel  # noqa: E402
+
+MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
+TASKS = {"mqar": "mqar", "palindrome": "palindrome"}
+BASELINE = ROOT / "benchmarks" / "anchors" / "train_a359d38_h200.csv"
+CATEGORIES = ["mixer op", "lm head+loss", "short conv", "matmuls", "rest"]
+
+# our mixer name -> FLA's layer class (the same op; FLA's own gates and defaults)
+FLA_LAYERS = {
+    "kda": "KimiDeltaAttention",
+    "gdn": "GatedDeltaNet",
+    "gla": "GatedLinearAttention",
+    "deltanet": "DeltaNet",
+    "linear_attn": "LinearAttention",
+    "mamba2": "SimpleGatedLinearAttention",
+}
+
+
+class FlaMixer(nn.Module):
+    """An FLA layer in our backbone's mixer slot: 2 heads of 128 at d_model 256, as our yamls."""
+
+    def __init__(self, d_model: int, *, layer_idx: int = 0, layer: str = "KimiDeltaAttention",
+                 num_heads: int = 2, head_dim: int = 128) -> None:
+        super().__init__()
+        try:
+            import fla.layers
+        except ImportError as error:
+            raise RuntimeError(f"FLA layers need flash-linear-attention 0.6 ({error})") from None
+        cls = getattr(fla.layers, layer)
+        accepted = inspect.signature(cls).parameters
+        # layers sized by expand_k / expand_v take widths relative to d_model; the others a head_dim
+        relative = "expand_k" in accepted
+        width = num_heads * head_dim / d_model
+        wanted = {"hidden_size": d_model, "num_heads": num_heads, "head_dim": head_dim,
+                  "layer_idx": layer_idx, "expand_k": width, "expand_v": width if relative else 1.0,
+                  "use_short_conv": True, "mode": "chunk"}
+        self.layer = cls(**{k: v for k, v in wanted.items() if k in accepted})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)[0]
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return 0
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _versions() -> str:
+    parts = [f"torch {torch.__version__}"]
+    for name in ("triton", "fla"):
+        try:
+            module = __import__(name)
+            parts.append(f"{name} {getattr(module, '__version__', '?')}")
+        except ImportError:
+            pass
+    return ", ".join(parts)
+
+
+def build(impl: str, mixer: str, vocab: int, d_model: int) -> LanguageModel:
+    if impl == "ours":
+        cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml")
+        return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer)
+    cfg = {"_target_": f"{__name__}.FlaMixer", "layer": FLA_LAYERS[mixer]}
+    return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=f"fla.{mixer}")
+
+
+def _ranged(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with torch.profiler.record_function(name):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def label_ranges(model: LanguageModel) -> None:
+    """Profiler ranges around the mixer op and the short convolutions (forward; their backward nodes are
+    recognised by name)."""
+    for module in model.modules():
+        if type(module).__name__ == "ShortConvolution":
+            module.forward = _ranged(module.forward, "bench::short_conv")
+        if hasattr(module, "chunk_op"):
+            module.chunk_op = _ranged(module.chunk_op, "bench::mixer_op")
+    model.scored_loss = _ranged(model.scored_loss, "bench::loss")
+
+
+def _category(names: list[str], kernel: str) -> str:
+    joined = " ".join(names).lower()
+    kernel = kernel.lower()
+    if "bench::loss" in joined or "linearcrossentropy" in joined or "cross_entropy" in joined:
+        return "lm head+loss"
+    if "short_conv" in joined or "conv1d" in kernel or "convolution" in joined or "conv" in kernel:
+        return "short conv"
+    if ("bench::mixer_op" in joined or "chunk" in joined or "kda_harness" in joined
+            or "attention" in joined or "flash" in kernel or "chunk" in kernel):
+        return "mixer op"
+    if any(s in kernel for s in ("gemm", "cutlass", "nvjet", "xmma", "wgmma", "sm90_")) or any(
+            s in joined for s in ("aten::mm", "aten::addmm", "aten::bmm", "mmbackward")):
+        return "matmuls"
+    return "rest"
+
+
+def profile_split(step: Callable[[], None], device: torch.device) -> dict[str, float]:
+    """GPU time (ms) of one step per category; on the CPU, the ops' own CPU time instead."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    split = dict.fromkeys(CATEGORIES, 0.0)
+    for event in prof.events():
+        items = [(k.name, k.duration) for k in event.kernels] if device.type == "cuda" else (
+            [(event.name, event.self_cpu_time_total)] if not event.cpu_children else [])
+        if not items:
+            continue
+        names, parent = [event.name], event.cpu_parent
+        while parent is not None:
+            names.append(parent.name)
+            parent = parent.cpu_parent
+        for kernel, duration in items:
+            split[_category(names, kernel)] += duration / 1000
+    return split
+
+
+def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch.Tensor, compiled: bool,
+              autocast: Callable[[], Any]) -> Callable[[], None]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
+    features = torch.compile(model.features) if compiled else model.features
+    if impl == "ours":
+        def step() -> None:
+            loss, _ = train.forward_backward(model, features, batch, optimizer, autocast, False)
+            train.clip_and_guard(params, 1.0, loss, optimizer)
+            optimizer.step()
+        return step
+    from fla.modules import FusedLinearCrossEntropyLoss
+
+    criterion = FusedLinearCrossEntropyLoss()
+    flat_labels = labels.to(batch.inputs.device).flatten()
+
+    def fla_step() -> None:
+        with autocast():
+            hidden = features(batch.inputs).flatten(0, 1)  # [B * T, D]
+            with torch.profiler.record_function("bench::loss"):
+                loss = criterion(hidden, flat_labels, model.lm_head.weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        train.clip_and_guard(params, 1.0, loss.detach(), optimizer)
+        optimizer.step()
+    return fla_step
+
+
+def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
+            compiled: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"impl": impl + ("+compile" if compiled else ""), "task": task,
+                           "mixer": mixer, "T": T, "B": args.batch}
+    task_cfg = OmegaConf.load(ROOT / "conf" / "task" / f"{TASKS[task]}.yaml")
+    task_cfg.seq_len = T
+    generate, vocab = train.load_task(task_cfg)
+    inputs, labels = generate(args.batch, T, seed=0)
+    batch = train.make_batch(inputs, labels, device)
+    torch.manual_seed(0)
+    model = build(impl, mixer, vocab, args.d_model).to(device)
+    label_ranges(model)
+    use_bf16 = device.type == "cuda"
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else (
+        lambda: torch.autocast(device.type, enabled=False))
+    step = make_step(impl, model, batch, labels, compiled, autocast)
+    for _ in range(args.warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.steps):
+            step()
+        end.record()
+        torch.cuda.synchronize(device)
+        ms = start.elapsed_time(end) / args.steps
+        row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    else:
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        ms = (time.perf_counter() - t0) * 1000 / args.steps
+        row["peak_gib"] = None
+    row["step_ms"] = round(ms, 2)
+    row["tokens_per_s_M"] = round(args.batch * T / ms / 1000, 3)
+    if args.profile:
+        split = profile_split(step, device)
+        total = sum(split.values()) or math.nan
+        row.update({f"{k} ms": round(v, 2) for k, v in split.items()})
+        row["mixer op share"] = round(split["mixer op"] / total, 3)
+    return row
+
+
+def _baseline() -> dict[tuple[str, int], dict[str, str]]:
+    if not BASELINE.exists():
+        return {}
+    with open(BASELINE) as f:
+        return {(r["mixer"], int(r["T"])): r for r in csv.DictReader(f)}
+
+
+def write(rows: list[dict[str, Any]], out: Path, header: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(out / "bench_train.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    base = _baseline()
+    lines = [f"# Training step, whole model\n\n{header}\n",
+             "| task | mixer | T | impl | step ms | tokens/s (M) | peak GiB | vs a359d38 step | vs FLA step "
+             "| mixer op / loss / conv / matmul / rest (ms) |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    fla = {(r["task"], r["mixer"], r["T"]): r for r in rows if r["impl"].startswith("fla") and "step_ms" in r}
+    for r in rows:
+        if "step_ms" not in r:
+            lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {r['impl']} | {r.get('error', '?')} "
+                         "| | | | | |")
+            continue
+        old = base.get((r["mixer"], r["T"])) if r["task"] == "mqar" and r["impl"].startswith("ours") else None
+        ratio = f"{r['step_ms'] / float(old['step_ms']):.2f}x" if old else ""
+        other = fla.get((r["task"], r["mixer"], r["T"]))
+        vs_fla = f"{r['step_ms'] / other['step_ms']:.2f}x" if other and r["impl"].startswith("ours") else ""
+        split = " / ".join(f"{r[f'{c} ms']:.1f}" for c in CATEGORIES) if f"{CATEGORIES[0]} ms" in r else ""
+        peak = r["peak_gib"] if r["peak_gib"] is not None else "–"
+        lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {r['impl']} | {r['step_ms']:.1f} | "
+                     f"{r['tokens_per_s_M']:.2f} | {peak} | {ratio} | {vs_fla} | {split} |")
+    if base:
+        lines += ["", "a359d38 (MQAR, B=256, from the training-step issue): " + ", ".join(
+            f"{m} T={t}: {r['step_ms']} ms, {r['peak_gib']} GiB" for (m, t), r in sorted(base.items()))]
+    (out / "bench_train.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for bench_train.{csv,md}")
+    parser.add_argument("--mixers", nargs="+", default=MIXERS)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 2048])
+    parser.add_argument("--impls", nargs="+", default=["ours", "fla"], choices=["ours", "fla"])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile of the body")
+    parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    unknown = sorted(set(args.mixers) - set(MIXERS))
+    if unknown:
+        parser.error(f"unknown mixer(s) {unknown}; choose from {MIXERS}")
+    rows = []
+    for task in args.tasks:
+        for T in args.lengths:
+            for mixer in args.mixers:
+                for impl in args.impls:
+                    if impl == "fla" and mixer not in FLA_LAYERS:
+                        continue
+                    for compiled in ([False, True] if args.compile else [False]):
+                        try:
+                            row = measure(impl, task, mixer, T, args, device, compiled)
+                        except Exception as error:  # an OOM or an FLA layer that will not build: recorded
+                            row = {"impl": impl + ("+compile" if compiled else ""), "task": task,
+                                   "mixer": mixer, "T": T, "B": args.batch,
+                                   "error": f"{type(error).__name__}: {str(error).splitlines()[0][-160:]}"}
+                        print(row, flush=True)
+                        rows.append(row)
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    header = (f"{datetime.date.today()}, {gpu}, {_versions()}, commit {_commit()}; B={args.batch}, "
+              f"d_model {args.d_model}, 2 layers, warmup {args.warmup}, {args.steps} timed steps; "
+              f"`python benchmarks/bench_train.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
+    write(rows, args.out, header)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
