@@ -29,11 +29,17 @@ import triton.language as tl
 # triton.jit reads the switch when a kernel is defined, that is when this module is imported
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-# (BLOCK_T, BLOCK_C, num_warps) on the GPU. 64 channels: a bf16 row of a tile is 128 contiguous bytes. The
-# backward holds its 2W - 1 shifted x tiles at once, hence half the positions (compiled for sm_90 at W = 4:
-# forward 94 registers a thread, backward 175, no spills). tests/gpu/check_conv.py --sweep times others.
-FWD_CONFIG = (64, 64, 4)
-BWD_CONFIG = (32, 64, 4)
+# (BLOCK_T, BLOCK_C, num_warps) on the GPU of each kernel, without and with an initial state. 64 channels:
+# a bf16 row of a tile is 128 contiguous bytes. The backward holds its 2W - 1 shifted x tiles at once, hence
+# half the positions; the state's pointers cost registers in every tile, hence 16 positions with a state
+# (prefill from a cache, decoding). Compiled for sm_90 at W = 4, bf16: 94 / 104 registers a thread in the
+# forward, 173 / 167 in the backward, no spills (tests/gpu/check_conv.py --compile); --sweep times others.
+CONFIGS = {
+    ("fwd", False): (64, 64, 4),
+    ("fwd", True): (16, 64, 4),
+    ("bwd", False): (32, 64, 4),
+    ("bwd", True): (16, 64, 4),
+}
 
 
 @triton.jit
@@ -49,14 +55,16 @@ def _load_prefixed(
     HAS_STATE: tl.constexpr,
 ):
     """x at the positions o_p, with the initial state before position 0 and zeros outside: fp32 [BT, BC]."""
-    m_x = (o_p >= 0) & (o_p < T)
-    b_x = tl.load(x + o_p[:, None] * C + o_c[None, :], mask=m_x[:, None] & m_c[None, :], other=0.0)
-    b_x = b_x.to(tl.float32)
+    p_x = x + o_p[:, None] * C + o_c[None, :]
     if HAS_STATE:
-        m_s = (o_p < 0) & (o_p >= 1 - W)
+        # one load through a pointer chosen per position (the state has x's dtype): two masked loads would
+        # hold twice the registers in every tile, though only a sequence's first tile reaches back
         p_s = state + o_c[None, :] * (W - 1) + (o_p + W - 1)[:, None]
-        b_x += tl.load(p_s, mask=m_s[:, None] & m_c[None, :], other=0.0).to(tl.float32)
-    return b_x
+        p_x = tl.where((o_p < 0)[:, None], p_s, p_x)
+        m_p = (o_p >= 1 - W) & (o_p < T)
+    else:
+        m_p = (o_p >= 0) & (o_p < T)
+    return tl.load(p_x, mask=m_p[:, None] & m_c[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -162,11 +170,24 @@ def _short_conv_bwd_kernel(
         tl.store(p_dw + j * C, tl.sum(b_da0 * b_x, axis=0), mask=m_c)
 
 
-def _config(C: int, config: tuple[int, int, int]) -> tuple[int, int, int]:
+def _config(kernel: str, has_state: bool, C: int) -> tuple[int, int, int]:
     if INTERPRET:
         # the interpreter runs a program as numpy calls: fewer, larger programs are faster
         return 64, max(16, min(256, triton.next_power_of_2(C))), 4
-    return config
+    return CONFIGS[(kernel, has_state)]
+
+
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor | None) -> None:
+    # the ops' own callers are kernels.conv.short_conv (which checks everything) and code calling them direct
+    if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"short_conv: x {list(x.shape)} and weight {list(weight.shape)}; expected [B, T, C] and [C, W]"
+        )
+    if initial_state is not None and initial_state.dtype != x.dtype:
+        raise ValueError(
+            f"short_conv: initial_state is {initial_state.dtype} but x {x.dtype}; the kernel reads both "
+            "through one pointer: cast the state to x's dtype (kernels.conv.short_conv does)"
+        )
 
 
 def _device(t: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -177,6 +198,7 @@ def _device(t: torch.Tensor) -> contextlib.AbstractContextManager:
 @torch.library.custom_op("kda_harness::short_conv_fwd", mutates_args=())
 def short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor | None) -> torch.Tensor:
     """y [B, T, C] in x's dtype from x [B, T, C], weight [C, W] and an initial state [B, C, W - 1]."""
+    _check_inputs(x, weight, initial_state)
     x, weight = x.contiguous(), weight.contiguous()
     B, T, C = x.shape
     W = weight.shape[1]
@@ -185,7 +207,7 @@ def short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, initial_state: torch.T
         return y
     has_state = initial_state is not None
     state = initial_state.contiguous() if has_state else x
-    BT, BC, num_warps = _config(C, FWD_CONFIG)
+    BT, BC, num_warps = _config("fwd", has_state, C)
     NT = triton.cdiv(T, BT)
     with _device(x):
         _short_conv_fwd_kernel[(B * NT, triton.cdiv(C, BC))](
@@ -205,6 +227,7 @@ def short_conv_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, initial_state: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [B, T, C], dweight [C, W], dinitial_state [B, C, W - 1], or an empty tensor without a state)."""
+    _check_inputs(x, weight, initial_state)
     dy, x, weight = dy.contiguous(), x.contiguous(), weight.contiguous()
     B, T, C = x.shape
     W = weight.shape[1]
@@ -216,7 +239,7 @@ def short_conv_bwd(
     else:
         state = dstate = x
     positions = T + (W - 1 if has_state else 0)
-    BT, BC, num_warps = _config(C, BWD_CONFIG)
+    BT, BC, num_warps = _config("bwd", has_state, C)
     NT = triton.cdiv(positions, BT)
     dweight_partial = torch.empty(B * NT, W, C, device=x.device, dtype=torch.float32)
     if B * C > 0 and NT > 0:
@@ -262,4 +285,7 @@ def triton_short_conv(
             "short_conv: the Triton kernel got CPU tensors but Triton's interpreter is off; set "
             "TRITON_INTERPRET=1 before triton is imported, or use backend='torch' (or 'auto') on the CPU"
         )
+    if initial_state is not None:
+        # the kernel reads the state and x through one pointer; the reference casts it the same way
+        initial_state = initial_state.to(x.dtype)
     return short_conv_fwd(x, weight, initial_state)

@@ -129,17 +129,17 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
     weight = torch.randn(C, W, device="cuda", generator=gen)
     dy = torch.randn_like(x)
     rows = []
-    default = conv.FWD_CONFIG, conv.BWD_CONFIG
+    default = dict(conv.CONFIGS)
     try:
         for config in SWEEP:
-            conv.FWD_CONFIG = conv.BWD_CONFIG = config
+            conv.CONFIGS[("fwd", False)] = conv.CONFIGS[("bwd", False)] = config
             fwd = _bench(lambda: conv.short_conv_fwd(x, weight, None))
             bwd = _bench(lambda: conv.short_conv_bwd(dy, x, weight, None))
             rows.append({"BLOCK_T": config[0], "BLOCK_C": config[1], "num_warps": config[2],
-                         "fwd_ms": fwd, "bwd_ms": bwd, "default_fwd": config == default[0],
-                         "default_bwd": config == default[1]})  # fmt: skip
+                         "fwd_ms": fwd, "bwd_ms": bwd, "default_fwd": config == default[("fwd", False)],
+                         "default_bwd": config == default[("bwd", False)]})  # fmt: skip
     finally:
-        conv.FWD_CONFIG, conv.BWD_CONFIG = default
+        conv.CONFIGS.update(default)
     return rows
 
 
@@ -159,33 +159,33 @@ def compile_report(W: int = 4) -> list[dict]:
     from kernels.triton import conv
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    kernels = [(conv._short_conv_fwd_kernel, conv.FWD_CONFIG), (conv._short_conv_bwd_kernel, conv.BWD_CONFIG)]
+    kernels = {"fwd": conv._short_conv_fwd_kernel, "bwd": conv._short_conv_bwd_kernel}
     rows = []
-    for kernel, (BT, BC, warps) in kernels:
-        for has_state in (False, True):
-            sig, consts, attrs = {}, {}, {}
-            for i, p in enumerate(kernel.params):
-                if p.is_constexpr:
-                    sig[p.name] = "constexpr"
-                    consts[p.name] = {"W": W, "HAS_STATE": has_state, "BLOCK_T": BT, "BLOCK_C": BC}[p.name]
-                    continue
-                if p.name in ("T", "C", "NT"):
-                    sig[p.name] = "i32"
-                else:
-                    sig[p.name] = "*fp32" if p.name in ("weight", "dweight_partial") else "*bf16"
-                if p.name != "NT":
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-            src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
-            out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(out.asm["cubin"])
-                f.flush()
-                usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
-                                       text=True, check=True).stdout  # fmt: skip
-            fields = dict(re.findall(r"(\w+(?:\[\d\])?):(\d+)", usage))
-            rows.append({"kernel": kernel.fn.__name__, "state": has_state, "BLOCK_T": BT, "BLOCK_C": BC,
-                         "warps": warps, "regs": int(fields["REG"]),
-                         "spill_bytes": int(fields["LOCAL"]) + int(fields["STACK"])})  # fmt: skip
+    for (name, has_state), (BT, BC, warps) in conv.CONFIGS.items():
+        kernel = kernels[name]
+        sig, consts, attrs = {}, {}, {}
+        for i, p in enumerate(kernel.params):
+            if p.is_constexpr:
+                sig[p.name] = "constexpr"
+                consts[p.name] = {"W": W, "HAS_STATE": has_state, "BLOCK_T": BT, "BLOCK_C": BC}[p.name]
+                continue
+            if p.name in ("T", "C", "NT"):
+                sig[p.name] = "i32"
+            else:
+                sig[p.name] = "*fp32" if p.name in ("weight", "dweight_partial") else "*bf16"
+            if p.name != "NT":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
+        out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(out.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
+                                   text=True, check=True).stdout  # fmt: skip
+        fields = dict(re.findall(r"(\w+(?:\[\d\])?):(\d+)", usage))
+        rows.append({"kernel": kernel.fn.__name__, "state": has_state, "BLOCK_T": BT, "BLOCK_C": BC,
+                     "warps": warps, "regs": int(fields["REG"]),
+                     "spill_bytes": int(fields["LOCAL"]) + int(fields["STACK"])})  # fmt: skip
     return rows
 
 
