@@ -94,6 +94,16 @@ class OptimConfig:
 
 
 @dataclass
+class EarlyStopConfig:
+    """Stop once eval/acc has held >= `acc` for `evals` evaluations in a row (a solved task need not
+    train on); the summary records the step as `early_stopped_at`."""
+
+    enabled: bool = False
+    acc: float = 0.99
+    evals: int = 2
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int = 1000
     batch_size: int = 64
@@ -111,6 +121,7 @@ class TrainerConfig:
     compile: bool = False
     # steps_to_threshold = first eval step with eval/acc >= acc_threshold
     acc_threshold: float = 0.9
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     # torch's CPU threads; null: torch's default (one per core). Small models on a busy or shared CPU run
     # several times faster on 1 thread (no spinning OpenMP workers), as do CPU sweeps with parallel jobs.
     cpu_threads: int | None = None
@@ -146,6 +157,8 @@ class Config:
 
 
 ConfigStore.instance().store(name="base_config", node=Config)
+# `${mul:${task.seq_len},2}`: lengths relative to the training length (e.g. evaluating at 2L)
+OmegaConf.register_new_resolver("mul", lambda a, b: int(a) * int(b), replace=True)
 
 
 @dataclass
@@ -154,7 +167,11 @@ class Progress:
 
     step: int = 0
     best_eval_acc: float | None = None
+    # the largest train/acc of a logged step: the metric of Kimi Linear's Fig. 4 (peak training accuracy)
+    best_train_acc: float | None = None
     steps_to_threshold: int | None = None
+    evals_above: int = 0  # consecutive evaluations at or above trainer.early_stop.acc
+    early_stopped_at: int | None = None
     last_eval: dict[str, float] = field(default_factory=dict)
     wall_time_s: float = 0.0
     train_time_s: float = 0.0
@@ -221,6 +238,10 @@ def validate(cfg: DictConfig) -> None:
          "must be > 0, or null for no clipping"),
         ("trainer.acc_threshold", tr.acc_threshold, 0 <= tr.acc_threshold <= 1,
          "must be in [0, 1] (an accuracy)"),
+        ("trainer.early_stop.acc", tr.early_stop.acc, 0 <= tr.early_stop.acc <= 1,
+         "must be in [0, 1] (an accuracy)"),
+        ("trainer.early_stop.evals", tr.early_stop.evals, tr.early_stop.evals >= 1,
+         "must be >= 1 (evaluations in a row)"),
         ("model.mlp_ratio", m.mlp_ratio, m.mlp_ratio > 0, "must be > 0"),
         ("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be > 0"),
     ]
@@ -724,7 +745,9 @@ def _summary(status: str, progress: Progress, meta: dict[str, Any], extra: dict[
     return {
         "status": status,
         "best_eval_acc": progress.best_eval_acc,
+        "best_train_acc": progress.best_train_acc,
         "final_eval_acc": progress.last_eval.get("eval/acc"),
+        "early_stopped_at": progress.early_stopped_at,
         "steps": progress.step,
         "steps_to_threshold": progress.steps_to_threshold,
         "wall_time_s": round(progress.wall_time_s, 3),
@@ -868,6 +891,7 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                 record: dict[str, Any] = {}
                 if is_log:
                     record = {"train/loss": loss_value, "train/acc": correct / batch.num_scored, "lr": lr}
+                    progress.best_train_acc = max(progress.best_train_acc or 0.0, record["train/acc"])
                 if is_eval:
                     try:
                         evals = evaluate_lengths(model, eval_sets, task.seq_len, trainer.eval_batch_size,
@@ -886,6 +910,10 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                     progress.best_eval_acc = max(progress.best_eval_acc or 0.0, evals["eval/acc"])
                     if progress.steps_to_threshold is None and evals["eval/acc"] >= trainer.acc_threshold:
                         progress.steps_to_threshold = step
+                    progress.evals_above = progress.evals_above + 1 \
+                        if evals["eval/acc"] >= trainer.early_stop.acc else 0
+                    if trainer.early_stop.enabled and progress.evals_above >= trainer.early_stop.evals:
+                        progress.early_stopped_at = step
                     record.update(evals)
                 if record:
                     progress.wall_time_s = wall_before + time.perf_counter() - segment_start
@@ -894,10 +922,15 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                     metrics_file.flush()
                     if wandb_run is not None:
                         wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=step)
-                if step % trainer.checkpoint_every == 0 or step == trainer.max_steps:
+                stop = progress.early_stopped_at == step
+                if step % trainer.checkpoint_every == 0 or step == trainer.max_steps or stop:
                     save_checkpoint()
                 at_step_boundary = True
                 progress_log.after_step(step, progress.train_time_s, record)
+                if stop:
+                    log.info("early stop at step %d: eval acc >= %g for %d evaluations in a row", step,
+                             trainer.early_stop.acc, trainer.early_stop.evals)
+                    break
     except (KeyboardInterrupt, SystemExit) as interrupt:
         # Stopped from outside (Ctrl-C; submitit exits with SystemExit after SLURM's SIGUSR2 and requeues
         # the job): keep every finished step, so that re-launching resumes exactly here.
