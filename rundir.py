@@ -68,7 +68,7 @@ def _atomic_write(path: Path, write: Any) -> None:
 
 def read_metrics(path: Path | str) -> tuple[list[dict[str, Any]], list[str]]:
     """(records, problems) of a metrics.jsonl: every line that is a JSON object with an integer `step`,
-    and one message per line that is not (with its line number), or per step out of order."""
+    and one message per line that is not (with its line number), or whose step goes back."""
     path = Path(path)
     records: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -86,7 +86,7 @@ def read_metrics(path: Path | str) -> tuple[list[dict[str, Any]], list[str]]:
         if not isinstance(step, int) or isinstance(step, bool):
             problems.append(f"{path.name} line {number} has no integer 'step': {line[:80]}")
             continue
-        if records and step <= records[-1]["step"]:
+        if records and step < records[-1]["step"]:
             problems.append(f"{path.name} line {number}: step {step} after step {records[-1]['step']}")
             continue
         records.append(record)

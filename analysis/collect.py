@@ -11,7 +11,9 @@ writing its summary), `variant` (the overrides beyond task/mixer/length/lr/seed,
 switches; empty for plain runs), `sweep` and `run_dir`.
 
 A run directory is any folder holding `.hydra/config.yaml` (what Hydra writes before the run starts),
-so runs that crashed early or were killed by SLURM still get a row.
+so runs that crashed early or were killed by SLURM still get a row. A run whose files cannot be read (a
+corrupt summary.json or config) gets a `failed` row naming the file and the reason (column `unreadable`:
+the file), and the others are collected as usual; `main` lists them as runs left out.
 """
 
 from __future__ import annotations
@@ -175,12 +177,45 @@ def _sweep_root(run_dir: Path, roots: list[Path]) -> Path:
     return run_dir.parent
 
 
+class UnreadableFile(ValueError):
+    """A run-directory file that exists but cannot be parsed."""
+
+    def __init__(self, path: Path, error: BaseException) -> None:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        super().__init__(f"{path.name} cannot be read ({type(error).__name__}: {first})")
+        self.path = path
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UnreadableFile(path, error) from None
+    if not isinstance(summary, dict):
+        raise UnreadableFile(path, TypeError(f"a {type(summary).__name__}, not a JSON object"))
+    return summary
+
+
+def _unreadable_row(run_dir: Path, sweep_root: Path, error: BaseException) -> dict[str, Any]:
+    """The row of a run whose config cannot be read: where it is, and why it is left out."""
+    row: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS)
+    path = getattr(error, "path", None)
+    row.update(status="failed", reason=str(error) if path else f"{type(error).__name__}: {error}",
+               unreadable=str(path or run_dir), run_dir=str(run_dir), sweep=sweep_root.name,
+               run=str(run_dir.relative_to(sweep_root)) if sweep_root in run_dir.parents else run_dir.name)
+    return row
+
+
 def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
-    """One row of the table for one run directory."""
+    """One row of the table for one run directory; `UnreadableFile` if its config cannot be read (an
+    unreadable summary.json gives a `failed` row instead)."""
     run_dir = Path(run_dir)
     sweep_root = sweep_root or run_dir.parent
     row: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS)
-    config = _load_config(run_dir)
+    try:
+        config = _load_config(run_dir)
+    except Exception as error:  # noqa: BLE001 - yaml and omegaconf raise many types
+        raise UnreadableFile(run_dir / ".hydra" / "config.yaml", error) from None
     row.update(config)
 
     hydra = (_read_yaml(run_dir / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
@@ -198,10 +233,19 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
 
     summary_path = run_dir / "summary.json"
     reason: str | None = None
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        # The harness repeats the config in the summary; the row has it from .hydra/config.yaml already.
-        summary.pop("config", None)
+    try:
+        summary = _read_summary(summary_path) if summary_path.exists() else None
+    except UnreadableFile as error:
+        summary, status = None, "failed"
+        reason = f"{error}; re-launch the run (train.py rebuilds it from checkpoint.pt)"
+        row["unreadable"] = str(summary_path)
+    if summary is not None:
+        # The config the run used, as train.py recorded it: .hydra/config.yaml is rewritten by every
+        # launch into the directory, also by one that was refused or found the run already finished.
+        used = summary.pop("config", None)
+        if isinstance(used, dict):
+            row.update({k: json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
+                        for k, v in used.items()})
         summary.pop("run_dir", None)
         for key, value in flatten(summary).items():
             if value is not None or row.get(key) is None:
@@ -215,7 +259,7 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
             # Stopped from outside (Ctrl-C, SLURM preemption through submitit's requeue), not broken:
             # re-launching resumes it from its checkpoint.
             status, reason = "incomplete", f"interrupted ({reason}); re-launch resumes it"
-    else:
+    elif reason is None:
         reason = _failure_from_logs(run_dir, sweep_root, job_id)
         if reason is not None:
             status = "failed"
@@ -244,7 +288,11 @@ def collect_dirs(paths: Iterable[Path | str]) -> pd.DataFrame:
     rows = []
     for root in roots:
         for run_dir in find_run_dirs(root):
-            rows.append(load_run(run_dir, _sweep_root(run_dir, roots)))
+            sweep_root = _sweep_root(run_dir, roots)
+            try:
+                rows.append(load_run(run_dir, sweep_root))
+            except Exception as error:  # noqa: BLE001 - one bad run must not stop the table
+                rows.append(_unreadable_row(run_dir, sweep_root, error))
     return _tidy(pd.DataFrame(rows, columns=None if rows else list(SUMMARY_FIELDS) + ["reason", "run_dir"]))
 
 
@@ -378,6 +426,12 @@ def main(argv: list[str] | None = None) -> int:
     write_table(table, args.out)
     counts = table["status"].value_counts().to_dict() if len(table) else {}
     print(f"{len(table)} runs -> {args.out} ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))})")
+    left_out = table[table["unreadable"].notna()] if "unreadable" in table else table.iloc[:0]
+    if len(left_out):
+        print(f"runs left out ({len(left_out)}: a file cannot be read)")
+        print("| run | file | reason |\n|---|---|---|")
+        for _, run in left_out.iterrows():
+            print(f"| {run['run']} | {run['unreadable']} | {run['reason']} |")
     return 0
 
 

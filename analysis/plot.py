@@ -23,7 +23,6 @@ evaluated); failed and incomplete runs are left out and listed in summary.md. Va
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import pandas as pd  # noqa: E402
 
 from analysis.collect import collect_dirs, read_table  # noqa: E402
 from analysis.colours import VARIANT_STYLES, mixer_colour, mixer_order  # noqa: E402
+from rundir import read_metrics  # noqa: E402
 
 SCORED = ("completed", "diverged")
 # Kimi Linear Fig. 4's panel order; other tasks follow alphabetically.
@@ -199,18 +199,38 @@ def plot_acc_vs_length(best: pd.DataFrame, out_dir: Path) -> list[Path]:
     return save_figure(fig, best[columns], out_dir, "acc_vs_length")
 
 
-def _eval_curve(run_dir: str) -> pd.DataFrame:
-    """(step, acc %) of every eval step in a run's metrics.jsonl."""
+def _read_curve(run_dir: str) -> tuple[pd.DataFrame, str | None]:
+    """(step, acc %) of every eval step in a run's metrics.jsonl, and why the run is left out of the
+    accuracy-vs-steps figure (None: it is not). A file with any bad line is left out whole, not drawn
+    with holes."""
     path = Path(run_dir) / "metrics.jsonl"
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if record.get("eval/acc") is not None:
-                rows.append({"step": int(record["step"]), "acc": float(record["eval/acc"]) * 100.0})
-    return pd.DataFrame(rows, columns=["step", "acc"])
+    empty = pd.DataFrame({"step": pd.Series(dtype="int64"), "acc": pd.Series(dtype="float64")})
+    if not path.exists():
+        return empty, f"{path}: missing"
+    try:
+        records, problems = read_metrics(path)
+        rows = [{"step": r["step"], "acc": float(r["eval/acc"]) * 100.0} for r in records
+                if r.get("eval/acc") is not None]
+    except (OSError, TypeError, ValueError) as error:
+        return empty, f"{path}: {type(error).__name__}: {error}"
+    if problems:
+        return empty, f"{path}: " + "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+    return pd.DataFrame(rows, columns=["step", "acc"]), None
+
+
+def _eval_curve(run_dir: str) -> pd.DataFrame:
+    return _read_curve(run_dir)[0]
+
+
+def curves_left_out(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(run, status, reason) of each run with a run directory whose metrics.jsonl cannot be drawn."""
+    left_out = []
+    for _, run in runs.iterrows():
+        if isinstance(run.get("run_dir"), str):
+            problem = _read_curve(run["run_dir"])[1]
+            if problem is not None:
+                left_out.append((str(run.get("run") or run["run_dir"]), str(run["status"]), problem))
+    return left_out
 
 
 def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, length: int, out_dir: Path) -> list[Path]:
@@ -401,8 +421,10 @@ def _steps_text(steps: float, reached: int, n: int) -> str:
     return f"{steps:.0f}" + ("" if reached == n else f" ({reached}/{n} seeds)")
 
 
-def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """summary.md (one table per task: mixer rows x length columns) and summary.csv (the same numbers)."""
+def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path,
+                  left_out: list[tuple[str, str, str]] | None = None) -> list[Path]:
+    """summary.md (one table per task: mixer rows x length columns) and summary.csv (the same numbers);
+    `left_out`: (run, status, reason) of runs whose files a figure could not use."""
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# Sweep summary", ""]
     counts = table["status"].value_counts()
@@ -448,6 +470,12 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path) -> lis
             reason = str(run.get("reason") or "").replace("|", "/").replace("\n", " ")[:200]
             lines.append(f"| {name} | {run['status']} | {reason} |")
         lines.append("")
+    if left_out:
+        lines += ["## Runs left out", "", "Their accuracy counts; their file could not be drawn.", "",
+                  "| run | status | reason |", "|---|---|---|"]
+        for name, status, reason in left_out:
+            lines.append(f"| {name} | {status} | {reason.replace('|', '/')[:300]} |")
+        lines.append("")
     md = out_dir / "summary.md"
     md.write_text("\n".join(lines))
     csv = out_dir / "summary.csv"
@@ -490,7 +518,10 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None) -> l
         written += plot_acc_vs_state_size(best, out_dir)
     else:
         print("skipping accuracy vs state size: no state_size in the summaries", file=sys.stderr)
-    written += write_summary(table, best, out_dir)
+    left_out = curves_left_out(runs) if has_dirs else []
+    for name, _, reason in left_out:
+        print(f"left out of accuracy vs steps: {name}: {reason}", file=sys.stderr)
+    written += write_summary(table, best, out_dir, left_out)
     return written
 
 

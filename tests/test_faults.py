@@ -19,14 +19,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import rel_rms
 from omegaconf import DictConfig
+from test_analysis import write_run
 
 import kernels
 import kernels.ops
+import train
+from analysis import collect, plot
+from rundir import FileUnreadable, ResumeRefused, RunDirBusy
 
 ROOT = Path(__file__).resolve().parents[1]
 MakeCfg = Callable[..., DictConfig]
@@ -109,9 +114,6 @@ def test_triton_without_gpu_or_interpreter_says_what_to_do(monkeypatch: pytest.M
 
 
 # ---- the run directory: one writer, consistent files, clear refusals ----
-
-import train  # noqa: E402
-from rundir import FileUnreadable, ResumeRefused, RunDirBusy  # noqa: E402
 
 SHORT = ["trainer.max_steps=20", "trainer.eval_every=10", "trainer.log_every=2", "trainer.checkpoint_every=5"]
 
@@ -312,3 +314,66 @@ def test_sigterm_checkpoints_like_ctrl_c(tmp_path: Path) -> None:
         assert checkpointed == summary["steps"] >= json.loads(metrics.read_text().splitlines()[-1])["step"]
     else:
         assert "interrupted (Terminated) inside step" in log and not (run_dir / "checkpoint.pt").exists()
+
+
+# ---- analysis: one bad file never stops a table or a figure ----
+
+
+def _small_sweep(root: Path) -> list[Path]:
+    dirs = []
+    for mixer in ("kda", "gdn"):
+        for seed in (0, 1):
+            run_dir = root / f"mixer={mixer}/seed={seed}"
+            write_run(run_dir, task="mqar", mixer=mixer, seq_len=64, lr=1e-3, seed=seed)
+            dirs.append(run_dir)
+    return dirs
+
+
+def test_collect_reports_unreadable_files_and_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep = tmp_path / "sweep"
+    runs = _small_sweep(sweep)
+    (runs[0] / "summary.json").write_text('{"status": "compl')
+    (runs[1] / ".hydra" / "config.yaml").write_text("task: [unclosed\n")
+    assert collect.main([str(sweep), "--out", str(tmp_path / "table.csv")]) == 0
+    table = collect.read_table(tmp_path / "table.csv").set_index("run")
+    bad_summary, bad_config = table.loc["mixer=kda/seed=0"], table.loc["mixer=kda/seed=1"]
+    assert bad_summary["status"] == "failed"
+    assert "summary.json cannot be read (JSONDecodeError" in bad_summary["reason"]
+    assert "re-launch the run" in bad_summary["reason"] and bad_summary["task"] == "mqar"
+    assert bad_config["status"] == "failed" and "config.yaml cannot be read" in bad_config["reason"]
+    assert (table.loc[["mixer=gdn/seed=0", "mixer=gdn/seed=1"], "status"] == "completed").all()
+    printed = capsys.readouterr().out
+    assert "runs left out (2" in printed
+    assert str(runs[0] / "summary.json") in printed and str(runs[1] / ".hydra" / "config.yaml") in printed
+
+
+def test_collect_takes_the_config_the_run_used(tmp_path: Path) -> None:
+    """Every launch into a directory rewrites .hydra/config.yaml, also one that was refused or found the
+    run finished: the row's config is what train.py recorded in summary.json."""
+    run_dir = tmp_path / "sweep" / "run"
+    write_run(run_dir, task="mqar", mixer="kda", seq_len=64, lr=1e-3, seed=0)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["config"] = {"optim.lr": 1e-3, "task.seq_len": 64, "logger.wandb.tags": ["task:mqar"]}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    hydra_config = run_dir / ".hydra" / "config.yaml"
+    hydra_config.write_text(hydra_config.read_text().replace("lr: 0.001", "lr: 0.01"))
+    row = collect.collect_dirs([tmp_path / "sweep"]).iloc[0]
+    assert row["optim.lr"] == 1e-3 and row["lr"] == 1e-3 and row["logger.wandb.tags"] == '["task:mqar"]'
+
+
+def test_plot_leaves_out_a_cut_metrics_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    sweep = tmp_path / "sweep"
+    runs = _small_sweep(sweep)
+    metrics = runs[2] / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([*lines[:3], lines[3][:15], *lines[4:]]) + "\n")
+    assert plot.main([str(sweep), "--out", str(tmp_path / "figs")]) == 0
+    summary = (tmp_path / "figs" / "summary.md").read_text()
+    assert "## Runs left out" in summary and f"{metrics}: metrics.jsonl line 4 is not JSON" in summary
+    assert "left out of accuracy vs steps: mixer=gdn/seed=0" in capsys.readouterr().err
+    curves = pd.read_csv(tmp_path / "figs" / "acc_vs_steps_len64.csv")
+    # gdn's curve is its other seed alone
+    assert set(curves[curves["mixer"] == "gdn"]["n_seeds"]) == {1}
+    assert set(curves[curves["mixer"] == "kda"]["n_seeds"]) == {2}
