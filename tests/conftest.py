@@ -6,17 +6,24 @@ contract without depending on any particular generator.
 
 from __future__ import annotations
 
-import sys
-import types
-from collections.abc import Callable, Iterator
-from pathlib import Path
+import os
 
-import numpy as np
-import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+# Triton reads TRITON_INTERPRET once, when it is first imported, and the Triton tests run its CPU interpreter.
+# Set here, before any test module imports triton, so that no test depends on which file is collected first.
+# On a GPU: `TRITON_INTERPRET=0 python -m pytest -m gpu tests/gpu` runs the compiled kernels instead.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import sys  # noqa: E402
+import types  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.config_store import ConfigStore  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

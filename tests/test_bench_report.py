@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
-# bench_gpu imports kernels.triton; keep the interpreter setting the Triton tests of this process expect
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("triton")
 
-from benchmarks.bench_gpu import load_rows, write_markdown  # noqa: E402
+from benchmarks.bench_gpu import load_rows, write_markdown
 
 FIELDS = "shape,op,impl,B,T,H,D,ms_fwd,ms_fwdbwd,mb_fwdbwd"
 ANCHORS = """# FLA 0.6.0 on some GPU, a comment line

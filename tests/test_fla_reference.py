@@ -11,18 +11,13 @@ Skipped where fla-core is not installed (`pip install fla-core==0.6.0`; the dev 
 
 from __future__ import annotations
 
-import os
+import warnings
 
-# fla imports triton: keep the interpreter setting that tests/test_triton.py needs in the same process
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+from helpers import make_inputs, rel_rms
 
-import warnings  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from helpers import make_inputs, rel_rms  # noqa: E402
-
-from kernels.naive import naive_recurrent  # noqa: E402
+from kernels.naive import naive_recurrent
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # FLA warns that it found no GPU

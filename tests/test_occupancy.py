@@ -19,6 +19,9 @@ import pytest
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
+# compiles the family for sm_90 on the CPU (minutes): the compiler-output tier, not the edit-test loop
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,9 @@ import pytest
 
 pytest.importorskip("triton")
 
+# compiles kernels to sm_90 PTX on the CPU: the compiler-output tier, not the edit-test loop
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
