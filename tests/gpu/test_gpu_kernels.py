@@ -1,4 +1,5 @@
-"""pytest entry to the GPU checks (`python -m pytest -m gpu tests/gpu`); skipped without CUDA."""
+"""pytest entry to the GPU checks; skipped without CUDA or under Triton's interpreter, which tests/conftest.py
+turns on unless told otherwise: `TRITON_INTERPRET=0 python -m pytest -m gpu tests/gpu`."""
 
 from __future__ import annotations
 
