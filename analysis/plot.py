@@ -12,12 +12,15 @@ Writes, into --out:
 - `acc_vs_state_size.{png,pdf,csv}`: accuracy vs the state a mixer keeps per sequence (log x).
 - `summary.md` + `summary.csv`: mixer x task x length -> best accuracy +- spread, steps to threshold.
 
-Conventions: accuracy of a run = its `best_eval_acc` (peak over training); a cell over seeds is the
-mean, its spread the standard deviation across seeds (population, so one seed has spread 0); the band is
-mean +- spread clipped to [0, 100] %. The best learning rate is the one with the highest mean over seeds.
-Completed and diverged runs count (a run that diverged scored what it reached before, or 0 when it never
-evaluated); failed and incomplete runs are left out and listed in summary.md. Variants of one mixer
-(ablations) keep the mixer's colour and differ by line style.
+Conventions: accuracy of a run = its `best_eval_acc` (peak over training), and only completed runs have
+one. A cell over seeds is the mean, its spread the standard deviation across seeds (population), drawn
+as a band (or an error bar) only where at least two seeds were measured; legends and the summary give n.
+The best learning rate is the one with the highest mean over its completed seeds. Diverged and failed
+runs are never an accuracy: each figure marks them in a grey strip below 0 % (a cross for diverged, a
+plus for failed, in the mixer's colour, with a legend entry), the heat maps name them in their cells,
+and the summary counts them per cell. Incomplete runs (interrupted, resumable) are listed in the summary
+only. Lines join measured points only (a length without a completed run breaks the line). Variants of
+one mixer (ablations) keep the mixer's colour and differ by line style.
 """
 
 from __future__ import annotations
@@ -33,15 +36,22 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+from matplotlib.transforms import Bbox, Transform  # noqa: E402
 
 from analysis.collect import collect_dirs, read_table  # noqa: E402
 from analysis.colours import VARIANT_STYLES, mixer_colour, mixer_order  # noqa: E402
 from rundir import read_metrics  # noqa: E402
 
-SCORED = ("completed", "diverged")
+SCORED = ("completed",)
+# Shown in every figure as such (a marker in a strip below 0 %, a legend entry), never as an accuracy.
+UNSCORED = ("diverged", "failed")
+STATUS_MARKERS = {"diverged": "x", "failed": "+"}
 # Kimi Linear Fig. 4's panel order; other tasks follow alphabetically.
 TASK_ORDER = ("palindrome", "mqar", "stack")
 CELL = ["task", "series", "mixer", "variant", "seq_len", "lr"]
+ACC_TICKS = [0, 20, 40, 60, 80, 100]
 
 
 def load(paths: list[Path]) -> pd.DataFrame:
@@ -63,31 +73,53 @@ def _series_name(mixer: str, variant: str) -> str:
     return f"{mixer} [{variant}]" if variant else mixer
 
 
-def scored_runs(table: pd.DataFrame) -> pd.DataFrame:
-    """Runs that count for accuracy, with a `series` column (mixer, or mixer [variant])."""
+def _check_columns(table: pd.DataFrame) -> None:
     required = {"task", "mixer", "seq_len", "lr", "seed", "status", "best_eval_acc"}
     missing = required - set(table.columns)
     if missing:
         raise ValueError(f"table lacks columns {sorted(missing)}; make it with python -m analysis.collect")
-    runs = table[table["status"].isin(SCORED)].copy()
+
+
+def _with_series(runs: pd.DataFrame) -> pd.DataFrame:
+    runs = runs.copy()
     if "variant" not in runs:
         runs["variant"] = ""
     runs["variant"] = runs["variant"].fillna("").astype(str)
     runs["series"] = [_series_name(m, v) for m, v in zip(runs["mixer"], runs["variant"], strict=True)]
-    diverged = runs["status"] == "diverged"
-    runs.loc[diverged, "best_eval_acc"] = runs.loc[diverged, "best_eval_acc"].fillna(0.0)
-    runs["acc"] = runs["best_eval_acc"].astype(float) * 100.0
+    for column in ("steps", "steps_to_threshold", "state_size"):
+        values = runs[column] if column in runs else pd.Series(np.nan, index=runs.index)
+        runs[column] = pd.to_numeric(values, errors="coerce").astype(float)
     return runs
 
 
-def cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (task, series, length, lr): accuracy over seeds (mean, spread, min, max, n)."""
-    steps = (
-        runs["steps_to_threshold"] if "steps_to_threshold" in runs else pd.Series(np.nan, index=runs.index)
-    )
-    runs = runs.assign(steps_to_threshold=pd.to_numeric(steps, errors="coerce").astype(float))
-    state = runs["state_size"] if "state_size" in runs else pd.Series(np.nan, index=runs.index)
-    runs = runs.assign(state_size=pd.to_numeric(state, errors="coerce").astype(float))
+def scored_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """Completed runs, the ones with an accuracy, with a `series` column (mixer, or mixer [variant])."""
+    _check_columns(table)
+    runs = _with_series(table[table["status"].isin(SCORED)])
+    runs["acc"] = pd.to_numeric(runs["best_eval_acc"], errors="coerce").astype(float) * 100.0
+    return runs
+
+
+def unscored_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """Diverged and failed runs, with `series`: the figures mark them, the summary counts them."""
+    _check_columns(table)
+    return _with_series(table[table["status"].isin(UNSCORED)])
+
+
+def _status_counts(unscored: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """n_diverged and n_failed per `keys`."""
+    columns = [f"n_{s}" for s in UNSCORED]
+    if unscored.empty:
+        return pd.DataFrame(columns=keys + columns)
+    counts = pd.crosstab([unscored[k] for k in keys], unscored["status"])
+    counts = counts.reindex(columns=list(UNSCORED), fill_value=0)
+    counts.columns = columns
+    return counts.reset_index()
+
+
+def cells(runs: pd.DataFrame, unscored: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (task, series, length, lr): accuracy over the completed seeds (mean, spread, min, max,
+    n_seeds) and the diverged and failed runs there (n_diverged, n_failed; a cell may have only those)."""
     grouped = runs.groupby(CELL, dropna=False, sort=True)
     out = grouped.agg(
         acc_mean=("acc", "mean"),
@@ -99,14 +131,24 @@ def cells(runs: pd.DataFrame) -> pd.DataFrame:
         n_reached=("steps_to_threshold", lambda s: int(s.notna().sum())),
         state_size=("state_size", "mean"),
     ).reset_index()
-    return out
+    unscored = unscored if unscored is not None else runs.iloc[:0]
+    counts = _status_counts(unscored, CELL)
+    out = out.merge(counts, on=CELL, how="outer") if len(counts) else out.assign(n_diverged=0, n_failed=0)
+    for column in ("n_seeds", "n_reached", "n_diverged", "n_failed"):
+        out[column] = out[column].fillna(0).astype(int)
+    return out.sort_values(CELL).reset_index(drop=True)
 
 
 def best_lr(cell_table: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, series, length): the cell of the learning rate with the highest mean accuracy."""
-    ordered = cell_table.sort_values(["acc_mean", "lr"], ascending=[False, True], kind="stable")
-    best = ordered.groupby(["task", "series", "seq_len"], sort=False).head(1)
-    return best.sort_values(["task", "series", "seq_len"]).reset_index(drop=True)
+    """Per (task, series, length): the cell of the learning rate with the highest mean accuracy over its
+    completed seeds, with n_diverged / n_failed summed over every learning rate at that length."""
+    keys = ["task", "series", "seq_len"]
+    scored = cell_table[cell_table["n_seeds"] > 0]
+    ordered = scored.sort_values(["acc_mean", "lr"], ascending=[False, True], kind="stable")
+    best = ordered.groupby(keys, sort=False).head(1).drop(columns=["n_diverged", "n_failed"])
+    totals = cell_table.groupby(keys, as_index=False)[["n_diverged", "n_failed"]].sum()
+    best = best.merge(totals, on=keys, how="left")
+    return best.sort_values(keys).reset_index(drop=True)
 
 
 def _series_order(frame: pd.DataFrame) -> list[str]:
@@ -132,7 +174,7 @@ def _style(frame: pd.DataFrame) -> dict[str, dict[str, object]]:
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.4) -> tuple[plt.Figure, list[plt.Axes]]:
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False, layout="constrained")
     return fig, list(axes[0])
 
 
@@ -152,51 +194,130 @@ def _length_axis(ax: plt.Axes, lengths: list[int]) -> None:
     ax.set_xticks(lengths)
     ax.set_xticklabels([str(length) for length in lengths])
     ax.minorticks_off()
+    # room beside the first and last length for the markers dodged around them
+    ax.set_xlim(lengths[0] / 1.25, lengths[-1] * 1.25)
 
 
-def plot_acc_vs_length(best: pd.DataFrame, out_dir: Path) -> list[Path]:
+def _accuracy_axis(ax: plt.Axes, rows: list[str], label: str) -> dict[str, float]:
+    """0-100 % on y, and below it, when some runs were not scored, a grey strip with a row per status
+    (diverged, failed) for their markers; returns each row's y."""
+    ys = {status: -13.0 - 10.0 * index for index, status in enumerate(rows)}
+    bottom = min(ys.values()) - 7.0 if rows else -2.0
+    ax.set_ylim(bottom, 102)
+    ax.set_yticks(ACC_TICKS + list(ys.values()))
+    ax.set_yticklabels([str(t) for t in ACC_TICKS] + list(ys))
+    if rows:
+        ax.axhspan(bottom, -5.0, color="0.93", linewidth=0, zorder=0)
+    ax.set_ylabel(label)
+    return ys
+
+
+def _dodge(values: pd.Series | np.ndarray, index: int, count: int, log: bool) -> np.ndarray:
+    """x values moved a little per series (index of count), so that markers sharing an x stay apart:
+    by a factor of 2^(0.05 (index - centre)) on a log axis, by 0.6 % of the largest value on a linear one.
+    The figures' CSVs keep the true values."""
+    values = np.asarray(values, dtype=float)
+    shift = index - (count - 1) / 2
+    if log:
+        return values * 2.0 ** (0.05 * shift)
+    return values + 0.006 * shift * (np.nanmax(np.abs(values)) if len(values) else 0.0)
+
+
+def _mark_unscored(ax: plt.Axes, points: pd.DataFrame, x: str, ys: dict[str, float], series: list[str],
+                   styles: dict[str, dict[str, object]], log: bool) -> None:
+    """One marker per (series, x, status) in the strip: where runs diverged or failed."""
+    for status, y in ys.items():
+        at = points[points["status"] == status]
+        for index, name in enumerate(series):
+            xs = np.array(sorted(set(at[at["series"] == name][x].dropna())), dtype=float)
+            if len(xs):
+                ax.plot(_dodge(xs, index, len(series), log), [y] * len(xs), linestyle="none",
+                        marker=STATUS_MARKERS[status], markersize=7, markeredgewidth=1.6,
+                        color=styles[name]["color"], clip_on=False)
+
+
+def _status_handles(rows: list[str]) -> list[Line2D]:
+    return [Line2D([], [], linestyle="none", marker=STATUS_MARKERS[s], markersize=7, markeredgewidth=1.6,
+                   color="0.35", label=f"{s} (not scored)") for s in rows]
+
+
+def _seeds_label(series: str, n: pd.Series) -> str:
+    low, high = int(n.min()), int(n.max())
+    count = f"n={low}" if low == high else f"n={low}-{high}"
+    return f"{series} ({count})"
+
+
+def _band(ax: plt.Axes, x: np.ndarray, mean: np.ndarray, std: np.ndarray, n: np.ndarray,
+          colour: object) -> None:
+    """The seed spread (mean +- std) only where n >= 2 seeds: a band between neighbouring such points, an
+    error bar at one without such a neighbour."""
+    spread = n >= 2
+    low, high = np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100)
+    ax.fill_between(x, low, high, where=spread, color=colour, alpha=0.18, linewidth=0, interpolate=False)
+    for i in np.flatnonzero(spread):
+        neighbours = [j for j in (i - 1, i + 1) if 0 <= j < len(x) and spread[j]]
+        if not neighbours:
+            ax.errorbar(x[i], mean[i], yerr=[[mean[i] - low[i]], [high[i] - mean[i]]], color=colour,
+                        capsize=3, linewidth=1)
+
+
+def _figure_legend(fig: plt.Figure, axes: list[plt.Axes], series: list[str],
+                   styles: dict[str, dict[str, object]], rows: list[str], n_seeds: pd.DataFrame) -> None:
+    """One legend for the whole figure, outside the panels (it can hide no data and no label): a line per
+    series with its number of seeds, a proxy for each series with no completed run, the status markers."""
+    handles: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    labels = [_seeds_label(name, n_seeds[n_seeds["series"] == name]["n_seeds"]) for name in handles]
+    extra = _missing_series_handles(series, list(handles), styles) + _status_handles(rows)
+    if handles or extra:
+        fig.legend(handles=list(handles.values()) + extra, labels=labels + [h.get_label() for h in extra],
+                   loc="outside right upper", fontsize="small")
+
+
+def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Kimi Fig. 4 (top): per task, peak accuracy vs training length at the best lr, seed band."""
-    tasks = _task_order(best["task"])
-    styles = _style(best)
+    frame_all = pd.concat([best, unscored], ignore_index=True)
+    tasks = _task_order(frame_all["task"])
+    styles = _style(frame_all)
+    rows = [s for s in UNSCORED if (unscored["status"] == s).any()]
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
-        frame = best[best["task"] == task]
-        lengths = sorted(int(v) for v in frame["seq_len"].unique())
-        for series in _series_order(frame):
-            line = frame[frame["series"] == series].sort_values("seq_len")
-            x = line["seq_len"].astype(int).to_numpy()
-            mean = line["acc_mean"].to_numpy()
-            std = line["acc_std"].to_numpy()
-            ax.plot(x, mean, label=series, **styles[series])
-            ax.fill_between(
-                x,
-                np.clip(mean - std, 0, 100),
-                np.clip(mean + std, 0, 100),
-                color=styles[series]["color"],
-                alpha=0.18,
-                linewidth=0,
-            )
+        frame, failed = best[best["task"] == task], unscored[unscored["task"] == task]
+        lengths = sorted({int(v) for v in frame_all[frame_all["task"] == task]["seq_len"]})
+        series_names = _series_order(frame_all[frame_all["task"] == task])
+        for series in series_names:
+            # Reindexed on every length of the panel: a length without a completed run breaks the line.
+            line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
+            if line["acc_mean"].notna().any():
+                x = np.array(lengths, dtype=float)
+                mean, std = line["acc_mean"].to_numpy(float), line["acc_std"].to_numpy(float)
+                n = line["n_seeds"].fillna(0).to_numpy(int)
+                ax.plot(x, mean, label=series, **styles[series])
+                _band(ax, x, mean, std, n, styles[series]["color"])
+        ys = _accuracy_axis(ax, rows, "peak eval accuracy (%)")
+        _mark_unscored(ax, failed, "seq_len", ys, series_names, styles, log=True)
         _length_axis(ax, lengths)
-        ax.set_ylim(-2, 102)
         ax.set_title(task)
         ax.set_xlabel("training sequence length (tokens)")
-        ax.set_ylabel("peak eval accuracy (%)")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize="small", loc="best")
-    columns = [
-        "task",
-        "series",
-        "mixer",
-        "variant",
-        "seq_len",
-        "lr",
-        "acc_mean",
-        "acc_std",
-        "acc_min",
-        "acc_max",
-        "n_seeds",
-    ]
-    return save_figure(fig, best[columns], out_dir, "acc_vs_length")
+    _figure_legend(fig, axes, _series_order(frame_all), styles, rows, best)
+    columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "acc_mean", "acc_std", "acc_min",
+               "acc_max", "n_seeds", "n_diverged", "n_failed"]
+    return save_figure(fig, _with_unscored_rows(best, unscored, columns), out_dir, "acc_vs_length")
+
+
+def _with_unscored_rows(best: pd.DataFrame, unscored: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """best's rows, plus a row (no accuracy) per (task, series, length) whose runs all diverged or failed."""
+    keys = ["task", "series", "mixer", "variant", "seq_len"]
+    counts = _status_counts(unscored, keys)
+    if counts.empty:
+        return best[columns].reset_index(drop=True)
+    merged = counts.merge(best[keys], on=keys, how="left", indicator=True)
+    only = merged[merged["_merge"] == "left_only"].drop(columns="_merge").assign(n_seeds=0)
+    data = pd.concat([best, only], ignore_index=True).reindex(columns=columns)
+    return data.sort_values(keys).reset_index(drop=True)
 
 
 def _read_curve(run_dir: str) -> tuple[pd.DataFrame, str | None]:
@@ -233,14 +354,16 @@ def curves_left_out(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
     return left_out
 
 
-def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, length: int, out_dir: Path) -> list[Path]:
-    """Kimi Fig. 4 (bottom): per task, eval accuracy vs steps at one length, best lr, seed band."""
+def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataFrame, length: int,
+                      out_dir: Path) -> list[Path]:
+    """Kimi Fig. 4 (bottom): per task, eval accuracy vs steps at one length, best lr, seed band; runs at
+    that length that diverged or failed are marked at the step they stopped."""
     if "run_dir" not in runs or runs["run_dir"].isna().all():
         raise ValueError("accuracy-vs-steps needs local run directories (metrics.jsonl); this table has none")
     at_length = best[best["seq_len"] == length]
     if at_length.empty:
         raise ValueError(
-            f"--length {length}: no scored runs at that length; lengths: "
+            f"--length {length}: no completed runs at that length; lengths: "
             f"{sorted(int(v) for v in best['seq_len'].unique())}"
         )
     curves = []
@@ -272,65 +395,71 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, length: int, out_d
         for key in ("task", "series", "mixer", "variant", "seq_len", "lr"):
             stats[key] = cell[key]
         curves.append(stats)
-    columns = [
-        "task",
-        "series",
-        "mixer",
-        "variant",
-        "seq_len",
-        "lr",
-        "step",
-        "acc_mean",
-        "acc_std",
-        "acc_min",
-        "acc_max",
-        "n_seeds",
-    ]
+    columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "step", "acc_mean", "acc_std",
+               "acc_min", "acc_max", "n_seeds"]
     data = pd.concat(curves, ignore_index=True)[columns] if curves else pd.DataFrame(columns=columns)
-    tasks = _task_order(at_length["task"])
-    styles = _style(at_length)
+    stopped = unscored[unscored["seq_len"] == length]
+    tasks = _task_order(pd.concat([at_length["task"], stopped["task"]]))
+    styles = _style(pd.concat([at_length, stopped], ignore_index=True))
+    rows = [s for s in UNSCORED if (stopped["status"] == s).any()]
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
-        frame = data[data["task"] == task]
-        for series in _series_order(at_length[at_length["task"] == task]):
+        frame, failed = data[data["task"] == task], stopped[stopped["task"] == task]
+        series_names = _series_order(pd.concat([at_length[at_length["task"] == task], failed]))
+        for series in series_names:
             line = frame[frame["series"] == series].sort_values("step")
             if line.empty:
                 continue
-            style = dict(styles[series], marker=None)
-            mean, std = line["acc_mean"].to_numpy(), line["acc_std"].to_numpy()
-            lr = line["lr"].iloc[0]
-            ax.plot(line["step"], mean, label=f"{series} (lr {lr:g})", **style)
-            ax.fill_between(
-                line["step"],
-                np.clip(mean - std, 0, 100),
-                np.clip(mean + std, 0, 100),
-                color=style["color"],
-                alpha=0.18,
-                linewidth=0,
-            )
-        ax.set_ylim(-2, 102)
+            # a marker at every eval: the line joins measured points only
+            style = dict(styles[series], markersize=3)
+            step = line["step"].to_numpy(float)
+            mean, std = line["acc_mean"].to_numpy(float), line["acc_std"].to_numpy(float)
+            label = f"{_seeds_label(series, line['n_seeds'])}, lr {line['lr'].iloc[0]:g}"
+            ax.plot(step, mean, label=label, **style)
+            _band(ax, step, mean, std, line["n_seeds"].to_numpy(int), style["color"])
+        ys = _accuracy_axis(ax, rows, "eval accuracy (%)")
+        _mark_unscored(ax, failed, "steps", ys, series_names, styles, log=False)
         ax.set_title(f"{task}, length {length}")
         ax.set_xlabel("training steps")
-        ax.set_ylabel("eval accuracy (%)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", loc="best")
+        _legend(ax, series_names, styles, rows if len(failed) else [])
     return save_figure(fig, data, out_dir, f"acc_vs_steps_len{length}")
 
 
+def _legend(ax: plt.Axes, series: list[str], styles: dict[str, dict[str, object]], rows: list[str]) -> None:
+    """The panel's legend, below it (it hides no data): its lines, a proxy for each series with no
+    completed run, the status markers."""
+    handles, labels = ax.get_legend_handles_labels()
+    handles += _missing_series_handles(series, labels, styles) + _status_handles(rows)
+    if handles:
+        ax.legend(handles=handles, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                  ncols=2, frameon=False)
+
+
+def _missing_series_handles(series: list[str], labels: list[str], styles: dict[str, dict[str, object]]
+                            ) -> list[Line2D]:
+    """Legend entries for series drawn only as status markers (every run diverged or failed)."""
+    drawn = {label.split(" (n=")[0] for label in labels}
+    return [Line2D([], [], linestyle="none", marker="s", color=styles[name]["color"],
+                   label=f"{name} (no completed run)") for name in series if name not in drawn]
+
+
 def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Heat map of mean accuracy per (series, lr), one panel per (task, length)."""
+    """Heat map of mean accuracy per (series, lr) over completed seeds, one panel per (task, length); a cell
+    names its diverged and failed runs, and is grey when it has no completed one."""
     tasks = _task_order(cell_table["task"])
     lengths = sorted(int(v) for v in cell_table["seq_len"].unique())
     fig, axes = plt.subplots(
         len(tasks),
         len(lengths),
         squeeze=False,
-        constrained_layout=True,
+        layout="constrained",
         figsize=(
-            3.2 * len(lengths) + 1.0,
-            0.45 * cell_table["series"].nunique() * len(tasks) + 1.4 * len(tasks),
+            3.2 * len(lengths) + 1.6,
+            0.5 * cell_table["series"].nunique() * len(tasks) + 1.5 * len(tasks),
         ),
     )
+    colours = plt.get_cmap("viridis").with_extremes(bad="0.82")
     image = None
     for row, task in enumerate(tasks):
         for col, length in enumerate(lengths):
@@ -339,21 +468,22 @@ def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
             series = _series_order(frame) if not frame.empty else []
             lrs = sorted(frame["lr"].unique())
             grid = np.full((len(series), len(lrs)), np.nan)
+            texts = [["" for _ in lrs] for _ in series]
             for _, cell in frame.iterrows():
-                grid[series.index(cell["series"]), lrs.index(cell["lr"])] = cell["acc_mean"]
-            image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+                i, j = series.index(cell["series"]), lrs.index(cell["lr"])
+                notes = [f"{int(cell[f'n_{s}'])} {'div.' if s == 'diverged' else 'fail'}" for s in UNSCORED
+                         if cell[f"n_{s}"]]
+                value = []
+                if cell["n_seeds"]:
+                    grid[i, j] = cell["acc_mean"]
+                    value = [f"{cell['acc_mean']:.0f}"]
+                texts[i][j] = "\n".join(value + ([", ".join(notes)] if notes else []))
+            image = ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=100, cmap=colours, aspect="auto")
             for i in range(len(series)):
                 for j in range(len(lrs)):
-                    if not np.isnan(grid[i, j]):
-                        ax.text(
-                            j,
-                            i,
-                            f"{grid[i, j]:.0f}",
-                            ha="center",
-                            va="center",
-                            fontsize=7,
-                            color="white" if grid[i, j] < 60 else "black",
-                        )
+                    dark = not np.isnan(grid[i, j]) and grid[i, j] < 60
+                    ax.text(j, i, texts[i][j], ha="center", va="center", fontsize=6.5,
+                            color="white" if dark else "black", linespacing=1.0)
             ax.set_xticks(range(len(lrs)))
             ax.set_xticklabels([f"{lr:g}" for lr in lrs], rotation=45, fontsize=7)
             ax.set_yticks(range(len(series)))
@@ -363,55 +493,107 @@ def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
             ax.set_title(f"{task}, length {length}", fontsize=9)
             ax.set_xlabel("learning rate", fontsize=8)
     if image is not None:
-        fig.colorbar(image, ax=axes, label="mean peak eval accuracy (%)", shrink=0.8)
-    columns = ["task", "seq_len", "series", "mixer", "variant", "lr", "acc_mean", "acc_std", "n_seeds"]
+        bar = fig.colorbar(image, ax=axes, shrink=0.8)
+        bar.set_label("mean peak eval accuracy (%)\nof completed seeds; grey: none", fontsize=8)
+    columns = ["task", "seq_len", "series", "mixer", "variant", "lr", "acc_mean", "acc_std", "n_seeds",
+               "n_diverged", "n_failed"]
     data = cell_table[columns].sort_values(["task", "seq_len", "series", "lr"]).reset_index(drop=True)
     return save_figure(fig, data, out_dir, "lr_sensitivity")
 
 
-def plot_acc_vs_state_size(best: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Zoology's view: accuracy at the best lr vs the numbers a mixer keeps per sequence (log x)."""
+def _overlap(a: Bbox, b: Bbox) -> float:
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return max(width, 0.0) * max(height, 0.0)
+
+
+def _place_labels(ax: plt.Axes, labels: list[tuple[float, float, str, str, Transform]],
+                  obstacles: list[Bbox]) -> None:
+    """Each point label at the first free spot around its point (beside it, then farther up or down with
+    a leader line): over no other label or marker, inside the axes. Call after the layout is final."""
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    near = [(4, 1, "left", "bottom"), (4, -1, "left", "top"), (-4, 1, "right", "bottom"),
+            (-4, -1, "right", "top")]
+    far = [(dx, dy, ha, "center") for k in range(1, 10) for dy in (7 * k, -7 * k)
+           for dx, ha in ((10, "left"), (-10, "right"))]
+    taken = list(obstacles)
+    for x, y, text, colour, transform in sorted(labels, key=lambda label: -label[1]):
+        best: tuple[float, tuple[float, float, str, str]] | None = None
+        for candidate in near + far:
+            dx, dy, ha, va = candidate
+            probe = ax.annotate(text, (x, y), xycoords=transform, xytext=(dx, dy), textcoords="offset points",
+                                ha=ha, va=va, fontsize=6)
+            box = probe.get_window_extent(renderer)
+            probe.remove()
+            outside = box.width * box.height - _overlap(box, frame)
+            cost = sum(_overlap(box, t) for t in taken) + 10 * outside
+            if best is None or cost < best[0]:
+                best = (cost, candidate)
+            if cost == 0:
+                break
+        assert best is not None
+        dx, dy, ha, va = best[1]
+        leader = {"arrowstyle": "-", "linewidth": 0.5, "color": colour, "shrinkA": 0, "shrinkB": 2}
+        label = ax.annotate(text, (x, y), xycoords=transform, xytext=(dx, dy), textcoords="offset points",
+                            ha=ha, va=va, fontsize=6, color=colour,
+                            arrowprops=leader if abs(dy) > 2 else None)
+        # the text's box only: a leader line may pass between labels
+        label.update_positions(renderer)
+        taken.append(Text.get_window_extent(label, renderer))
+
+
+def plot_acc_vs_state_size(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Zoology's view: accuracy at the best lr vs the numbers a mixer keeps per sequence (log x), each point
+    labelled with its training length; runs that diverged or failed are marked at their state size."""
     data = best.dropna(subset=["state_size"])
     if data.empty:
         raise ValueError(
             "no state_size in the table (summary.json lacks it); cannot draw accuracy vs state size"
         )
-    tasks = _task_order(data["task"])
-    styles = _style(data)
-    fig, axes = _panels(len(tasks))
+    marks = unscored.dropna(subset=["state_size"])
+    tasks = _task_order(pd.concat([data["task"], marks["task"]]))
+    styles = _style(pd.concat([data, marks], ignore_index=True))
+    rows = [s for s in UNSCORED if (marks["status"] == s).any()]
+    fig, axes = _panels(len(tasks), width=4.6)
+    pending = []
     for ax, task in zip(axes, tasks, strict=True):
-        frame = data[data["task"] == task]
-        for series in _series_order(frame):
+        frame, failed = data[data["task"] == task], marks[marks["task"] == task]
+        series_names = _series_order(pd.concat([frame, failed]))
+        sizes = frame.groupby("state_size")["series"].nunique()
+        # Mixers with the same state size (e.g. every recurrent one at any length) would hide each other.
+        shared = bool((sizes > 1).any())
+        labels = []
+        for index, series in enumerate(series_names):
             points = frame[frame["series"] == series].sort_values("seq_len")
-            ax.plot(points["state_size"], points["acc_mean"], label=series, alpha=0.9, **styles[series])
-            for _, point in points.iterrows():
-                ax.annotate(
-                    str(int(point["seq_len"])),
-                    (point["state_size"], point["acc_mean"]),
-                    textcoords="offset points",
-                    xytext=(3, 3),
-                    fontsize=6,
-                    color=styles[series]["color"],
-                )
+            if points.empty:
+                continue
+            x = _dodge(points["state_size"], index, len(series_names), log=True) if shared else points[
+                "state_size"].to_numpy(float)
+            ax.plot(x, points["acc_mean"], label=series, alpha=0.9, markersize=4, **styles[series])
+            labels += [(xi, acc, str(int(length)), styles[series]["color"], ax.transData)
+                       for xi, acc, length in zip(x, points["acc_mean"], points["seq_len"], strict=True)]
         ax.set_xscale("log")
-        ax.set_ylim(-2, 102)
+        ys = _accuracy_axis(ax, rows, "peak eval accuracy (%)")
+        _mark_unscored(ax, failed, "state_size", ys, series_names, styles, log=True)
+        xs = pd.concat([frame["state_size"], failed["state_size"]])
+        if xs.nunique() == 1:
+            ax.set_xlim(xs.iloc[0] / 4, xs.iloc[0] * 4)
         ax.set_title(f"{task} (labels: training length)")
         ax.set_xlabel("state size (numbers per sequence, log scale)")
-        ax.set_ylabel("peak eval accuracy (%)")
         ax.grid(alpha=0.3, which="both")
-    axes[-1].legend(fontsize="small", loc="best")
-    columns = [
-        "task",
-        "series",
-        "mixer",
-        "variant",
-        "seq_len",
-        "lr",
-        "state_size",
-        "acc_mean",
-        "acc_std",
-        "n_seeds",
-    ]
+        pending.append((ax, labels))
+    _figure_legend(fig, axes, _series_order(pd.concat([data, marks], ignore_index=True)), styles, rows, data)
+    # The layout first, then frozen: the labels are placed in the axes' final positions.
+    fig.canvas.draw()
+    fig.set_layout_engine("none")
+    pad = 3 * fig.dpi / 72  # a marker's half width, in pixels
+    for ax, labels in pending:
+        markers = [line.get_transform().transform(xy) for line in ax.get_lines() for xy in line.get_xydata()]
+        obstacles = [Bbox.from_extents(x - pad, y - pad, x + pad, y + pad) for x, y in markers]
+        _place_labels(ax, labels, obstacles)
+    columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "state_size", "acc_mean", "acc_std",
+               "n_seeds", "n_diverged", "n_failed"]
     return save_figure(fig, data[columns].reset_index(drop=True), out_dir, "acc_vs_state_size")
 
 
@@ -421,11 +603,27 @@ def _steps_text(steps: float, reached: int, n: int) -> str:
     return f"{steps:.0f}" + ("" if reached == n else f" ({reached}/{n} seeds)")
 
 
-def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path,
+def _cell_text(cell: pd.Series) -> str:
+    """95.0 ± 1.2 (n=3, lr 0.001, 150); 1 diverged: no spread for one seed, the runs not scored named."""
+    n = int(cell["n_seeds"]) if pd.notna(cell["n_seeds"]) else 0
+    counts = ", ".join(f"{int(cell[f'n_{s}'])} {s}" for s in UNSCORED
+                       if pd.notna(cell.get(f"n_{s}")) and cell[f"n_{s}"])
+    if n == 0:
+        return f"– ({counts})" if counts else "–"
+    spread = f" ± {cell['acc_std']:.1f}" if n >= 2 else ""
+    steps = _steps_text(cell["steps_to_threshold"], int(cell["n_reached"]), n)
+    text = f"{cell['acc_mean']:.1f}{spread} (n={n}, lr {cell['lr']:g}, {steps})"
+    return f"{text}; {counts}" if counts else text
+
+
+def write_summary(table: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path,
                   left_out: list[tuple[str, str, str]] | None = None) -> list[Path]:
     """summary.md (one table per task: mixer rows x length columns) and summary.csv (the same numbers);
     `left_out`: (run, status, reason) of runs whose files a figure could not use."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "acc_mean", "acc_std", "n_seeds",
+               "steps_to_threshold", "n_reached", "n_diverged", "n_failed"]
+    every = _with_unscored_rows(best, unscored, columns)
     lines = ["# Sweep summary", ""]
     counts = table["status"].value_counts()
     lines.append(
@@ -435,12 +633,14 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path,
     )
     lines += [
         "",
-        "Cell: peak eval accuracy (%) at the best learning rate, mean ± std over seeds, "
-        "then the median steps to the accuracy threshold.",
+        "Cell: peak eval accuracy (%) at the best learning rate over its completed seeds, mean ± std "
+        "(n seeds; no spread for one), the learning rate, the median steps to the accuracy threshold; then "
+        "the runs at that length, over every learning rate, that diverged or failed (not scored: the "
+        "figures mark them).",
         "",
     ]
-    for task in _task_order(best["task"]):
-        frame = best[best["task"] == task]
+    for task in _task_order(every["task"]):
+        frame = every[every["task"] == task]
         lengths = sorted(int(v) for v in frame["seq_len"].unique())
         lines += [
             f"## {task}",
@@ -452,19 +652,12 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path,
             row = [series]
             for length in lengths:
                 cell = frame[(frame["series"] == series) & (frame["seq_len"] == length)]
-                if cell.empty:
-                    row.append("–")
-                    continue
-                c = cell.iloc[0]
-                row.append(
-                    f"{c['acc_mean']:.1f} ± {c['acc_std']:.1f} (lr {c['lr']:g}, "
-                    f"{_steps_text(c['steps_to_threshold'], int(c['n_reached']), int(c['n_seeds']))})"
-                )
+                row.append(_cell_text(cell.iloc[0]) if len(cell) else "–")
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     bad = table[~table["status"].isin(SCORED)]
     if len(bad):
-        lines += ["## Runs left out", "", "| run | status | reason |", "|---|---|---|"]
+        lines += ["## Runs not scored", "", "| run | status | reason |", "|---|---|---|"]
         for _, run in bad.iterrows():
             name = str(run.get("run") or run.get("run_dir") or "")
             reason = str(run.get("reason") or "").replace("|", "/").replace("\n", " ")[:200]
@@ -479,21 +672,7 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, out_dir: Path,
     md = out_dir / "summary.md"
     md.write_text("\n".join(lines))
     csv = out_dir / "summary.csv"
-    best[
-        [
-            "task",
-            "series",
-            "mixer",
-            "variant",
-            "seq_len",
-            "lr",
-            "acc_mean",
-            "acc_std",
-            "n_seeds",
-            "steps_to_threshold",
-            "n_reached",
-        ]
-    ].to_csv(csv, index=False)
+    every.to_csv(csv, index=False)
     return [md, csv]
 
 
@@ -502,26 +681,27 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None) -> l
     runs = scored_runs(table)
     if runs.empty:
         raise ValueError(
-            "no completed or diverged runs in the table; nothing to plot "
+            "no completed runs in the table; nothing to plot "
             f"(statuses: {table['status'].value_counts().to_dict()})"
         )
-    cell_table = cells(runs)
+    unscored = unscored_runs(table)
+    cell_table = cells(runs, unscored)
     best = best_lr(cell_table)
-    written = plot_acc_vs_length(best, out_dir)
+    written = plot_acc_vs_length(best, unscored, out_dir)
     has_dirs = "run_dir" in runs and runs["run_dir"].notna().any()
     if has_dirs:
-        written += plot_acc_vs_steps(runs, best, length or int(best["seq_len"].max()), out_dir)
+        written += plot_acc_vs_steps(runs, best, unscored, length or int(best["seq_len"].max()), out_dir)
     else:
         print("skipping accuracy vs steps: the table has no local run directories", file=sys.stderr)
     written += plot_lr_sensitivity(cell_table, out_dir)
     if best["state_size"].notna().any():
-        written += plot_acc_vs_state_size(best, out_dir)
+        written += plot_acc_vs_state_size(best, unscored, out_dir)
     else:
         print("skipping accuracy vs state size: no state_size in the summaries", file=sys.stderr)
     left_out = curves_left_out(runs) if has_dirs else []
     for name, _, reason in left_out:
         print(f"left out of accuracy vs steps: {name}: {reason}", file=sys.stderr)
-    written += write_summary(table, best, out_dir, left_out)
+    written += write_summary(table, best, unscored, out_dir, left_out)
     return written
 
 

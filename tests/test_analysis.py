@@ -254,7 +254,7 @@ def test_plot_writes_every_figure_from_the_right_data(sweep: Path, tmp_path: Pat
 
     expected = _expected_best(table[table["lr"].isin(LRS)])
     by_length = pd.read_csv(out / "acc_vs_length.csv")
-    # The diverged run (lr 5.0, mqar/gdn/64) scored lower than the grid, so it never becomes the best lr.
+    # The diverged run (lr 5.0, mqar/gdn/64) has no accuracy, so it never becomes the best lr.
     assert len(by_length) == len(expected)
     for _, row in by_length.iterrows():
         lr, mean, std = expected[(row["task"], row["mixer"], row["seq_len"])]
@@ -275,7 +275,11 @@ def test_plot_writes_every_figure_from_the_right_data(sweep: Path, tmp_path: Pat
 
     heat = pd.read_csv(out / "lr_sensitivity.csv")
     grid = table[table["lr"].isin(LRS)]
-    assert len(heat) == len(TASKS) * len(MIXERS) * len(LENGTHS) * len(LRS) + 1  # + the diverged run's cell
+    # + a cell, without an accuracy, for each run that diverged or failed at its own lr (1, 2, 4, 5)
+    assert len(heat) == len(TASKS) * len(MIXERS) * len(LENGTHS) * len(LRS) + 4
+    not_scored = heat[~heat["lr"].isin(LRS)]
+    assert not_scored["acc_mean"].isna().all() and (not_scored["n_seeds"] == 0).all()
+    assert sorted(not_scored["n_diverged"] + 2 * not_scored["n_failed"]) == [1, 2, 2, 2]
     for _, row in heat[heat["lr"].isin(LRS)].iterrows():
         accs = (
             grid[
@@ -295,7 +299,7 @@ def test_plot_writes_every_figure_from_the_right_data(sweep: Path, tmp_path: Pat
 
     summary = (out / "summary.md").read_text()
     lr, mean, std = expected[("mqar", "kda", 64)]
-    assert f"{mean:.1f} ± {std:.1f} (lr {lr:g}" in summary
+    assert f"{mean:.1f} ± {std:.1f} (n={len(SEEDS)}, lr {lr:g}" in summary
     assert "cancelled" in summary and "num_pairs=999" in summary
     assert f"{len(table)} runs: " in summary
 
@@ -329,7 +333,7 @@ def test_plot_ablation_variants_are_separate_series(tmp_path: Path) -> None:
 
 def test_plot_with_nothing_scored_says_so(tmp_path: Path) -> None:
     write_run(tmp_path / "r", task="mqar", mixer="kda", seq_len=64, lr=1e-3, seed=0, status="failed")
-    with pytest.raises(ValueError, match="no completed or diverged runs"):
+    with pytest.raises(ValueError, match="no completed runs"):
         plot.plot_all(collect.collect_dirs([tmp_path]), tmp_path / "out")
 
 

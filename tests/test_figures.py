@@ -1,0 +1,288 @@
+"""analysis.plot's figures as a reader sees them: every figure rendered from a Fig. 4-shaped fixture,
+no text outside the canvas, no label over another, failed and diverged runs marked as such (never
+as accuracy 0), bands only where two or more seeds were measured, lines only between measured points."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+
+from analysis import collect, plot
+from analysis.colours import mixer_colour
+
+TASKS = ["palindrome", "mqar", "stack"]
+LENGTHS = [256, 512, 1024, 2048]
+MIXERS = ["kda", "gdn", "mamba2", "attention"]
+LRS = [5e-4, 1e-3]
+# Recurrent mixers keep the same state at every length (KDA and GDN even the same size); attention's
+# KV cache grows with it: the state-size figure must keep coinciding points and their labels apart.
+STATE = {"kda": 65536, "gdn": 65536, "mamba2": 16384}
+
+
+def _status(task: str, mixer: str, length: int, lr: float, seed: int) -> str:
+    if mixer == "attention" and task == "mqar":
+        return "diverged"  # every attention run on MQAR: the figures must not read "attention scores 0"
+    if (task, mixer, length, lr) == ("palindrome", "mamba2", 2048, 1e-3):
+        return "failed"
+    if (task, mixer, length, lr, seed) == ("palindrome", "gdn", 1024, 1e-3, 1):
+        return "diverged"
+    if (task, mixer, length) == ("stack", "gdn", 512):
+        return "diverged"  # no completed GDN run at 512: its Stack line must break there
+    return "completed"
+
+
+def _seeds(task: str, mixer: str) -> list[int]:
+    return [0] if task == "stack" or mixer == "attention" else [0, 1]
+
+
+def _eval_steps(task: str) -> list[int]:
+    # Stack evaluates twice only: its curve must show two measured points, not a line "with data between".
+    return [500, 1000] if task == "stack" else list(range(100, 1001, 100))
+
+
+def _acc(task: str, mixer: str, length: int, lr: float, seed: int, step: int) -> float:
+    ceiling = {"kda": 0.97, "gdn": 0.9, "mamba2": 0.6, "attention": 0.99}[mixer]
+    # On Stack accuracy barely falls with length: the labels of a recurrent mixer's points (one state size
+    # at every length) crowd together there.
+    per_doubling = 0.015 if task == "stack" else 0.12
+    ceiling -= per_doubling * math.log2(length / 256) * (mixer != "attention")
+    ceiling -= 0.05 * (lr == 5e-4) + 0.02 * seed
+    ceiling -= {"palindrome": 0.0, "mqar": 0.05, "stack": 0.1}[task]
+    return float(np.clip(ceiling * (1 - math.exp(-step / 250)), 0, 1))
+
+
+def _write_run(root: Path, task: str, mixer: str, length: int, lr: float, seed: int) -> None:
+    status = _status(task, mixer, length, lr, seed)
+    overrides = [f"task={task}", f"mixer={mixer}", f"task.seq_len={length}", f"optim.lr={lr}", f"seed={seed}"]
+    run_dir = root / "/".join(sorted(overrides))
+    (run_dir / ".hydra").mkdir(parents=True)
+    config = {"task": {"name": task, "seq_len": length}, "mixer": {"_target_": f"mixers.{mixer}.Mixer"},
+              "optim": {"lr": lr}, "seed": seed}
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    hydra = {"hydra": {"runtime": {"choices": {"task": task, "mixer": mixer}},
+                       "job": {"override_dirname": ",".join(sorted(overrides)), "id": None, "num": 0}}}
+    (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
+    (run_dir / "train.log").write_text("")
+    steps = _eval_steps(task)
+    if status == "diverged":
+        steps = steps[: len(steps) // 2]
+    accs = [_acc(task, mixer, length, lr, seed, s) for s in steps]
+    with (run_dir / "metrics.jsonl").open("w") as handle:
+        for step, acc in zip(steps, accs, strict=True):
+            handle.write(json.dumps({"step": step, "train/loss": 1.0, "train/acc": acc, "lr": lr,
+                                     "time_s": step / 10, "eval/acc": acc, "eval/seq_acc": acc**4}) + "\n")
+    reached = [s for s, a in zip(steps, accs, strict=True) if a >= 0.9]
+    summary = {
+        "status": status, "best_eval_acc": max(accs), "final_eval_acc": accs[-1],
+        "steps": steps[-1] + (37 if status == "diverged" else 0), "steps_to_threshold": reached[0] if reached
+        else None, "state_size": STATE.get(mixer, 2 * 2 * length * 128), "task": task, "mixer": mixer,
+        "seq_len": length, "lr": lr, "seed": seed,
+    }
+    if status == "failed":
+        summary.update(best_eval_acc=None, final_eval_acc=None, steps=0, state_size=None,
+                       error="RuntimeError: CUDA out of memory")
+    if status == "diverged":
+        summary["error"] = "loss became non-finite at step 537 (lr 0.001)"
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture(scope="module")
+def fig4_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fig4")
+    for task, mixer, length, lr in itertools.product(TASKS, MIXERS, LENGTHS, LRS):
+        for seed in _seeds(task, mixer):
+            _write_run(root, task, mixer, length, lr, seed)
+    return root
+
+
+def _drawn_texts(fig: Figure) -> list[Text]:
+    """The text artists a render draws: visible, non-empty, tick labels only of the ticks in view."""
+    fig.canvas.draw()
+    ticks = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            # private, but the only list of the ticks a draw actually renders
+            for tick in axis._update_ticks():
+                ticks.update((tick.label1, tick.label2))
+    texts = []
+    for text in fig.findobj(Text):
+        if not text.get_visible() or not text.get_text().strip():
+            continue
+        is_tick_label = any(text is t.label1 or text is t.label2 for ax in fig.axes
+                            for axis in (ax.xaxis, ax.yaxis)
+                            for t in axis.get_major_ticks() + axis.get_minor_ticks())
+        if is_tick_label and text not in ticks:
+            continue
+        texts.append(text)
+    return texts
+
+
+def text_problems(fig: Figure) -> list[str]:
+    """Texts that leave the canvas, and pairs of texts whose boxes overlap (by more than a pixel)."""
+    renderer = fig.canvas.get_renderer()
+    texts = _drawn_texts(fig)
+    # Text's own extent: an annotation's would include its leader line
+    boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in texts]
+    canvas = fig.bbox
+    problems = [
+        f"{name!r} leaves the canvas: {box.extents.round(1)} not within {canvas.extents.round(1)}"
+        for name, box in boxes
+        if box.x0 < canvas.x0 - 0.5 or box.y0 < canvas.y0 - 0.5 or box.x1 > canvas.x1 + 0.5
+        or box.y1 > canvas.y1 + 0.5
+    ]
+    for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2):
+        width = min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0)
+        height = min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0)
+        if width > 1 and height > 1:
+            problems.append(f"{a!r} overlaps {b!r}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def rendered(fig4_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """plot.main on the fixture, with every figure checked and described as it is saved."""
+    figures: dict[str, object] = {}
+    save = plot.save_figure
+
+    def checked_save(fig: Figure, data: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
+        figures[name] = {
+            "problems": text_problems(fig),
+            "texts": [t.get_text() for t in _drawn_texts(fig)],
+            "lines": [{"panel": ax.get_title(), "label": line.get_label(), "xy": line.get_xydata().copy(),
+                       "marker": line.get_marker(), "colour": line.get_color()}
+                      for ax in fig.axes for line in ax.get_lines()],
+            "bands": [(ax.get_title(), len(c.get_paths())) for ax in fig.axes for c in ax.collections
+                      if isinstance(c, PolyCollection)],
+            "legends": [t.get_text() for legend in fig.legends + [ax.get_legend() for ax in fig.axes]
+                        if legend is not None for t in legend.get_texts()],
+        }
+        return save(fig, data, out_dir, name)
+
+    out = tmp_path_factory.mktemp("figs")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(plot, "save_figure", checked_save)
+    try:
+        assert plot.main([str(fig4_sweep), "--out", str(out), "--length", "1024"]) == 0
+    finally:
+        mp.undo()
+    figures["out"] = out
+    return figures
+
+
+NAMES = ["acc_vs_length", "acc_vs_steps_len1024", "lr_sensitivity", "acc_vs_state_size"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_text_inside_the_canvas_and_none_over_another(rendered: dict, name: str) -> None:
+    assert rendered[name]["problems"] == []
+    assert (rendered["out"] / f"{name}.png").stat().st_size > 0
+
+
+def test_the_overlap_check_can_fail() -> None:
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.text(0.5, 0.5, "one label")
+    ax.text(0.52, 0.5, "another label")
+    ax.set_ylabel("a y label far too long to fit into a figure of two inches " * 2)
+    problems = text_problems(fig)
+    plt.close(fig)
+    assert any("overlaps" in p for p in problems) and any("leaves the canvas" in p for p in problems)
+
+
+@pytest.mark.parametrize("name", ["acc_vs_length", "acc_vs_steps_len1024", "acc_vs_state_size"])
+def test_diverged_and_failed_runs_are_marked_never_accuracy_zero(rendered: dict, name: str) -> None:
+    lines = rendered[name]["lines"]
+    # Every attention run on MQAR diverged: in that panel its only marks are crosses in the strip below 0 %.
+    attention = [line for line in lines
+                 if line["panel"].startswith("mqar") and line["colour"] == mixer_colour("attention")]
+    assert attention, "the diverged attention runs are not drawn at all"
+    for line in attention:
+        assert line["marker"] == plot.STATUS_MARKERS["diverged"] and (line["xy"][:, 1] < -5).all()
+    # and no status marker anywhere sits on the accuracy scale
+    for line in lines:
+        if line["marker"] in plot.STATUS_MARKERS.values():
+            assert (line["xy"][:, 1] < -5).all(), line
+    legends = rendered[name]["legends"]
+    assert "diverged (not scored)" in legends
+    # the failed runs (palindrome, mamba2, 2048, no state size) are in the length figure only
+    assert ("failed (not scored)" in legends) == (name == "acc_vs_length")
+    if name == "acc_vs_steps_len1024":  # a legend per panel: MQAR's names attention, which has no line
+        assert "attention (no completed run)" in legends
+
+
+def test_summary_counts_what_was_not_scored_and_shows_n(rendered: dict, fig4_sweep: Path) -> None:
+    summary = (rendered["out"] / "summary.md").read_text()
+    table = collect.collect_dirs([fig4_sweep])
+    counts = table["status"].value_counts()
+    assert (f"{len(table)} runs: {counts['completed']} completed, {counts['diverged']} diverged, "
+            f"{counts['failed']} failed, 0 incomplete.") in summary
+    mqar = summary.split("## mqar")[1].split("##")[0]
+    attention_row = [line for line in mqar.splitlines() if line.startswith("| attention |")][0]
+    # 2 lrs x 1 seed, all diverged, at every length: counted, no accuracy
+    assert attention_row.count("– (2 diverged)") == len(LENGTHS)
+    palindrome = summary.split("## palindrome")[1].split("##")[0]
+    gdn = [line for line in palindrome.splitlines() if line.startswith("| gdn |")][0]
+    assert "; 1 diverged" in gdn  # seed 1 at lr 1e-3, length 1024
+    mamba2 = [line for line in palindrome.splitlines() if line.startswith("| mamba2 |")][0]
+    assert mamba2.rstrip(" |").endswith("; 2 failed")  # both seeds at lr 1e-3, length 2048
+    stack = summary.split("## stack")[1]
+    # one seed: n=1 and no "± 0.0"
+    assert "(n=1, lr" in stack and "± 0.0" not in stack
+    assert "± " in palindrome and "(n=2, lr" in palindrome
+    csv = pd.read_csv(rendered["out"] / "acc_vs_length.csv")
+    attention = csv[(csv["task"] == "mqar") & (csv["mixer"] == "attention")]
+    assert len(attention) == len(LENGTHS) and attention["acc_mean"].isna().all()
+    assert (attention["n_diverged"] == 2).all() and (attention["n_seeds"] == 0).all()
+
+
+def test_bands_only_where_two_seeds(rendered: dict) -> None:
+    # Stack and attention have one seed per cell: no band (and no "± 0"); the others two, so a band each.
+    # At 1024 one of GDN's two Palindrome seeds diverged: one seed left, so no band in the steps figure.
+    for name, banded in (("acc_vs_length", 3), ("acc_vs_steps_len1024", 2)):
+        bands = rendered[name]["bands"]
+        assert bands and all(paths == 0 for panel, paths in bands if panel.startswith("stack"))
+        palindrome = [paths for panel, paths in bands if panel.startswith("palindrome")]
+        assert sum(paths > 0 for paths in palindrome) == banded
+    # n in the legends: a range where it differs between cells
+    legends = rendered["acc_vs_length"]["legends"]
+    assert "kda (n=1-2)" in legends and "attention (n=1)" in legends
+    assert "kda (n=2), lr 0.001" in rendered["acc_vs_steps_len1024"]["legends"]
+
+
+def test_lines_join_measured_points_only(rendered: dict) -> None:
+    # Stack evaluates twice: two points, each with a marker, and so every curve of the steps figure.
+    steps = pd.read_csv(rendered["out"] / "acc_vs_steps_len1024.csv")
+    assert steps[steps["task"] == "stack"].groupby("series").size().eq(2).all()
+    curves = [line for line in rendered["acc_vs_steps_len1024"]["lines"]
+              if line["marker"] not in plot.STATUS_MARKERS.values() and not line["label"].startswith("_")]
+    assert len(curves) == 3 * len(MIXERS) - 1
+    assert all(line["marker"] not in ("None", "", None) for line in curves)
+    stack = [line for line in curves if line["panel"].startswith("stack")]
+    assert stack and all(len(line["xy"]) == 2 for line in stack)
+    # GDN has no completed run on Stack at 512: its line breaks there instead of bridging 256 to 1024.
+    gdn = [line for line in rendered["acc_vs_length"]["lines"]
+           if line["panel"] == "stack" and line["label"] == "gdn"][0]
+    assert list(gdn["xy"][:, 0]) == LENGTHS
+    assert np.isnan(gdn["xy"][1, 1]) and not np.isnan(gdn["xy"][[0, 2, 3], 1]).any()
+
+
+def test_heat_map_names_the_runs_not_scored(rendered: dict) -> None:
+    texts = rendered["lr_sensitivity"]["texts"]
+    assert "2 fail" in texts  # palindrome mamba2 2048 lr 1e-3: grey cell, no number
+    assert any(t.endswith("\n1 div.") for t in texts)  # palindrome gdn 1024 lr 1e-3: 1 of 2 seeds
+    assert "1 div." in texts  # attention on MQAR: each cell one diverged run, no number
+    heat = pd.read_csv(rendered["out"] / "lr_sensitivity.csv")
+    cell = heat[(heat["task"] == "palindrome") & (heat["mixer"] == "mamba2") & (heat["seq_len"] == 2048)
+                & (heat["lr"] == 1e-3)].iloc[0]
+    assert math.isnan(cell["acc_mean"]) and cell["n_failed"] == 2 and cell["n_seeds"] == 0
