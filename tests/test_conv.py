@@ -255,3 +255,13 @@ def test_kernels_compile_for_sm90_without_spills() -> None:
     assert len(rows) == 4, done.stdout
     spills = header.index("spill_bytes")
     assert all(row[spills] == "0" for row in rows), done.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_check(tmp_path: Path) -> None:
+    """tests/gpu/check_conv.py on the GPU, compiled (this process keeps the interpreter): within bounds."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, str(ROOT / "tests/gpu/check_conv.py"), "--out", str(tmp_path)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout + done.stderr
