@@ -173,9 +173,18 @@ def _style(frame: pd.DataFrame) -> dict[str, dict[str, object]]:
     return styles
 
 
-def _panels(n: int, width: float = 4.2, height: float = 3.4) -> tuple[plt.Figure, list[plt.Axes]]:
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False, layout="constrained")
+def _panels(n: int, width: float = 4.2, height: float = 3.4, legend: float = 0.0
+            ) -> tuple[plt.Figure, list[plt.Axes]]:
+    """n panels side by side, plus `legend` inches on the right for a figure legend."""
+    fig, axes = plt.subplots(1, n, figsize=(width * n + legend, height), squeeze=False, layout="constrained")
     return fig, list(axes[0])
+
+
+def _legend_inches(series: list[str]) -> float:
+    """The width a figure legend of these series takes: its longest label (a series with the longest
+    suffix, " (no completed run)") at the small font, about 0.065 inches a character, plus the handle."""
+    longest = max([len(name) for name in series] + [0]) + len(" (no completed run)")
+    return 0.065 * max(longest, len("diverged (not scored)")) + 0.7
 
 
 def save_figure(fig: plt.Figure, data: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
@@ -282,7 +291,7 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
     tasks = _task_order(frame_all["task"])
     styles = _style(frame_all)
     rows = [s for s in UNSCORED if (unscored["status"] == s).any()]
-    fig, axes = _panels(len(tasks))
+    fig, axes = _panels(len(tasks), legend=_legend_inches(_series_order(frame_all)))
     for ax, task in zip(axes, tasks, strict=True):
         frame, failed = best[best["task"] == task], unscored[unscored["task"] == task]
         lengths = sorted({int(v) for v in frame_all[frame_all["task"] == task]["seq_len"]})
@@ -402,7 +411,12 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
     tasks = _task_order(pd.concat([at_length["task"], stopped["task"]]))
     styles = _style(pd.concat([at_length, stopped], ignore_index=True))
     rows = [s for s in UNSCORED if (stopped["status"] == s).any()]
-    fig, axes = _panels(len(tasks))
+    # a legend below each panel, one entry a line: the figure grows by their height
+    in_panel = [_series_order(pd.concat([at_length[at_length["task"] == t], stopped[stopped["task"] == t]]))
+                for t in tasks]
+    entries = max(len(names) for names in in_panel) + len(rows)
+    width = max([4.2] + [_legend_inches(names) for names in in_panel])
+    fig, axes = _panels(len(tasks), width=width, height=3.4 + 0.19 * entries)
     for ax, task in zip(axes, tasks, strict=True):
         frame, failed = data[data["task"] == task], stopped[stopped["task"] == task]
         series_names = _series_order(pd.concat([at_length[at_length["task"] == task], failed]))
@@ -432,8 +446,8 @@ def _legend(ax: plt.Axes, series: list[str], styles: dict[str, dict[str, object]
     handles, labels = ax.get_legend_handles_labels()
     handles += _missing_series_handles(series, labels, styles) + _status_handles(rows)
     if handles:
-        ax.legend(handles=handles, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2),
-                  ncols=2, frameon=False)
+        ax.legend(handles=handles, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16),
+                  frameon=False)
 
 
 def _missing_series_handles(series: list[str], labels: list[str], styles: dict[str, dict[str, object]]
@@ -555,7 +569,8 @@ def plot_acc_vs_state_size(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: 
     tasks = _task_order(pd.concat([data["task"], marks["task"]]))
     styles = _style(pd.concat([data, marks], ignore_index=True))
     rows = [s for s in UNSCORED if (marks["status"] == s).any()]
-    fig, axes = _panels(len(tasks), width=4.6)
+    fig, axes = _panels(len(tasks), width=4.6,
+                        legend=_legend_inches(_series_order(pd.concat([data, marks], ignore_index=True))))
     pending = []
     for ax, task in zip(axes, tasks, strict=True):
         frame, failed = data[data["task"] == task], marks[marks["task"] == task]
@@ -574,6 +589,7 @@ def plot_acc_vs_state_size(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: 
             labels += [(xi, acc, str(int(length)), styles[series]["color"], ax.transData)
                        for xi, acc, length in zip(x, points["acc_mean"], points["seq_len"], strict=True)]
         ax.set_xscale("log")
+        ax.margins(x=0.08)
         ys = _accuracy_axis(ax, rows, "peak eval accuracy (%)")
         _mark_unscored(ax, failed, "state_size", ys, series_names, styles, log=True)
         xs = pd.concat([frame["state_size"], failed["state_size"]])

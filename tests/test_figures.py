@@ -62,9 +62,12 @@ def _acc(task: str, mixer: str, length: int, lr: float, seed: int, step: int) ->
     return float(np.clip(ceiling * (1 - math.exp(-step / 250)), 0, 1))
 
 
-def _write_run(root: Path, task: str, mixer: str, length: int, lr: float, seed: int) -> None:
-    status = _status(task, mixer, length, lr, seed)
-    overrides = [f"task={task}", f"mixer={mixer}", f"task.seq_len={length}", f"optim.lr={lr}", f"seed={seed}"]
+def _write_run(root: Path, task: str, mixer: str, length: int, lr: float, seed: int, status: str,
+               steps: list[int], extra_overrides: tuple[str, ...] = ()) -> None:
+    """A run directory as train.py leaves it: .hydra/, metrics.jsonl (an eval at each of `steps`; a
+    diverged run stops half way), summary.json."""
+    overrides = [f"task={task}", f"mixer={mixer}", f"task.seq_len={length}", f"optim.lr={lr}", f"seed={seed}",
+                 *extra_overrides]
     run_dir = root / "/".join(sorted(overrides))
     (run_dir / ".hydra").mkdir(parents=True)
     config = {"task": {"name": task, "seq_len": length}, "mixer": {"_target_": f"mixers.{mixer}.Mixer"},
@@ -75,7 +78,6 @@ def _write_run(root: Path, task: str, mixer: str, length: int, lr: float, seed: 
                        "job": {"override_dirname": ",".join(sorted(overrides)), "id": None, "num": 0}}}
     (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
     (run_dir / "train.log").write_text("")
-    steps = _eval_steps(task)
     if status == "diverged":
         steps = steps[: len(steps) // 2]
     accs = [_acc(task, mixer, length, lr, seed, s) for s in steps]
@@ -103,7 +105,21 @@ def fig4_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fig4")
     for task, mixer, length, lr in itertools.product(TASKS, MIXERS, LENGTHS, LRS):
         for seed in _seeds(task, mixer):
-            _write_run(root, task, mixer, length, lr, seed)
+            _write_run(root, task, mixer, length, lr, seed, _status(task, mixer, length, lr, seed),
+                       _eval_steps(task))
+    return root
+
+
+@pytest.fixture(scope="module")
+def smoke_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shaped like the smoke sweep: one task at one length (one panel), attention diverged, and a failed
+    run whose extra override makes it a series with a long name."""
+    root = tmp_path_factory.mktemp("smoke")
+    steps = [50, 100, 150, 200]
+    for mixer, lr in itertools.product(["kda", "gdn"], [3e-3, 1e-2]):
+        _write_run(root, "mqar", mixer, 32, lr, 0, "completed", steps)
+    _write_run(root, "mqar", "attention", 32, 1e4, 0, "diverged", steps)
+    _write_run(root, "mqar", "kda", 32, 3e-3, 0, "failed", steps, ("task.params.num_pairs=20",))
     return root
 
 
@@ -150,10 +166,9 @@ def text_problems(fig: Figure) -> list[str]:
     return problems
 
 
-@pytest.fixture(scope="module")
-def rendered(fig4_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """plot.main on the fixture, with every figure checked and described as it is saved."""
-    figures: dict[str, object] = {}
+def _render(sweep: Path, out: Path, *args: str) -> dict[str, object]:
+    """plot.main on `sweep`, with every figure checked and described as it is saved."""
+    figures: dict[str, object] = {"out": out}
     save = plot.save_figure
 
     def checked_save(fig: Figure, data: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
@@ -170,15 +185,23 @@ def rendered(fig4_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         }
         return save(fig, data, out_dir, name)
 
-    out = tmp_path_factory.mktemp("figs")
     mp = pytest.MonkeyPatch()
     mp.setattr(plot, "save_figure", checked_save)
     try:
-        assert plot.main([str(fig4_sweep), "--out", str(out), "--length", "1024"]) == 0
+        assert plot.main([str(sweep), "--out", str(out), *args]) == 0
     finally:
         mp.undo()
-    figures["out"] = out
     return figures
+
+
+@pytest.fixture(scope="module")
+def rendered(fig4_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    return _render(fig4_sweep, tmp_path_factory.mktemp("figs"), "--length", "1024")
+
+
+@pytest.fixture(scope="module")
+def rendered_smoke(smoke_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    return _render(smoke_sweep, tmp_path_factory.mktemp("smoke_figs"))
 
 
 NAMES = ["acc_vs_length", "acc_vs_steps_len1024", "lr_sensitivity", "acc_vs_state_size"]
@@ -188,6 +211,20 @@ NAMES = ["acc_vs_length", "acc_vs_steps_len1024", "lr_sensitivity", "acc_vs_stat
 def test_every_text_inside_the_canvas_and_none_over_another(rendered: dict, name: str) -> None:
     assert rendered[name]["problems"] == []
     assert (rendered["out"] / f"{name}.png").stat().st_size > 0
+
+
+SMOKE_NAMES = ["acc_vs_length", "acc_vs_steps_len32", "lr_sensitivity", "acc_vs_state_size"]
+
+
+@pytest.mark.parametrize("name", SMOKE_NAMES)
+def test_one_panel_figures_keep_their_texts_inside_too(rendered_smoke: dict, name: str) -> None:
+    # one panel beside a legend of long series names: the case that squeezed the panel before
+    assert rendered_smoke[name]["problems"] == []
+    if name == "lr_sensitivity":
+        assert {"1 div.", "1 fail"} <= set(rendered_smoke[name]["texts"])
+    else:
+        legends = rendered_smoke[name]["legends"]
+        assert "attention (no completed run)" in legends and "diverged (not scored)" in legends
 
 
 def test_the_overlap_check_can_fail() -> None:
