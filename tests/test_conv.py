@@ -245,14 +245,14 @@ def test_gpu_check_runs_its_cpu_part(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills() -> None:
-    """The compiled path (which the interpreter does not take) builds for an H200 at W = 4, bf16 x, both
-    kernels with and without an initial state, and keeps everything in registers."""
+    """The compiled path (which the interpreter does not take) builds for an H200 at W = 2, 4 and 8, bf16 x,
+    both kernels with and without an initial state, and keeps everything in registers."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, str(ROOT / "tests/gpu/check_conv.py"), "--compile"]
+    cmd = [sys.executable, str(ROOT / "tests/gpu/check_conv.py"), "--compile", "--W", "2", "4", "8"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     header, *rows = [line.split() for line in done.stdout.strip().splitlines()]
-    assert len(rows) == 4, done.stdout
+    assert len(rows) == 12, done.stdout
     spills = header.index("spill_bytes")
     assert all(row[spills] == "0" for row in rows), done.stdout
 

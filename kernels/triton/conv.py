@@ -40,6 +40,9 @@ CONFIGS = {
     ("bwd", False): (32, 64, 4),
     ("bwd", True): (16, 64, 4),
 }
+# the backward of a kernel longer than 4 taps holds 2W - 1 > 7 shifted tiles: a quarter of the elements a
+# thread (W = 8: 128 / 238 registers, no spills; the tiles above spill there)
+LONG_BWD_CONFIG = (16, 64, 8)
 
 
 @triton.jit
@@ -170,10 +173,13 @@ def _short_conv_bwd_kernel(
         tl.store(p_dw + j * C, tl.sum(b_da0 * b_x, axis=0), mask=m_c)
 
 
-def _config(kernel: str, has_state: bool, C: int) -> tuple[int, int, int]:
+def _config(kernel: str, has_state: bool, C: int, W: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_C, num_warps) of one launch."""
     if INTERPRET:
         # the interpreter runs a program as numpy calls: fewer, larger programs are faster
         return 64, max(16, min(256, triton.next_power_of_2(C))), 4
+    if kernel == "bwd" and W > 4:
+        return LONG_BWD_CONFIG
     return CONFIGS[(kernel, has_state)]
 
 
@@ -207,7 +213,7 @@ def short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, initial_state: torch.T
         return y
     has_state = initial_state is not None
     state = initial_state.contiguous() if has_state else x
-    BT, BC, num_warps = _config("fwd", has_state, C)
+    BT, BC, num_warps = _config("fwd", has_state, C, W)
     NT = triton.cdiv(T, BT)
     with _device(x):
         _short_conv_fwd_kernel[(B * NT, triton.cdiv(C, BC))](
@@ -239,7 +245,7 @@ def short_conv_bwd(
     else:
         state = dstate = x
     positions = T + (W - 1 if has_state else 0)
-    BT, BC, num_warps = _config("bwd", has_state, C)
+    BT, BC, num_warps = _config("bwd", has_state, C, W)
     NT = triton.cdiv(positions, BT)
     dweight_partial = torch.empty(B * NT, W, C, device=x.device, dtype=torch.float32)
     if B * C > 0 and NT > 0:

@@ -144,8 +144,9 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
 
 
 def compile_report(W: int = 4) -> list[dict]:
-    """Registers a thread and spilled bytes of both kernels compiled for sm_90 (bf16 x, fp32 weight, C and T
-    multiples of 16, as a launch at the paper's shape specializes them). Needs no GPU."""
+    """Registers a thread and spilled bytes of both kernels, with and without an initial state, compiled for
+    sm_90 at W taps (bf16 x, fp32 weight, C and T multiples of 16, as a launch at the paper's shape
+    specializes them). Needs no GPU."""
     import re
     import subprocess
     import tempfile
@@ -161,8 +162,9 @@ def compile_report(W: int = 4) -> list[dict]:
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     kernels = {"fwd": conv._short_conv_fwd_kernel, "bwd": conv._short_conv_bwd_kernel}
     rows = []
-    for (name, has_state), (BT, BC, warps) in conv.CONFIGS.items():
+    for name, has_state in conv.CONFIGS:
         kernel = kernels[name]
+        BT, BC, warps = conv._config(name, has_state, 256, W)
         sig, consts, attrs = {}, {}, {}
         for i, p in enumerate(kernel.params):
             if p.is_constexpr:
@@ -213,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="tiny grid on CPU tensors; TRITON_INTERPRET=1")
     parser.add_argument("--sweep", action="store_true", help="also time the kernels at the configs of SWEEP")
     parser.add_argument("--compile", action="store_true", help="only compile for sm_90: registers, spills")
+    parser.add_argument("--W", type=int, nargs="+", default=[4], help="taps for --compile (default 4)")
     args = parser.parse_args(argv)
     if args.compile:
-        print(_table(compile_report()))
+        print(_table([{"W": W, **row} for W in args.W for row in compile_report(W)]))
         return 0
     if args.cpu:
         if os.environ.get("TRITON_INTERPRET") != "1":
