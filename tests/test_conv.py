@@ -165,6 +165,28 @@ def test_module_backends_agree_and_auto_takes_the_reference_on_cpu(monkeypatch: 
         ours(x)
 
 
+def test_mixer_backend_reaches_its_convs() -> None:
+    """A linear mixer's `backend` picks its convs' path too: q, k, v of backend='triton' (the kernel) equal
+    those of backend='torch' (the reference), with a cache (prefill) and without."""
+    from mixers.deltanet import DeltaNet
+
+    torch.manual_seed(0)
+    ours = DeltaNet(32, num_heads=2, head_dim=16, backend="triton")
+    ref = DeltaNet(32, num_heads=2, head_dim=16, backend="torch")
+    ref.load_state_dict(ours.state_dict())
+    assert {m.backend for m in (ours.q_conv, ours.k_conv, ours.v_conv)} == {"triton"}
+    assert ref.q_conv.backend == "torch"
+    x = torch.randn(2, 11, 32)
+    for cache in (None, "prefill"):
+        caches = [m.init_cache(2, "cpu", torch.float32) if cache else None for m in (ours, ref)]
+        with torch.no_grad():
+            for a, b in zip(ours._qkv(x, caches[0]), ref._qkv(x, caches[1]), strict=True):
+                assert rel_rms(b, a) < TOL
+        if cache:
+            for name in ("conv_q", "conv_k", "conv_v"):
+                assert torch.equal(caches[0][name], caches[1][name]), name
+
+
 def test_opcheck() -> None:
     """Schema, fake (meta) implementation, autograd registration and AOT dispatch of both ops."""
     for with_state in (False, True):
