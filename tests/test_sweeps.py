@@ -93,12 +93,16 @@ def _log_start(run_dir: Path) -> datetime:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The smoke sweep through joblib (2 at once) plus the failing and the diverging job, in one sweep dir."""
+    """The smoke sweep through the local launcher (2 at once) plus the failing and the diverging job, in one
+    sweep dir."""
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "smoke"
-    _ok(run_sweep("smoke", sweep_dir, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"))
-    # The failing job's sweep still exits 0: the failure is recorded, not raised. It goes through
+    _ok(run_sweep("smoke", sweep_dir, "hydra/launcher=local", "hydra.launcher.n_jobs=2"))
+    # The failing job is recorded, and its sweep ends with the status lines and exit 1. It goes through
     # submitit_local, the SLURM launcher's code path without a cluster.
-    _ok(run_sweep("smoke_fail", sweep_dir, "hydra/launcher=submitit_local"))
+    failing = run_sweep("smoke_fail", sweep_dir, "hydra/launcher=submitit_local")
+    said = failing.stdout + failing.stderr
+    assert failing.returncode == 1 and "1 of 1 jobs did not finish" in said, said[-3000:]
+    assert re.search(r"failed +1: mixer=kda/optim.lr=0.003/task.params.num_pairs=20 \(ValueError", said)
     _ok(run_sweep("smoke_diverge", sweep_dir))
     return sweep_dir
 
@@ -120,8 +124,8 @@ def test_smoke_sweep_records_every_run_with_its_status(smoke: Path) -> None:
         (m, lr) for m in SMOKE_MIXERS for lr in SMOKE_LRS
     }
     assert (done["steps"] == SMOKE_STEPS).all()
-    # No terminal in joblib's workers: still a progress line every trainer.log_every (25) steps, each line
-    # led by the run's name, as the console shows them too.
+    # No terminal in the launcher's workers: still a progress line every trainer.log_every (25) steps, each
+    # line led by the run's name, as the console shows them too.
     for _, run in done.iterrows():
         name = f"[mqar/{run['mixer']}/L32/lr{'3e-3' if run['lr'] == 3e-3 else '1e-2'}/s0] "
         log = (Path(run["run_dir"]) / "train.log").read_text().splitlines()
@@ -298,7 +302,8 @@ def test_experiment_grids_compose() -> None:
         assert set(grids["all_mixers"]["mixer"]) == mixers
         assert set(grids["kda_ablations"]["experiment/ablation"]) == variants
         # The launcher configs compose onto the real launchers.
-        for launcher, target in (("joblib_gpu", "JoblibLauncher"), ("slurm", "SlurmLauncher")):
+        for launcher, target in (("local", "LocalLauncher"), ("joblib_gpu", "LocalLauncher"),
+                                 ("slurm", "SlurmLauncher")):
             cfg = compose(
                 "config", overrides=[f"{key}=smoke", f"hydra/launcher={launcher}"], return_hydra_config=True
             )

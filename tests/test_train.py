@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -348,7 +349,11 @@ def test_command_line_single_run_and_multirun(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     )
-    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    # The sweep goes on after the failing job, and ends with one line per status and exit 1.
+    said = sweep.stdout + sweep.stderr
+    assert sweep.returncode == 1 and "1 of 2 jobs did not finish" in said, said[-2000:]
+    assert re.search(r"completed +1\n", said)
+    assert re.search(r"failed +1: \S*trainer.max_steps=0\S* \(ValueError: trainer.max_steps=0", said), said
     assert _summary(tmp_path / "sweep" / "0")["status"] == "completed"
     assert _summary(tmp_path / "sweep" / "0")["mixer"] == "attention"
     assert _summary(tmp_path / "sweep" / "1")["status"] == "failed"

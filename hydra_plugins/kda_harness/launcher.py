@@ -1,0 +1,223 @@
+"""`hydra/launcher=local`: n_jobs runs at once on this machine, each in a process of its own, so that one
+run killed from outside (the OOM killer, `kill -9`) is recorded and the others go on.
+
+Each job is a fork of the sweep's process, started when a slot is free; nothing is shared between jobs, so
+a job that dies takes nobody with it (joblib's loky pool, by contrast, breaks as a whole when one worker
+dies, and the sweep with it). A job that dies by a signal before it could record anything gets a `failed`
+summary.json naming the signal, under the run directory's lock; a job that exits on its own has recorded
+its status itself (train.py: `incomplete` for SIGTERM or Ctrl-C). Jobs die with the sweep: each asks the
+kernel for SIGTERM when the sweep's process ends (Linux), which train.py turns into a checkpoint, so a
+killed sweep leaves no orphan training on. The job takes its run directory's lock before Hydra writes into
+it, so a job whose directory another process is using is refused before it changes anything.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from rundir import FileUnreadable, RunDir, RunDirError
+
+log = logging.getLogger("kda_harness.launcher")
+
+# prctl(2): ask for a signal when the parent process ends
+_PR_SET_PDEATHSIG = 1
+
+
+class WorkerDied(RuntimeError):
+    """A job's process ended without reporting a result."""
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: a killed sweep leaves its jobs running to their end
+        return
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _run_dir(sweep_config: DictConfig) -> Path:
+    return Path(str(OmegaConf.select(sweep_config, "hydra.sweep.dir"))) / str(
+        OmegaConf.select(sweep_config, "hydra.sweep.subdir"))
+
+
+def _job(conn: multiprocessing.connection.Connection, parent: int, hydra_context: HydraContext,
+         sweep_config: DictConfig, task_function: TaskFunction, singleton_state: dict[Any, Any]) -> None:
+    """One job, in its own process: its result goes back through `conn`."""
+    _die_with_parent(parent)
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    HydraConfig.instance().set_config(sweep_config)
+    try:
+        with RunDir(_run_dir(sweep_config)).lock():
+            result = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
+                             job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    except RunDirError as error:
+        conn.send(("refused", f"{type(error).__name__}: {error}"))
+        return
+    try:
+        conn.send(("done", result))
+    except Exception:  # noqa: BLE001 - a return value that does not pickle: its status is in the run dir
+        conn.send(("done", JobReturn(overrides=result.overrides, hydra_cfg=result.hydra_cfg,
+                                     status=result.status, _return_value=None)))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def record_death(run_dir: Path, cause: str) -> bool:
+    """Mark the run `failed` with `cause` (its summary.json, a line in train.log); False when another
+    process holds the run directory (then it is that process's to record)."""
+    rundir = RunDir(run_dir)
+    try:
+        with rundir.lock():
+            try:
+                summary = rundir.read_summary() or {}
+            except FileUnreadable:
+                summary = {}
+            summary.update(status="failed", error=cause)
+            rundir.write_summary(summary)
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            with open(rundir.log, "a") as handle:
+                handle.write(f"[{stamp}][kda_harness.launcher][ERROR] - {cause}\n")
+    except RunDirError:
+        return False
+    return True
+
+
+class LocalLauncher(Launcher):
+    def __init__(self, n_jobs: int = 1, stop_timeout_s: float = 60.0) -> None:
+        """`n_jobs` runs at once (<= 0: one per CPU core, less -n_jobs); on Ctrl-C the running jobs get
+        `stop_timeout_s` to checkpoint before they are killed."""
+        self.n_jobs = n_jobs if n_jobs > 0 else max(1, (os.cpu_count() or 1) + n_jobs)
+        self.stop_timeout_s = stop_timeout_s
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        log.info("local launcher: %d jobs, %d at once, sweep output dir %s", len(job_overrides), self.n_jobs,
+                 self.config.hydra.sweep.dir)
+        configs = []
+        for index, overrides in enumerate(job_overrides):
+            num = initial_job_idx + index
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{num}"
+                sweep_config.hydra.job.num = num
+            configs.append(sweep_config)
+            log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
+        singleton_state = Singleton.get_state()
+        context = multiprocessing.get_context("fork")
+        results: list[JobReturn | None] = [None] * len(configs)
+        waiting = list(range(len(configs)))
+        running: dict[int, tuple[Any, multiprocessing.connection.Connection]] = {}
+        try:
+            while waiting or running:
+                while waiting and len(running) < self.n_jobs:
+                    index = waiting.pop(0)
+                    receive, send = context.Pipe(duplex=False)
+                    process = context.Process(
+                        target=_job, name=f"job {initial_job_idx + index}",
+                        args=(send, os.getpid(), self.hydra_context, configs[index], self.task_function,
+                              singleton_state))
+                    process.start()
+                    send.close()
+                    running[index] = (process, receive)
+                watched = {process.sentinel: i for i, (process, _) in running.items()}
+                watched.update({receive: i for i, (_, receive) in running.items()})
+                for ready in multiprocessing.connection.wait(list(watched)):
+                    index = watched[ready]
+                    if index not in running:
+                        continue
+                    process, receive = running[index]
+                    message = None
+                    if receive.poll():
+                        try:
+                            message = receive.recv()
+                        except (EOFError, OSError):
+                            message = None
+                    if message is None and process.is_alive():
+                        continue
+                    process.join()
+                    receive.close()
+                    del running[index]
+                    results[index] = self._result(configs[index], job_overrides[index], process.exitcode,
+                                                  message)
+        except BaseException:
+            self._stop([process for process, _ in running.values()])
+            raise
+        return [r for r in results if r is not None]
+
+    def _result(self, sweep_config: DictConfig, overrides: Sequence[str], exitcode: int | None,
+                message: tuple[str, Any] | None) -> JobReturn:
+        if message is not None and message[0] == "done":
+            return message[1]
+        run_dir = _run_dir(sweep_config).resolve()
+        hydra_cfg = OmegaConf.create({"hydra": OmegaConf.to_container(sweep_config.hydra, resolve=False)})
+        with open_dict(hydra_cfg):
+            hydra_cfg.hydra.runtime.output_dir = str(run_dir)
+        if message is not None:  # ("refused", why): the run directory is another process's
+            error: Exception = RunDirError(message[1])
+            log.error("job %s refused: %s", sweep_config.hydra.job.num, message[1])
+        elif exitcode is not None and exitcode < 0:
+            cause = (f"the job's process (job {sweep_config.hydra.job.num}) was killed by "
+                     f"{_signal_name(-exitcode)}" + (" (the out-of-memory killer sends it)"
+                                                     if -exitcode == signal.SIGKILL else "")
+                     + "; re-launching the sweep retries the run (from its checkpoint, if it has one)")
+            recorded = record_death(run_dir, cause)
+            log.error("%s%s", cause, "" if recorded else f" (not recorded: {run_dir} is in use)")
+            error = WorkerDied(cause)
+        else:
+            # it exited on its own (an interrupt: train.py recorded `incomplete`), without a result
+            return JobReturn(overrides=list(overrides), hydra_cfg=hydra_cfg, status=JobStatus.COMPLETED,
+                             _return_value=float("nan"))
+        return JobReturn(overrides=list(overrides), hydra_cfg=hydra_cfg, status=JobStatus.FAILED,
+                         _return_value=error)
+
+    def _stop(self, processes: list[Any]) -> None:
+        """The sweep stops (Ctrl-C): a few seconds for the jobs to stop on their own (a Ctrl-C in the
+        terminal reached them too, and a second signal could cut their checkpoint), then SIGTERM to those
+        still running (each checkpoints), and SIGKILL to any alive after `stop_timeout_s`."""
+        deadline = time.monotonic() + 10.0
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                log.error("job %s did not stop within %.0f s: killed", process.name, self.stop_timeout_s)
+                process.kill()
+                process.join()
+
