@@ -30,9 +30,9 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
 import hydra
 import torch
@@ -182,7 +182,9 @@ class Progress:
 def _schema_problems(node: Any, schema: type, prefix: str = "") -> list[str]:
     """Keys of `node` that the dataclass `schema` lacks (a `+key=value` override adds them past Hydra's typed
     config), and floats that are not finite; free-form fields (`mixer`, `task.params`) are not walked."""
-    hints = get_type_hints(schema)
+    # A nested group is a field whose default is made by a dataclass. (Not read from the annotations: they
+    # are strings here, and a job that submitit runs from a pickle has no module to evaluate them in.)
+    hints = {f.name: f.default_factory if is_dataclass(f.default_factory) else None for f in fields(schema)}
     problems = []
     for key in node.keys():
         name = f"{prefix}{key}"
@@ -194,7 +196,7 @@ def _schema_problems(node: Any, schema: type, prefix: str = "") -> list[str]:
         if OmegaConf.is_interpolation(node, key):  # resolved in the run; train.py reads it there
             continue
         value = node[key]
-        if is_dataclass(hints[key]) and isinstance(value, DictConfig):
+        if hints[key] is not None and isinstance(value, DictConfig):
             problems += _schema_problems(value, hints[key], f"{name}.")
         elif isinstance(value, float) and not math.isfinite(value):
             problems.append(f"{name}={value} is not a finite number")
