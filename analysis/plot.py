@@ -731,7 +731,11 @@ def main(argv: list[str] | None = None) -> int:
         help="training length of the accuracy-vs-steps figure (default: the longest in the table)",
     )
     args = parser.parse_args(argv)
-    written = plot_all(load(args.inputs), args.out, args.length)
+    try:
+        written = plot_all(load(args.inputs), args.out, args.length)
+    except ValueError as error:
+        # A wrong path or an unusable table: the message says what to do, a traceback would only bury it.
+        parser.error(str(error))
     print(f"wrote {len(written)} files to {args.out}")
     return 0
 

@@ -9,6 +9,8 @@ stages, register caps. No GPU, nothing compiled.
 For launch-rule changes made when no device time is left: where the launches at a shape are the same as
 at a revision measured on the GPU, that revision's figures at that shape still hold. (Whether a kernel's
 code compiles to the same instructions is benchmarks/ptx_diff.py's question.) Exits 1 when they differ.
+A constexpr that only one side passes (an alternative removed or added) is listed with its values, not
+counted as a difference: whether the code it selected still compiles the same is ptx_diff's question.
 """
 
 from __future__ import annotations
@@ -78,6 +80,36 @@ def record(tree: Path, args: argparse.Namespace) -> list[str]:
     return out.stdout.splitlines()
 
 
+def _parse(line: str) -> tuple[str, dict[str, str]]:
+    # "kernel (grid) KEY=VALUE ..." -> ("kernel (grid)", {KEY: VALUE})
+    head, _, settings = line.partition(") ")
+    return head + ")", dict(item.split("=", 1) for item in settings.split())
+
+
+def compare(old: list[str], new: list[str]) -> tuple[list[str], dict[str, set[str]]]:
+    """The launches that differ (unified diff lines, empty when none) and, per kernel, the constexprs only
+    one side passes (`NAME=VALUE before` / `NAME=VALUE now`). Launches match in order; a launch differs
+    in its kernel, grid, or any setting both sides pass."""
+    one_sided: dict[str, set[str]] = {}
+    if len(old) == len(new):
+        same = True
+        for a, b in zip(old, new, strict=True):
+            if a.startswith("--") or b.startswith("--"):
+                same = same and a == b
+                continue
+            (head_a, set_a), (head_b, set_b) = _parse(a), _parse(b)
+            common = set_a.keys() & set_b.keys()
+            same = same and head_a == head_b and all(set_a[k] == set_b[k] for k in common)
+            kernel = head_b.split()[0]
+            for key in set_a.keys() - common:
+                one_sided.setdefault(kernel, set()).add(f"{key}={set_a[key]} before")
+            for key in set_b.keys() - common:
+                one_sided.setdefault(kernel, set()).add(f"{key}={set_b[key]} now")
+        if same:
+            return [], one_sided
+    return list(difflib.unified_diff(old, new, "before", "working tree", lineterm="", n=0)), {}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rev", help="git revision to compare the working tree against, e.g. HEAD~3")
@@ -99,7 +131,9 @@ def main() -> None:
             subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT, check=True)
     shape = f"B{args.B} T{args.T} H{args.H} K=V={args.D} bf16"
     print(f"{args.op} {shape}: {len(old)} launches at {args.rev}, {len(new)} now")
-    diff = list(difflib.unified_diff(old, new, args.rev, "working tree", lineterm="", n=0))
+    diff, one_sided = compare(old, new)
+    for kernel, items in sorted(one_sided.items()):
+        print(f"{kernel}: constexprs passed on one side only: {', '.join(sorted(items))}")
     if not diff:
         print("same launches")
         return

@@ -2,7 +2,7 @@
 H100/H200 (sm_90) on this machine, no GPU needed (Triton's bundled ptxas), at the working tree and at
 a git revision, and diff the PTX instructions (debug info and parameter-load order left out).
 
-    python benchmarks/ptx_diff.py REV _intra_fwd_kernel --const BOUNDED=1 AUTO=0 DELTA=1
+    python benchmarks/ptx_diff.py REV _intra_fwd_kernel --const BOUNDED=1 DELTA=1
 
 For refactors made when no device time is left: an empty diff says the GPU runs the same code as the
 revision checked on it. Constexprs the kernel has that --const does not name take the values of the

@@ -323,3 +323,11 @@ def test_heat_map_names_the_runs_not_scored(rendered: dict) -> None:
     cell = heat[(heat["task"] == "palindrome") & (heat["mixer"] == "mamba2") & (heat["seq_len"] == 2048)
                 & (heat["lr"] == 1e-3)].iloc[0]
     assert math.isnan(cell["acc_mean"]) and cell["n_failed"] == 2 and cell["n_seeds"] == 0
+
+
+def test_a_missing_path_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        plot.main([str(tmp_path / "no_such_sweep"), "--out", str(tmp_path / "figs")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in error
+    assert f"error: {tmp_path / 'no_such_sweep'} is neither a table" in error

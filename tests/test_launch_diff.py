@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-
-# launch tooling, compared against a git revision: the compiler-output tier, not the edit-test loop
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -53,17 +51,66 @@ def test_records_every_launch_with_its_settings() -> None:
     assert not [line for line in plain if line.startswith(("_solve", "_wu", "_dvt"))]
 
 
-def test_compares_against_a_revision() -> None:
+def test_compare_matches_launches_in_order() -> None:
+    old = ["-- backward", "_k (1, 2) A=1 B=2 num_warps=4", "_j (3,) C=0 num_warps=4"]
+    # a constexpr only one side passes is listed, not a difference
+    diff, one_sided = launch_diff.compare(old, ["-- backward", "_k (1, 2) A=1 num_warps=4", old[2]])
+    assert diff == [] and one_sided == {"_k": {"B=2 before"}}
+    _, one_sided = launch_diff.compare(old, [old[0], "_k (1, 2) A=1 B=2 D=7 num_warps=4", old[2]])
+    assert one_sided == {"_k": {"D=7 now"}}
+    # another value, grid, kernel or number of launches is
+    for new in (
+        [old[0], "_k (1, 2) A=0 B=2 num_warps=4", old[2]],
+        [old[0], "_k (1, 2) A=1 B=2 num_warps=8", old[2]],
+        [old[0], "_k (2, 2) A=1 B=2 num_warps=4", old[2]],
+        [old[0], old[2], old[1]],
+        old[:2],
+    ):
+        diff, _ = launch_diff.compare(old, new)
+        assert diff and any(line.startswith("+") or line.startswith("-") for line in diff), new
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
+    )
+
+
+def _run_cli(repo: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run(
+    return subprocess.run(
         [sys.executable, "benchmarks/launch_diff.py", "HEAD", "--op", "gla"] + "--B 2 --T 100 --H 2".split(),
-        cwd=ROOT,
+        cwd=repo,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    # 0: the same launches as HEAD (a clean checkout), 1: the working tree launches differently
-    assert res.returncode in (0, 1), res.stderr[-2000:]
-    assert res.stdout.startswith("gla B2 T100 H2 K=V=128 bf16: ")
-    assert ("same launches" in res.stdout) == (res.returncode == 0)
+
+
+def test_compares_against_a_revision(tmp_path: Path) -> None:
+    # a repository of its own (the kernels and the scripts, committed): the same launches as HEAD with a
+    # clean tree (exit 0), and a launch rule changed in the working tree is seen (exit 1, the launch named)
+    repo = tmp_path / "repo"
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "kernels", repo / "kernels", ignore=ignore)
+    shutil.copytree(
+        ROOT / "benchmarks", repo / "benchmarks", ignore=shutil.ignore_patterns("__pycache__", "results")
+    )
+    _git(repo, "init", "-q")
+    _git(repo, "add", "kernels", "benchmarks")
+    _git(repo, "commit", "-q", "-m", "kernels")
+    same = _run_cli(repo)
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert same.stdout.startswith("gla B2 T100 H2 K=V=128 bf16: ") and "same launches" in same.stdout
+    chunk = repo / "kernels" / "triton" / "chunk.py"
+    src = chunk.read_text()
+    rule = 'num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),'
+    assert rule in src
+    chunk.write_text(src.replace(rule, "num_warps=2,"))
+    changed = _run_cli(repo)
+    assert changed.returncode == 1, changed.stderr[-2000:]
+    assert "same launches" not in changed.stdout
+    removed = [line for line in changed.stdout.splitlines() if line.startswith("-_dvt_bwd_kernel")]
+    added = [line for line in changed.stdout.splitlines() if line.startswith("+_dvt_bwd_kernel")]
+    assert len(removed) == len(added) == 1 and "num_warps=4" in removed[0] and "num_warps=2" in added[0]

@@ -161,87 +161,22 @@ def test_kda_bounded_gate_matches_naive(T: int, with_state: bool) -> None:
     check_against_naive(inputs, lower_bound=-5.0)
 
 
-@pytest.mark.parametrize("T", [63, 100])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound",
-    PER_CHANNEL,
-)
-def test_decayed_operands_from_the_cumsum_kernel(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int
-) -> None:
-    # the launch setting that moves Q exp(G), K exp(G_last - G) and K exp(G) into the cumsum kernel
-    # (default off until timed on a GPU) computes the same op
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "decayed_in_cumsum", 1)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T, lower_bound=lower_bound)
-    check_against_naive(inputs, lower_bound=lower_bound)
-
-
-@pytest.mark.parametrize("T", [63, 100, 200])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound",
-    PER_CHANNEL,
-)
-def test_whole_chunk_intra_backward(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int
-) -> None:
-    # the default intra backward of the per-channel decay visits only the reachable 16-row blocks
-    # (intra_bwd.tri=1, every other test); the whole-chunk masked form it replaced stays as an alternative
-    # and computes the same op. T=63/100/200: partial last chunks, one to four chunks
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_bwd.tri", 0)
-    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", 0)  # which implies the triangular form
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T, lower_bound=lower_bound)
-    check_against_naive(inputs, lower_bound=lower_bound)
-
-
-@pytest.mark.parametrize("tri", [0, 1])
-@pytest.mark.parametrize("T", [63, 100, 200])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound",
-    PER_CHANNEL,
-)
-def test_intra_forward_both_ways(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str,
-    delta: bool,
-    lower_bound: float | None,
-    T: int,
-    tri: int,
-) -> None:
-    # the intra forward over only the reachable column blocks (intra_fwd.tri=1; the default for the
-    # per-channel decay) and over whole-chunk tiles masked (0) compute the same op, the zeros after the
-    # diagonal included (the output kernel reads whole rows)
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.tri", tri)
-    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", 0)  # which implies the triangular form
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + tri, lower_bound=lower_bound)
-    check_against_naive(inputs, lower_bound=lower_bound)
-
-
-@pytest.mark.parametrize("fused", [1, 0])
 @pytest.mark.parametrize("T", [1, 63, 100, 200])
 @pytest.mark.parametrize("name,decay", [("linear_attn", None), ("simple_gla", "scalar")])
 def test_intra_gradients_inside_the_dqk_kernel(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, T: int, fused: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, T: int
 ) -> None:
-    # dqk.fused_intra=1 (the default since run 18): without the delta rule and the per-channel decay, the
-    # dqk kernel also does the intra-chunk gradients, and the dvt and intra backward kernels do not run;
-    # 0 keeps the three-kernel backward that the other ops use
+    # without the delta rule and the per-channel decay, the dqk kernel also does the intra-chunk gradients,
+    # and the dvt and intra backward kernels do not run
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "dqk.fused_intra", fused)
     launched = []
     for kernel in ("_dvt_bwd_kernel", "_intra_bwd_kernel"):
         original = getattr(chunk, kernel)
         monkeypatch.setattr(chunk, kernel, _Recorder(original, launched, kernel))
     inputs = make_inputs(decay, False, 1, T, 2, K=16, V=32, seed=T + 7)
     check_against_naive(inputs)
-    assert [name for name, _, _ in launched] == ([] if fused else ["_dvt_bwd_kernel", "_intra_bwd_kernel"])
+    assert launched == []
 
 
 class _Recorder:
@@ -260,20 +195,13 @@ class _Recorder:
         return launch
 
 
-@pytest.mark.parametrize("dense_if_safe", [1, 0])
 @pytest.mark.parametrize("T", [63, 100, 200])
 @pytest.mark.parametrize("name,decay,delta", [("gla", "channel", False), ("kda", "channel", True)])
-def test_unbounded_gates_dense_where_safe(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, T: int, dense_if_safe: int
-) -> None:
-    # unbounded.dense_if_safe=1 (the default since run 18): each 16-row block whose own decay is at most e^75
-    # takes the bounded gate's dense diagonal product, the others the per-position loop, decided at run time;
-    # 0: the per-position loop in every block. The gates here give both kinds of block: log-sigmoid gates
-    # (almost all blocks safe), one block with a decay of e^(15 * 30) in half its channels, and one at
-    # e^(15 * 4.6), just inside the limit
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "unbounded.dense_if_safe", dense_if_safe)
+def test_unbounded_gates_dense_where_safe(name: str, decay: str, delta: bool, T: int) -> None:
+    # unbounded gates: each 16-row block whose own decay is at most e^75 takes the bounded gate's dense
+    # diagonal product, the others the per-position loop, decided at run time. The gates here give both
+    # kinds of block: log-sigmoid gates (almost all blocks safe), one block with a decay of e^(15 * 30) in
+    # half its channels, and one at e^(15 * 4.6), just inside the limit
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 11)
     g = inputs["g"]
     g[:, 16:32, :, :8] = -30.0
@@ -298,7 +226,7 @@ def test_bf16_inverse(
     lower_bound: float | None,
     T: int,
 ) -> None:
-    # solve.lowp (the default for 16-bit inputs since H200 run 26): L stored in bf16, written by the solve
+    # 16-bit inputs: L stored in bf16, written by the solve
     # and read by W/U, dqk and dvt. The interpreter runs it with fp32 inputs (its bf16 dots are wrong): the
     # errors are then bf16's rounding of L, about 1e-3, while a mis-cast buffer or a missed store is O(1)
     from kernels.triton import chunk
@@ -318,8 +246,6 @@ def test_bf16_inverse(
         ("_m_dtype", "gla", "channel", False, None),
         ("_m_dtype", "delta_rule", None, True, None),
         ("_m_dtype", "kda_bounded", "channel", True, -5.0),
-        ("_partial_dg_dtype", "gla", "channel", False, None),
-        ("_partial_dg_dtype", "kda_bounded", "channel", True, -5.0),
     ],
 )
 def test_bf16_backward_buffers(
@@ -330,11 +256,10 @@ def test_bf16_backward_buffers(
     delta: bool,
     lower_bound: float | None,
 ) -> None:
-    # buffers of the backward that 16-bit inputs may keep in bf16, loaded into fp32 by their readers:
-    # _m_dtype, bwd.m_lowp: M_qk and M_kk (the dvt kernel's [C, C] gradients, read by the intra backward);
-    # _partial_dg_dtype, intra_bwd.dg_lowp: the intra backward's partial dG where it runs first (the
-    # per-channel decay), added by dqk. With fp32 inputs in the interpreter the errors are bf16's rounding
-    # (about 1e-3) while a mis-cast buffer or a missed conversion is O(1)
+    # buffers of the backward that 16-bit inputs keep in bf16, loaded into fp32 by their readers: _m_dtype,
+    # M_qk and M_kk (the dvt kernel's [C, C] gradients, read by the intra backward). With fp32 inputs in the
+    # interpreter the errors are bf16's rounding (about 1e-3) while a mis-cast buffer or a missed conversion
+    # is O(1)
     from kernels.triton import chunk
 
     monkeypatch.setattr(chunk, helper, lambda lowp: torch.bfloat16)
@@ -451,14 +376,10 @@ def test_set_tune_applies_overrides_and_names_bad_ones(monkeypatch: pytest.Monke
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
-@pytest.mark.parametrize("tf32", [0, 1])
-def test_solve_both_precisions(monkeypatch: pytest.MonkeyPatch, tf32: int, chunk_size: int) -> None:
-    # the UT transform's inverse by products, chunks of 1, 2 and 4 blocks of 16, with either precision
-    # setting (the interpreter computes both in fp32: this checks the launch and the block algebra)
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "solve.tf32", tf32)
-    inputs = make_inputs("channel", True, 1, 100, 2, K=16, V=32, seed=chunk_size + tf32, lower_bound=-5.0)
+def test_solve_at_every_chunk_size(chunk_size: int) -> None:
+    # the UT transform's inverse by products, chunks of 1, 2 and 4 blocks of 16 (the interpreter computes
+    # its products in fp32: this checks the launch and the block algebra)
+    inputs = make_inputs("channel", True, 1, 100, 2, K=16, V=32, seed=chunk_size + 1, lower_bound=-5.0)
     check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
 
 
@@ -504,46 +425,37 @@ def test_state_passes_small_inputs_early(
     check_no_grad_against_naive(inputs, lower_bound)
 
 
-@pytest.mark.parametrize("kk_zeros", [0, 1])
 @pytest.mark.parametrize("T,chunk_size", [(17, 64), (100, 64), (200, 64), (100, 16), (100, 32)])
 @pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
-def test_no_grad_intra_forward_kk_zeros_both_ways(
+def test_no_grad_intra_forward_without_kk_zeros(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     decay: str | None,
     lower_bound: float | None,
     T: int,
     chunk_size: int,
-    kk_zeros: int,
 ) -> None:
-    # TUNE["intra_fwd.kk_zeros"]: the no-grad intra forward stores A_kk's zeros after the diagonal (1) or
-    # not (0: the solve reads only the blocks up to it). The A_kk buffer is filled with NaN first, so that a
-    # read of a block not written shows; partial blocks and chunks of 1, 2 and 4 blocks, with an initial
-    # state. With a gradient the zeros are stored whatever the entry says (the dvt backward reads whole rows)
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.kk_zeros", kk_zeros)
+    # the no-grad intra forward does not store A_kk's zeros after the diagonal (the solve reads only the
+    # blocks up to it). The A_kk buffer is filled with NaN first, so that a read of a block not written
+    # shows; partial blocks and chunks of 1, 2 and 4 blocks, with an initial state. With a gradient the
+    # zeros are stored (the dvt backward reads whole rows)
     nan_buffers(monkeypatch)
-    inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=T + kk_zeros, lower_bound=lower_bound)
+    inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=T, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
     check_no_grad_against_naive(inputs, lower_bound, chunk_size)
     if T == 200:
         check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("fold", [1, 0])
 @pytest.mark.parametrize("T", [1, 63, 100, 200])
-def test_bounded_intra_forward_fold_both_ways(monkeypatch: pytest.MonkeyPatch, T: int, fold: int) -> None:
-    # TUNE["intra_fwd.fold"]: the bounded intra forward's decayed operands from the products' own fp32 tiles
-    # (Q E_r, K E_r, K E_d) times [K] vectors, and its loop's blocks (all before the rows' own) stored
-    # without masks (1), or as before (0); with and without a gradient, partial chunks, an initial state.
-    # Buffers filled with NaN first, so that an entry left unwritten shows
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.fold", fold)
+def test_bounded_intra_forward_unmasked_blocks(monkeypatch: pytest.MonkeyPatch, T: int) -> None:
+    # the bounded intra forward's decayed operands from the products' own fp32 tiles (Q E_r, K E_r, K E_d)
+    # times [K] vectors, and its loop's blocks (all before the rows' own) stored without masks; with and
+    # without a gradient, partial chunks, an initial state. Buffers filled with NaN first, so that an entry
+    # left unwritten shows
     nan_buffers(monkeypatch)
     for delta in (True, False):
-        inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + fold, lower_bound=-5.0)
+        inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + 1, lower_bound=-5.0)
         check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
         check_against_naive(inputs, lower_bound=-5.0, chunk_size=64)
 
@@ -620,7 +532,7 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size
 def test_no_grad_akk_in_bf16(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None, T: int
 ) -> None:
-    # TUNE["fwd.akk_bf16"]: without a gradient, 16-bit inputs keep A_kk in bf16 (the intra forward stores it
+    # without a gradient, 16-bit inputs keep A_kk in bf16 (the intra forward stores it
     # rounded, the solve takes it to fp32 on load). The interpreter runs fp32 inputs only (its bf16 products
     # are wrong), so the bf16 buffer is forced for them here: the output and final state match the token
     # loop to bf16's rounding of A_kk, not to fp32's (the A_kk buffer is bf16, NaN-filled first)
@@ -707,26 +619,21 @@ def test_state_passes_unchained_products(
     check_no_grad_against_naive(inputs, lower_bound)
 
 
-@pytest.mark.parametrize("beta_x", [1, 0])
 @pytest.mark.parametrize("T,chunk_size", [(63, 64), (200, 64), (100, 16), (100, 32)])
 @pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
-def test_wy_state_pass_beta_both_ways(
+def test_wy_state_pass(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     decay: str | None,
     lower_bound: float | None,
     T: int,
     chunk_size: int,
-    beta_x: int,
 ) -> None:
-    # where the WY state pass's Vt = L diag(beta) X takes beta: TUNE["state_fwd.beta_x"] 1 on the rows of X
-    # (L as loaded), 0 on the columns of L; at chunks of 1, 2 and 4 blocks of 16, partial last chunks, with
-    # an initial state; without a gradient (state_fwd.wy forced) and with one (bwd.x forced), in full
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.beta_x", beta_x)
+    # the WY state pass's Vt = L diag(beta) X, beta on the rows of X (L as loaded); at chunks of 1, 2 and 4
+    # blocks of 16, partial last chunks, with an initial state; without a gradient (state_fwd.wy forced) and
+    # with one (bwd.x forced), in full
     force_wy_state_forms(monkeypatch)
-    seed = T + 5 * beta_x
+    seed = T
     inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound, chunk_size)
     check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
@@ -849,11 +756,8 @@ def test_pseudo_values_from_x_both_ways(
 def test_dqk_delta_term_first(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None, T: int
 ) -> None:
-    # TUNE["dqk.early_w"] = 1: the dqk kernel forms the delta rule's d(Gamma K) = T^T dW before loading the
-    # decay's tiles (fewer registers live at once); same gradients, with and without an initial state
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "dqk.early_w", 1)
+    # the dqk kernel forms the delta rule's d(Gamma K) = T^T dW before loading the decay's tiles (fewer
+    # registers live at once); with and without an initial state
     inputs = make_inputs(
         decay, True, 1, T, 2, K=16, V=32, seed=T + 29, lower_bound=lower_bound, with_state=T % 2 == 1
     )
@@ -892,22 +796,6 @@ def test_intra_backward_first(
     assert bool(launched) == (decay == "scalar" or decay == "channel" and not first)
 
 
-@pytest.mark.parametrize("dot", [1, 0])
-@pytest.mark.parametrize("T", [63, 200])
-@pytest.mark.parametrize("name,delta,lower_bound", [("gla", False, None), ("kda_bounded", True, -5.0)])
-def test_dqk_reverse_cumsum_both_ways(
-    monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, T: int, dot: int
-) -> None:
-    # with the intra backward first, the dqk kernel reverse-cumsums the chunk's dG into dg: as a product with
-    # the upper triangle of ones (TUNE["dqk.cumsum_dot"] = 1, the default; 3xTF32 for these fp32 inputs) or
-    # as a scan (0); both are the reference's dg at a partial last chunk
-    from kernels.triton import chunk
-
-    monkeypatch.setitem(chunk.TUNE, "dqk.cumsum_dot", dot)
-    inputs = make_inputs("channel", delta, 1, T, 2, K=16, V=32, seed=T + 5 * dot, lower_bound=lower_bound)
-    check_against_naive(inputs, lower_bound=lower_bound)
-
-
 def _dqk_alternative(monkeypatch, key: str, value: int, flag: str, delta: bool, lower_bound, T: int) -> None:
     # one dqk alternative (TUNE[key] = value) against the reference at a per-channel decay, and the dqk
     # launches' constexpr flag that it sets
@@ -940,17 +828,6 @@ def test_dqk_epilogue_both_orders(
     _dqk_alternative(monkeypatch, "dqk.seq", seq, "SEQ", delta, lower_bound, T)
 
 
-@pytest.mark.parametrize("dv", [1, 0])
-@pytest.mark.parametrize("T", [63, 200])
-@pytest.mark.parametrize("name,lower_bound", [("kda", None), ("kda_bounded", -5.0)])
-def test_dqk_delta_term_from_dv(
-    monkeypatch: pytest.MonkeyPatch, name: str, lower_bound: float | None, T: int, dv: int
-) -> None:
-    # the delta rule with the intra backward first (KDA): dqk runs after dvt and takes d(Gamma K) = -dV S^T
-    # from dvt's dV (TUNE["dqk.dv"] = 1) or T^T (-dVt S^T) from dVt (0); the same gradients either way
-    _dqk_alternative(monkeypatch, "dqk.dv", dv, "DV_W", True, lower_bound, T)
-
-
 @pytest.mark.parametrize(
     "name,decay,lower_bound",
     [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
@@ -963,7 +840,7 @@ def test_backward_forms_together(
     # it), and d(Gamma K) from dvt's dV in the same dqk program
     from kernels.triton import chunk
 
-    forced = {"bwd.intra_first": 1, "bwd.x": 1, "state_fwd.output": 1, "bwd.vt_x": 1, "dqk.dv": 1}
+    forced = {"bwd.intra_first": 1, "bwd.x": 1, "state_fwd.output": 1, "bwd.vt_x": 1}
     for key, value in forced.items():
         monkeypatch.setitem(chunk.TUNE, key, value)
     launched: list = []
@@ -1061,11 +938,10 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         assert wide["_state_bwd_kernel"][1]["num_stages"] == 2
         # the intra backward before dqk, which finishes dq, dk and reverse-cumsums dG: no cumsum kernel
         assert wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in wide
-        assert wide["_dqk_bwd_kernel"][1]["CUMSUM_DOT"]  # dG's reverse cumsum on the tensor cores
         assert wide["_dqk_bwd_kernel"][1]["K_INNER"] == 1  # a chunk's key blocks side by side
         assert not wide["_dqk_bwd_kernel"][1]["VT_X"] and not wide["_dvt_bwd_kernel"][1]["VT_X"]
         assert not wide["_dqk_bwd_kernel"][1]["SEQ"]  # KDA: q, k, G loaded together (dqk.seq)
-        assert wide["_dqk_bwd_kernel"][1]["DV_W"]  # d(Gamma K) from dvt's dv (dqk.dv)
+        assert wide["_dqk_bwd_kernel"][1]["DV_W"]  # d(Gamma K) from dvt's dv
         # the state passes' small inputs where used: KDA's differentiable wide forward and its reverse pass
         assert state["EARLY"] == 0 and wide["_state_bwd_kernel"][1]["EARLY"] == 0
         gla = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, delta=False)
@@ -1098,13 +974,10 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         gdn = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=True, decay="scalar")
         assert gdn["_state_fwd_kernel"][1]["EARLY"] == 0 and gdn["_state_bwd_kernel"][1]["EARLY"] == 0
     assert state["EARLY"] == 1
-    # unbounded KDA: capped at 128 registers a thread, where 2 warps lost; the bounded gate's too (its
-    # decayed operands from the products' exponentials, intra_fwd.shared_exp)
+    # unbounded KDA: capped at 128 registers a thread, where 2 warps lost; the bounded gate's too
     assert few["_intra_fwd_kernel"][1]["num_warps"] == 4
     assert few["_intra_fwd_kernel"][1]["maxnreg"] == 128
     assert wide["_intra_fwd_kernel"][1]["maxnreg"] == (128 if keep else 168)
-    assert wide["_intra_fwd_kernel"][1]["SHARED_EXP"]
-    assert wide["_intra_fwd_kernel"][1]["FOLD"]  # the decayed operands from the products' tiles
     # the state pass: 8 warps at K = 128 and 64 columns or more (as launched on a GPU: the interpreter runs
     # every kernel with 4), its chained products unchained there (with 4 warps they are laid out alike)
     from kernels.triton import chunk

@@ -81,7 +81,7 @@ def _exp(x, FTZ: tl.constexpr, LOG2: tl.constexpr = 0):
 @triton.jit
 def _rev_cumsum_by_dot(b_x, BT: tl.constexpr, LOWP: tl.constexpr):
     # the reverse cumsum of a chunk's [BT, *] rows as a product with the upper triangle of ones on the tensor
-    # cores (TUNE["dqk.cumsum_dot"]): single-pass TF32 for 16-bit inputs (10 mantissa bits, beside bf16's 7
+    # cores: single-pass TF32 for 16-bit inputs (10 mantissa bits, beside bf16's 7
     # in dq, dk), 3xTF32 for fp32 inputs
     o_c = tl.arange(0, BT)
     b_up = (o_c[:, None] <= o_c[None, :]).to(tl.float32)
@@ -106,25 +106,16 @@ def _pdl_start(PDL: tl.constexpr):
 def _cumsum_kernel(
     g,
     gc,
-    q,
-    k,
-    qg,
-    kd,
-    kg,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
     BT: tl.constexpr,
     DECAY: tl.constexpr,
-    DECAYED: tl.constexpr,
-    DELTA: tl.constexpr,
     LOG2: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
-    # G = chunk-local cumsum of g (fp32); LOG2 (TUNE["fwd.log2"], per-channel decay without DECAYED): G
-    # stored times log2(e), for readers that take 2^x. DECAYED (per-channel decay,
-    # TUNE["decayed_in_cumsum"]): also the decayed operands Q exp(G), K exp(G_last - G) and, for the delta
-    # rule, K exp(G) (for W and dvt), here where G is in registers anyway, instead of in the intra kernel
+    # G = chunk-local cumsum of g (fp32); LOG2 (per-channel decay): G stored times log2(e), for readers that
+    # take 2^x
     _pdl_start(PDL)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -139,14 +130,6 @@ def _cumsum_kernel(
             tl.store(gc + p, b_gc * LOG2E, mask=m_t[:, None])
         else:
             tl.store(gc + p, b_gc, mask=m_t[:, None])
-        if DECAYED:
-            b_gl = tl.sum(b_g, 0)  # G at the chunk's last valid row (rows past T hold g = 0)
-            b_q = tl.load(q + p, mask=m_t[:, None], other=0.0).to(tl.float32)
-            tl.store(qg + p, (b_q * tl.exp(b_gc)).to(qg.dtype.element_ty), mask=m_t[:, None])
-            b_k = tl.load(k + p, mask=m_t[:, None], other=0.0).to(tl.float32)
-            tl.store(kd + p, (b_k * tl.exp(b_gl[None, :] - b_gc)).to(kd.dtype.element_ty), mask=m_t[:, None])
-            if DELTA:
-                tl.store(kg + p, (b_k * tl.exp(b_gc)).to(kg.dtype.element_ty), mask=m_t[:, None])
     else:
         p = (i_b * T + o_t) * H + i_h
         b_g = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
@@ -239,42 +222,17 @@ def _load_vec(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr):
 
 @triton.jit
 def _store_decayed(
-    qg,
-    kd,
-    kg,
-    b_q,
-    b_k,
-    b_g,
-    b_gl,
-    o_r,
-    m_r,
-    i_b,
-    i_h,
-    T,
-    H: tl.constexpr,
-    K: tl.constexpr,
+    qg, kd, kg, b_q, b_k, b_g, b_gl, o_r, m_r, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr,
     DELTA: tl.constexpr,
-    SHARED_EXP: tl.constexpr = False,
-    b_ga=None,
-    b_er=None,
-    b_ed=None,
-):
+):  # fmt: skip
     # the decayed operands of rows o_r (G of the rows in b_g, of the chunk's last row in b_gl), written once
     # by the intra kernel for the later ones: Q exp(G) (queries read the state from the chunk start: the
     # output, the reverse state pass), K exp(G_last - G) (keys carried to the chunk's end: both state
-    # passes) and, with the delta rule, K exp(G) (W/U and the dvt backward). SHARED_EXP (the bounded intra
-    # forward, TUNE["intra_fwd.shared_exp"]): from the tiles E_r = exp(G - G_a), E_d = exp(G_a - G) its
-    # products take anyway, times [K] vectors of the anchor row's G_a, instead of two more exponential tiles
+    # passes) and, with the delta rule, K exp(G) (W/U and the dvt backward)
     p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-    if SHARED_EXP:
-        b_eg = b_er * tl.exp(b_ga)[None, :]
-    else:
-        b_eg = tl.exp(tl.where(m_r[:, None], b_g, 0.0))
+    b_eg = tl.exp(tl.where(m_r[:, None], b_g, 0.0))
     tl.store(qg + p_rk, (b_q * b_eg).to(qg.dtype.element_ty), mask=m_r[:, None])
-    if SHARED_EXP:
-        b_kdr = b_k * b_ed * tl.exp(b_gl - b_ga)[None, :]
-    else:
-        b_kdr = b_k * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_g, 0.0))
+    b_kdr = b_k * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_g, 0.0))
     tl.store(kd + p_rk, b_kdr.to(kd.dtype.element_ty), mask=m_r[:, None])
     if DELTA:
         tl.store(kg + p_rk, (b_k * b_eg).to(kg.dtype.element_ty), mask=m_r[:, None])
@@ -301,25 +259,21 @@ def _intra_fwd_kernel(
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
-    STORE_DECAYED: tl.constexpr,
-    TRI: tl.constexpr,
-    AUTO: tl.constexpr,
-    SHARED_EXP: tl.constexpr,
     ZERO_KK: tl.constexpr,
     FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr = 1,
-    FOLD: tl.constexpr = 0,
     LOG2: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
     G16: tl.constexpr = 0,
 ):
-    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...)
+    # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...); the
+    # per-channel decay in _intra_fwd_tri, one BC-column block at a time
     _pdl_start(PDL)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
-    if DECAY == 2 and TRI:
+    if DECAY == 2:
         _intra_fwd_tri(
             q,
             k,
@@ -343,13 +297,9 @@ def _intra_fwd_kernel(
             DELTA,
             BOUNDED,
             LOWP,
-            STORE_DECAYED,
-            AUTO,
-            SHARED_EXP,
             ZERO_KK,
             FTZ,
             ZERO_QK,
-            FOLD,
             LOG2,
             G16,
         )
@@ -362,53 +312,15 @@ def _intra_fwd_kernel(
         b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
         b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
         b_ki = _load_rows(k, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
-        if DECAY == 2:
-            b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
-            b_gi = _load_rows(gc, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
-            # anchor: the block's first row, in the past of every row it serves (causal, unlike a midpoint)
-            b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # [K]
-            b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))  # <= 1
-            if STORE_DECAYED:
-                b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-                _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
-            if BOUNDED:
-                # columns before the block: exponent <= 0; inside it: <= -lower_bound * (BC - 1), finite
-                m_y = m_i & (o_i < r0 + BC)
-            else:
-                m_y = m_i & (o_i < r0)
-            b_y = b_ki * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf")))
-            b_y = _dot_cast(b_y, LOWP)
-            b_aqk = tl.dot(_dot_cast(b_q * b_er, LOWP), tl.trans(b_y))  # [BC, BT]
-            b_akk = tl.dot(_dot_cast(b_kr * b_er, LOWP), tl.trans(b_y))
-            if not BOUNDED:
-                # diagonal block, unbounded gates: one column at a time with the exact relative decay
-                o_k = tl.arange(0, K)
-                p_kj = k + ((i_b * T + r0) * H + i_h) * K + o_k
-                p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
-                for j in range(BC):
-                    t_j = r0 + j
-                    m_kj = (o_k * 0 + t_j) < T
-                    b_kj = tl.load(p_kj + j * H * K, mask=m_kj, other=0.0).to(tl.float32)
-                    b_gj = tl.load(p_gj + j * H * K, mask=m_kj, other=0.0)
-                    # rows past T too: their G is 0, and exp(0 - G_j) overflows
-                    m_j = (o_r[:, None] >= t_j) & m_r[:, None] & m_kj[None, :]
-                    b_e = tl.exp(tl.where(m_j, b_gr - b_gj[None, :], float("-inf")))  # [BC, K]
-                    b_aqk = tl.where(
-                        o_i[None, :] == t_j, tl.sum(b_q * b_kj[None, :] * b_e, 1)[:, None], b_aqk
-                    )
-                    b_akk = tl.where(
-                        o_i[None, :] == t_j, tl.sum(b_kr * b_kj[None, :] * b_e, 1)[:, None], b_akk
-                    )
-        else:
-            b_aqk = tl.dot(_dot_cast(b_q, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
-            b_akk = tl.dot(_dot_cast(b_kr, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
-            if DECAY == 1:
-                b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
-                b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
-                m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
-                b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gi[None, :], float("-inf")))
-                b_aqk = b_aqk * b_d
-                b_akk = b_akk * b_d
+        b_aqk = tl.dot(_dot_cast(b_q, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
+        b_akk = tl.dot(_dot_cast(b_kr, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
+        if DECAY == 1:
+            b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
+            b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
+            m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
+            b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gi[None, :], float("-inf")))
+            b_aqk = b_aqk * b_d
+            b_akk = b_akk * b_d
         b_aqk = tl.where((o_r[:, None] >= o_i[None, :]) & m_i[None, :], b_aqk, 0.0) * scale
         p_a = ((i_b * T + o_r[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
         tl.store(aqk + p_a, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
@@ -529,19 +441,15 @@ def _intra_fwd_tri(
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
-    STORE_DECAYED: tl.constexpr,
-    AUTO: tl.constexpr,
-    SHARED_EXP: tl.constexpr,
     ZERO_KK: tl.constexpr,
     FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr = 1,
-    FOLD: tl.constexpr = 0,
     LOG2: tl.constexpr = 0,
     G16: tl.constexpr = 0,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
-    # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions), instead of whole-chunk
-    # tiles masked (TUNE["intra_fwd.tri"]); the blocks after the diagonal are stored as zeros
+    # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions); the blocks after the
+    # diagonal are stored as zeros
     t0 = i_t * BT
     r0 = t0 + i_c * BC
     o_b = tl.arange(0, BC)
@@ -556,67 +464,36 @@ def _intra_fwd_tri(
     else:
         b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
         b_dr = b_ga[None, :] - b_gr
-    # LOG2 (TUNE["fwd.log2"]): G comes times log2(e) from the cumsum kernel, every exponential here a 2^x
-    # without the multiply. The launch sets it for the bounded fold form only (SHARED_EXP, FOLD), the only
-    # form here whose every use of G is an exponential through _exp
+    # LOG2: G comes times log2(e) from the cumsum kernel, every exponential here a 2^x without the multiply.
+    # The launch sets it for the bounded gate only, the only form here whose every use of G is an
+    # exponential through _exp
     b_er = _exp(tl.where(m_r[:, None], -b_dr, float("-inf")), FTZ, LOG2)  # <= 1
-    # the bounded gate with TUNE["intra_fwd.shared_exp"]: the decayed operands from the [BC, K] tiles of
-    # exponentials the products need anyway, E_r = exp(G - G_a) and E_d = exp(G_a - G) (<= e^{-lower_bound
-    # (BC - 1)}), and [K] vectors: Q exp(G) = Q E_r exp(G_a), K exp(G_last - G) = K E_d exp(G_last - G_a);
-    # two tiles of exponentials a program instead of four (the diagonal block's keys are K E_d)
-    # (the launch sets SHARED_EXP for the bounded gate only)
-    if SHARED_EXP:
+    if BOUNDED:
+        # the decayed operands from the products' own fp32 tiles of exponentials E_r = exp(G - G_a) and
+        # E_d = exp(G_a - G) (<= e^{-lower_bound (BC - 1)}) times [K] vectors: Q exp(G) = Q E_r exp(G_a),
+        # K exp(G_last - G) = K E_d exp(G_last - G_a); two tiles of exponentials a program instead of four
+        # (the diagonal block's keys are K E_d)
         b_ed = _exp(tl.where(m_r[:, None], b_dr, float("-inf")), FTZ, LOG2)
-    if SHARED_EXP and FOLD:
-        # (TUNE["intra_fwd.fold"]) the decayed operands from the products' own fp32 tiles Q E_r, K E_r and
-        # the diagonal block's keys K E_d, times [K] vectors of exponentials (ex2.ftz with FTZ)
         b_qr = b_q * b_er
         b_kr_e = b_kr * b_er
         b_kd_e = b_kr * b_ed
-        if STORE_DECAYED:
-            b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-            p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-            b_ea = _exp(b_ga, FTZ, LOG2)[None, :]
-            tl.store(qg + p_rk, (b_qr * b_ea).to(qg.dtype.element_ty), mask=m_r[:, None])
-            b_el = _exp(b_gl - b_ga, FTZ, LOG2)[None, :]
-            tl.store(kd + p_rk, (b_kd_e * b_el).to(kd.dtype.element_ty), mask=m_r[:, None])
-            if DELTA:
-                tl.store(kg + p_rk, (b_kr_e * b_ea).to(kg.dtype.element_ty), mask=m_r[:, None])
+        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+        p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+        b_ea = _exp(b_ga, FTZ, LOG2)[None, :]
+        tl.store(qg + p_rk, (b_qr * b_ea).to(qg.dtype.element_ty), mask=m_r[:, None])
+        b_el = _exp(b_gl - b_ga, FTZ, LOG2)[None, :]
+        tl.store(kd + p_rk, (b_kd_e * b_el).to(kd.dtype.element_ty), mask=m_r[:, None])
+        if DELTA:
+            tl.store(kg + p_rk, (b_kr_e * b_ea).to(kg.dtype.element_ty), mask=m_r[:, None])
         b_qe = _dot_cast(b_qr, LOWP)
         b_ke = _dot_cast(b_kr_e, LOWP)
     else:
-        if STORE_DECAYED:
-            b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-            if SHARED_EXP:
-                _store_decayed(
-                    qg,
-                    kd,
-                    kg,
-                    b_q,
-                    b_kr,
-                    b_gr,
-                    b_gl,
-                    o_r,
-                    m_r,
-                    i_b,
-                    i_h,
-                    T,
-                    H,
-                    K,
-                    DELTA,
-                    True,
-                    b_ga,
-                    b_er,
-                    b_ed,
-                )
-            else:
-                _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
+        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
+        _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
         b_qe = _dot_cast(b_q * b_er, LOWP)
         b_ke = _dot_cast(b_kr * b_er, LOWP)
-        if SHARED_EXP:
-            b_kd_e = b_kr * b_ed
     p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
-    if SHARED_EXP:
+    if BOUNDED:
         # first the diagonal block, its keys decayed to the anchor (E_d dies here, before the loop)
         _fwd_block(
             aqk,
@@ -636,16 +513,14 @@ def _intra_fwd_tri(
     dense = 0
     # the bounded gate keeps exp(G_r0 - G_i) <= e^{-lower_bound (BC - 1)} inside the diagonal block too
     if BOUNDED:
-        n_j = i_c + 1 - SHARED_EXP  # (the diagonal block before the loop)
-    elif AUTO:
-        # unbounded gates, TUNE["unbounded.dense_if_safe"]: a block whose own decay, first row to last, is at
-        # most e^75 in every channel (what the bounded gate -5 guarantees) takes the dense product for its
-        # diagonal block as well; the others go by positions
+        n_j = i_c  # (the diagonal block before the loop)
+    else:
+        # unbounded gates: a block whose own decay, first row to last, is at most e^75 in every channel (what
+        # the bounded gate -5 guarantees) takes the dense product for its diagonal block as well; the others
+        # go by positions
         b_gb = _load_row(gc, tl.minimum(r0 + BC, T) - 1, i_b, i_h, T, H, K)
         dense = (tl.max(b_ga - b_gb, 0) <= 75.0).to(tl.int64)
         n_j = i_c + dense
-    else:
-        n_j = i_c
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
@@ -672,10 +547,9 @@ def _intra_fwd_tri(
             scale,
             LOWP,
             DELTA,
-            FOLD and BOUNDED and SHARED_EXP,  # (the diagonal block before the loop there)
+            BOUNDED,  # (the diagonal block before the loop there)
         )
-    # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
-    # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
+    # the diagonal block by positions: the blocks of an unbounded gate too steep to go dense
     if not BOUNDED:
         if dense == 0:
             _fwd_diag_by_positions(
@@ -1061,7 +935,6 @@ def _state_fwd_kernel(
     WY: tl.constexpr,
     STORE_X: tl.constexpr,
     EARLY: tl.constexpr,
-    BX: tl.constexpr,
     UNCHAIN: tl.constexpr,
     TRIL: tl.constexpr = 0,
     LOG2: tl.constexpr = 0,
@@ -1075,8 +948,8 @@ def _state_fwd_kernel(
     # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
     # STORE_X (with WY, TUNE["bwd.x"]): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
     # EARLY (TUNE["state_fwd.early"]): the chunk's small inputs (_chunk_small) loaded where used (0), at the
-    # top of the chunk's step (1) or one chunk ahead (2). BX (with WY, TUNE["state_fwd.beta_x"]): L as
-    # loaded times diag(beta) X, beta on the rows of X (in registers) instead of on the columns of L.
+    # top of the chunk's step (1) or one chunk ahead (2). With WY, L is taken as loaded times diag(beta) X,
+    # beta on the rows of X (in registers).
     # TRIL (TUNE["fwd.tril"]): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
     # the zeros above not stored by the solve and the intra forward
     _pdl_start(PDL)
@@ -1129,19 +1002,12 @@ def _state_fwd_kernel(
                 # (the rows of L here and of A_qk below: one expression twice, left where the revision
                 # checked on the H200 computes them; hoisted above the branches it compiles in another order)
                 p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-                if BX:
-                    # L as loaded, beta on the rows of X: L (diag(beta) X)
-                    b_tm = tl.load(linv + p_l, mask=m_tc, other=0.0)
-                    if EARLY:
-                        b_x = b_x * b_b[:, None]
-                    else:
-                        b_x = b_x * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[:, None]
+                # L as loaded, beta on the rows of X: L (diag(beta) X)
+                b_tm = tl.load(linv + p_l, mask=m_tc, other=0.0)
+                if EARLY:
+                    b_x = b_x * b_b[:, None]
                 else:
-                    b_tm = tl.load(linv + p_l, mask=m_tc, other=0.0).to(tl.float32)
-                    if EARLY:
-                        b_tm = b_tm * b_b[None, :]
-                    else:
-                        b_tm = b_tm * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[None, :]
+                    b_x = b_x * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[:, None]
                 b_vt = _unchain(tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP)), T > 0, UNCHAIN)
             else:
                 # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
@@ -1333,9 +1199,7 @@ def _dqk_bwd_kernel(
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
     FUSED: tl.constexpr,
-    EARLY_W: tl.constexpr,
     FINISH: tl.constexpr,
-    CUMSUM_DOT: tl.constexpr,
     K_INNER: tl.constexpr,
     VT_X: tl.constexpr,
     SEQ: tl.constexpr,
@@ -1343,14 +1207,15 @@ def _dqk_bwd_kernel(
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
-    # _intra_bwd_kernel. FUSED (TUNE["dqk.fused_intra"]; no delta rule, no per-channel decay): the
+    # _intra_bwd_kernel. FUSED (no delta rule, no per-channel decay): the
     # intra-chunk part too, from M_qk = scale tril(dO V^T) (times the relative decay) summed over the same V
     # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here. FINISH
     # (TUNE["bwd.intra_first"]; no decay or the per-channel one): _intra_bwd_kernel ran first and left its
     # partial dq, dk in dq, dk and its dG in dgk; they are added here, and the chunk's dG reverse-cumsummed
-    # into dg (the chunk's rows are all in this program), so no _rev_cumsum_kernel runs
+    # into dg (the chunk's rows are all in this program, the cumsum a product with the upper triangle of
+    # ones on the tensor cores), so no _rev_cumsum_kernel runs
     # K_INNER (TUNE["dqk.k_inner"]): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side.
-    # DV_W (TUNE["dqk.dv"]; the delta rule after the dvt backward): dvt holds dV = T^T dVt, not dVt, and
+    # DV_W (the delta rule after the dvt backward): dvt holds dV = T^T dVt, not dVt, and
     # d(Gamma K) = T^T dW = -dV S^T needs no product with T.
     # VT_X (TUNE["bwd.vt_x"]): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
     # T (X dS'^T) follows it, so the forward keeps no Vt
@@ -1391,20 +1256,19 @@ def _dqk_bwd_kernel(
             b_dws += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
     if DELTA:
         # Vt = U - W S: dW = -dVt S^T; W = T (Gamma K) with T = L diag(beta): d(Gamma K) = T^T dW. First, so
-        # that dVt S^T and T are dead before the decay's tiles load (TUNE["dqk.early_w"])
+        # that dVt S^T and T are dead before the decay's tiles load
         p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-        if EARLY_W or VT_X or DV_W:
-            if VT_X or not DV_W:
-                b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
-                b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
-            if VT_X:
-                # Vt dS'^T = T (X dS'^T), in the dot operands' precision (tf32 operands: more shared memory)
-                b_dkd = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_dkd, LOWP))
-            if DV_W:
-                # the V loop summed dV S^T with dV = T^T dVt (dvt's output): d(Gamma K) = -dV S^T
-                b_dkg = -b_dws
-            else:
-                b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
+        if VT_X or not DV_W:
+            b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+            b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
+        if VT_X:
+            # Vt dS'^T = T (X dS'^T), in the dot operands' precision (tf32 operands: more shared memory)
+            b_dkd = tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_dkd, LOWP))
+        if DV_W:
+            # the V loop summed dV S^T with dV = T^T dVt (dvt's output): d(Gamma K) = -dV S^T
+            b_dkg = -b_dws
+        else:
+            b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
     if SEQ:
         # (TUNE["dqk.seq"]; the per-channel decay with the intra backward first) the same terms, each tile
@@ -1459,10 +1323,6 @@ def _dqk_bwd_kernel(
         b_dg -= b_k * b_dk
         b_dgl += tl.sum(b_k * b_dk, 0)
         if DELTA:
-            if not (EARLY_W or VT_X or DV_W):
-                b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
-                b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
-                b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
             b_dkg = b_dkg * b_eg
             b_dk += b_dkg
             b_dg += b_k * b_dkg
@@ -1490,10 +1350,7 @@ def _dqk_bwd_kernel(
                 # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T
                 # hold 0)
                 b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-                if CUMSUM_DOT:
-                    b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
-                else:
-                    b_dg = tl.cumsum(b_dg, axis=0, reverse=True)
+                b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
                 tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
         else:
             tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
@@ -1623,34 +1480,16 @@ def _rel_rows(
     BT: tl.constexpr,
     BC: tl.constexpr,
     DECAY: tl.constexpr,
-    BOUNDED: tl.constexpr,
     TWO: tl.constexpr,
     LOWP: tl.constexpr,
 ):
     # X'_r = sum_{i <= r} M_ri y_i exp(G_r - G_i) for the BC rows o_r and the key columns o_k (M is lower
     # triangular), for M = m and, with TWO, also M = m2 (same y: the decay factors are shared). Returns
-    # (X' for m, X' for m2 or again for m). The unbounded per-channel path leaves the diagonal block to
-    # _rel_diag.
+    # (X' for m, X' for m2 or again for m). No decay or the scalar one (_rel_rows_tri: the per-channel decay).
     p_m = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (o_i - t0)[None, :]
     b_m = tl.load(m + p_m, mask=m_r[:, None], other=0.0).to(tl.float32)
     b_y = _load_block(y, o_i, m_i, o_k, i_b, i_h, T, H, K)  # [BT, BK]
-    if DECAY == 2:
-        b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
-        b_gi = _load_block(gc, o_i, m_i, o_k, i_b, i_h, T, H, K)
-        b_ga = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
-        if BOUNDED:
-            m_y = m_i & (o_i < r0 + BC)
-        else:
-            m_y = m_i & (o_i < r0)
-        b_ya = _dot_cast(b_y * tl.exp(tl.where(m_y[:, None], b_ga[None, :] - b_gi, float("-inf"))), LOWP)
-        b_er = tl.exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")))
-        b_x = tl.dot(_dot_cast(b_m, LOWP), b_ya) * b_er
-        if TWO:
-            b_m2 = tl.load(m2 + p_m, mask=m_r[:, None], other=0.0).to(tl.float32)
-            b_x2 = tl.dot(_dot_cast(b_m2, LOWP), b_ya) * b_er
-        else:
-            b_x2 = b_x
-    elif DECAY == 1:
+    if DECAY == 1:
         b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
         b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
         m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
@@ -1693,37 +1532,19 @@ def _rel_cols(
     BT: tl.constexpr,
     BC: tl.constexpr,
     DECAY: tl.constexpr,
-    BOUNDED: tl.constexpr,
     TWO: tl.constexpr,
     LOWP: tl.constexpr,
 ):
     # Y'_i = sum_{r >= i} M_ri x_r exp(G_r - G_i) for the BC columns o_c and the key columns o_k; o_r runs
     # over the chunk. With TWO, the sum of it for (m, x) and for (m2, x2) (the decay factors are shared).
-    # The unbounded per-channel path leaves the diagonal block to _rel_diag.
+    # No decay or the scalar one (_rel_cols_tri: the per-channel decay).
     p_mt = ((i_b * T + o_r[None, :]) * H + i_h) * BT + (o_c - t0)[:, None]
     b_mt = tl.load(m + p_mt, mask=m_r[None, :], other=0.0).to(tl.float32)
     b_x = _load_block(x, o_r, m_r, o_k, i_b, i_h, T, H, K)  # [BT, BK]
     if TWO:
         b_mt2 = tl.load(m2 + p_mt, mask=m_r[None, :], other=0.0).to(tl.float32)
         b_x2 = _load_block(x2, o_r, m_r, o_k, i_b, i_h, T, H, K)  # [BT, BK]
-    if DECAY == 2:
-        b_gc = _load_block(gc, o_c, m_c, o_k, i_b, i_h, T, H, K)  # [BC, BK]
-        b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)  # [BT, BK]
-        if BOUNDED:
-            # anchor at the first column c0: exp(G_r - G_a) <= 1 for r >= c0, exp(G_a - G_i) <= e^{-lb (BC-1)}
-            b_ga = _load_row_block(gc, tl.minimum(c0, T - 1), o_k, i_b, i_h, T, H, K)
-            m_x = m_r & (o_r >= c0)
-        else:
-            # rows after the block, anchored at its last valid row; the diagonal block is _rel_diag's
-            t_a = tl.minimum(c0 + BC, T) - 1
-            b_ga = _load_row_block(gc, t_a, o_k, i_b, i_h, T, H, K)
-            m_x = m_r & (o_r >= c0 + BC)
-        b_ex = tl.exp(tl.where(m_x[:, None], b_gr - b_ga[None, :], float("-inf")))
-        b_y = tl.dot(_dot_cast(b_mt, LOWP), _dot_cast(b_x * b_ex, LOWP))
-        if TWO:
-            b_y += tl.dot(_dot_cast(b_mt2, LOWP), _dot_cast(b_x2 * b_ex, LOWP))
-        b_y = b_y * tl.exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")))
-    elif DECAY == 1:
+    if DECAY == 1:
         b_gc = _load_vec(gc, o_c, m_c, i_b, i_h, T, H)
         b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
         m_d = (o_r[None, :] >= o_c[:, None]) & m_r[None, :]
@@ -1760,13 +1581,12 @@ def _rel_rows_tri(
     BOUNDED: tl.constexpr,
     TWO: tl.constexpr,
     LOWP: tl.constexpr,
-    AUTO: tl.constexpr,
     dense,
     FTZ: tl.constexpr,
 ):
     # _rel_rows for the per-channel decay over only the column blocks the rows can reach (0..i_c, or 0..i_c-1
     # when the unbounded path leaves the diagonal to _rel_diag), one BC-column block at a time, instead of
-    # the whole chunk masked: 2.5 blocks of y and G on average instead of 4 (TUNE["intra_bwd.tri"])
+    # the whole chunk masked: 2.5 blocks of y and G on average instead of 4
     o_b = tl.arange(0, BC)
     b_gr = _load_block(gc, o_r, m_r, o_k, i_b, i_h, T, H, K)
     b_ga = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
@@ -1774,10 +1594,8 @@ def _rel_rows_tri(
     b_x2 = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
     if BOUNDED:
         n_j = i_c + 1
-    elif AUTO:
-        n_j = i_c + dense  # (dense: this block's diagonal goes dense, see _intra_bwd_rows)
     else:
-        n_j = i_c
+        n_j = i_c + dense  # (dense: this block's diagonal goes dense, see _intra_bwd_kernel)
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
@@ -1822,27 +1640,23 @@ def _rel_cols_tri(
     BOUNDED: tl.constexpr,
     TWO: tl.constexpr,
     LOWP: tl.constexpr,
-    AUTO: tl.constexpr,
     dense,
     b_gd,
     FTZ: tl.constexpr,
 ):
     # _rel_cols for the per-channel decay over only the row blocks that reach the columns (i_c..NC-1, or
-    # i_c+1.. on the unbounded path), one BC-row block at a time (TUNE["intra_bwd.tri"])
+    # i_c+1.. on the unbounded path), one BC-row block at a time
     NC: tl.constexpr = BT // BC
     o_b = tl.arange(0, BC)
     b_gc = _load_block(gc, o_c, m_c, o_k, i_b, i_h, T, H, K)
     if BOUNDED:
         b_ga = _load_row_block(gc, tl.minimum(c0, T - 1), o_k, i_b, i_h, T, H, K)
         j0 = i_c
-    elif AUTO:
+    else:
         # b_gd: G at the block's first row if it is dense (it then includes itself, as with the bounded gate),
         # else at its last valid row (from _intra_bwd_kernel, which loaded both to decide)
         b_ga = b_gd
         j0 = i_c + 1 - dense
-    else:
-        b_ga = _load_row_block(gc, tl.minimum(c0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
-        j0 = i_c + 1
     b_y = tl.zeros([BC, o_k.shape[0]], dtype=tl.float32)
     for j in range(j0, NC):
         o_j = t0 + j * BC + o_b
@@ -1949,10 +1763,9 @@ def _rel_full(
     BC: tl.constexpr,
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
-    BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
 ):
-    # the rows and columns over the whole chunk, masked (the default; see _rel_rows_tri for the other way)
+    # no decay or the scalar one: the rows and columns over the whole chunk, masked
     # dq = rel_rows(M_qk, k); with DELTA also dkr = rel_rows(M_kk, k)
     b_dq, b_dkr = _rel_rows(
         m_qk,
@@ -1974,7 +1787,6 @@ def _rel_full(
         BT,
         BC,
         DECAY,
-        BOUNDED,
         DELTA,
         LOWP,
     )
@@ -2000,7 +1812,6 @@ def _rel_full(
         BT,
         BC,
         DECAY,
-        BOUNDED,
         DELTA,
         LOWP,
     )
@@ -2029,8 +1840,6 @@ def _intra_bwd_kernel(
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
-    TRI: tl.constexpr,
-    AUTO: tl.constexpr,
     FIRST: tl.constexpr,
     FTZ: tl.constexpr,
 ):
@@ -2055,10 +1864,10 @@ def _intra_bwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     dense = 0
     b_gd = 0
-    if DECAY == 2 and TRI:
-        if AUTO:
-            # unbounded gates (TUNE["unbounded.dense_if_safe"]): this block's diagonal goes dense, as with the
-            # bounded gate, when its own decay is at most e^75 in each of these key columns
+    if DECAY == 2:
+        if not BOUNDED:
+            # unbounded gates: this block's diagonal goes dense, as with the bounded gate, when its own decay
+            # is at most e^75 in each of these key columns
             b_g0 = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
             b_g1 = _load_row_block(gc, tl.minimum(r0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
             dense = (tl.max(b_g0 - b_g1, 0) <= 75.0).to(tl.int64)
@@ -2084,7 +1893,6 @@ def _intra_bwd_kernel(
             BOUNDED,
             DELTA,
             LOWP,
-            AUTO,
             dense,
             FTZ,
         )
@@ -2110,7 +1918,6 @@ def _intra_bwd_kernel(
             BOUNDED,
             DELTA,
             LOWP,
-            AUTO,
             dense,
             b_gd,
             FTZ,
@@ -2138,11 +1945,9 @@ def _intra_bwd_kernel(
             BC,
             DECAY,
             DELTA,
-            BOUNDED,
             LOWP,
         )
-    # the diagonal block by positions: the general gate, and the blocks of an unbounded gate too steep to go
-    # dense (dense stays the plain 0 where there is no run-time choice, so the branch is static there)
+    # the diagonal block by positions: the blocks of an unbounded gate too steep to go dense
     if DECAY == 2 and not BOUNDED:
         if dense == 0:
             b_dq, b_dkr, b_dkc = _rel_diag(
@@ -2202,22 +2007,12 @@ TUNE: dict[str, int | None] = {
     # None: 2 for GLA (the per-channel decay without the delta rule) with 16-bit inputs at K, V <= 128, else
     # 4. H200, B8 T8K H16: with 3 stages (run 52) GLA 0.795 -> 0.728 ms and bounded KDA 0.986 -> 0.960, with
     # one (run 56) GLA 0.617 with 2 against 0.682 with 4, bounded KDA 0.885 against 0.868; unbounded KDA
-    # (capped at 128 registers) 1.08 -> 1.42 with 2. Since intra_fwd.fold, the bounded gate's no-grad intra
-    # forward takes 2 warps at a cap of 168 registers (6 programs per SM, no spill; sm_90: 1,626
+    # (capped at 128 registers) 1.08 -> 1.42 with 2. With its decayed operands folded, the bounded gate's
+    # no-grad intra forward takes 2 warps at a cap of 168 registers (6 programs per SM, no spill; sm_90: 1,626
     # instructions a thread against 1,045 with 4 warps, 16% fewer a program): H200, B8 T8K H16 (run 109,
     # checked within bounds) 0.709 -> 0.651 ms, the forward 1.606 -> 1.551; 2 warps at the cap of 128 (176
     # bytes spilled) 0.791, a cap of 96 with 4 warps 0.861, 2 stages 0.752, no cap 0.709
     "intra_fwd.warps": None,
-    # 1: the bounded gate's intra forward takes its decayed operands Q exp(G), K exp(G_last - G), K exp(G)
-    # from the two tiles of exponentials its products need, times [K] vectors, instead of two more tiles
-    # of exponentials (_intra_fwd_tri; 7,168 exponentials a 16-row program instead of 11,264 on average).
-    # H200, B8 T8K H16 (run 73, checked within bounds), bounded KDA's intra forward 0.867 -> 0.843 ms, and
-    # 0.810 capped at 128 registers (sm_90: 144 -> 128, 3 -> 4 programs per SM, 32 bytes spilled):
-    # no-grad forward 2.107 -> 2.055 ms, fwd+bwd 7.674 -> 7.615
-    "intra_fwd.shared_exp": 1,
-    # 1: the no-grad intra forward stores the zeros of A_kk after the diagonal too; None or 0: not (the
-    # solve reads only the blocks up to the diagonal). With a gradient they are stored (dvt reads whole rows)
-    "intra_fwd.kk_zeros": None,
     # 1: the per-channel intra forward's tiles of exponentials as ex2.approx.ftz.f32 (_exp) on a GPU, 0:
     # tl.exp. sm_90 (occupancy.py, B8 T8K H16 no-grad): bounded KDA 1,390 -> 1,259 instructions, KDA 1,864 ->
     # 1,769, GLA 2,473 -> 2,273. H200 (run 98, checked within bounds): the intra forward 0.795 -> 0.771 ms
@@ -2226,29 +2021,17 @@ TUNE: dict[str, int | None] = {
     # the same for the per-channel intra backward's triangular loops (_rel_rows_tri, _rel_cols_tri). sm_90:
     # bounded KDA 939 -> 840 instructions (8 -> 0 bytes spilled), KDA 1,494 -> 1,393, GLA 1,219 -> 1,124
     "intra_bwd.ftz": 1,
-    # 1: with bwd.intra_first, the dqk kernel's reverse cumsum of the chunk's dG (inside the chunk, for dg) as
-    # a product with the upper triangle of ones on the tensor cores (single-pass TF32 for 16-bit inputs,
-    # 3xTF32 for fp32) instead of a scan over its rows (0). H200, B8 T8K H16, dqk: bounded KDA 2.123 ->
-    # 2.045 ms (run 76), GLA 1.840 -> 1.695 (run 77); bounded KDA's bf16 dg 7.3e-3 -> 7.4e-3 (T=1000), 9.0e-3
-    # -> 9.1e-3 (T=8192). 3xTF32 for 16-bit inputs too: 2.110 ms, dg as the scan's
-    "dqk.cumsum_dot": 1,
     # 1: dqk's key blocks of one chunk next to each other in launch order (grid (key blocks, chunks, B H)), so
     # that they read the chunk's dO, Vt, dVt at about the same time, instead of NT programs apart. H200, B8
     # T8K H16 (run 78): bounded KDA's dqk 2.051 -> 1.994 ms, GLA's 1.695 -> 1.689; the same for the intra
     # backward's key blocks of one 16-row block lost (1.729 -> 1.802)
     "dqk.k_inner": 1,
-    # 1: with the intra backward first (the per-channel decay) and dqk.cumsum_dot, dqk's epilogue loads each
+    # 1: with the intra backward first (the per-channel decay), dqk's epilogue loads each
     # tile where it is first needed (G, then q, then k) and stores the finished dq before k loads; 0: q, k
     # and G loaded together after the V loop. None: 1 without the delta rule (GLA). sm_90 (occupancy.py):
     # spills 56 -> 8 bytes (GLA), 344 -> 240 (both KDAs). H200, B8 T8K H16 (run 83, checked within bounds):
     # GLA's dqk 1.701 -> 1.656 ms (fwd+bwd 5.262 -> 5.216), but both KDAs' 2.008 -> 2.028
     "dqk.seq": None,
-    # 1: with the delta rule and the intra backward first (KDA), dqk (which then runs after dvt) sums
-    # dV S^T over its V loop with dvt's dV = T^T dVt instead of dVt S^T, so d(Gamma K) = T^T dW = -dV S^T
-    # takes no product with T and L, beta are not loaded; 0: dVt S^T, then T^T. H200, B8 T8K H16 (run 84,
-    # checked within bounds, errors as before to two digits): dqk 1.994 -> 1.798 ms, bounded KDA fwd+bwd
-    # 7.482 -> 7.284, KDA 7.854 -> 7.657
-    "dqk.dv": 1,
     # warps of the forward cumsum kernel (None: 4). H200, B8 T8K H16 (run 81), bounded KDA: 2 warps 0.262 ms,
     # 4 0.261, 8 0.262, 16 0.392 (at its bytes, 4.1 TB/s, whatever the warps)
     "cumsum.warps": None,
@@ -2256,7 +2039,7 @@ TUNE: dict[str, int | None] = {
     # stages: 1 for the per-channel decay, whose triangular loop runs 1-4 steps (H200, B8 T8K H16, run 54:
     # bounded KDA 0.962 -> 0.886 ms, GLA 0.728 -> 0.618, KDA 1.085 -> 1.006; 2 stages 0.945, 0.653, 1.080),
     # else Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for KDA (both gates; bounded
-    # since run 73, with intra_fwd.shared_exp) with 16-bit inputs at K, V <= 128, else no cap.
+    # since run 73) with 16-bit inputs at K, V <= 128, else no cap.
     # benchmarks/occupancy.py (sm_90, Triton 3.9, B8 T8K H16): 194 registers hold unbounded KDA's intra
     # forward to 2 programs (8 warps) per SM, the cap allows 4 (176 bytes spilled): 1.361 -> 1.082 ms on the
     # H200 (run 31; fwd+bwd 9.56 -> 9.31). Bounded KDA (128 registers then), GLA and the delta rule: within
@@ -2268,18 +2051,6 @@ TUNE: dict[str, int | None] = {
     # 16-bit inputs (16 programs per SM, 24 bytes spilled), else no cap. H200, B8 T8K H16 (run 98): bounded
     # KDA's solve 0.162 -> 0.144 ms with 128, 0.179 with 96
     "solve.maxnreg": None,
-    # 1: the solve's products in single-pass TF32 for 16-bit inputs (whose L is stored in bf16), 0: 3xTF32 as
-    # for fp32 inputs. Emulated on the CPU (benchmarks/solve_precision.py, chunks of KDA and delta-rule
-    # data), TF32 adds 0.06-0.6x the error of storing L in bf16; H200 (run 38): 0.309 -> 0.162 ms, bf16
-    # errors unchanged to two digits
-    "solve.tf32": 1,
-    # 1: the WY state pass forms Vt = L (diag(beta) X), beta on the rows of X, and takes L as a dot operand
-    # as loaded; 0: (L diag(beta)) X, L's columns times beta in fp32 first. sm_90: bounded KDA's no-grad
-    # pass spills 96 -> 24 bytes. H200 (run 91, B8 T8K H16, GPU time): the state pass with a gradient 0.911
-    # -> 0.756 ms (the delta rule; fwd+bwd 4.646 -> 4.490), 1.073 -> 1.031 (bounded KDA; 7.282 -> 7.242),
-    # without one 0.677 -> 0.671; at B32 T2K H2 even (0.162 -> 0.165 no-grad). Run 90 tried the solve
-    # storing L diag(beta) for the no-grad pass instead: the pass 0.680 -> 0.662, the solve 0.163 -> 0.211
-    "state_fwd.beta_x": 1,
     # 1: the state passes' chained products (forward: X = V - (Gamma K) S, Vt = L diag(beta) X, the output's
     # state term; reverse: dVt) go through _unchain, so that Triton does not lay them out as a chain; 0:
     # straight on. None: 1 with 8 warps. With 8 warps and 64 rows a chained product had all 8 warps along
@@ -2313,28 +2084,12 @@ TUNE: dict[str, int | None] = {
     # 1.661 ms (intra forward 0.778 -> 0.758, solve 0.144 -> 0.137), KDA 1.867 -> 1.851, GLA 1.239 -> 1.188
     # (intra 0.610 -> 0.578, state pass 0.368 -> 0.348), the delta rule 0.958 -> 0.942, GDN 1.237 -> 1.215
     "fwd.tril": None,
-    # 1: the bounded intra forward (with intra_fwd.shared_exp) takes its decayed operands from the products'
-    # fp32 tiles Q E_r, K E_r, K E_d times [K] vectors exp(G_a), exp(G_last - G_a) (those as ex2.ftz too),
-    # instead of forming E_r exp(G_a) first and the [K] vectors by tl.exp, and stores its loop's blocks (all
-    # before the rows' own: the diagonal block goes before the loop) without the causal and length masks
-    # (their columns past T hold keys of 0). sm_90 (occupancy.py, B8 T8K H16 no-grad): 1,239 -> 1,050
-    # instructions, the loop 332 -> 222, 40 -> 8 bytes spilled. 0: as before. H200, B8 T8K H16 (run 107,
-    # checked within bounds), GPU time: the intra forward 0.759 -> 0.714 ms, no-grad bounded KDA 1.658 ->
-    # 1.617, fwd+bwd 6.968 -> 6.936
-    "intra_fwd.fold": None,
-    # 1 (None): the bounded gate's no-grad forward (with intra_fwd.fold) stores G times log2(e), and its
+    # 1 (None): the bounded gate's no-grad forward stores G times log2(e), and its
     # readers, the intra forward and the state pass's exp(G_last), take 2^x without the multiply; 0: G as
     # is. sm_90 (occupancy.py, B8 T8K H16 no-grad): the intra forward 1,626 -> 1,508 instructions, its loop
     # 367 -> 335. H200 (run 111, checked within bounds, also with slow gates): no-grad bounded KDA 1.550 ->
     # 1.529 ms GPU time (intra forward 0.651 -> 0.646, state pass 0.500 -> 0.485)
     "fwd.log2": None,
-    # 1 (None): the no-grad forward of the delta rule's ops stores A_kk in bf16 for 16-bit inputs (the
-    # solve, its only reader there, takes it to fp32 on load; L is stored in bf16 anyway); 0: fp32. H200
-    # (run 111, checked within bounds, o_infer as before to two digits), no-grad GPU time at B8 T8K H16:
-    # bounded KDA 1.529 -> 1.485 ms (intra forward 0.646 -> 0.622, solve 0.137 -> 0.113), KDA 1.845 ->
-    # 1.779, the delta rule 0.942 -> 0.893, GDN 1.209 -> 1.146. (intra_fwd.akk_lowp, run 29, took it in
-    # bf16 with a gradient too, where dvt reads it: no gain there)
-    "fwd.akk_bf16": None,
     # 1 (None): the forward's cumsum, intra, solve and state-pass kernels launched as programmatic dependent
     # launches on sm_90 and later (_pdl_start): each lets the next one's programs be placed as its own last
     # ones start, and waits for the one before it to finish before it touches memory; 0: plain launches
@@ -2407,11 +2162,6 @@ TUNE: dict[str, int | None] = {
     "state_bwd.bv": None,
     "state_bwd.stages": None,
     "dqk.warps": 4,
-    # 1: the delta rule's d(Gamma K) = T^T dW formed right after the V loop, before the decay's tiles load
-    # (shorter live ranges in the epilogue); 0: after them. sm_90 (occupancy.py): bounded KDA's dqk spills
-    # 336 -> 64 bytes, GDN's 88 -> 0; H200, B8 T8K H16 (run 53, checked within bounds): dqk 1.597 -> 1.551 ms
-    # (bounded KDA), 1.415 -> 1.298 (GDN), fwd+bwd 8.383 -> 8.335, 6.928 -> 6.816
-    "dqk.early_w": 1,
     # 1: the intra backward before the dqk kernel (the delta rule or the per-channel decay; not the scalar
     # decay): dqk adds the intra part to its own and reverse-cumsums dG itself, so dG is written once and no
     # _rev_cumsum_kernel runs; 0: dqk first, the intra backward adds, the cumsum kernel last. Default: 1 for
@@ -2419,16 +2169,9 @@ TUNE: dict[str, int | None] = {
     # bounded KDA fwd+bwd 7.976 -> 7.897 ms at B8 T8K H16 (intra backward 2.117 -> 1.745, dqk 1.550 ->
     # 2.145, no dG cumsum's 0.306; sm_90: dqk spills 216 bytes instead of 64), KDA 8.296 -> 8.212, GLA
     # 5.629 -> 5.587; B1 T64K 11.070 -> 10.988, B32 T2K 1.162 -> 1.148. The delta rule lost: 4.713 ->
-    # 4.806. Run 24 (an earlier form, before dqk.early_w) lost for KDA too: dqk 1.71 -> 2.59. 8 warps in
+    # 4.806. Run 24 (an earlier form) lost for KDA too: dqk 1.71 -> 2.59. 8 warps in
     # dqk with it: 7.897 -> 9.046 (dqk.bk=32: 8.784)
     "bwd.intra_first": None,
-    # 1: with the intra backward first and 16-bit inputs, its partial dG (which dqk adds to its own before
-    # the reverse cumsum) in bf16 instead of fp32: 0.27 GB less written and read at B8 T8K H16. Off: faster
-    # but dg's error about doubles. H200 (run 63): bounded KDA fwd+bwd 7.838 -> 7.695 ms, KDA 8.169 ->
-    # 8.005, GLA 5.552 -> 5.423; bf16 dg relative RMS error against the fp32 reference, bounded KDA 7.6e-3
-    # -> 1.3e-2 at T=1000 H16 and 8.7e-3 -> 1.6e-2 at T=8192 H2 (the bound is 2e-2; FLA's 2.7e-3 at
-    # T=1000), GLA 3.3e-3 -> 1.0e-2 / 1.2e-2. A setting for who would trade that for 2% of a step
-    "intra_bwd.dg_lowp": 0,
     "dqk.bk": None,  # key columns per program (16-128): 64
     # 3 for 16-bit inputs with K, V <= 128 (2 for the delta rule without a decay), else 1. H200, B8 T8K H16
     # (run 22): 2 stages took the delta rule's dqk kernel 1.09 -> 0.85 ms, bounded KDA's 1.71 -> 1.78
@@ -2450,50 +2193,6 @@ TUNE: dict[str, int | None] = {
     # -> 2.285, GLA 1.989 -> 1.740; sm_90: bounded KDA's spill 48 -> 8 bytes, GLA 116 -> 94 registers)
     "intra_bwd.stages": None,
     "intra_bwd.maxnreg": None,
-    # 1: the per-channel decay's Q exp(G), K exp(G_last - G), K exp(G) written by the cumsum kernel instead of
-    # (the first two) by the intra kernel. H200, B8 T8K H16 (run 19), bounded KDA: W/U 0.60 -> 0.35 ms and
-    # dvt 1.44 -> 1.12 from reading bf16 Gamma K, but the cumsum kernel 0.26 -> 0.69 (it reads q and k too);
-    # the intra kernel now writes Gamma K beside the other two, so this stays off
-    "decayed_in_cumsum": 0,
-    # 1: the per-channel decay's intra backward visits only the 16-row blocks each row / column block can
-    # reach (a triangle: 5 of 8 blocks on average), one block per loop step (_rel_rows_tri, _rel_cols_tri);
-    # 0: whole-chunk tiles, masked. H200, B8 T8K H16 (run 16): bounded KDA's intra backward 4.05 -> 2.59 ms,
-    # KDA's 8.60 -> 5.98
-    "intra_bwd.tri": 1,
-    # 1: the same for the intra forward (_intra_fwd_tri: the reachable column blocks one at a time, the blocks
-    # after the diagonal stored as zeros); 0: whole-chunk tiles, masked; None: 1 with the bounded gate only.
-    # H200, B8 T8K H16 (run 17): bounded KDA's intra forward 1.040 -> 0.957 ms, but KDA's (its diagonal
-    # block by positions) 3.075 -> 3.322 (with unbounded.dense_if_safe, the default since run 18, unbounded
-    # gates take the triangular form too)
-    "intra_fwd.tri": None,
-    # 1: the partial dq, dk that the dqk kernel hands to the intra backward in bf16 for 16-bit inputs, instead
-    # of fp32 (half the bytes written and read); the sum is fp32 in the intra backward. H200, B8 T8K H16
-    # (run 16): dqk 1.93 -> 1.70 ms for KDA; bf16 dq/dk errors 2.9e-3 -> 3.2e-3 (FLA's bound 8e-3)
-    "dqk.partial_lowp": 1,
-    # 1: without the delta rule and the per-channel decay (linear attention, simple GLA), the dqk kernel also
-    # does the intra-chunk gradients (M_qk = dO V^T over its V loop, then M K and M^T Q): no dvt or intra
-    # backward kernel, no M_qk or partial dq/dk in memory. H200, B8 T8K H16 (run 18), fwd+bwd: linear
-    # attention 2.93 -> 2.45 ms, simple GLA 4.07 -> 3.39
-    "dqk.fused_intra": 1,
-    # 1: unbounded per-channel gates (KDA, GLA) take the bounded gate's dense diagonal block in every 16-row
-    # block whose own decay is at most e^75 in every channel, checked at run time per block (the others keep
-    # the per-position loop); implies the triangular intra kernels. H200, B8 T8K H16 (run 18), log-sigmoid
-    # gates: KDA fwd 5.28 -> 3.53 ms, fwd+bwd 15.42 -> 10.44; GLA fwd 3.19 -> 1.74, fwd+bwd 10.17 -> 6.25
-    "unbounded.dense_if_safe": 1,
-    # 1: the UT transform's L = (I + A)^-1 stored in bf16 for 16-bit inputs (half the bytes of the fp32
-    # [B,T,H,64] buffer, written once, read by W/U, dqk and twice by dvt), as FLA keeps its inverse. H200,
-    # B8 T8K H16 (run 26), fwd+bwd: bounded KDA 9.22 -> 9.05 ms, delta rule 5.38 -> 5.28 (solve 0.35 ->
-    # 0.29, dqk 1.70 -> 1.59, dvt 1.11 -> 1.04, W/U 0.35 -> 0.40); errors as before to 2 digits (delta
-    # rule dk 5.0e-3 -> 5.1e-3 at T=1000 in bf16, run 26; 5.2e-3 at T=8192, run 27)
-    "solve.lowp": 1,
-    # 1: the backward's M_qk = dA_qk and M_kk = diag(beta) dA (written by the dvt kernel, read by the intra
-    # backward once per K block from both the row and the column side) in bf16 for 16-bit inputs instead of
-    # fp32; the intra backward's products stay fp32 (tf32) after the load. H200, B8 T8K H16 (run 32),
-    # fwd+bwd: bounded KDA 9.06 -> 8.79 ms (dvt 1.045 -> 0.888, intra backward 2.505 -> 2.388), KDA 9.32 ->
-    # 9.01, GLA 6.30 -> 6.20, GDN 7.23 -> 7.10, the delta rule 5.21 -> 5.14 (its intra backward 0.82 ->
-    # 0.90, dvt 1.04 -> 0.89); bf16 dq, dk errors up by 0.3e-3 at most (bounded KDA dq 3.0e-3 -> 3.3e-3 at
-    # T=1000), dg and dbeta as before (bounded KDA dg 7.5e-3)
-    "bwd.m_lowp": 1,
 }
 
 
@@ -2529,7 +2228,7 @@ def add_tune_argument(parser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override kernels.triton.chunk.TUNE entries (launch settings and tested alternatives), "
-        "e.g. --set solve.warps=2 decayed_in_cumsum=1",
+        "e.g. --set solve.warps=2 state_bwd.stages=1",
     )
 
 
@@ -2560,11 +2259,6 @@ def _maxnreg(key: str, default: int | None) -> int | None:
     return value or None
 
 
-def _partial_dg_dtype(first_lowp: bool) -> torch.dtype:
-    # the intra backward's dG where it runs first for 16-bit inputs (TUNE["intra_bwd.dg_lowp"]), else fp32
-    return torch.bfloat16 if first_lowp and TUNE["intra_bwd.dg_lowp"] else torch.float32
-
-
 def _auto(key: str, default: bool) -> bool:
     # a TUNE switch: 0 or 1 where set, else (None) the launch code's rule
     return default if TUNE[key] is None else bool(TUNE[key])
@@ -2592,9 +2286,9 @@ def _block_v(V: int, programs: int, key: str, wide: bool = False) -> int:
 
 
 def _l_dtype(lowp: bool) -> torch.dtype:
-    # L in bf16 for 16-bit inputs with TUNE["solve.lowp"]: W, U and the backward's dots take it as bf16
+    # L in bf16 for 16-bit inputs: W, U and the backward's dots take it as bf16
     # anyway; only dvt's dA = -L^T dL L^T and dbeta use it in fp32
-    return torch.bfloat16 if lowp and TUNE["solve.lowp"] else torch.float32
+    return torch.bfloat16 if lowp else torch.float32
 
 
 @functools.cache
@@ -2611,14 +2305,14 @@ def _g16(lowp: bool) -> bool:
 
 
 def _akk_dtype(lowp: bool, keep: bool) -> torch.dtype:
-    # A_kk in bf16 for 16-bit inputs without a gradient, where the solve is its only reader
-    # (TUNE["fwd.akk_bf16"]); fp32 otherwise (the dvt backward reads it too)
-    return torch.bfloat16 if lowp and not keep and _tuned("fwd.akk_bf16", 1) else torch.float32
+    # A_kk in bf16 for 16-bit inputs without a gradient, where the solve is its only reader; fp32 otherwise
+    # (the dvt backward reads it too)
+    return torch.bfloat16 if lowp and not keep else torch.float32
 
 
 def _m_dtype(lowp: bool) -> torch.dtype:
-    # M_qk, M_kk in bf16 for 16-bit inputs with TUNE["bwd.m_lowp"]; the intra backward loads them into fp32
-    return torch.bfloat16 if lowp and TUNE["bwd.m_lowp"] else torch.float32
+    # M_qk, M_kk in bf16 for 16-bit inputs; the intra backward loads them into fp32
+    return torch.bfloat16 if lowp else torch.float32
 
 
 def chunk_forward(
@@ -2639,8 +2333,6 @@ def chunk_forward(
     dev = q.device
     f32 = torch.float32
     qg = kd = kg = None
-    # written by the cumsum kernel (TUNE["decayed_in_cumsum"]) or else by the intra kernel
-    early = decay == 2 and bool(TUNE["decayed_in_cumsum"])
     # the state pass's programs: few (B * H small) means a long sequential pass on part of the GPU, where the
     # output and the W/U products are better left to passes that run every chunk in parallel. H200 (runs
     # 48-50): the fused forms won at B8 H16 (256 programs of 64 columns) with or without a gradient, at B32 H2
@@ -2665,16 +2357,9 @@ def chunk_forward(
         # and Gamma K for W/U and the dvt backward (H200, B8 T8K H16, run 20: bounded KDA's W/U 0.60 -> 0.35
         # ms, dvt 1.44 -> 1.11, intra forward 0.96 -> 0.99)
         kg = torch.empty_like(qg) if delta else None
-    # the bounded gate's no-grad forward with intra_fwd.fold: G stored times log2(e), its readers (the intra
-    # forward, the state pass's exp(G_last)) taking 2^x without a multiply (TUNE["fwd.log2"])
-    shared_exp = bounded and bool(TUNE["intra_fwd.shared_exp"])
-    fold = bool(_tuned("intra_fwd.fold", 1))
-    # unbounded per-channel gates: the dense diagonal block wherever the data keep it finite (off by default)
-    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
-    tri = _auto("intra_fwd.tri", bounded or auto) or auto
-    # (the fold form is _intra_fwd_tri's, which the bounded gate takes unless intra_fwd.tri is 0)
-    fold_tri = decay == 2 and fold and shared_exp and tri
-    log2 = fold_tri and not keep and not early and bool(_tuned("fwd.log2", 1))
+    # the bounded gate's no-grad forward: G stored times log2(e), its readers (the intra forward, the state
+    # pass's exp(G_last)) taking 2^x without a multiply (TUNE["fwd.log2"])
+    log2 = decay == 2 and bounded and not keep and bool(_tuned("fwd.log2", 1))
     # the forward's kernels as programmatic dependent launches (TUNE["fwd.pdl"]; sm_90 and later)
     pdl = q.is_cuda and bool(_tuned("fwd.pdl", 1)) and _gdc_on(q.device.index)
     on_pdl = {"launch_pdl": True} if pdl else {}
@@ -2692,18 +2377,11 @@ def chunk_forward(
         _cumsum_kernel[(NT, B * H)](
             g,
             gc,
-            q,
-            k,
-            qg if qg is not None else q,
-            kd if kd is not None else k,
-            kg if kg is not None else k,
             T,
             H=H,
             K=K,
             BT=BT,
             DECAY=decay,
-            DECAYED=early,
-            DELTA=delta,
             LOG2=log2,
             PDL=pdl,
             num_warps=_tuned("cumsum.warps", 4),
@@ -2714,11 +2392,10 @@ def chunk_forward(
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=_akk_dtype(lowp, keep)) if delta else None
     # KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (unbounded) or 3
-    # (bounded, with intra_fwd.shared_exp) (TUNE)
+    # (bounded) (TUNE)
     capped = pipelined and decay == 2 and delta
-    # the bounded gate's no-grad intra forward (its decayed operands from the products' tiles): 2 warps at
-    # 168 registers (TUNE["intra_fwd.warps"]'s comment)
-    narrow = capped and not keep and fold and shared_exp
+    # the bounded gate's no-grad intra forward: 2 warps at 168 registers (TUNE["intra_fwd.warps"]'s comment)
+    narrow = capped and not keep and bounded
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
@@ -2739,14 +2416,9 @@ def chunk_forward(
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=lowp,
-        STORE_DECAYED=not early,
-        TRI=tri,
-        AUTO=auto,
-        SHARED_EXP=shared_exp,
-        ZERO_KK=keep or bool(_tuned("intra_fwd.kk_zeros", 0)),
+        ZERO_KK=keep,
         FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
         ZERO_QK=not tril,
-        FOLD=fold,
         LOG2=log2,
         PDL=pdl,
         G16=g16,
@@ -2766,7 +2438,7 @@ def chunk_forward(
             H=H,
             BT=BT,
             BC=BC,
-            PREC="tf32" if lowp and TUNE["solve.tf32"] else "tf32x3",
+            PREC="tf32" if lowp else "tf32x3",
             ZERO_L=not tril,
             PDL=pdl,
             **on_pdl,
@@ -2847,7 +2519,6 @@ def chunk_forward(
         STORE_VT=vt is not None,
         WY=wy or keep_x,
         STORE_X=keep_x,
-        BX=bool(TUNE["state_fwd.beta_x"]),
         UNCHAIN=bool(_tuned("state_fwd.unchain", warps > 4)),
         EARLY=state_early,
         TRIL=tril,
@@ -2950,12 +2621,12 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
         num_warps=warps,
         num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
     )
-    # no delta rule and no per-channel decay: the dqk kernel can do the intra-chunk part as well
-    fused = bool(TUNE["dqk.fused_intra"]) and not delta and decay <= 1
+    # no delta rule and no per-channel decay: the dqk kernel does the intra-chunk part as well
+    fused = not delta and decay <= 1
     dq_out = torch.empty_like(q)
     dk_out = torch.empty_like(k)
-    # the partial dq, dk in bf16 (fp32's range, also for fp16 inputs) or fp32
-    partial = torch.bfloat16 if lowp and TUNE["dqk.partial_lowp"] else f32
+    # the partial dq, dk in bf16 for 16-bit inputs (fp32's range, also for fp16 inputs), else fp32
+    partial = torch.bfloat16 if lowp else f32
     dq = dq_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
     dk = dk_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
     # the intra backward first (TUNE["bwd.intra_first"]; no decay or the per-channel one, whose dG the dqk
@@ -2963,7 +2634,7 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
     # writes the final dq, dk and dg, so no _rev_cumsum_kernel runs and dG is not read back and rewritten
     first = not fused and decay != 1 and bool(_tuned("bwd.intra_first", decay == 2))
     # (without a decay: no dG at all; dq only stands in for the pointer)
-    dgk = torch.empty(B, T, H, K, device=dev, dtype=_partial_dg_dtype(lowp and first)) if decay else dq
+    dgk = torch.empty(B, T, H, K, device=dev, dtype=f32) if decay else dq
     m_qk = None if fused else torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(lowp))
     m_kk = torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(lowp)) if delta else m_qk
     dv = torch.empty(B, T, H, V, device=dev, dtype=v.dtype) if delta else dvt
@@ -2974,12 +2645,10 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
     BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
 
     # dqk after dvt (the intra backward first) with the delta rule: the V loop reads dvt's dv = T^T dVt
-    # instead of dVt, and d(Gamma K) = -dv S^T needs no product with T (TUNE["dqk.dv"])
-    dv_w = delta and first and bool(TUNE["dqk.dv"])
-    # dG's reverse cumsum by the triangle product, and with it the epilogue's load order (TUNE["dqk.seq"]; the
-    # per-channel decay with the intra backward first)
-    cumsum_dot = bool(TUNE["dqk.cumsum_dot"])
-    seq = bool(_tuned("dqk.seq", not delta)) and first and decay == 2 and cumsum_dot
+    # instead of dVt, and d(Gamma K) = -dv S^T needs no product with T
+    dv_w = delta and first
+    # the epilogue's load order (TUNE["dqk.seq"]; the per-channel decay with the intra backward first)
+    seq = bool(_tuned("dqk.seq", not delta)) and first and decay == 2
 
     def dqk_pass():
         _dqk_bwd_kernel[(K // BK, NT, B * H) if k_inner else (NT, K // BK, B * H)](
@@ -3013,8 +2682,6 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
             DELTA=delta,
             LOWP=lowp,
             FUSED=fused,
-            EARLY_W=bool(TUNE["dqk.early_w"]),
-            CUMSUM_DOT=cumsum_dot,
             K_INNER=k_inner,
             VT_X=vt_x,
             DV_W=dv_w,
@@ -3077,7 +2744,6 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
     # KDA, bounded or not, with 16-bit inputs: at most 96 registers, 5 programs per SM instead of 4 (48 bytes
     # spilled; H200, B8 T8K H16, run 41: 2.379 -> 2.278 ms bounded, 2.510 -> 2.407 unbounded; GLA unchanged)
     kda_capped = pipelined and decay == 2 and delta
-    auto = decay == 2 and not bounded and bool(TUNE["unbounded.dense_if_safe"])
     _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
         q,
         k,
@@ -3099,8 +2765,6 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
         DELTA=delta,
         BOUNDED=bounded,
         LOWP=False,
-        TRI=bool(TUNE["intra_bwd.tri"]) or auto,
-        AUTO=auto,
         FIRST=first,
         FTZ=not INTERPRET and bool(TUNE["intra_bwd.ftz"]),
         num_warps=_tuned("intra_bwd.warps", 4),
