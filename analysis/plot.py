@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
+from matplotlib.ticker import LogFormatterSciNotation, LogLocator, NullFormatter  # noqa: E402
 from matplotlib.transforms import Bbox, Transform  # noqa: E402
 
 from analysis.collect import collect_dirs, read_table  # noqa: E402
@@ -515,6 +516,18 @@ def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
     return save_figure(fig, data, out_dir, "lr_sensitivity")
 
 
+def _log_ticks(ax: plt.Axes, low: float, high: float) -> None:
+    """Labelled ticks at 1, 2, 5 x 10^k on a log x axis spanning up to two decades, at 10^k on a wider
+    one, and no labelled minor ticks (matplotlib's own crowd into each other on a decade or so)."""
+    decades = np.log10(max(high, low * 4) / low) if low > 0 else 0.0
+    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    # thresholds at infinity: label every tick the locator placed, not matplotlib's chosen subset
+    every = LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(np.inf, np.inf))
+    ax.xaxis.set_major_formatter(every)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _overlap(a: Bbox, b: Bbox) -> float:
     width = min(a.x1, b.x1) - max(a.x0, b.x0)
     height = min(a.y1, b.y1) - max(a.y0, b.y0)
@@ -595,6 +608,7 @@ def plot_acc_vs_state_size(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: 
         xs = pd.concat([frame["state_size"], failed["state_size"]])
         if xs.nunique() == 1:
             ax.set_xlim(xs.iloc[0] / 4, xs.iloc[0] * 4)
+        _log_ticks(ax, float(xs.min()), float(xs.max()))
         ax.set_title(f"{task} (labels: training length)")
         ax.set_xlabel("state size (numbers per sequence, log scale)")
         ax.grid(alpha=0.3, which="both")
