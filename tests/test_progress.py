@@ -205,4 +205,5 @@ def test_help_lists_the_launchers() -> None:
     names |= {"basic", "joblib", "submitit_local"}
     listed = {line.split()[0] for line in launchers.splitlines() if line and not line.startswith(" ")}
     assert names <= listed, (names, listed)
-    assert "hydra/launcher=joblib" in result.stdout and "docs/sweeps.md" in result.stdout
+    # a CPU sweep's command in the header, the details' place in the footer
+    assert "-m experiment=smoke hydra/launcher=local" in result.stdout and "docs/sweeps.md" in result.stdout
