@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -394,3 +395,25 @@ def test_fault_injection_fast(tmp_path: Path) -> None:
     for case in ("kill storm", "corrupt summary in a sweep", "bad files in analysis", "two writers"):
         assert f"{case}: nothing lost" in report, report
     assert "kill storm: nothing lost (3 kills" in report
+
+
+def test_a_sweep_job_whose_run_dir_is_in_use_changes_nothing(tmp_path: Path) -> None:
+    """A re-launched sweep while a job of an old one still trains in a run directory (orphaned workers of
+    a killed sweep): the local launcher takes the directory's lock before Hydra writes into it, so the job
+    is refused without touching the directory, and the sweep names it and exits 1."""
+    sweep_dir = tmp_path / "sweep"
+    run_dir = sweep_dir / "mixer=attention" / "optim.lr=0.01" / "trainer.max_steps=5"
+    holder = _hold_lock(run_dir)
+    try:
+        result = subprocess.run(
+            [sys.executable, "train.py", "-m", "experiment=smoke", "mixer=attention", "optim.lr=0.01",
+             "trainer.max_steps=5", "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}"],
+            cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    said = result.stdout + result.stderr
+    assert result.returncode == 1, said[-3000:]
+    assert re.search(rf"job 0 refused: RunDirBusy: run directory \S+ is in use by pid {holder.pid} ", said)
+    assert re.search(rf"failed +1: {run_dir.relative_to(sweep_dir)} \(RunDirError: RunDirBusy", said), said
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # no .hydra/, no train.log
