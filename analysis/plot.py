@@ -6,13 +6,16 @@
 Writes, into --out:
 - `acc_vs_length.{png,pdf,csv}`: Kimi Linear Fig. 4 style; per task, peak eval accuracy vs training
   length, best learning rate per point, one line per mixer, the seed spread as a band.
+- `length_generalisation.{png,pdf,csv}`: per task, final eval accuracy at the training length L and at
+  2L vs L (runs evaluated at 2L: `task.eval_seq_lens`).
 - `acc_vs_steps_len<L>.{png,pdf,csv}`: per task, eval accuracy vs training steps at length L (default:
   the longest), each mixer at its best learning rate, seed band (from each run's metrics.jsonl).
 - `lr_sensitivity.{png,pdf,csv}`: heat maps of accuracy per (mixer, lr), one per (task, length).
 - `acc_vs_state_size.{png,pdf,csv}`: accuracy vs the state a mixer keeps per sequence (log x).
 - `summary.md` + `summary.csv`: mixer x task x length -> best accuracy +- spread, steps to threshold.
 
-Conventions: accuracy of a run = its `best_eval_acc` (peak over training), and only completed runs have
+Conventions: accuracy of a run = its `best_eval_acc` (peak over training; `--metric train`: its
+`best_train_acc`, the peak training accuracy that Kimi Linear's Fig. 4 plots), and only completed runs have
 one. A cell over seeds is the mean, its spread the standard deviation across seeds (population), drawn
 as a band (or an error bar) only where at least two seeds were measured; legends and the summary give n.
 The best learning rate is the one with the highest mean over its completed seeds. Diverged and failed
@@ -53,6 +56,10 @@ STATUS_MARKERS = {"diverged": "x", "failed": "+"}
 TASK_ORDER = ("palindrome", "mqar", "stack")
 CELL = ["task", "series", "mixer", "variant", "seq_len", "lr"]
 ACC_TICKS = [0, 20, 40, 60, 80, 100]
+# a run's accuracy: the held-out peak (default), or the paper's (Kimi Linear Fig. 4: peak training accuracy
+# of the logged steps)
+METRICS = {"eval": ("best_eval_acc", "peak eval accuracy (%)"),
+           "train": ("best_train_acc", "peak training accuracy (%)")}
 
 
 def load(paths: list[Path]) -> pd.DataFrame:
@@ -93,11 +100,16 @@ def _with_series(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-def scored_runs(table: pd.DataFrame) -> pd.DataFrame:
-    """Completed runs, the ones with an accuracy, with a `series` column (mixer, or mixer [variant])."""
+def scored_runs(table: pd.DataFrame, metric: str = "eval") -> pd.DataFrame:
+    """Completed runs, the ones with an accuracy (`acc`, in % by `metric`, a key of METRICS), with a
+    `series` column (mixer, or mixer [variant])."""
     _check_columns(table)
+    column = METRICS[metric][0]
+    if column not in table or table.loc[table["status"].isin(SCORED), column].isna().all():
+        raise ValueError(f"--metric {metric} needs {column} in the runs' summaries, and no completed run has "
+                         f"it (runs written before train.py recorded it); use --metric eval")
     runs = _with_series(table[table["status"].isin(SCORED)])
-    runs["acc"] = pd.to_numeric(runs["best_eval_acc"], errors="coerce").astype(float) * 100.0
+    runs["acc"] = pd.to_numeric(runs[column], errors="coerce").astype(float) * 100.0
     return runs
 
 
@@ -286,8 +298,10 @@ def _figure_legend(fig: plt.Figure, axes: list[plt.Axes], series: list[str],
                    loc="outside right upper", fontsize="small")
 
 
-def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Kimi Fig. 4 (top): per task, peak accuracy vs training length at the best lr, seed band."""
+def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path,
+                       label: str = METRICS["eval"][1], note: str | None = None) -> list[Path]:
+    """Kimi Fig. 4 (top): per task, peak accuracy vs training length at the best lr, seed band. `note`:
+    a line above the panels (e.g. the step budget, where it differs from the paper's)."""
     frame_all = pd.concat([best, unscored], ignore_index=True)
     tasks = _task_order(frame_all["task"])
     styles = _style(frame_all)
@@ -306,13 +320,15 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
                 n = line["n_seeds"].fillna(0).to_numpy(int)
                 ax.plot(x, mean, label=series, **styles[series])
                 _band(ax, x, mean, std, n, styles[series]["color"])
-        ys = _accuracy_axis(ax, rows, "peak eval accuracy (%)")
+        ys = _accuracy_axis(ax, rows, label)
         _mark_unscored(ax, failed, "seq_len", ys, series_names, styles, log=True)
         _length_axis(ax, lengths)
         ax.set_title(task)
         ax.set_xlabel("training sequence length (tokens)")
         ax.grid(alpha=0.3)
     _figure_legend(fig, axes, _series_order(frame_all), styles, rows, best)
+    if note:
+        fig.suptitle(note, fontsize="small")
     columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "acc_mean", "acc_std", "acc_min",
                "acc_max", "n_seeds", "n_diverged", "n_failed"]
     return save_figure(fig, _with_unscored_rows(best, unscored, columns), out_dir, "acc_vs_length")
@@ -706,9 +722,72 @@ def write_summary(table: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataFram
     return [md, csv]
 
 
-def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None) -> list[Path]:
-    """Every figure and the summary; returns the files written."""
-    runs = scored_runs(table)
+def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: Path,
+                               note: str | None = None) -> list[Path]:
+    """Per task, the final eval accuracy at the training length L (solid) and at 2L (dashed) vs L, each
+    series at its best lr (mean over seeds): how far what was learnt at L carries to twice the length.
+    Drawn from the summaries' final_eval/acc@<len>; lengths without an eval at 2L are left out."""
+    rows = []
+    for _, cell in best.iterrows():
+        length = int(cell["seq_len"])
+        at = runs[(runs["task"] == cell["task"]) & (runs["series"] == cell["series"])
+                  & (runs["seq_len"] == length) & (runs["lr"] == cell["lr"])]
+        here, there = f"final_eval/acc@{length}", f"final_eval/acc@{2 * length}"
+        if there not in at or at[there].isna().all():
+            continue
+        acc_l = pd.to_numeric(at[here] if here in at else at["final_eval_acc"], errors="coerce") * 100
+        acc_2l = pd.to_numeric(at[there], errors="coerce") * 100
+        rows.append({"task": cell["task"], "series": cell["series"], "mixer": cell["mixer"],
+                     "variant": cell["variant"], "seq_len": length, "lr": cell["lr"],
+                     "acc_at_L": acc_l.mean(), "acc_at_2L": acc_2l.mean(),
+                     "n_seeds": int(acc_2l.notna().sum())})
+    if not rows:
+        print("skipping length generalisation: no run was evaluated at twice its training length "
+              "(task.eval_seq_lens)", file=sys.stderr)
+        return []
+    data = pd.DataFrame(rows)
+    tasks = _task_order(data["task"])
+    styles = _style(data)
+    series_all = _series_order(data)
+    fig, axes = _panels(len(tasks), legend=_legend_inches(series_all))
+    for ax, task in zip(axes, tasks, strict=True):
+        frame = data[data["task"] == task]
+        lengths = sorted({int(v) for v in frame["seq_len"]})
+        for series in _series_order(frame):
+            line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
+            colour, marker = styles[series]["color"], styles[series]["marker"]
+            ax.plot(lengths, line["acc_at_L"], color=colour, marker=marker, label=series)
+            ax.plot(lengths, line["acc_at_2L"], color=colour, marker=marker, linestyle="--", alpha=0.7)
+        ax.set_ylim(-2, 102)
+        ax.set_yticks(ACC_TICKS)
+        ax.set_ylabel("final eval accuracy (%)")
+        _length_axis(ax, lengths)
+        ax.set_title(task)
+        ax.set_xlabel("training sequence length L (tokens)")
+        ax.grid(alpha=0.3)
+    handles = [Line2D([], [], color=styles[s]["color"], marker=styles[s]["marker"], label=s)
+               for s in series_all]
+    handles += [Line2D([], [], color="0.35", label="evaluated at L"),
+                Line2D([], [], color="0.35", linestyle="--", label="evaluated at 2L")]
+    fig.legend(handles=handles, loc="outside right upper", fontsize="small")
+    if note:
+        fig.suptitle(note, fontsize="small")
+    return save_figure(fig, data, out_dir, "length_generalisation")
+
+
+def _step_budget_note(table: pd.DataFrame) -> str | None:
+    # Kimi Linear trains up to 20,000 steps; a sweep with fewer says so on its figures
+    steps = pd.to_numeric(table.get("trainer.max_steps"), errors="coerce") \
+        if "trainer.max_steps" in table else pd.Series(dtype=float)
+    if steps.notna().any() and steps.max() < 20_000:
+        return f"at most {int(steps.max()):,} training steps per run (Kimi Linear: up to 20,000)"
+    return None
+
+
+def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
+             metric: str = "eval") -> list[Path]:
+    """Every figure and the summary; returns the files written. `metric`: a key of METRICS."""
+    runs = scored_runs(table, metric)
     if runs.empty:
         raise ValueError(
             "no completed runs in the table; nothing to plot "
@@ -717,7 +796,9 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None) -> l
     unscored = unscored_runs(table)
     cell_table = cells(runs, unscored)
     best = best_lr(cell_table)
-    written = plot_acc_vs_length(best, unscored, out_dir)
+    note = _step_budget_note(table)
+    written = plot_acc_vs_length(best, unscored, out_dir, METRICS[metric][1], note)
+    written += plot_length_generalisation(runs, best, out_dir, note)
     has_dirs = "run_dir" in runs and runs["run_dir"].notna().any()
     if has_dirs:
         written += plot_acc_vs_steps(runs, best, unscored, length or int(best["seq_len"].max()), out_dir)
@@ -744,9 +825,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="training length of the accuracy-vs-steps figure (default: the longest in the table)",
     )
+    parser.add_argument("--metric", choices=list(METRICS), default="eval",
+                        help="a run's accuracy: peak held-out eval accuracy (default), or the paper's peak "
+                             "training accuracy (Kimi Linear Fig. 4)")
     args = parser.parse_args(argv)
     try:
-        written = plot_all(load(args.inputs), args.out, args.length)
+        written = plot_all(load(args.inputs), args.out, args.length, args.metric)
     except ValueError as error:
         # A wrong path or an unusable table: the message says what to do, a traceback would only bury it.
         parser.error(str(error))

@@ -203,8 +203,8 @@ def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
 def render(runs: pd.DataFrame, metric: str, source: str) -> str:
     cells = cell_table(runs)
     max_steps = (
-        pd.to_numeric(runs.get("config.trainer.max_steps"), errors="coerce").max()
-        if "config.trainer.max_steps" in runs
+        pd.to_numeric(runs.get("trainer.max_steps"), errors="coerce").max()
+        if "trainer.max_steps" in runs
         else None
     )
     verdicts = judge(cells, metric, max_steps=None if pd.isna(max_steps) else int(max_steps))

@@ -87,3 +87,27 @@ def test_report_cli_writes_markdown_and_rejects_a_missing_path(tmp_path: Path) -
     assert "## The claims" in text and "**not reproduced**" in text and "GPU-hours" in text
     with pytest.raises(SystemExit):
         main([str(tmp_path / "nowhere"), "--out", str(out)])
+
+
+def test_plot_draws_the_three_fig4_figures_from_the_right_data(tmp_path: Path) -> None:
+    # (a) peak accuracy vs length in the paper's metric, (b) accuracy vs steps at 1024, (c) 2L vs L
+    from analysis.plot import main as plot_main
+
+    assert plot_main([str(FIXTURE), "--out", str(tmp_path), "--metric", "train", "--length", "1024"]) == 0
+    for name in ("acc_vs_length", "acc_vs_steps_len1024", "length_generalisation"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
+    summaries = [json.loads(p.read_text()) for p in FIXTURE.rglob("summary.json")]
+    done = [s for s in summaries if s["status"] == "completed"]
+    length = pd.read_csv(tmp_path / "acc_vs_length.csv")
+    kda = length[(length["task"] == "palindrome") & (length["series"] == "kda") & (length["seq_len"] == 1024)]
+    best = max(s["best_train_acc"] for s in done if (s["task"], s["mixer"], s["seq_len"]) ==
+               ("palindrome", "kda", 1024))
+    assert kda["acc_mean"].iloc[0] == pytest.approx(100 * best)
+    general = pd.read_csv(tmp_path / "length_generalisation.csv").set_index(["task", "series", "seq_len"])
+    row = general.loc[("palindrome", "kda", 1024)]
+    assert row["acc_at_2L"] == pytest.approx(57.0) and row["acc_at_L"] == pytest.approx(95.0)
+    # the held-out metric gives the eval peaks instead
+    assert plot_main([str(FIXTURE), "--out", str(tmp_path / "eval"), "--length", "1024"]) == 0
+    evals = pd.read_csv(tmp_path / "eval" / "acc_vs_length.csv")
+    kda = evals[(evals["task"] == "palindrome") & (evals["series"] == "kda") & (evals["seq_len"] == 1024)]
+    assert kda["acc_mean"].iloc[0] == pytest.approx(95.0)
