@@ -27,6 +27,22 @@ from typing import Any
 
 log = logging.getLogger("train.rundir")
 
+# What a run directory's summary says of its run. The first two are final: a re-launch never trains a
+# completed or diverged run again; a failed or incomplete one it retries or resumes.
+STATUSES = ("completed", "diverged", "failed", "incomplete")
+FINISHED = STATUSES[:2]
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> one level with dotted keys (`{"task": {"seq_len": 8}}` -> `{"task.seq_len": 8}`)."""
+    if not isinstance(tree, dict):
+        return {prefix[:-1]: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return flat
+
+
 # The keys a checkpoint must hold to resume a run exactly.
 CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "progress", "config")
 

@@ -31,6 +31,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 import kernels
 from mixers.model import LanguageModel
-from rundir import FileUnreadable, ResumeRefused, RunDir, RunDirError
+from rundir import FINISHED, FileUnreadable, ResumeRefused, RunDir, RunDirError, flatten
 
 log = logging.getLogger("train")
 
@@ -51,8 +52,29 @@ CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
 # The eval set's seed is the run's seed shifted by a large prime, so train and eval never share a stream.
 EVAL_SEED_OFFSET = 1_000_003
-# Statuses after which re-running the same directory does nothing: both are deterministic outcomes.
-FINISHED = ("completed", "diverged")
+
+
+class Precision(str, Enum):
+    """trainer.precision: auto (bf16 autocast on CUDA, fp32 on the CPU), bf16 or fp32."""
+
+    auto = "auto"
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
+class MlpKind(str, Enum):
+    """model.mlp: the channel mixer of a block (mixers/model.py)."""
+
+    swiglu = "swiglu"
+    gelu = "gelu"
+
+
+class WandbMode(str, Enum):
+    """logger.wandb.mode: disabled (wandb not even imported), offline (sync later), online."""
+
+    disabled = "disabled"
+    offline = "offline"
+    online = "online"
 
 
 @dataclass
@@ -74,7 +96,7 @@ class ModelConfig:
 
     d_model: int = 256
     num_layers: int = 2
-    mlp: str = "swiglu"  # swiglu | gelu
+    mlp: MlpKind = MlpKind.swiglu
     mlp_ratio: float = 4.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
@@ -114,8 +136,7 @@ class TrainerConfig:
     # auto | cpu | cuda | cuda:N. auto in a multirun with several GPUs packs jobs round-robin:
     # cuda:(job.num % device_count).
     device: str = "auto"
-    # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
-    precision: str = "auto"
+    precision: Precision = Precision.auto
     # torch.compile the model's body (embedding to final norm; the scored loss stays eager). Our Triton
     # ops are opaque custom ops to the compiler, so the glue between them fuses.
     compile: bool = False
@@ -129,7 +150,7 @@ class TrainerConfig:
 
 @dataclass
 class WandbConfig:
-    mode: str = "disabled"  # disabled | offline | online
+    mode: WandbMode = WandbMode.disabled
     project: str = "kda-harness"
     entity: str | None = None
     group: str | None = None  # None: the sweep directory's name in a multirun
@@ -225,8 +246,6 @@ def validate(cfg: DictConfig) -> None:
             raise ValueError(f"{key}={value}: must be >= 1")
     if any(length < 1 for length in t.eval_seq_lens or []):
         raise ValueError(f"task.eval_seq_lens={list(t.eval_seq_lens)}: lengths must be >= 1")
-    if tr.precision not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"trainer.precision={tr.precision!r}: choose auto, bf16 or fp32")
     ranges = [
         ("optim.lr", o.lr, o.lr > 0, "must be > 0"),
         ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, "must be >= 0 (0: no weight decay)"),
@@ -250,8 +269,6 @@ def validate(cfg: DictConfig) -> None:
     for key, value, ok, rule in ranges:
         if not ok:
             raise ValueError(f"{key}={value}: {rule}")
-    if cfg.logger.wandb.mode not in ("disabled", "offline", "online"):
-        raise ValueError(f"logger.wandb.mode={cfg.logger.wandb.mode!r}: choose disabled, offline or online")
     if cfg.seed < 0:
         raise ValueError(f"seed={cfg.seed}: must be >= 0")
 
@@ -568,15 +585,6 @@ def first_nonfinite(model: torch.nn.Module, x: torch.Tensor, autocast: Callable[
     return found[0] if found else None
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for key, value in obj.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: obj}
-
-
 def _start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress,
                  sweep_dir: str | None) -> Any:
     """A W&B run (None when disabled); wandb is imported only here, so disabled runs never need it."""
@@ -587,12 +595,12 @@ def _start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress:
 
     group = wb.group or (Path(sweep_dir).name if sweep_dir else None)
     run = wandb.init(
-        project=wb.project, entity=wb.entity, group=group, mode=wb.mode, dir=str(run_dir),
+        project=wb.project, entity=wb.entity, group=group, mode=wb.mode.value, dir=str(run_dir),
         name=wb.name or f"{meta['task']}/{meta['mixer']}/{run_dir.name}",
         tags=sorted({*wb.tags, str(meta["task"]), str(meta["mixer"])}),
         # Top-level copies of what dashboards group by; the mixer's yaml name is not in the config itself.
         config={"mixer_name": meta["mixer"], "task_name": meta["task"], "seq_len": meta["seq_len"],
-                "lr": meta["lr"], **OmegaConf.to_container(cfg, resolve=True)},
+                "lr": meta["lr"], **OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)},
         id=progress.wandb_id, resume="allow" if progress.wandb_id else None,
     )
     progress.wandb_id = run.id
@@ -789,7 +797,7 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     # A scoped seed: the model's init is reproducible without touching the caller's global RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = LanguageModel(vocab_size, cfg.mixer, **OmegaConf.to_container(cfg.model),
+        model = LanguageModel(vocab_size, cfg.mixer, **OmegaConf.to_container(cfg.model, enum_to_str=True),
                               mixer_name=meta["mixer"])
     model.to(device)
     meta["n_params"] = sum(p.numel() for p in model.parameters())
@@ -1007,10 +1015,10 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str | None, job_num: int
             return previous
     _attach_log_file(run_dir / "train.log")
     mixer_name = mixer_name or str(cfg.mixer.get("_target_", "mixer")).rsplit(".", 1)[-1]
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     meta: dict[str, Any] = {"state_size": None, "n_params": None, "task": cfg.task.name, "mixer": mixer_name,
                             "seq_len": cfg.task.seq_len, "lr": cfg.optim.lr, "seed": cfg.seed,
-                            "run_dir": str(run_dir), "config": _flatten(config)}
+                            "run_dir": str(run_dir), "config": flatten(config)}
     # In a sweep every line names its run: parallel jobs share one console.
     _name_log_lines(run_name(cfg.task.name, mixer_name, cfg.task.seq_len, cfg.optim.lr, cfg.seed,
                              _ablation()) if sweep_dir is not None else None)

@@ -30,7 +30,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-STATUSES = ("completed", "diverged", "failed", "incomplete")
+import rundir
+from rundir import STATUSES
 
 # Overrides that place a run in the grid; any other override makes it a variant (an ablation).
 GRID_KEYS = frozenset(
@@ -67,17 +68,9 @@ _SLURM_KILL = re.compile(
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> one level with dotted keys; lists become JSON text (so parquet can hold them)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{name}."))
-        elif isinstance(value, (list, tuple)):
-            flat[name] = json.dumps(list(value))
-        else:
-            flat[name] = value
-    return flat
+    """rundir.flatten, with lists as JSON text (so that parquet can hold them)."""
+    return {key: json.dumps(list(value)) if isinstance(value, (list, tuple)) else value
+            for key, value in rundir.flatten(dict(tree), prefix).items()}
 
 
 def find_run_dirs(root: Path) -> list[Path]:

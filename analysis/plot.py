@@ -105,7 +105,8 @@ def scored_runs(table: pd.DataFrame, metric: str = "eval") -> pd.DataFrame:
     `series` column (mixer, or mixer [variant])."""
     _check_columns(table)
     column = METRICS[metric][0]
-    if column not in table or table.loc[table["status"].isin(SCORED), column].isna().all():
+    completed = table[table["status"].isin(SCORED)]
+    if len(completed) and (column not in table or completed[column].isna().all()):
         raise ValueError(f"--metric {metric} needs {column} in the runs' summaries, and no completed run has "
                          f"it (runs written before train.py recorded it); use --metric eval")
     runs = _with_series(table[table["status"].isin(SCORED)])

@@ -77,3 +77,22 @@ def test_evaluate_equals_the_full_logits_computation() -> None:
     assert abs(result["loss"] - float(loss)) < 1e-5
     assert result["acc"] == int(hits.sum()) / int(mask.sum())
     assert result["seq_acc"] == int(perfect) / int(scored.sum())
+
+
+def test_enum_keys_are_validated_by_hydra_with_the_choices_named() -> None:
+    from pathlib import Path
+
+    import pytest
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("config", overrides=["trainer.precision=bf16", "model.mlp=gelu"])
+        assert cfg.trainer.precision == "bf16" and cfg.model.mlp == "gelu"
+        for override, choices in (("trainer.precision=bf17", "auto, bf16, fp32"),
+                                  ("model.mlp=relu", "swiglu, gelu"),
+                                  ("logger.wandb.mode=on", "disabled, offline, online")):
+            with pytest.raises(ConfigCompositionException) as error:
+                compose("config", overrides=[override])
+            assert choices in str(error.value.__cause__)

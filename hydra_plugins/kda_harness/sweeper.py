@@ -19,13 +19,12 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn, JobStatus, configure_log
 from hydra.errors import CompactHydraException
 
-from rundir import FileUnreadable, RunDir
+from rundir import FINISHED, STATUSES, FileUnreadable, RunDir
 
 log = logging.getLogger("kda_harness.sweep")
 
-# The order of the report; these two are final, anything else makes the sweep exit non-zero.
-FINISHED = ("completed", "diverged")
-ORDER = ("completed", "diverged", "failed", "incomplete")
+# The report lists the statuses in rundir's order; any but the FINISHED ones makes the sweep exit non-zero.
+ORDER = STATUSES
 
 
 class SweepFailed(CompactHydraException):
