@@ -769,9 +769,29 @@ def _summary(status: str, progress: Progress, meta: dict[str, Any], extra: dict[
     }
 
 
-def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress, job_num: int | None,
-         sweep_dir: str | None) -> str:
-    """The training loop. Fills `meta` (sizes) and `progress` as it goes; returns the final status."""
+@dataclass
+class Run:
+    """A run built from its config, ready to train: where it computes, its data, model and optimizer."""
+
+    cfg: DictConfig
+    rundir: RunDir
+    device: torch.device
+    autocast: Callable[[], Any]
+    model: LanguageModel
+    features: Callable[[torch.Tensor], torch.Tensor]  # the model's body, compiled with trainer.compile
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    inputs: torch.Tensor  # [N, T] the train set's inputs, on the device
+    labels: torch.Tensor  # [N, T] its labels, on the host: each batch's scored positions are found there
+    eval_sets: dict[int, tuple[torch.Tensor, torch.Tensor]]  # length -> (inputs, labels), on the host
+    sampler: EpochSampler
+
+
+def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress,
+              job_num: int | None) -> Run:
+    """Device, data, model, optimizer and schedule from the config, resumed from the run directory's
+    checkpoint if it has one (filling `progress`); fills `meta`'s sizes."""
     validate(cfg)
     task, trainer, optim = cfg.task, cfg.trainer, cfg.optim
     device = resolve_device(trainer.device, job_num)
@@ -790,9 +810,6 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     train_inputs, train_labels = generate(task.num_train, task.seq_len, seed=cfg.seed)  # [N, T]
     eval_lens = [task.seq_len] + [n for n in dict.fromkeys(task.eval_seq_lens or []) if n != task.seq_len]
     eval_sets = {n: generate(task.num_eval, n, seed=cfg.seed + EVAL_SEED_OFFSET) for n in eval_lens}
-    # the inputs live on the device; the labels stay on the host, where each batch's scored positions are
-    # found without reading anything back from the GPU
-    device_inputs = train_inputs.to(device)
 
     # A scoped seed: the model's init is reproducible without touching the caller's global RNG.
     with torch.random.fork_rng(devices=[]):
@@ -807,47 +824,119 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     optimizer = torch.optim.AdamW(
         [{"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
          {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        # fused: one kernel for the whole update, and it takes `found_inf` (below) to skip a non-finite step
-        # on the device without the host waiting for the GPU
+        # fused: one kernel for the whole update, and it takes `found_inf` (clip_and_guard) to skip a
+        # non-finite step on the device without the host waiting for the GPU
         lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, optim.warmup_steps, trainer.max_steps, optim.min_lr_ratio))
 
     rundir = RunDir(run_dir)
-    checkpoint_path, metrics_path = rundir.checkpoint, rundir.metrics
     state = rundir.load_checkpoint(device)
     if state is not None:
         _resume(rundir, state, model, optimizer, scheduler, progress, meta)
-        log.info("resumed from %s at step %d", checkpoint_path, progress.step)
+        log.info("resumed from %s at step %d", rundir.checkpoint, progress.step)
     rundir.cut_metrics(progress.step, logged_steps(trainer, progress.step))
-    # The step the checkpoint on disk holds (None: no checkpoint yet), for what an interrupt says.
-    saved = {"step": progress.step if checkpoint_path.exists() else None}
     log.info("%s on %s: %d parameters, state %d numbers at length %d, vocab %d", meta["mixer"], task.name,
              meta["n_params"], meta["state_size"], task.seq_len, vocab_size)
+    model.train()
+    features = torch.compile(model.features) if trainer.compile else model.features
+    return Run(cfg=cfg, rundir=rundir, device=device, autocast=autocast, model=model, features=features,
+               params=params, optimizer=optimizer, scheduler=scheduler, inputs=train_inputs.to(device),
+               labels=train_labels, eval_sets=eval_sets,
+               sampler=EpochSampler(task.num_train, trainer.batch_size, cfg.seed))
 
-    def save_checkpoint() -> None:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "progress": asdict(progress),
-                 "data_position": progress.step * trainer.batch_size, "config": meta["config"],
-                 "config_changes": meta.get("config_changes", [])}
-        rundir.save_checkpoint(state)
-        saved["step"] = progress.step
 
+def _divergence(run: Run, inputs: torch.Tensor, error: Exception, when: str) -> str:
+    """The one test of what an exception in a step or an eval means (see first_nonfinite): the divergence
+    it reveals, or, where nothing is non-finite, the exception re-raised (a real bug)."""
+    where = first_nonfinite(run.model, inputs, run.autocast)
+    if where is None:
+        raise error
+    return f"{where} became non-finite {when}, and then {type(error).__name__}: {error}"
+
+
+@dataclass
+class StepResult:
+    batch: Batch
+    bad_step: torch.Tensor  # the first non-finite step since the last host check, on the device (0: none)
+    divergence: str | None = None
+    loss: float | None = None  # read back on host-check steps only
+    acc: float | None = None
+
+
+def train_step(run: Run, step: int, host_check: bool, bad_step: torch.Tensor) -> StepResult:
+    """One step's batch, forward and backward, clipped gradients and the update armed; nothing is applied
+    (the caller steps the optimizer). The host reads values back only when `host_check`."""
+    index = run.sampler.indices(step - 1)
+    batch = make_batch(run.inputs[_to_device(index, run.device)], run.labels[index], run.device)
+    lr = run.scheduler.get_last_lr()[0]
+    try:
+        loss, hits = forward_backward(run.model, run.features, batch, run.optimizer, run.autocast, host_check)
+    except Exception as error:
+        divergence = _divergence(run, batch.inputs, error, f"at step {step} (lr {lr:.3g})")
+        return StepResult(batch, bad_step, divergence)
+    grad_norm, finite = clip_and_guard(run.params, run.cfg.optim.grad_clip, loss, run.optimizer)
+    bad_step = torch.where(finite | (bad_step > 0), bad_step, step)
+    result = StepResult(batch, bad_step)
+    if host_check:
+        loss_value, grad_value, first_bad, correct = torch.stack(
+            [loss.float(), grad_norm.float(), bad_step.float(), hits.sum().float()]).tolist()
+        result.loss, result.acc = loss_value, correct / batch.num_scored
+        if first_bad and first_bad < step:
+            result.divergence = (f"loss or gradient norm became non-finite at step {int(first_bad)} "
+                                 f"(its update skipped; found at step {step}, lr {lr:.3g})")
+        elif not (math.isfinite(loss_value) and math.isfinite(grad_value)):
+            what = "loss" if not math.isfinite(loss_value) else "gradient norm"
+            result.divergence = f"{what} became non-finite at step {step} (lr {lr:.3g})"
+    return result
+
+
+def eval_step(run: Run, step: int, lr: float, progress: Progress,
+              batch: Batch) -> tuple[dict[str, float], str | None]:
+    """Evaluate at every length and update `progress`'s bests, threshold and early-stop count; returns
+    (the eval metrics, a divergence if the step's update made the weights unusable)."""
+    trainer = run.cfg.trainer
+    try:
+        evals = evaluate_lengths(run.model, run.eval_sets, run.cfg.task.seq_len, trainer.eval_batch_size,
+                                 run.device, run.autocast, run.features)
+    except Exception as error:
+        return {}, _divergence(run, batch.inputs, error, f"after step {step} (lr {lr:.3g})")
+    progress.last_eval = evals
+    progress.best_eval_acc = max(progress.best_eval_acc or 0.0, evals["eval/acc"])
+    if progress.steps_to_threshold is None and evals["eval/acc"] >= trainer.acc_threshold:
+        progress.steps_to_threshold = step
+    progress.evals_above = progress.evals_above + 1 if evals["eval/acc"] >= trainer.early_stop.acc else 0
+    if trainer.early_stop.enabled and progress.evals_above >= trainer.early_stop.evals:
+        progress.early_stopped_at = step
+    return evals, None
+
+
+def _save_checkpoint(run: Run, progress: Progress, meta: dict[str, Any]) -> None:
+    run.rundir.save_checkpoint({
+        "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(), "progress": asdict(progress),
+        "data_position": progress.step * run.cfg.trainer.batch_size, "config": meta["config"],
+        "config_changes": meta.get("config_changes", [])})
+
+
+def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress, job_num: int | None,
+         sweep_dir: str | None) -> str:
+    """The training loop. Fills `meta` (sizes) and `progress` as it goes; returns the final status."""
+    run = build_run(cfg, run_dir, meta, progress, job_num)
+    trainer, device = cfg.trainer, run.device
+    # The step the checkpoint on disk holds (None: no checkpoint yet), for what an interrupt says.
+    saved = progress.step if run.rundir.checkpoint.exists() else None
     wandb_run = _start_wandb(cfg, run_dir, meta, progress, sweep_dir)
-    sampler = EpochSampler(task.num_train, trainer.batch_size, cfg.seed)
     segment_start, wall_before = time.perf_counter(), progress.wall_time_s
     status = "completed"
     # True while model, optimizer and scheduler hold exactly the state after `progress.step` steps.
     at_step_boundary = True
-    model.train()
-    features = torch.compile(model.features) if trainer.compile else model.features
-    # the first non-finite step since the last host check, on the device (0: none)
     bad_step = torch.zeros((), dtype=torch.long, device=device)
     progress_log = ProgressLog(start_step=progress.step, max_steps=trainer.max_steps,
-                               batch_size=trainer.batch_size, seq_len=task.seq_len, device=device,
+                               batch_size=trainer.batch_size, seq_len=cfg.task.seq_len, device=device,
                                train_time_s=progress.train_time_s)
     try:
-        with open(metrics_path, "a") as metrics_file:
+        with open(run.rundir.metrics, "a") as metrics_file:
             for step in range(progress.step + 1, trainer.max_steps + 1):
                 step_start = time.perf_counter()
                 is_eval = step % trainer.eval_every == 0 or step == trainer.max_steps
@@ -855,75 +944,37 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                 # The host reads values back from the GPU only on logged, evaluated and checkpointed steps
                 # (a read waits for the queue to drain); on the CPU reading costs nothing, so every step.
                 host_check = is_log or step % trainer.checkpoint_every == 0 or device.type != "cuda"
-                index = sampler.indices(step - 1)
-                batch = make_batch(device_inputs[_to_device(index, device)], train_labels[index], device)
-                lr = scheduler.get_last_lr()[0]
-                divergence = None
-                try:
-                    loss, hits = forward_backward(model, features, batch, optimizer, autocast, host_check)
-                except Exception as error:
-                    where = first_nonfinite(model, batch.inputs, autocast)
-                    if where is None:
-                        raise
-                    divergence = (f"{where} became non-finite at step {step} (lr {lr:.3g}), and then "
-                                  f"{type(error).__name__}: {error}")
-                if divergence is None:
-                    grad_norm, finite = clip_and_guard(params, optim.grad_clip, loss, optimizer)
-                    # remembered on the device until the next host check ends the run
-                    bad_step = torch.where(finite | (bad_step > 0), bad_step, step)
-                    if host_check:
-                        loss_value, grad_value, first_bad, correct = torch.stack(
-                            [loss.detach().float(), grad_norm.float(), bad_step.float(), hits.sum().float()]
-                        ).tolist()
-                        if first_bad and first_bad < step:
-                            divergence = (f"loss or gradient norm became non-finite at step {int(first_bad)} "
-                                          f"(its update skipped; found at step {step}, lr {lr:.3g})")
-                        elif not (math.isfinite(loss_value) and math.isfinite(grad_value)):
-                            what = "loss" if not math.isfinite(loss_value) else "gradient norm"
-                            divergence = f"{what} became non-finite at step {step} (lr {lr:.3g})"
-                if divergence is not None:
-                    meta["error"] = divergence
-                    log.error("diverged: %s", divergence)
+                lr = run.scheduler.get_last_lr()[0]
+                result = train_step(run, step, host_check, bad_step)
+                bad_step = result.bad_step
+                if result.divergence is not None:
+                    meta["error"] = result.divergence
+                    log.error("diverged: %s", result.divergence)
                     status = "diverged"
                     break
                 # From the update until the step's bookkeeping is done, the weights are ahead of
                 # `progress`: an interrupt there must not checkpoint them.
                 at_step_boundary = False
-                optimizer.step()
-                scheduler.step()
+                run.optimizer.step()
+                run.scheduler.step()
                 if host_check and device.type == "cuda":
                     torch.cuda.synchronize(device)  # so that train_time_s counts the GPU's time
                 progress.step = step
                 progress.train_time_s += time.perf_counter() - step_start
-                progress.train_tokens += batch.inputs.numel()
+                progress.train_tokens += result.batch.inputs.numel()
                 progress.wall_time_s = wall_before + time.perf_counter() - segment_start
 
                 record: dict[str, Any] = {}
                 if is_log:
-                    record = {"train/loss": loss_value, "train/acc": correct / batch.num_scored, "lr": lr}
-                    progress.best_train_acc = max(progress.best_train_acc or 0.0, record["train/acc"])
+                    record = {"train/loss": result.loss, "train/acc": result.acc, "lr": lr}
+                    progress.best_train_acc = max(progress.best_train_acc or 0.0, result.acc)
                 if is_eval:
-                    try:
-                        evals = evaluate_lengths(model, eval_sets, task.seq_len, trainer.eval_batch_size,
-                                                 device, autocast, features)
-                    except Exception as error:
-                        # This step's update made the weights unusable: the same test as in training.
-                        where = first_nonfinite(model, batch.inputs, autocast)
-                        if where is None:
-                            raise
-                        meta["error"] = (f"{where} became non-finite after step {step} (lr {lr:.3g}), and "
-                                         f"then {type(error).__name__}: {error}")
-                        log.error("diverged: %s", meta["error"])
+                    evals, divergence = eval_step(run, step, lr, progress, result.batch)
+                    if divergence is not None:
+                        meta["error"] = divergence
+                        log.error("diverged: %s", divergence)
                         status = "diverged"
                         break
-                    progress.last_eval = evals
-                    progress.best_eval_acc = max(progress.best_eval_acc or 0.0, evals["eval/acc"])
-                    if progress.steps_to_threshold is None and evals["eval/acc"] >= trainer.acc_threshold:
-                        progress.steps_to_threshold = step
-                    progress.evals_above = progress.evals_above + 1 \
-                        if evals["eval/acc"] >= trainer.early_stop.acc else 0
-                    if trainer.early_stop.enabled and progress.evals_above >= trainer.early_stop.evals:
-                        progress.early_stopped_at = step
                     record.update(evals)
                 if record:
                     progress.wall_time_s = wall_before + time.perf_counter() - segment_start
@@ -934,7 +985,8 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                         wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=step)
                 stop = progress.early_stopped_at == step
                 if step % trainer.checkpoint_every == 0 or step == trainer.max_steps or stop:
-                    save_checkpoint()
+                    _save_checkpoint(run, progress, meta)
+                    saved = progress.step
                 at_step_boundary = True
                 progress_log.after_step(step, progress.train_time_s, record)
                 if stop:
@@ -945,13 +997,12 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
         # Stopped from outside (Ctrl-C; submitit exits with SystemExit after SLURM's SIGUSR2 and requeues
         # the job): keep every finished step, so that re-launching resumes exactly here.
         if at_step_boundary:
-            save_checkpoint()
+            _save_checkpoint(run, progress, meta)
             log.warning("interrupted (%s) after step %d: checkpoint saved, re-launch to resume",
                         type(interrupt).__name__, progress.step)
         else:
             resume = ("no checkpoint was saved yet: re-launching starts again from step 0"
-                      if saved["step"] is None else
-                      f"re-launching resumes from the checkpoint of step {saved['step']}")
+                      if saved is None else f"re-launching resumes from the checkpoint of step {saved}")
             log.warning("interrupted (%s) inside step %d: %s", type(interrupt).__name__, progress.step,
                         resume)
         if wandb_run is not None:
