@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels.triton import VARIANTS as OPS  # noqa: E402
 from kernels.triton import (  # noqa: E402
-    chunk,
+    plan,
     triton_chunk,
     triton_recurrent_step,
 )
@@ -618,11 +618,11 @@ def main() -> None:
         help="no timing: compile every autotuning config of --impls for --ops at --shapes, then exit "
         "(run one process per op and shape side by side, with FLA_CACHE_RESULTS=0; see compile_only)",
     )
-    chunk.add_tune_argument(parser)
+    plan.add_override_argument(parser)
     args = parser.parse_args()
-    overrides = chunk.tune_from_args(args)
+    overrides = plan.overrides_from_args(args)
     if overrides:
-        print("TUNE", chunk.TUNE)
+        print("settings", plan.current_overrides())
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report is not None:
         rows = load_rows(args.report, args.anchors)

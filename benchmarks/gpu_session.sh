@@ -39,7 +39,7 @@
 #                 launch, compiled by the device's Triton (benchmarks/occupancy.py; ALT's settings beside)
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
-# the alternative settings of the verify, tune, final and occupancy steps (comma-joined TUNE entries):
+# the alternative settings of the verify, tune, final and occupancy steps (comma-joined kernels.triton.plan settings):
 # ALT from the environment, else bwd.intra_first=0 (the backward's other order, dqk before the intra
 # backward and a dG cumsum pass after it: the default for the delta rule alone) with bwd.x=1
 # (the default only where the state pass has >= 256 programs of 64 columns, so the checks' small shapes
@@ -90,10 +90,10 @@ for step in $STEPS; do
       # (skipped when the verify step has just checked them, with ALT set to both)
       [ -f "$OUT/check_alt/errors.csv" ] || timeout 100 python3 tests/gpu/check_kernels.py --T 63 1000 --H 16 --no-fla \
         --no-step --out "$OUT/check_alt" --set ${ALT//,/ } | quiet | tail -18
-      # one profile per untried setting of kernels.triton.chunk.TUNE, against the default just above
+      # one profile per untried setting of kernels.triton.plan.SETTINGS, against the default just above
       # shellcheck disable=SC2086
       timeout 70 python3 benchmarks/profile_gpu.py --ops ${TUNE_OPS:-kda_bounded kda gla delta_rule linear_attn simple_gla} \
-        --passes infer train --out "$OUT/profile_tune_default.csv" | quiet | grep -v " 0\.[0-9]%" | grep -v TUNE
+        --passes infer train --out "$OUT/profile_tune_default.csv" | quiet | grep -v " 0\.[0-9]%" | grep -v "^settings"
       # (what each setting did when tried: benchmarks/results/history.csv)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
       # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
@@ -103,7 +103,7 @@ for step in $STEPS; do
         echo "-- --set $set ($ops)"
         # shellcheck disable=SC2086
         timeout 40 python3 benchmarks/profile_gpu.py --ops ${ops//,/ } --passes infer train --set ${set//,/ } \
-          --out "$OUT/profile_tune_${set//[=,]/_}.csv" | quiet | grep -v " 0\.[0-9]%" | grep -v TUNE
+          --out "$OUT/profile_tune_${set//[=,]/_}.csv" | quiet | grep -v " 0\.[0-9]%" | grep -v "^settings"
       done ;;
     verify)
       # after a kernel change, in little device time: our kernels for the benchmark shapes compile in the
@@ -140,7 +140,7 @@ for step in $STEPS; do
         --set ${ALT//,/ } --out "$OUT/check_alt" | quiet | tail -8
       wait "${pids[@]}"
       quiet <"$OUT/check_long.txt" | tail -16
-      cat "$OUT"/check_fla_*.txt | quiet | grep -v "^op " | grep -v "^TUNE"
+      cat "$OUT"/check_fla_*.txt | quiet | grep -v "^op " | grep -v "^settings"
       quiet <"$OUT/check_fp16.txt" | tail -5
       echo "compiled: $(grep -c compiled "$OUT/compile.log") of 28" ;;
     final)
@@ -148,7 +148,7 @@ for step in $STEPS; do
       # faster of the two for the first of them, forward+backward
       # shellcheck disable=SC2086
       timeout 35 python3 benchmarks/profile_gpu.py --ops $ALT_OPS --out "$OUT/profile_default.csv" | quiet \
-        | grep -v " 0\.[0-9]%" | grep -v TUNE
+        | grep -v " 0\.[0-9]%" | grep -v "^settings"
       # shellcheck disable=SC2086
       timeout 35 python3 benchmarks/profile_gpu.py --ops $ALT_OPS --out "$OUT/profile_alt.csv" --set ${ALT//,/ } \
         | quiet | grep -v " 0\.[0-9]%"
@@ -170,7 +170,7 @@ PY
       for set in intra_fwd.warps=2 intra_bwd.warps=2 wu.warps=4 intra_bwd.bk=128; do
         echo "-- --set $set"
         timeout 40 python3 benchmarks/profile_gpu.py --ops kda_bounded kda --passes train --set "$set" | quiet \
-          | grep -v " 0\.[0-9]%" | grep -v TUNE
+          | grep -v " 0\.[0-9]%" | grep -v "^settings"
       done ;;
     shapes)
       # head sizes other than 128 and chunk sizes other than 64, bf16, T=1000 H=4

@@ -46,7 +46,7 @@ from triton.compiler import ASTSource  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kernels.triton import VARIANTS, chunk  # noqa: E402
+from kernels.triton import VARIANTS, chunk, plan  # noqa: E402
 
 # sm_90 (H100, H200) per-SM limits
 REGS_PER_SM = 65536
@@ -118,7 +118,7 @@ def _signature(fn, args: tuple, kwargs: dict, plain: tuple = ()) -> tuple[dict, 
     tensors 16-byte aligned (fresh CUDA allocations are 256-byte aligned) and integers divisible by 16
     get `tt.divisibility` 16, an integer equal to 1 becomes the constant 1; except the integers named in
     `plain` (the kernel's `do_not_specialize`), which the launcher passes as they are. Without these hints
-    (before 2026-11-29) the compiler could not vectorize the loads: 16-bit loads one element at a time,
+    the compiler cannot vectorize the loads: 16-bit loads one element at a time,
     twice the instructions, and other register counts than the GPU's launches get."""
     sig, consts, attrs = {}, {}, {}
     params = list(inspect.signature(fn).parameters.items())
@@ -179,7 +179,7 @@ _LOAD_TYPE = re.compile(r"tensor<([0-9x]+)x!tt\.ptr<(\w+)>")
 def loop_loads(ttgir: str) -> str:
     """The plain loads (`tt.load`, not Triton's asynchronous copies) inside the loops of one kernel's TTGIR,
     as `count: shapes`. A sequential loop with one program per SM waits on each where its value is used
-    (the state passes' small per-chunk inputs, run 89); where many programs share an SM they hide it."""
+    (the state passes' small per-chunk inputs); where many programs share an SM they hide it."""
     found, stack, depth = [], [], 0
     for line in ttgir.splitlines():
         if "scf.for" in line and line.rstrip().endswith("{"):
@@ -206,7 +206,7 @@ def mma_dup(ttgir: str) -> str:
     product has, so that several warps compute the same entries, as `duplicated/all`: each warp of an
     `nvidia_mma` layout takes 16 rows, and 8 columns (MMAv2) or the instruction's N (MMAv3) at a time. Triton
     puts all warps along the rows of a product whose result feeds another product (a chain); with 8 warps
-    and 64 rows that is twice the rows, both warpgroups computing the same ones (run 95)."""
+    and 64 rows that is twice the rows, both warpgroups computing the same ones."""
     layouts = {m.group(1): tuple(int(m.group(i)) for i in range(2, 7)) for m in _MMA_LAYOUT.finditer(ttgir)}
     dup = total = 0
     for m in _MMA_PRODUCT.finditer(ttgir):
@@ -300,12 +300,12 @@ def main() -> None:
     ap.add_argument("--options", nargs="*", default=[], metavar="KERNEL:NAME=INT")
     ap.add_argument("--out", type=Path, default=None, help="CSV file")
     ap.add_argument("--no-grad", action="store_true", help="the no-grad forward's launches alone")
-    chunk.add_tune_argument(ap)
+    plan.add_override_argument(ap)
     args = ap.parse_args()
-    changed = chunk.tune_from_args(args)
+    changed = plan.overrides_from_args(args)
     options = parse_options(args.options)
     shape = f"B{args.B} T{args.T} H{args.H} K=V={args.D} bf16"
-    tuned = f", TUNE {changed}" if changed else ""
+    tuned = f", settings {changed}" if changed else ""
     print(f"# sm_90 resource usage, Triton {triton.__version__} (this machine's compiler), {shape}{tuned}")
     rows = []
     for name, decay, delta, lower_bound in VARIANTS:

@@ -7,9 +7,10 @@ For each op of kernels.triton.VARIANTS (bf16, K = V = 128, as in bench_gpu.py) a
 (`--passes`: the forward under torch.no_grad, and forward+backward) it runs a few warm-up passes, then
 `--iters` profiled ones, and prints each CUDA kernel's mean time per pass (ms) and its share; kernels
 that torch launches (casts) appear under their own names. Writes one CSV row per (op, pass, kernel).
-`--set KEY=VALUE` changes an entry of kernels.triton.chunk.TUNE for the run. The forward's kernels run as
-plain launches here (fwd.pdl=0 unless --set says otherwise): as programmatic dependent launches each one
-is placed early and waits for the one before it, and the profiler would count that wait as its time.
+`--set KEY=VALUE` changes a launch setting (kernels.triton.plan.SETTINGS) for the run. The forward's
+kernels run as plain launches here (fwd.pdl=0 unless --set says otherwise): as programmatic dependent
+launches each one is placed early and waits for the one before it, and the profiler would count that
+wait as its time.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_gpu import make_inputs  # noqa: E402
 from kernels.triton import (  # noqa: E402
     VARIANTS,
-    chunk,
+    plan,
     triton_chunk,
 )
 
@@ -82,11 +83,11 @@ def main() -> None:
         choices=["infer", "train"],
         help="infer: the no-grad forward; train: forward+backward",
     )
-    chunk.add_tune_argument(ap)
+    plan.add_override_argument(ap)
     args = ap.parse_args()
-    chunk.TUNE["fwd.pdl"] = 0  # (the docstring says why; --set fwd.pdl=1 overrides it)
-    chunk.tune_from_args(args)
-    print("TUNE", chunk.TUNE)
+    plan.use_overrides(["fwd.pdl=0"])  # (the docstring says why; --set fwd.pdl=1 overrides it)
+    plan.overrides_from_args(args)
+    print("settings", plan.current_overrides())
     rows = []
     for name, decay, delta, lb in VARIANTS:
         if name not in args.ops:

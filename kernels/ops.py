@@ -19,14 +19,12 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import Literal
 
 import torch
 
 from kernels.chunk_torch import chunk_torch
+from kernels.family import Decay
 from kernels.naive import naive_recurrent, recurrent_step
-
-Decay = Literal["none", "scalar", "channel"]
 
 BACKENDS = ("auto", "naive", "torch", "triton")
 # g is a log-decay, so it must be <= 0; allow this much positive slack for round-off in the gate's computation

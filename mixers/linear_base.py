@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from kernels import family
 from kernels.conv import short_conv
 from mixers.base import Mixer
 
@@ -41,14 +42,13 @@ OUTPUT_GATES = ("none", "sigmoid", "swish")
 OUTPUT_GATE_RANKS = ("low", "full")
 BACKENDS = ("auto", "triton", "torch", "naive")
 
-# (decay, delta_rule) -> (chunked op, single-token step): the 3 x 2 table of docs/design.md §1
+# (decay, delta_rule) -> (chunked op, single-token step): the 3 x 2 table of docs/design.md §1, from the
+# family table (kernels.family; the mixers' word for the scalar decay is "head")
 OPS: dict[tuple[str, bool], tuple[Callable[..., Any], Callable[..., Any]]] = {
-    ("none", False): (kernels.chunk_linear_attn, kernels.linear_attn_step),
-    ("head", False): (kernels.chunk_simple_gla, kernels.simple_gla_step),
-    ("channel", False): (kernels.chunk_gla, kernels.gla_step),
-    ("none", True): (kernels.chunk_delta_rule, kernels.delta_rule_step),
-    ("head", True): (kernels.chunk_gated_delta_rule, kernels.gated_delta_rule_step),
-    ("channel", True): (kernels.chunk_kda, kernels.kda_step),
+    (word, delta): (getattr(kernels, op.chunk), getattr(kernels, op.step))
+    for word, decay in family.MIXER_DECAY.items()
+    for delta in (False, True)
+    for op in [family.by_switches(decay, delta)]
 }
 
 

@@ -41,7 +41,7 @@ TRITON_FAST: dict[str, Callable[[dict], bool]] = {
     "test_bad_arguments_raise": lambda p: True,
     "test_too_loose_lower_bound_takes_the_general_path": lambda p: True,
     "test_out_of_gpu_resources_names_the_call_and_the_fix": lambda p: True,
-    "test_set_tune_applies_overrides_and_names_bad_ones": lambda p: True,
+    "test_overrides_apply_inside_their_block_and_name_bad_ones": lambda p: True,
 }
 
 

@@ -103,11 +103,11 @@ def test_compares_against_a_revision(tmp_path: Path) -> None:
     same = _run_cli(repo)
     assert same.returncode == 0, same.stderr[-2000:]
     assert same.stdout.startswith("gla B2 T100 H2 K=V=128 bf16: ") and "same launches" in same.stdout
-    chunk = repo / "kernels" / "triton" / "chunk.py"
-    src = chunk.read_text()
-    rule = 'num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),'
+    rules = repo / "kernels" / "triton" / "plan.py"
+    src = rules.read_text()
+    rule = '_setting("dvt.warps", 4)'
     assert rule in src
-    chunk.write_text(src.replace(rule, "num_warps=2,"))
+    rules.write_text(src.replace(rule, '_setting("dvt.warps", 2)'))
     changed = _run_cli(repo)
     assert changed.returncode == 1, changed.stderr[-2000:]
     assert "same launches" not in changed.stdout

@@ -138,7 +138,7 @@ def test_launches_are_specialized_as_the_launcher_does() -> None:
 
 def test_unspecialised_integers_stay_plain() -> None:
     # the forward state pass is compiled without Triton's specialisation of T and NT (Triton 3.6 miscompiled
-    # its one-chunk form on the H200, run 45): its launcher passes them as plain i32, and so does the script
+    # its one-chunk form on the H200): its launcher passes them as plain i32, and so does the script
     res = _run(
         [
             "-c",
@@ -247,10 +247,10 @@ def test_intra_forward_exponentials_without_subnormal_handling() -> None:
         import json, sys
         sys.path[:0] = [".", "benchmarks"]
         import occupancy
-        from kernels.triton import chunk
+        from kernels.triton import plan
         out = {}
         for ftz, log2 in [(1, 0), (0, 0), (1, 1), (0, 1)]:
-            chunk.set_tune([f"intra_fwd.ftz={ftz}", f"fwd.log2={log2}", "fwd.g16=0"])
+            plan.use_overrides([f"intra_fwd.ftz={ftz}", f"fwd.log2={log2}", "fwd.g16=0"])
             launches = occupancy.record("kda_bounded", "channel", True, -5.0, 1, 256, 2, 128, keep=False)
             (launch,) = [x for x in launches if x.kernel == "_intra_fwd_kernel"]
             ptx = occupancy.compile_launch(launch).asm["ptx"]

@@ -7,7 +7,10 @@ relative RMS error of 1e-4. Plus the decode step, and causality of the bounded-g
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import os
+import types
 
 # must precede the first triton import of the process; a GPU run of this file keeps the interpreter too
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -18,7 +21,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from helpers import make_inputs  # noqa: E402
+from helpers import make_inputs, rel_rms  # noqa: E402
 
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
@@ -56,14 +59,6 @@ DELTA_OPS = [
 ]
 
 
-def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """RMS(x - ref) / RMS(ref); absolute RMS where the reference is exactly zero (e.g. dg at T=1 from
-    a zero state: the decay then multiplies nothing)."""
-    x, ref = x.double(), ref.double()
-    denominator = ref.pow(2).mean().sqrt().item()
-    return (x - ref).pow(2).mean().sqrt().item() / (denominator if denominator > 0 else 1.0)
-
-
 def check_against_naive(
     inputs: dict, lower_bound: float | None = None, chunk_size: int = 64, tol: float = TOL
 ) -> None:
@@ -90,19 +85,28 @@ def check_against_naive(
     dht = torch.randn(ht.shape, generator=gen)
     ((o * do).sum() + (ht * dht).sum()).backward()
     ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
-    errors = {"o": rel_rms(o, o_ref), "final_state": rel_rms(ht, ht_ref)}
-    errors.update({f"d{n}": rel_rms(ours[n].grad, ref[n].grad) for n in names})
+    errors = {"o": rel_rms(o_ref, o), "final_state": rel_rms(ht_ref, ht)}
+    errors.update({f"d{n}": rel_rms(ref[n].grad, ours[n].grad) for n in names})
     bad = {n: e for n, e in errors.items() if not e <= tol}
     assert not bad, f"relative RMS error above {tol}: {bad} (all: {errors})"
+
+
+def tune(monkeypatch: pytest.MonkeyPatch, key: str, value: int | None) -> None:
+    # a launch setting (kernels.triton.plan.overrides) for the rest of the test: the settings in force live
+    # in a context variable, swapped here for one that holds the override too and restored at teardown
+    from kernels.triton import plan
+
+    settings = {**plan.current_overrides(), **plan.parse_overrides({key: value})}
+    var = contextvars.ContextVar("test_overrides", default=types.MappingProxyType(settings))
+    monkeypatch.setattr(plan, "_OVERRIDES", var)
 
 
 def force_wy_state_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     # the forward state pass's forms that read and write every buffer, which the launch gives only many
     # programs: the output inside it, the WY products without a gradient, X kept with one
-    from kernels.triton import chunk
 
     for key in ("state_fwd.output", "state_fwd.wy", "bwd.x"):
-        monkeypatch.setitem(chunk.TUNE, key, 1)
+        tune(monkeypatch, key, 1)
 
 
 def nan_buffers(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
@@ -139,7 +143,7 @@ def check_no_grad_against_naive(
         h0.double() if h0 is not None else None,
         True,
     )
-    assert rel_rms(o, o_ref) <= TOL and rel_rms(ht, ht_ref) <= TOL
+    assert rel_rms(o_ref, o) <= TOL and rel_rms(ht_ref, ht) <= TOL
     return o, ht
 
 
@@ -316,7 +320,7 @@ def test_recurrent_step_matches_naive(name: str, decay: str | None, delta: bool)
     as64 = [None if x is None else x.double() for x in (q, k, v, g, beta, state)]
     o_ref, state_ref = recurrent_step(*as64, K**-0.5)
     assert new_state.dtype == torch.float32 and o.dtype == q.dtype
-    assert rel_rms(o, o_ref) <= TOL and rel_rms(new_state, state_ref) <= TOL
+    assert rel_rms(o_ref, o) <= TOL and rel_rms(state_ref, new_state) <= TOL
 
 
 def test_bad_arguments_raise() -> None:
@@ -359,20 +363,29 @@ def test_out_of_gpu_resources_names_the_call_and_the_fix(monkeypatch: pytest.Mon
             triton_chunk(*args)
 
 
-def test_set_tune_applies_overrides_and_names_bad_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the scripts' --set KEY=VALUE (profile_gpu.py, bench_gpu.py, check_kernels.py)
-    from kernels.triton import chunk
+def test_overrides_apply_inside_their_block_and_name_bad_ones() -> None:
+    # the scripts' --set KEY=VALUE (profile_gpu.py, bench_gpu.py, check_kernels.py) and the tests' settings
+    from kernels.triton import plan
 
-    monkeypatch.setattr(chunk, "TUNE", dict(chunk.TUNE))
-    assert chunk.set_tune(["solve.warps=2", "dqk.bk=none"]) == {"solve.warps": 2, "dqk.bk": None}
-    assert chunk.TUNE["solve.warps"] == 2 and chunk.TUNE["dqk.bk"] is None
+    problem = plan.Problem(8, 8192, 16, 128, 128, 64, decay=2, delta=True, bounded=True, lowp=True, keep=True)
+    assert plan.plan_forward(problem).solve.warps == 1 and plan.current_overrides() == {}
+    with plan.overrides(["solve.warps=2", "dqk.bk=none"]) as changed:
+        assert changed == {"solve.warps": 2, "dqk.bk": None}
+        assert plan.plan_forward(problem).solve.warps == 2
+        with plan.overrides({"state_fwd.output": 0}):  # nested: adds to the outer block
+            inner = plan.plan_forward(problem)
+            assert inner.solve.warps == 2 and not inner.out
+        assert plan.plan_forward(problem).out
+    assert plan.plan_forward(problem).solve.warps == 1 and plan.current_overrides() == {}
     with pytest.raises(ValueError, match=r"unknown key 'solve.warp'.*solve.warps"):
-        chunk.set_tune(["solve.warp=2"])
+        plan.parse_overrides(["solve.warp=2"])
     with pytest.raises(ValueError, match=r"'two' is not an integer"):
-        chunk.set_tune(["solve.warps=two"])
+        plan.parse_overrides(["solve.warps=two"])
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
-        chunk.set_tune(["solve.warps"])
-    assert chunk.TUNE["solve.warps"] == 2  # a bad item changes nothing
+        plan.parse_overrides(["solve.warps"])
+    # the plan is a frozen value
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.plan_forward(problem).out = False  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
@@ -389,12 +402,11 @@ def test_solve_at_every_chunk_size(chunk_size: int) -> None:
 def test_output_pass_both_ways(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, delta: bool, T: int, output: int
 ) -> None:
-    # TUNE["state_fwd.output"]: the output computed inside the forward state pass (1: what many programs,
+    # state_fwd.output: the output computed inside the forward state pass (1: what many programs,
     # B * H * V / 64 >= 256, get by default) or by _output_kernel over the stored states (0: these small
     # shapes' default); forward and backward either way
-    from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", output)
+    tune(monkeypatch, "state_fwd.output", output)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=5 * T + delta)
     check_against_naive(inputs)
 
@@ -409,15 +421,14 @@ def test_state_passes_small_inputs_early(
     lower_bound: float | None,
     early: int,
 ) -> None:
-    # TUNE["state_fwd.early"], TUNE["state_bwd.early"]: the state passes' small per-chunk inputs (exp(G_last),
+    # state_fwd.early, state_bwd.early: the state passes' small per-chunk inputs (exp(G_last),
     # the scalar decay's G, beta) loaded where used (0), at the top of the chunk's step (1) or one chunk ahead
     # (2). T = 200: four chunks, the last one partial (its G_last is row 199, not the chunk's row 63), with an
     # initial state; the WY form forced so that the forward state pass reads beta, with a gradient (then
     # checked in full) and without one
-    from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.early", early)
-    monkeypatch.setitem(chunk.TUNE, "state_bwd.early", early)
+    tune(monkeypatch, "state_fwd.early", early)
+    tune(monkeypatch, "state_bwd.early", early)
     force_wy_state_forms(monkeypatch)
     inputs = make_inputs(decay, delta, 1, 200, 2, K=16, V=32, seed=41 + early, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
@@ -463,22 +474,21 @@ def test_bounded_intra_forward_unmasked_blocks(monkeypatch: pytest.MonkeyPatch, 
 @pytest.mark.parametrize("log2", [1, 0])
 @pytest.mark.parametrize("T", [1, 63, 100, 200])
 def test_bounded_no_grad_log2_both_ways(monkeypatch: pytest.MonkeyPatch, T: int, log2: int) -> None:
-    # TUNE["fwd.log2"]: the bounded gate's no-grad forward stores G times log2(e) and its readers (the intra
+    # fwd.log2: the bounded gate's no-grad forward stores G times log2(e) and its readers (the intra
     # forward's fold form, the state pass's exp(G_last)) take 2^x (1), or G as is (0); with and without
     # the delta rule, partial chunks, an initial state, the state pass's small inputs loaded each way (EARLY
     # 0 reads exp(G_last) by _key_decay_to_end, 1 and 2 by _chunk_small). Half the channels decay slowly
     # (g in [-0.05, 0]), so that the state carries across chunks and exp(G_last) shows in the outputs of the
     # next chunk (with g in [-5, 0] alone, a full chunk's decay is e^-160). Buffers filled with NaN first
-    from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "fwd.log2", log2)
+    tune(monkeypatch, "fwd.log2", log2)
     nan_buffers(monkeypatch)
     slow = torch.where(torch.arange(16) % 2 == 0, 0.01, 1.0)
     for delta in (True, False):
         inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + 3 * log2, lower_bound=-5.0)
         inputs["g"] = inputs["g"] * slow
         for early in (0, 1, 2):
-            monkeypatch.setitem(chunk.TUNE, "state_fwd.early", early)
+            tune(monkeypatch, "state_fwd.early", early)
             check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
 
 
@@ -486,7 +496,7 @@ def test_bounded_no_grad_log2_both_ways(monkeypatch: pytest.MonkeyPatch, T: int,
     "T,chunk_size", [(1, 64), (17, 64), (63, 64), (64, 64), (100, 64), (200, 64), (100, 32), (100, 16)]
 )
 def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size: int) -> None:
-    # TUNE["fwd.g16"]: for 16-bit inputs the bounded gate's no-grad forward stores each row's decay from
+    # fwd.g16: for 16-bit inputs the bounded gate's no-grad forward stores each row's decay from
     # its 16-row block's first row as uint16 in steps of 1/512 (log2 units), and fp32 G only at the blocks'
     # first rows and the chunks' last valid rows. The interpreter runs fp32 inputs, so the form is forced
     # for them here: outputs and final state match the token loop to the steps' rounding (a few 1e-4), not
@@ -510,11 +520,11 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size
             True,
         )
         for early in (0, 1, 2):
-            monkeypatch.setitem(chunk.TUNE, "state_fwd.early", early)
+            tune(monkeypatch, "state_fwd.early", early)
             made.clear()
             with torch.no_grad():
                 o, ht = triton_chunk(*args, None, inputs["initial_state"], True, chunk_size, -5.0)
-            errs = rel_rms(o, o_ref), rel_rms(ht, ht_ref)
+            errs = rel_rms(o_ref, o), rel_rms(ht_ref, ht)
             # (4.9e-4 at most at these seeds; 8.0e-4 where the steps truncate instead of rounding)
             assert max(errs) <= 6e-4, errs
             if T > 1:
@@ -549,7 +559,7 @@ def test_no_grad_akk_in_bf16(
     o_ref, ht_ref = naive_recurrent(
         *[a.double() if a is not None else None for a in args], None, inputs["initial_state"].double(), True
     )
-    errs = rel_rms(o, o_ref), rel_rms(ht, ht_ref)
+    errs = rel_rms(o_ref, o), rel_rms(ht_ref, ht)
     assert max(errs) <= 1e-2, errs  # (2e-4 to 4e-3 here)
     assert [x.dtype for x in made if x.dim() == 4 and x.shape[-1] == 64].count(torch.bfloat16) == 1
     if T > 1:
@@ -568,14 +578,13 @@ def test_no_grad_tril_loads_both_ways(
     T: int,
     tril: int,
 ) -> None:
-    # TUNE["fwd.tril"]: without a gradient the state pass loads L and A_qk block lower-triangular (16-column
+    # fwd.tril: without a gradient the state pass loads L and A_qk block lower-triangular (16-column
     # blocks up to the row's) and the solve and the intra forward do not store the zeros above (1), or they
     # are stored and read whole (0). Every buffer is filled with NaN first, so that a read of an entry not
     # written shows; with tril, L's and A_qk's blocks above the diagonal are left unwritten (still NaN)
-    from kernels.triton import chunk
 
     force_wy_state_forms(monkeypatch)
-    monkeypatch.setitem(chunk.TUNE, "fwd.tril", tril)
+    tune(monkeypatch, "fwd.tril", tril)
     made = nan_buffers(monkeypatch)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + tril, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound, chunk_size=64)
@@ -603,15 +612,14 @@ def test_state_passes_unchained_products(
     T: int,
     unchain: int,
 ) -> None:
-    # TUNE["state_fwd.unchain"], TUNE["state_bwd.unchain"]: the state passes' chained products (X, Vt, the
+    # state_fwd.unchain, state_bwd.unchain: the state passes' chained products (X, Vt, the
     # output's state term; dVt) through _unchain's run-time branch (which the launch takes with 8 warps),
     # or straight on. Forced both ways, with the forms that read and write every buffer (the output and
     # the WY products inside the pass, X kept), with a gradient (checked in full) and without one, at one
     # partial chunk and at four chunks with a partial last one, with an initial state
-    from kernels.triton import chunk
 
     for key in ("state_fwd.unchain", "state_bwd.unchain"):
-        monkeypatch.setitem(chunk.TUNE, key, unchain)
+        tune(monkeypatch, key, unchain)
     force_wy_state_forms(monkeypatch)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 7 * unchain, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
@@ -656,10 +664,9 @@ def test_forward_without_gradient(
     # rule with state_fwd.wy, the W/U pass (Vt from L, Gamma K and V in the state pass). Its output and final
     # state match the reference, and are those of the differentiable call bit for bit where the same kernels
     # compute them (without WY)
-    from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", output)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.wy", wy)
+    tune(monkeypatch, "state_fwd.output", output)
+    tune(monkeypatch, "state_fwd.wy", wy)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 11, lower_bound=lower_bound)
     o, ht = check_no_grad_against_naive(inputs, lower_bound)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
@@ -667,11 +674,11 @@ def test_forward_without_gradient(
     leaves = [a.clone().requires_grad_(True) if a is not None else None for a in args]
     o_grad, ht_grad = triton_chunk(*leaves, None, h0, True, 64, lower_bound)
     assert not o.requires_grad and o_grad.requires_grad
-    # (the bounded per-channel gate's no-grad G comes times log2(e), TUNE["fwd.log2"]: other roundings)
+    # (the bounded per-channel gate's no-grad G comes times log2(e), fwd.log2: other roundings)
     if not (delta and wy) and not (decay == "channel" and lower_bound is not None):
         assert torch.equal(o, o_grad.detach()) and torch.equal(ht, ht_grad.detach())
     else:
-        assert rel_rms(o, o_grad.detach()) <= TOL and rel_rms(ht, ht_grad.detach()) <= TOL
+        assert rel_rms(o_grad, o) <= TOL and rel_rms(ht_grad, ht) <= TOL
 
 
 @pytest.mark.parametrize("T", [63, 200])
@@ -685,13 +692,13 @@ def test_pseudo_values_kept_for_the_backward(
     T: int,
     with_state: bool,
 ) -> None:
-    # TUNE["bwd.x"] = 1: the differentiable forward forms Vt in the state pass from L and keeps X = V - (Gamma
+    # bwd.x = 1: the differentiable forward forms Vt in the state pass from L and keeps X = V - (Gamma
     # K) S, which the dvt backward reads instead of h and Gamma K; the W/U pass writes W alone. Both output
     # forms of the state pass
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", T % 2)
+    tune(monkeypatch, "bwd.x", 1)
+    tune(monkeypatch, "state_fwd.output", T % 2)
     launched = []
     monkeypatch.setattr(chunk, "_wu_kernel", _Recorder(chunk._wu_kernel, launched, "_wu_kernel"))
     inputs = make_inputs(
@@ -724,14 +731,14 @@ def test_pseudo_values_from_x_both_ways(
     T: int,
     vt_x: int,
 ) -> None:
-    # TUNE["bwd.vt_x"] = 1: with X kept (bwd.x) and the output inside the state pass, the forward keeps no
+    # bwd.vt_x = 1: with X kept (bwd.x) and the output inside the state pass, the forward keeps no
     # Vt = T X; dqk sums X dS'^T and applies T after its V loop, dvt sums dO X^T and applies T^T. 0: Vt
     # kept and read by both. Same gradients either way, with and without an initial state
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "bwd.x", 1)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 1)
-    monkeypatch.setitem(chunk.TUNE, "bwd.vt_x", vt_x)
+    tune(monkeypatch, "bwd.x", 1)
+    tune(monkeypatch, "state_fwd.output", 1)
+    tune(monkeypatch, "bwd.vt_x", vt_x)
     launched: list = []
     for kernel in ("_state_fwd_kernel", "_dqk_bwd_kernel", "_dvt_bwd_kernel"):
         monkeypatch.setattr(chunk, kernel, _Recorder(getattr(chunk, kernel), launched, kernel))
@@ -778,14 +785,14 @@ def test_intra_backward_first(
     T: int,
 ) -> None:
     # the order the default does not take (the default's runs in every other test here):
-    # TUNE["bwd.intra_first"] = 1 (the default for the per-channel decay): the intra backward runs before
+    # bwd.intra_first = 1 (the default for the per-channel decay): the intra backward runs before
     # dqk and writes its parts alone; dqk adds its own and reverse-cumsums dG per chunk, and no
     # _rev_cumsum_kernel runs (the delta rule, GLA and both KDAs; simple GLA and GDN, whose scalar dG sums
     # over K blocks, keep the other order). 0: dqk first, then the intra backward, then the dG cumsum
     from kernels.triton import chunk
 
     first = decay != "channel"
-    monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", int(first))
+    tune(monkeypatch, "bwd.intra_first", int(first))
     launched = []
     rev = _Recorder(chunk._rev_cumsum_kernel, launched, "_rev_cumsum_kernel")
     monkeypatch.setattr(chunk, "_rev_cumsum_kernel", rev)
@@ -797,11 +804,11 @@ def test_intra_backward_first(
 
 
 def _dqk_alternative(monkeypatch, key: str, value: int, flag: str, delta: bool, lower_bound, T: int) -> None:
-    # one dqk alternative (TUNE[key] = value) against the reference at a per-channel decay, and the dqk
+    # one dqk alternative (setting key = value) against the reference at a per-channel decay, and the dqk
     # launches' constexpr flag that it sets
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, key, value)
+    tune(monkeypatch, key, value)
     launched: list = []
     monkeypatch.setattr(
         chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
@@ -823,7 +830,7 @@ def test_dqk_epilogue_both_orders(
     monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, T: int, seq: int
 ) -> None:
     # with the intra backward first, the dqk kernel's epilogue loads each tile where it is first needed and
-    # stores dq before k loads (TUNE["dqk.seq"] = 1) or loads q, k and G together first (0); the same
+    # stores dq before k loads (the setting dqk.seq = 1) or loads q, k and G together first (0); the same
     # gradients either way, with and without an initial state
     _dqk_alternative(monkeypatch, "dqk.seq", seq, "SEQ", delta, lower_bound, T)
 
@@ -842,7 +849,7 @@ def test_backward_forms_together(
 
     forced = {"bwd.intra_first": 1, "bwd.x": 1, "state_fwd.output": 1, "bwd.vt_x": 1}
     for key, value in forced.items():
-        monkeypatch.setitem(chunk.TUNE, key, value)
+        tune(monkeypatch, key, value)
     launched: list = []
     monkeypatch.setattr(
         chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
@@ -858,11 +865,11 @@ def test_backward_forms_together(
 def test_dqk_key_blocks_side_by_side(
     monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, k_inner: int
 ) -> None:
-    # K = 128: two key blocks of 64 in dqk, launched with the chunks first or (TUNE["dqk.k_inner"] = 1, the
+    # K = 128: two key blocks of 64 in dqk, launched with the chunks first or (dqk.k_inner = 1, the
     # default) the key blocks first; each program finds its chunk and key block
     from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "dqk.k_inner", k_inner)
+    tune(monkeypatch, "dqk.k_inner", k_inner)
     launched: list = []
     for name_ in ("_dqk_bwd_kernel", "_intra_bwd_kernel"):
         monkeypatch.setattr(chunk, name_, _Recorder(getattr(chunk, name_), launched, name_))
@@ -873,7 +880,14 @@ def test_dqk_key_blocks_side_by_side(
     assert grids["_intra_bwd_kernel"] == (12, 2, 1)
 
 
-FWD_KERNELS = ["_cumsum_kernel", "_intra_fwd_kernel", "_solve_kernel", "_wu_kernel", "_state_fwd_kernel"]
+FWD_KERNELS = [
+    "_cumsum_kernel",
+    "_cumsum16_kernel",
+    "_intra_fwd_kernel",
+    "_solve_kernel",
+    "_wu_kernel",
+    "_state_fwd_kernel",
+]
 
 
 BWD_KERNELS = [
@@ -918,8 +932,8 @@ def _forward_launches(
 
 @pytest.mark.parametrize("keep", [True, False])
 def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPatch, keep: bool) -> None:
-    # which forms of the forward the launcher picks (TUNE None = its rule; the figures behind each rule are in
-    # TUNE's comments): KDA with 16-bit inputs at K = V = 128, no kernel run
+    # which forms of the forward the launcher picks (kernels.triton.plan's rules; the figures behind each rule
+    # are in PERF.md): KDA with 16-bit inputs at K = V = 128, no kernel run
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)  # B * H * V / 64 = 512
     state = wide["_state_fwd_kernel"][1]
     assert state["OUT"] and state["WY"]  # the output and the WY products inside the state pass
@@ -980,9 +994,10 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     assert wide["_intra_fwd_kernel"][1]["maxnreg"] == (128 if keep else 168)
     # the state pass: 8 warps at K = 128 and 64 columns or more (as launched on a GPU: the interpreter runs
     # every kernel with 4), its chained products unchained there (with 4 warps they are laid out alike)
-    from kernels.triton import chunk
 
-    monkeypatch.setattr(chunk, "INTERPRET", False)
+    from kernels.triton import plan
+
+    monkeypatch.setattr(plan, "INTERPRET", False)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)
     assert wide["_state_fwd_kernel"][1]["num_warps"] == 8 and wide["_state_fwd_kernel"][1]["UNCHAIN"]
     # on a GPU the per-channel intra kernels' exponentials are ex2.approx.ftz (never under the interpreter,
@@ -1014,12 +1029,11 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
 
 
 def test_launch_rules_yield_to_tune(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernels.triton import chunk
 
-    monkeypatch.setitem(chunk.TUNE, "bwd.x", 0)
-    monkeypatch.setitem(chunk.TUNE, "state_fwd.output", 0)
-    monkeypatch.setitem(chunk.TUNE, "intra_fwd.warps", 2)
-    monkeypatch.setitem(chunk.TUNE, "bwd.intra_first", 0)
+    tune(monkeypatch, "bwd.x", 0)
+    tune(monkeypatch, "state_fwd.output", 0)
+    tune(monkeypatch, "intra_fwd.warps", 2)
+    tune(monkeypatch, "bwd.intra_first", 0)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=True)
     assert not wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" in wide
     state = wide["_state_fwd_kernel"][1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import family
 from kernels.triton import chunk as _chunk
 from kernels.triton.chunk import MIN_LOWER_BOUND, ChunkFunction
 from kernels.triton.compile import compiled_chunk
@@ -15,17 +16,9 @@ from kernels.triton.recurrent import recurrent_step_fwd
 
 __all__ = ["VARIANTS", "triton_chunk", "triton_recurrent_step"]
 
-# The variants the GPU check and benchmark run, as (name, decay, delta rule, lower_bound):
-# the six ops, plus KDA with K3's bounded gate (g_min = -5) on its fast path.
-VARIANTS = [
-    ("linear_attn", None, False, None),
-    ("simple_gla", "scalar", False, None),
-    ("gla", "channel", False, None),
-    ("delta_rule", None, True, None),
-    ("gated_delta_rule", "scalar", True, None),
-    ("kda", "channel", True, None),
-    ("kda_bounded", "channel", True, -5.0),
-]
+# The variants the GPU check and benchmark run, as (name, decay or None, delta rule, lower_bound): the family
+# table's ops (kernels.family.OPS), KDA with K3's bounded gate (g_min = -5) on its fast path among them.
+VARIANTS = [(o.name, None if o.decay == "none" else o.decay, o.delta, o.lower_bound) for o in family.OPS]
 
 HEAD_SIZES = (16, 32, 64, 128, 256)
 CHUNK_SIZES = (16, 32, 64)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-try:  # grid dependency control (programmatic dependent launch, sm_90+), TUNE["fwd.pdl"]
+try:  # grid dependency control (programmatic dependent launch, sm_90+), setting fwd.pdl
     import triton.language.extra.cuda  # noqa: F401
 
     HAS_GDC = hasattr(tl.extra.cuda, "gdc_wait")
@@ -33,11 +34,12 @@ except ImportError:
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Sub-chunk edge: the diagonal blocks of the per-channel decay are handled 16 rows at a time.
 BC = 16
-# TUNE["fwd.g16"]: the within-block decays G_a - G (log2 units, >= 0) stored as uint16 in steps of 1/512
+
+# setting fwd.g16: the within-block decays G_a - G (log2 units, >= 0) stored as uint16 in steps of 1/512
 # (0.068% at most in an exponential, 0.039% RMS, beside bf16's 0.2% and 0.11%); the cap 65535 / 512 = 128
 # is 2^128, where fp32 overflows anyway (15 steps of g < -5.9; lower_bound >= MIN_LOWER_BOUND keeps clear)
 G16_STEPS = tl.constexpr(512.0)
-# log2(e): exp(x) = 2^(x log2(e)); G times it where its readers take 2^x (TUNE["fwd.log2"])
+# log2(e): exp(x) = 2^(x log2(e)); G times it where its readers take 2^x (setting fwd.log2)
 LOG2E = tl.constexpr(1.4426950408889634)
 # exp(-lower_bound * (BC - 1)) must stay finite in fp32/bf16 (max ~ e^88): |lower_bound| <= 5.5 leaves margin.
 MIN_LOWER_BOUND = -5.5
@@ -54,11 +56,11 @@ def _dot_cast(x, LOWP: tl.constexpr):
 
 @triton.jit
 def _exp(x, FTZ: tl.constexpr, LOG2: tl.constexpr = 0):
-    # exp(x). FTZ (TUNE["intra_fwd.ftz"], compiled for a GPU only): as ex2.approx.ftz.f32 of x log2(e), one
+    # exp(x). FTZ (setting intra_fwd.ftz, compiled for a GPU only): as ex2.approx.ftz.f32 of x log2(e), one
     # MUFU.EX2 and its multiply; tl.exp's ex2.approx.f32 keeps subnormal results, which ptxas makes a compare,
     # two predicated multiplies and a select around each MUFU (sm_90 SASS). The same approximation (2^-22
     # relative) but for results under 2^-126 (1.2e-38), which become 0: decays that small change nothing.
-    # LOG2 (TUNE["fwd.log2"]): x is in log2 units already (G stored times log2(e)), so 2^x, no multiply
+    # LOG2 (setting fwd.log2): x is in log2 units already (G stored times log2(e)), so 2^x, no multiply
     if LOG2:
         y = x
     else:
@@ -93,7 +95,7 @@ def _rev_cumsum_by_dot(b_x, BT: tl.constexpr, LOWP: tl.constexpr):
 
 @triton.jit
 def _pdl_start(PDL: tl.constexpr):
-    # a kernel of the forward launched as a programmatic dependent of the one before it (TUNE["fwd.pdl"]):
+    # a kernel of the forward launched as a programmatic dependent of the one before it (setting fwd.pdl):
     # it lets the next kernel's programs be placed once all of its own have started, then waits until the
     # kernel before it has finished and its writes are visible, before any load or store of its own. Only
     # the launch and the placing of programs overlap the previous kernel's last wave, nothing it reads
@@ -138,7 +140,7 @@ def _cumsum_kernel(
 
 @triton.jit
 def _cumsum16_kernel(g, gc, gq, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
-    # TUNE["fwd.g16"] (the bounded gate's no-grad forward, with fwd.log2): one 16-row block of a chunk per
+    # setting fwd.g16 (the bounded gate's no-grad forward, with fwd.log2): one 16-row block of a chunk per
     # program (one warp, its rows in each thread's registers): every row's decay from the block's first
     # row a, G_a - G = -(g summed over the rows after a, up to the row), times log2(e) in steps of 1/512 as
     # uint16 (gq); G itself (times log2(e), fp32, gc) only at the block's first row and, in the block that
@@ -459,7 +461,7 @@ def _intra_fwd_tri(
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
     b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
     if G16:
-        # (TUNE["fwd.g16"]) the rows' decays from the anchor, G_a - G_r (>= 0, log2 units), from uint16
+        # (setting fwd.g16) the rows' decays from the anchor, G_a - G_r (>= 0, log2 units), from uint16
         b_dr = _load_rows(gq, o_r, m_r, i_b, i_h, T, H, K) * (1.0 / G16_STEPS)
     else:
         b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
@@ -579,7 +581,7 @@ def _intra_fwd_tri(
     m_z = m_r[:, None] & (o_c[None, :] >= (i_c + 1) * BC)
     b_z = tl.zeros([BC, BT], dtype=tl.float32)
     if ZERO_QK:
-        # (not where the state pass loads A_qk block lower-triangular, TUNE["fwd.tril"])
+        # (not where the state pass loads A_qk block lower-triangular, setting fwd.tril)
         tl.store(aqk + p_row + o_c[None, :], b_z.to(aqk.dtype.element_ty), mask=m_z)
     if DELTA and ZERO_KK:
         # (the solve reads only the blocks up to the diagonal; the dvt backward reads whole rows)
@@ -645,7 +647,7 @@ def _solve_kernel(
     # the blocks below the diagonal from L_ij = -L_ii sum_{j <= m < i} A_im L_mj, all in registers (NC <= 4),
     # every product on the tensor cores (PREC: "tf32" for 16-bit inputs, whose L is stored in bf16; "tf32x3",
     # fp32-level, for fp32 inputs). One warp per program: the 16 x 16 products give more warps nothing to
-    # share. H200, B8 T8K H16 (run 38): 0.295 -> 0.162 ms against forward substitution on the diagonal
+    # share. H200, B8 T8K H16: 0.162 ms, against 0.295 for forward substitution on the diagonal
     # blocks (15 dependent steps of reductions) with fp32 FMA products; 3xTF32 products there: 0.309 ms
     _pdl_start(PDL)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -690,7 +692,7 @@ def _solve_kernel(
         _store_block(linv, b_l31, t0, 3, 1, i_b, i_h, T, H, BT, BC)
         _store_block(linv, b_l30, t0, 3, 0, i_b, i_h, T, H, BT, BC)
     # the blocks above the diagonal are 0; the W/U kernel and the backward read L whole (ZERO_L; not where the
-    # state pass loads it block lower-triangular, TUNE["fwd.tril"])
+    # state pass loads it block lower-triangular, setting fwd.tril)
     if ZERO_L:
         o_t = t0 + tl.arange(0, BT)
         m_t = o_t < T
@@ -724,7 +726,7 @@ def _wu_kernel(
 ):
     # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program.
     # PRE_KG: k already holds Gamma K (written by the cumsum kernel). Without STORE_U only W (the state pass
-    # then forms Vt from L and V itself, TUNE["bwd.x"])
+    # then forms Vt from L and V itself, setting bwd.x)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -897,7 +899,7 @@ def _load_qg(
 
 # T and NT are not specialised: Triton 3.6 on the H200 miscompiled this kernel's WY form specialised for one
 # chunk (NT == 1, T <= 64): wrong outputs at T = 63 and an illegal memory access at T = 16 and 32, while the
-# interpreter and every T of more than one chunk were right (run 45); unspecialised, T = 1..2048 all match
+# interpreter and every T of more than one chunk were right; unspecialised, T = 1..2048 all match
 @triton.jit(do_not_specialize=["T", "NT"])
 def _state_fwd_kernel(
     k,
@@ -941,16 +943,16 @@ def _state_fwd_kernel(
     PDL: tl.constexpr = 0,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
-    # the backward and, without OUT, for _output_kernel). OUT (TUNE["state_fwd.output"]): also this V block of
+    # the backward and, without OUT, for _output_kernel). OUT (setting state_fwd.output): also this V block of
     # the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the state and Vt still in registers, instead of
     # a separate pass that reads both back from memory. STORE_VT: Vt kept (the backward, _output_kernel).
-    # WY (TUNE["state_fwd.wy"], the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
+    # WY (setting state_fwd.wy, the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
     # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
-    # STORE_X (with WY, TUNE["bwd.x"]): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
-    # EARLY (TUNE["state_fwd.early"]): the chunk's small inputs (_chunk_small) loaded where used (0), at the
+    # STORE_X (with WY, setting bwd.x): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
+    # EARLY (setting state_fwd.early): the chunk's small inputs (_chunk_small) loaded where used (0), at the
     # top of the chunk's step (1) or one chunk ahead (2). With WY, L is taken as loaded times diag(beta) X,
     # beta on the rows of X (in registers).
-    # TRIL (TUNE["fwd.tril"]): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
+    # TRIL (setting fwd.tril): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
     # the zeros above not stored by the solve and the intra forward
     _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -1115,7 +1117,7 @@ def _state_bwd_kernel(
     UNCHAIN: tl.constexpr,
 ):
     # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'.
-    # EARLY (TUNE["state_bwd.early"]): the chunk's decay (_chunk_small) loaded where used (0), at the top of
+    # EARLY (setting state_bwd.early): the chunk's decay (_chunk_small) loaded where used (0), at the top of
     # the chunk's step (1) or one chunk ahead (2)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -1210,14 +1212,14 @@ def _dqk_bwd_kernel(
     # _intra_bwd_kernel. FUSED (no delta rule, no per-channel decay): the
     # intra-chunk part too, from M_qk = scale tril(dO V^T) (times the relative decay) summed over the same V
     # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here. FINISH
-    # (TUNE["bwd.intra_first"]; no decay or the per-channel one): _intra_bwd_kernel ran first and left its
+    # (setting bwd.intra_first; no decay or the per-channel one): _intra_bwd_kernel ran first and left its
     # partial dq, dk in dq, dk and its dG in dgk; they are added here, and the chunk's dG reverse-cumsummed
     # into dg (the chunk's rows are all in this program, the cumsum a product with the upper triangle of
     # ones on the tensor cores), so no _rev_cumsum_kernel runs
-    # K_INNER (TUNE["dqk.k_inner"]): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side.
+    # K_INNER (setting dqk.k_inner): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side.
     # DV_W (the delta rule after the dvt backward): dvt holds dV = T^T dVt, not dVt, and
     # d(Gamma K) = T^T dW = -dV S^T needs no product with T.
-    # VT_X (TUNE["bwd.vt_x"]): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
+    # VT_X (setting bwd.vt_x): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
     # T (X dS'^T) follows it, so the forward keeps no Vt
     i_t, i_k, i_bh = (
         tl.program_id(K_INNER).to(tl.int64),
@@ -1271,7 +1273,7 @@ def _dqk_bwd_kernel(
             b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
     if SEQ:
-        # (TUNE["dqk.seq"]; the per-channel decay with the intra backward first) the same terms, each tile
+        # (setting dqk.seq; the per-channel decay with the intra backward first) the same terms, each tile
         # loaded where it is first needed and dead after its last use, the finished dq stored before k loads
         b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
         b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
@@ -1395,8 +1397,8 @@ def _dvt_bwd_kernel(
 ):
     # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
     # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel).
-    # PRE_X (TUNE["bwd.x"]): X = V - (Gamma K) S as the forward state pass kept it, instead of from h and
-    # Gamma K here. VT_X (with PRE_X, TUNE["bwd.vt_x"]): no Vt in memory; the V loop sums dO X^T and
+    # PRE_X (setting bwd.x): X = V - (Gamma K) S as the forward state pass kept it, instead of from h and
+    # Gamma K here. VT_X (with PRE_X, setting bwd.vt_x): no Vt in memory; the V loop sums dO X^T and
     # dO Vt^T = (dO X^T) T^T follows it
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -1983,7 +1985,7 @@ def _intra_bwd_kernel(
         b_dg = b_q * b_dq - b_k * b_dkc
     p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
     if FIRST:
-        # before the dqk kernel (TUNE["bwd.intra_first"]): this part alone, which dqk adds to its own
+        # before the dqk kernel (setting bwd.intra_first): this part alone, which dqk adds to its own
         tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
         if DECAY > 0:
@@ -1998,310 +2000,17 @@ def _intra_bwd_kernel(
             tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
-# Launch settings (warps per program, software-pipelining stages), chosen from per-kernel profiles on an
-# H200 at B8 T8K H16 (benchmarks/results/h200_profile_*.csv); None = the rule in the launch code. More
-# stages buffer more tiles in shared memory (227 KB on the H200): the deeper settings are for 16-bit inputs;
-# fp32 inputs (fp32 tiles, twice the bytes) asked for 240 KB with them and run the loops unpipelined.
-# `python benchmarks/profile_gpu.py --set solve.warps=2 state_bwd.stages=1` tries others.
-TUNE: dict[str, int | None] = {
-    # None: 2 for GLA (the per-channel decay without the delta rule) with 16-bit inputs at K, V <= 128, else
-    # 4. H200, B8 T8K H16: with 3 stages (run 52) GLA 0.795 -> 0.728 ms and bounded KDA 0.986 -> 0.960, with
-    # one (run 56) GLA 0.617 with 2 against 0.682 with 4, bounded KDA 0.885 against 0.868; unbounded KDA
-    # (capped at 128 registers) 1.08 -> 1.42 with 2. With its decayed operands folded, the bounded gate's
-    # no-grad intra forward takes 2 warps at a cap of 168 registers (6 programs per SM, no spill; sm_90: 1,626
-    # instructions a thread against 1,045 with 4 warps, 16% fewer a program): H200, B8 T8K H16 (run 109,
-    # checked within bounds) 0.709 -> 0.651 ms, the forward 1.606 -> 1.551; 2 warps at the cap of 128 (176
-    # bytes spilled) 0.791, a cap of 96 with 4 warps 0.861, 2 stages 0.752, no cap 0.709
-    "intra_fwd.warps": None,
-    # 1: the per-channel intra forward's tiles of exponentials as ex2.approx.ftz.f32 (_exp) on a GPU, 0:
-    # tl.exp. sm_90 (occupancy.py, B8 T8K H16 no-grad): bounded KDA 1,390 -> 1,259 instructions, KDA 1,864 ->
-    # 1,769, GLA 2,473 -> 2,273. H200 (run 98, checked within bounds): the intra forward 0.795 -> 0.771 ms
-    # (bounded KDA), 0.978 -> 0.962 (KDA), 0.619 -> 0.608 (GLA)
-    "intra_fwd.ftz": 1,
-    # the same for the per-channel intra backward's triangular loops (_rel_rows_tri, _rel_cols_tri). sm_90:
-    # bounded KDA 939 -> 840 instructions (8 -> 0 bytes spilled), KDA 1,494 -> 1,393, GLA 1,219 -> 1,124
-    "intra_bwd.ftz": 1,
-    # 1: dqk's key blocks of one chunk next to each other in launch order (grid (key blocks, chunks, B H)), so
-    # that they read the chunk's dO, Vt, dVt at about the same time, instead of NT programs apart. H200, B8
-    # T8K H16 (run 78): bounded KDA's dqk 2.051 -> 1.994 ms, GLA's 1.695 -> 1.689; the same for the intra
-    # backward's key blocks of one 16-row block lost (1.729 -> 1.802)
-    "dqk.k_inner": 1,
-    # 1: with the intra backward first (the per-channel decay), dqk's epilogue loads each
-    # tile where it is first needed (G, then q, then k) and stores the finished dq before k loads; 0: q, k
-    # and G loaded together after the V loop. None: 1 without the delta rule (GLA). sm_90 (occupancy.py):
-    # spills 56 -> 8 bytes (GLA), 344 -> 240 (both KDAs). H200, B8 T8K H16 (run 83, checked within bounds):
-    # GLA's dqk 1.701 -> 1.656 ms (fwd+bwd 5.262 -> 5.216), but both KDAs' 2.008 -> 2.028
-    "dqk.seq": None,
-    # warps of the forward cumsum kernel (None: 4). H200, B8 T8K H16 (run 81), bounded KDA: 2 warps 0.262 ms,
-    # 4 0.261, 8 0.262, 16 0.392 (at its bytes, 4.1 TB/s, whatever the warps)
-    "cumsum.warps": None,
-    "cumsum16.warps": None,
-    # stages: 1 for the per-channel decay, whose triangular loop runs 1-4 steps (H200, B8 T8K H16, run 54:
-    # bounded KDA 0.962 -> 0.886 ms, GLA 0.728 -> 0.618, KDA 1.085 -> 1.006; 2 stages 0.945, 0.653, 1.080),
-    # else Triton's default 3. maxnreg (registers a thread; 0 = no cap): 128 for KDA (both gates; bounded
-    # since run 73) with 16-bit inputs at K, V <= 128, else no cap.
-    # benchmarks/occupancy.py (sm_90, Triton 3.9, B8 T8K H16): 194 registers hold unbounded KDA's intra
-    # forward to 2 programs (8 warps) per SM, the cap allows 4 (176 bytes spilled): 1.361 -> 1.082 ms on the
-    # H200 (run 31; fwd+bwd 9.56 -> 9.31). Bounded KDA (128 registers then), GLA and the delta rule: within
-    # 0.005 ms either way, so no cap there
-    "intra_fwd.stages": None,
-    "intra_fwd.maxnreg": None,
-    "solve.warps": 1,
-    # registers a thread for the solve (0: no cap; sm_90 138, 14 programs of one warp per SM). None: 128 for
-    # 16-bit inputs (16 programs per SM, 24 bytes spilled), else no cap. H200, B8 T8K H16 (run 98): bounded
-    # KDA's solve 0.162 -> 0.144 ms with 128, 0.179 with 96
-    "solve.maxnreg": None,
-    # 1: the state passes' chained products (forward: X = V - (Gamma K) S, Vt = L diag(beta) X, the output's
-    # state term; reverse: dVt) go through _unchain, so that Triton does not lay them out as a chain; 0:
-    # straight on. None: 1 with 8 warps. With 8 warps and 64 rows a chained product had all 8 warps along
-    # its rows, so on sm_90 both warpgroups computed the same 64 rows (benchmarks/occupancy.py's mma_dup
-    # column); unchained, they split the columns (bounded KDA's no-grad pass: 44 -> 24 tensor-core
-    # instructions a step, 255 -> 182 registers, 24 -> 0 bytes spilled). With 4 warps the layouts are the
-    # same either way. H200, B8 T8K H16 (run 95, checked within bounds at B=8 H=16), GPU time per pass,
-    # 0 -> 1: bounded KDA no-grad forward 1.914 -> 1.728 ms (state pass 0.680 -> 0.496), fwd+bwd 7.239 ->
-    # 7.000; KDA 2.110 -> 1.932 and 7.622 -> 7.375; GDN 1.478 -> 1.246 and 6.590 -> 6.342; the delta rule
-    # 4.498 -> 4.351 fwd+bwd; GLA 1.326 -> 1.246 and 5.124 -> 5.036
-    "state_fwd.unchain": None,
-    "state_bwd.unchain": None,
-    # None: 4 where the pass writes W alone (bwd.x; H200, B8 T8K H16, run 54: 0.205 -> 0.177 ms for bounded
-    # KDA and the delta rule), else 8 at K or V >= 128 and 4 below
-    "wu.warps": None,
-    # where the forward state pass loads each chunk's small inputs (exp(G_last), the scalar decay's G, beta:
-    # too small for Triton's pipelining, so plain loads that the sequential loop waits on): 0 where they are
-    # used, 1 at the top of the chunk's step, 2 one chunk ahead (loop-carried). None: 1, but 0 for the scalar
-    # decay and for KDA's differentiable forward where the pass has many programs (B * H * V / 64 >= 256).
-    # H200 (run 89, GPU time per pass, 0 / 1 / 2): B8 T8K H16 no-grad bounded KDA 0.817 / 0.680 / 0.909 ms
-    # (forward 2.054 -> 1.918), KDA 0.827 / 0.680 / 0.900, the delta rule 0.691 / 0.586 / 0.708, GLA 0.518 /
-    # 0.449 / 0.433; with a gradient GLA 0.582 / 0.520 / 0.522, the delta rule 0.940 / 0.925 / 0.890, but
-    # bounded KDA 1.086 / 1.136 / 1.105; GDN 0.924 / 0.969 / 1.411 (no grad), 1.185 / 1.582 / 1.938, simple
-    # GLA 0.577 / 0.656 / 0.736; B1 T64K H16 bounded KDA 1.591 / 1.386 / 1.414 with a gradient; B32 T2K H2
-    # KDA 0.113 / 0.106 / 0.108
-    "state_fwd.early": None,
-    # 1 (None): without a gradient, where the state pass is the only reader of L and A_qk (the output and Vt
-    # inside it), it loads them block lower-triangular (16-column blocks up to the row's) and the solve and
-    # the intra forward do not store the zeros above (about 0.1 GB at B8 T8K H16); 0: stored and read whole.
-    # H200, B8 T8K H16 (run 103, checked within bounds), no-grad forward, GPU time: bounded KDA 1.682 ->
-    # 1.661 ms (intra forward 0.778 -> 0.758, solve 0.144 -> 0.137), KDA 1.867 -> 1.851, GLA 1.239 -> 1.188
-    # (intra 0.610 -> 0.578, state pass 0.368 -> 0.348), the delta rule 0.958 -> 0.942, GDN 1.237 -> 1.215
-    "fwd.tril": None,
-    # 1 (None): the bounded gate's no-grad forward stores G times log2(e), and its
-    # readers, the intra forward and the state pass's exp(G_last), take 2^x without the multiply; 0: G as
-    # is. sm_90 (occupancy.py, B8 T8K H16 no-grad): the intra forward 1,626 -> 1,508 instructions, its loop
-    # 367 -> 335. H200 (run 111, checked within bounds, also with slow gates): no-grad bounded KDA 1.550 ->
-    # 1.529 ms GPU time (intra forward 0.651 -> 0.646, state pass 0.500 -> 0.485)
-    "fwd.log2": None,
-    # 1 (None): the forward's cumsum, intra, solve and state-pass kernels launched as programmatic dependent
-    # launches on sm_90 and later (_pdl_start): each lets the next one's programs be placed as its own last
-    # ones start, and waits for the one before it to finish before it touches memory; 0: plain launches
-    "fwd.pdl": None,
-    # 1 (None): with fwd.log2, the cumsum kernel stores G (fp32) only at each 16-row block's first row and
-    # at the chunk's last valid row, and every row's decay from its block's first row, G_a - G, as uint16
-    # in steps of 1/512 (G16_STEPS); the intra forward takes its exponentials from those (half the bytes of
-    # fp32 G written and read); 0: fp32 G at every row
-    "fwd.g16": None,
-    # the same for the reverse state pass (exp(G_last), the scalar decay's G). None: 1 for the per-channel
-    # decay where the pass has few programs (B * H * V / 64 < 256), else 0. H200 (run 89, 0 / 1 / 2): B1
-    # T64K H16 bounded KDA 2.185 / 1.960 / 1.966 ms, GLA 1.885 / 1.623 / 1.651; B32 T2K H2 bounded KDA 0.157
-    # / 0.137 / 0.139; B8 T8K H16 0.611 / 0.622 / 0.610, GDN 0.748 / 0.791 / 1.228
-    "state_bwd.early": None,
-    # None: 8 at K * BV >= 128 * 64, else 4. Until the products were unchained (state_fwd.unchain) the no-grad
-    # pass without a decay (linear attention, the delta rule) took 4 where it has many programs (H200, B8
-    # T8K H16, run 60: linear attention's forward 0.646 -> 0.577 ms, the delta rule's 1.253 -> 1.184);
-    # unchained, 8 won there too (run 96: 0.578 -> 0.559, 1.074 -> 0.978; state pass 0.577 -> 0.483)
-    "state_fwd.warps": None,
-    # V columns per program (16-128): 32 below 256 programs of 64 columns, else 128 (64 for fp32 inputs or
-    # head sizes over 128).
-    # H200, B8 T8K H16 (run 20): 64 -> 128 took bounded KDA's forward state pass 0.61 -> 0.49 ms (the delta
-    # rule's 0.46 -> 0.43); the reverse pass lost with 128 (0.80 -> 0.99) and keeps 64
-    "state_fwd.bv": None,
-    # 3 (Triton's default) for 16-bit inputs with K, V <= 128 (2 with state_fwd.output), else 1
-    "state_fwd.stages": None,
-    # 1: the output O = scale (Q Gamma) S + A_qk Vt computed inside the forward state pass, from the state and
-    # Vt in registers (and, without a gradient wanted, h and Vt not stored); 0: _output_kernel, a pass of its
-    # own over the stored h and Vt; None: 1 where the state pass has at least 256 programs of 64 columns
-    # (B * H * V / 64; it then runs 128-column blocks), or without a gradient from B * H >= 64 on, else 0.
-    # H200 (runs 44, 46): B8 T8K H16 bounded KDA no-grad forward 2.67 -> 2.44 ms, fwd+bwd 8.54 -> 8.42 (state
-    # pass + output 0.88 -> 0.64 / 0.76 ms); at B1 H16 (run 48) the sweep's T = 64K went 3.93 -> 4.37 ms
-    # forward, 11.34 -> 11.92 fwd+bwd; at B32 T2K H2 (run 50, with state_fwd.wy) no-grad bounded KDA 0.404 ->
-    # 0.382, linear attention 0.119 -> 0.095, but fwd+bwd 1.207 -> 1.224 and the delta rule's 0.715 -> 0.743
-    "state_fwd.output": None,
-    # 1: the delta rule's no-grad forward computes Vt = L diag(beta) (V - (Gamma K) S) inside the state pass
-    # from L, Gamma K and V, and runs no W/U pass (nothing else reads W and U there); 0: Vt = U - W S; None:
-    # 1 from B * H >= 64 on (as state_fwd.output without a gradient). H200, B8 T8K H16 (run 45): bounded KDA
-    # 2.46 -> 2.23 ms (W/U 0.40 ms gone, the state pass 0.64 -> 0.82), the delta rule 1.47 -> 1.27; with 4
-    # warps instead of 8 (run 48) the delta rule 1.26 -> 1.18 but bounded KDA 2.24 -> 2.27; with 64-column
-    # blocks (run 47) 2.55 and 1.53
-    "state_fwd.wy": None,
-    # 1: the delta rule's differentiable forward forms Vt = L diag(beta) (V - (Gamma K) S) in the state pass
-    # as the no-grad one does, keeps X = V - (Gamma K) S (input dtype) for the dvt backward, which then reads
-    # X instead of the chunk states h and Gamma K, and the W/U pass writes W alone; 0: Vt = U - W S; None: 1
-    # where the state pass has at least 256 programs of 64 columns (as state_fwd.output with a gradient).
-    # H200, B8 T8K H16 (run 51, checked within bounds): bounded KDA fwd+bwd 8.42 -> 8.36 ms (state pass 0.76
-    # -> 1.08, W/U 0.39 -> 0.20, dvt 0.89 -> 0.70), KDA 8.65 -> 8.59, the delta rule 4.86 -> 4.77
-    "bwd.x": None,
-    # 1: with bwd.x and the output inside the forward state pass, the forward keeps no Vt (bf16 [B,T,H,V]):
-    # the dqk and dvt backwards read X instead and apply T = L diag(beta) to their [BT, BK] / [BT, BT]
-    # products after the V loop (Vt dS'^T = T (X dS'^T), dO Vt^T = (dO X^T) T^T); dvt reads one tile
-    # fewer per V block. 0: Vt kept and read. None: 1 without the per-channel decay (the delta rule, GDN).
-    # H200, B8 T8K H16 (run 82, checked within bounds at the wide forms): the forward state pass 0.999 ->
-    # 0.927 ms (the delta rule), 1.077 -> 1.005 (bounded KDA); dvt unchanged (0.660 -> 0.656); dqk 0.807
-    # -> 0.836 (the delta rule), 1.244 -> 1.287 (GDN), but 1.996 -> 2.260 for both KDAs (336 bytes
-    # spilled with the extra product; 1 program per SM with it in tf32). fwd+bwd: the delta rule 4.700
-    # -> 4.650, GDN 6.622 -> 6.619, bounded KDA 7.483 -> 7.674
-    "bwd.vt_x": None,
-    # KDA (both gates), GLA, simple GLA and linear attention (16-bit inputs, K, V <= 128) where the pass has
-    # many programs (B * H * V / 64 >= 256): 128-column blocks, 8 warps, 2 stages, as the forward pass
-    # (H200, B8 T8K H16, run 66: bounded KDA's reverse state pass 0.777 -> 0.607 ms, fwd+bwd 7.888 -> 7.722;
-    # 128 columns at 8 warps with 1 stage 0.954, 32 columns 1.230-1.250; run 69: GLA 0.679 -> 0.509, linear
-    # attention 0.598 -> 0.503, simple GLA 0.577 -> 0.552). Not for the delta rule (run 66: 0.679 -> 0.668)
-    # or GDN (run 69: 0.743 -> 0.800). Else 64 columns (32 with few programs, see _block_v) and 4 warps, 2
-    # stages for 16-bit inputs with K, V <= 128 (1 else). Before run 66 KDA's
-    # wide pass ran 64 columns with 1 stage (run 56, 0.793 -> 0.770 against 2 stages); few programs need the
-    # pipelining: at B1 H16 (run 59) 1 stage took bounded KDA's fwd+bwd at T=64K from 10.95 to 13.02 ms
-    "state_bwd.warps": None,
-    "state_bwd.bv": None,
-    "state_bwd.stages": None,
-    "dqk.warps": 4,
-    # 1: the intra backward before the dqk kernel (the delta rule or the per-channel decay; not the scalar
-    # decay): dqk adds the intra part to its own and reverse-cumsums dG itself, so dG is written once and no
-    # _rev_cumsum_kernel runs; 0: dqk first, the intra backward adds, the cumsum kernel last. Default: 1 for
-    # the per-channel decay (GLA, KDA), 0 for the delta rule alone. H200 (runs 60-61, checked within bounds):
-    # bounded KDA fwd+bwd 7.976 -> 7.897 ms at B8 T8K H16 (intra backward 2.117 -> 1.745, dqk 1.550 ->
-    # 2.145, no dG cumsum's 0.306; sm_90: dqk spills 216 bytes instead of 64), KDA 8.296 -> 8.212, GLA
-    # 5.629 -> 5.587; B1 T64K 11.070 -> 10.988, B32 T2K 1.162 -> 1.148. The delta rule lost: 4.713 ->
-    # 4.806. Run 24 (an earlier form) lost for KDA too: dqk 1.71 -> 2.59. 8 warps in
-    # dqk with it: 7.897 -> 9.046 (dqk.bk=32: 8.784)
-    "bwd.intra_first": None,
-    "dqk.bk": None,  # key columns per program (16-128): 64
-    # 3 for 16-bit inputs with K, V <= 128 (2 for the delta rule without a decay), else 1. H200, B8 T8K H16
-    # (run 22): 2 stages took the delta rule's dqk kernel 1.09 -> 0.85 ms, bounded KDA's 1.71 -> 1.78
-    "dqk.stages": None,
-    "dvt.warps": 4,
-    # 2 for 16-bit inputs with K, V <= 128 (3 where it reads X, bwd.x: H200, B8 T8K H16, run 54: 0.699 ->
-    # 0.663 ms for bounded KDA and the delta rule; 3 lost with h and Gamma K, run 22), else 1
-    "dvt.stages": None,
-    "intra_bwd.warps": 4,
-    "intra_bwd.bk": None,  # key columns per program (16-128): 64 for the per-channel decay, else 128
-    # stages 3 and no register cap, except for the delta rule without decay (16-bit inputs, K, V <= 128): 2
-    # stages and a cap of 128 (occupancy.py, sm_90, Triton 3.9: 151 registers and 3 programs per SM -> 128,
-    # 48 bytes spilled and 4; H200, B8 T8K H16, run 31: 0.911 -> 0.814 ms). The same setting lost 0.10-0.14
-    # ms for bounded and unbounded KDA and GLA (bounded KDA 2.489 -> 2.605 ms; 2 stages alone 2.627). KDA
-    # (both gates; 16-bit, K, V <= 128): 3 stages and a cap of 96 (121 registers and 4 programs per SM -> 5,
-    # 48 bytes spilled; run 41: bounded 2.379 -> 2.278 ms, unbounded 2.510 -> 2.407; 80 registers, 6
-    # programs and 136 bytes spilled: 2.352; GLA at 96: 1.987 -> 1.990). The per-channel decay's triangular
-    # loops run 1-4 steps: 1 stage there (H200, B8 T8K H16, run 54: bounded KDA 2.287 -> 2.116 ms, KDA 2.419
-    # -> 2.285, GLA 1.989 -> 1.740; sm_90: bounded KDA's spill 48 -> 8 bytes, GLA 116 -> 94 registers)
-    "intra_bwd.stages": None,
-    "intra_bwd.maxnreg": None,
-}
-
-
-def set_tune(items: list[str]) -> dict[str, int | None]:
-    """Apply `KEY=VALUE` overrides (the scripts' `--set`) to TUNE; returns the changed entries.
-    A key TUNE does not have, or a value that is not an integer (or `none` for the launch rule), is a
-    ValueError naming it and what is allowed."""
-    changed: dict[str, int | None] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. solve.warps=2")
-        if key not in TUNE:
-            raise ValueError(f"--set {item!r}: unknown key {key!r}; TUNE has {sorted(TUNE)}")
-        if value.lower() == "none":
-            changed[key] = None
-        else:
-            try:
-                changed[key] = int(value)
-            except ValueError:
-                raise ValueError(
-                    f"--set {item!r}: {value!r} is not an integer (or none for the default rule)"
-                ) from None
-    TUNE.update(changed)
-    return changed
-
-
-def add_tune_argument(parser) -> None:
-    """The scripts' `--set KEY=VALUE ...` (profile_gpu.py, bench_gpu.py, check_kernels.py)."""
-    parser.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override kernels.triton.chunk.TUNE entries (launch settings and tested alternatives), "
-        "e.g. --set solve.warps=2 state_bwd.stages=1",
-    )
-
-
-def tune_from_args(args) -> dict[str, int | None]:
-    """Apply the parsed `--set` to TUNE (set_tune); a bad item exits with set_tune's message."""
-    try:
-        return set_tune(args.set)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
-
-
-def _pipelined(q: torch.Tensor, K: int, V: int) -> bool:
-    # software-pipelined loops for 16-bit inputs at head sizes <= 128; fp32 tiles, or 256-wide ones, in
-    # several stages overflow the 227 KB of shared memory (K = V = 256 bf16: the backward asked for more)
-    return q.dtype != torch.float32 and max(K, V) <= 128
-
-
-def _tuned(key: str, default: int) -> int:
-    value = TUNE[key]
-    return default if value is None else value
-
-
-def _maxnreg(key: str, default: int | None) -> int | None:
-    # a register cap per thread: TUNE None = the launch code's rule (default), 0 = no cap, else the cap
-    value = TUNE[key]
-    if value is None:
-        return default
-    return value or None
-
-
-def _auto(key: str, default: bool) -> bool:
-    # a TUNE switch: 0 or 1 where set, else (None) the launch code's rule
-    return default if TUNE[key] is None else bool(TUNE[key])
-
-
-def _num_warps(big: bool) -> int:
-    return 8 if big and not INTERPRET else 4
-
-
-def _state_programs(B: int, H: int, V: int) -> tuple[int, bool]:
-    # the state passes' programs counted in blocks of 64 V columns, and whether there are enough of them
-    # (>= 256) to fill the H200 alone: the launch rules of both passes go by it (see chunk_forward)
-    programs = B * H * max(1, V // 64)
-    return programs, programs >= 256
-
-
-def _block_v(V: int, programs: int, key: str, wide: bool = False) -> int:
-    # the state passes are sequential over chunks: split V finer when B * H alone cannot fill the GPU
-    if INTERPRET:
-        return min(V, 32)
-    if TUNE[key] is not None:
-        return min(V, TUNE[key])
-    # (wide: 128-column blocks once B * H fills the GPU by itself; the forward pass, 16-bit, K, V <= 128)
-    return min(V, 32 if programs < 256 else (128 if wide else 64))
-
-
 def _l_dtype(lowp: bool) -> torch.dtype:
-    # L in bf16 for 16-bit inputs: W, U and the backward's dots take it as bf16
-    # anyway; only dvt's dA = -L^T dL L^T and dbeta use it in fp32
+    # L in bf16 for 16-bit inputs: W, U and the backward's dots take it as bf16 anyway; only dvt's
+    # dA = -L^T dL L^T and dbeta use it in fp32
     return torch.bfloat16 if lowp else torch.float32
 
 
 @functools.cache
 def _gdc_on(device: int | None) -> bool:
-    # programmatic dependent launch for this CUDA device (TUNE["fwd.pdl"]): compiled kernels (not the
-    # interpreter), a Triton with grid dependency control, sm_90 or later; asked once a device
+    # programmatic dependent launch for this CUDA device: compiled kernels (not the interpreter), a Triton
+    # with grid dependency control, sm_90 or later; asked once a device
     return HAS_GDC and not INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def _g16(lowp: bool) -> bool:
-    # TUNE["fwd.g16"] for 16-bit inputs only: its steps of 1/512 in the exponents (0.039% RMS) sit below
-    # bf16's rounding of the operands, not below fp32's
-    return lowp and bool(_tuned("fwd.g16", 1))
 
 
 def _akk_dtype(lowp: bool, keep: bool) -> torch.dtype:
@@ -2315,62 +2024,65 @@ def _m_dtype(lowp: bool) -> torch.dtype:
     return torch.bfloat16 if lowp else torch.float32
 
 
+class Saved(NamedTuple):
+    """What chunk_forward keeps for chunk_backward (None where the plan keeps nothing)."""
+
+    gc: torch.Tensor | None  # chunk-local cumsum G of g, fp32
+    aqk: torch.Tensor  # A_qk, the intra-chunk attention [B, T, H, BT]
+    akk: torch.Tensor | None  # A_kk (the delta rule)
+    linv: torch.Tensor | None  # L = (I + diag(beta) A_kk)^-1 (the delta rule)
+    w: torch.Tensor | None  # W = L diag(beta) Gamma K (the delta rule)
+    vt: torch.Tensor | None  # the pseudo-values Vt (the delta rule, unless the plan forms them from X)
+    h: torch.Tensor  # the chunk-entry states [B, H, NT, K, V]
+    qg: torch.Tensor | None  # Q exp(G) (the per-channel decay)
+    kd: torch.Tensor | None  # K exp(G_last - G)
+    kg: torch.Tensor | None  # K exp(G) (KDA, where X does not stand in for it)
+    x: torch.Tensor | None  # X = V - (Gamma K) S (the plan's keep_x)
+
+
+def _problem(q, v, g, beta, chunk_size, lower_bound, keep: bool):
+    # (kernels.triton.plan imports this module's constants; imported here, `python -m kernels.triton.plan`
+    # finds it not yet loaded)
+    from kernels.triton import plan
+
+    B, T, H, K = q.shape
+    return plan.Problem(
+        B=B, T=T, H=H, K=K, V=v.shape[-1], chunk_size=chunk_size,
+        decay=0 if g is None else (1 if g.dim() == 3 else 2), delta=beta is not None,
+        bounded=lower_bound is not None, lowp=q.dtype != torch.float32, keep=keep,
+        pdl_capable=q.is_cuda and _gdc_on(q.device.index),
+    )  # fmt: skip
+
+
 def chunk_forward(
     q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=True
 ):
     """The chunkwise forward on checked, contiguous inputs (triton_chunk checks them): returns (o, final
-    state or None, the buffers chunk_backward reads or None). keep=False (no gradient wanted) keeps
-    nothing and skips the chunk-entry states h and Vt where nothing else reads them."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    BT = chunk_size
-    NT = triton.cdiv(T, BT)
-    decay = 0 if g is None else (1 if g.dim() == 3 else 2)
-    delta = beta is not None
-    bounded = lower_bound is not None
-    lowp = q.dtype != torch.float32
-    pipelined = _pipelined(q, K, V)
+    state or None, Saved for chunk_backward or None). keep=False (no gradient wanted) keeps nothing and
+    skips the chunk-entry states h and Vt where nothing else reads them."""
+    from kernels.triton import plan
+
+    fp = plan.plan_forward(_problem(q, v, g, beta, chunk_size, lower_bound, keep))
+    p = fp.problem
+    B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
+    decay, delta, bounded, lowp = p.decay, p.delta, p.bounded, p.lowp
     dev = q.device
     f32 = torch.float32
     qg = kd = kg = None
-    # the state pass's programs: few (B * H small) means a long sequential pass on part of the GPU, where the
-    # output and the W/U products are better left to passes that run every chunk in parallel. H200 (runs
-    # 48-50): the fused forms won at B8 H16 (256 programs of 64 columns) with or without a gradient, at B32 H2
-    # without one only, and lost at B1 H16
-    programs, wide = _state_programs(B, H, V)
-    many = B * H >= 64
-    # the no-grad forward of the delta rule: Vt from L, Gamma K and V inside the state pass, no W/U pass
-    wy = delta and not keep and _auto("state_fwd.wy", many)
-    # the output inside the forward state pass (TUNE["state_fwd.output"]), or a pass of its own after it
-    fused = _auto("state_fwd.output", wide if keep else many)
-    state_early = _tuned(
-        "state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and wide) else 1
-    )
-    # L and A_qk without their zeros above the diagonal blocks, where the state pass is their only reader
-    # (TUNE["fwd.tril"])
-    tril = not keep and fused and (wy or not delta) and BC == 16 and bool(_tuned("fwd.tril", 1))
     if decay == 2:
         # decayed queries and keys for the later kernels; they only ever feed dots (bf16 operands for 16-bit
-        # inputs), so they are kept in that precision
+        # inputs), so they are kept in that precision; Gamma K for W/U and the dvt backward
         qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else f32)
         kd = torch.empty_like(qg)
-        # and Gamma K for W/U and the dvt backward (H200, B8 T8K H16, run 20: bounded KDA's W/U 0.60 -> 0.35
-        # ms, dvt 1.44 -> 1.11, intra forward 0.96 -> 0.99)
         kg = torch.empty_like(qg) if delta else None
-    # the bounded gate's no-grad forward: G stored times log2(e), its readers (the intra forward, the state
-    # pass's exp(G_last)) taking 2^x without a multiply (TUNE["fwd.log2"])
-    log2 = decay == 2 and bounded and not keep and bool(_tuned("fwd.log2", 1))
-    # the forward's kernels as programmatic dependent launches (TUNE["fwd.pdl"]; sm_90 and later)
-    pdl = q.is_cuda and bool(_tuned("fwd.pdl", 1)) and _gdc_on(q.device.index)
+    pdl = fp.pdl
     on_pdl = {"launch_pdl": True} if pdl else {}
-    # with fwd.log2: G's rows as 16-bit decays from their block's first row (TUNE["fwd.g16"])
-    g16 = log2 and _g16(lowp)
-    gq = torch.empty(g.shape, device=dev, dtype=torch.uint16) if g16 else None
+    gq = torch.empty(g.shape, device=dev, dtype=torch.uint16) if fp.g16 else None
     gc = None
-    if g16:
+    if fp.g16:
         gc = torch.empty(g.shape, device=dev, dtype=f32)  # (its rows at blocks' first rows, chunks' last)
         _cumsum16_kernel[(NT * (BT // BC), B * H)](
-            g, gc, gq, T, H=H, K=K, BT=BT, PDL=pdl, **on_pdl, num_warps=_tuned("cumsum16.warps", 1)
+            g, gc, gq, T, H=H, K=K, BT=BT, PDL=pdl, **on_pdl, num_warps=fp.cumsum16.warps
         )
     elif decay:
         gc = torch.empty(g.shape, device=dev, dtype=f32)
@@ -2382,20 +2094,15 @@ def chunk_forward(
             K=K,
             BT=BT,
             DECAY=decay,
-            LOG2=log2,
+            LOG2=fp.log2,
             PDL=pdl,
-            num_warps=_tuned("cumsum.warps", 4),
+            num_warps=fp.cumsum.warps,
             **on_pdl,
         )
     gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else f32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=_akk_dtype(lowp, keep)) if delta else None
-    # KDA with 16-bit inputs: at most 128 registers a thread, 4 programs per SM instead of 2 (unbounded) or 3
-    # (bounded) (TUNE)
-    capped = pipelined and decay == 2 and delta
-    # the bounded gate's no-grad intra forward: 2 warps at 168 registers (TUNE["intra_fwd.warps"]'s comment)
-    narrow = capped and not keep and bounded
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
@@ -2417,15 +2124,15 @@ def chunk_forward(
         BOUNDED=bounded,
         LOWP=lowp,
         ZERO_KK=keep,
-        FTZ=not INTERPRET and bool(TUNE["intra_fwd.ftz"]),
-        ZERO_QK=not tril,
-        LOG2=log2,
+        FTZ=fp.intra_ftz,
+        ZERO_QK=not fp.tril,
+        LOG2=fp.log2,
         PDL=pdl,
-        G16=g16,
+        G16=fp.g16,
         **on_pdl,
-        num_warps=_tuned("intra_fwd.warps", 2 if (pipelined and decay == 2 and not delta) or narrow else 4),
-        num_stages=_tuned("intra_fwd.stages", 1 if decay == 2 else 3),
-        maxnreg=_maxnreg("intra_fwd.maxnreg", 168 if narrow else (128 if capped else None)),
+        num_warps=fp.intra.warps,
+        num_stages=fp.intra.stages,
+        maxnreg=fp.intra.maxnreg,
     )
     linv = w = u = vt = None
     if delta:
@@ -2438,18 +2145,17 @@ def chunk_forward(
             H=H,
             BT=BT,
             BC=BC,
-            PREC="tf32" if lowp else "tf32x3",
-            ZERO_L=not tril,
+            PREC=fp.solve_prec,
+            ZERO_L=not fp.tril,
             PDL=pdl,
             **on_pdl,
-            num_warps=_tuned("solve.warps", 1),
-            maxnreg=_maxnreg("solve.maxnreg", 128 if lowp else None),
+            num_warps=fp.solve.warps,
+            maxnreg=fp.solve.maxnreg,
         )
-    # with a gradient (TUNE["bwd.x"]): the same WY form of Vt, keeping X = V - (Gamma K) S for the dvt
-    # backward, and W alone from the W/U pass (the backward reads W; U only served Vt)
-    keep_x = delta and keep and _auto("bwd.x", wide)
+    keep_x = fp.keep_x
     x = torch.empty_like(v) if keep_x else None
-    if delta and not wy:
+    if fp.runs_wu:
+        # (with keep_x W alone: the backward reads W; U only served Vt)
         w = torch.empty_like(k)
         u = None if keep_x else torch.empty_like(v)
         _wu_kernel[(NT, B * H)](
@@ -2469,21 +2175,17 @@ def chunk_forward(
             LOWP=lowp,
             PRE_KG=kg is not None,
             STORE_U=u is not None,
-            num_warps=_tuned("wu.warps", 4 if u is None else _num_warps(K >= 128 or V >= 128)),
+            num_warps=fp.wu.warps,
         )
     # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
     h_dtype = torch.bfloat16 if lowp else f32
-    h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype) if keep or not fused else None
-    # Vt: read by the backward and by _output_kernel; not kept where the backward forms it from X
-    # (TUNE["bwd.vt_x"])
-    vt_x = keep_x and fused and bool(_tuned("bwd.vt_x", decay != 2))
-    vt = torch.empty_like(v) if delta and (keep or not fused) and not vt_x else None
+    h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype) if fp.store_h else None
+    vt = torch.empty_like(v) if fp.store_vt else None
     ht = torch.empty(B, H, K, V, device=dev, dtype=f32) if output_final_state else None
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
-    BV = _block_v(V, programs, "state_fwd.bv", wide=pipelined)
+    BV = fp.state_bv
     h0 = initial_state.contiguous() if initial_state is not None else None
     dummy = v  # a valid pointer (of Vt's dtype) for the buffers a launch does not touch
-    warps = _tuned("state_fwd.warps", _num_warps(K * BV >= 128 * 64))
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
         v,
@@ -2514,22 +2216,22 @@ def chunk_forward(
         HAS_H0=h0 is not None,
         STORE_HT=output_final_state,
         LOWP=lowp,
-        OUT=fused,
+        OUT=fp.out,
         STORE_H=h is not None,
         STORE_VT=vt is not None,
-        WY=wy or keep_x,
+        WY=fp.wy or keep_x,
         STORE_X=keep_x,
-        UNCHAIN=bool(_tuned("state_fwd.unchain", warps > 4)),
-        EARLY=state_early,
-        TRIL=tril,
-        LOG2=log2,
+        UNCHAIN=fp.state_unchain,
+        EARLY=fp.state_early,
+        TRIL=fp.tril,
+        LOG2=fp.log2,
         PDL=pdl,
         **on_pdl,
-        num_warps=warps,
-        num_stages=_tuned("state_fwd.stages", (2 if fused else 3) if pipelined else 1),
+        num_warps=fp.state.warps,
+        num_stages=fp.state.stages,
     )
-    if not fused:
-        BVo = min(V, 64)
+    if not fp.out:
+        BVo = fp.output_bv
         _output_kernel[(NT, V // BVo, B * H)](
             qg if qg is not None else q,
             v,
@@ -2554,27 +2256,21 @@ def chunk_forward(
     if not keep:
         return o, ht, None
     # (Gamma K only served X in the backward)
-    return o, ht, (gc, aqk, akk, linv, w, vt, h, qg, kd, None if keep_x else kg, x)
+    return o, ht, Saved(gc, aqk, akk, linv, w, vt, h, qg, kd, None if keep_x else kg, x)
 
 
 def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, lower_bound, saved):
     """The chunkwise backward from chunk_forward's saved buffers and the output's (and final state's)
     gradients do, dht: returns (dq, dk, dv, dg, dbeta, dh0) in the kernels' dtypes (ChunkFunction casts)."""
     gc, aqk, akk, linv, w, vt, h, qg, kd, kg, x = saved
-    # the forward kept X = V - (Gamma K) S and no Vt = T X (TUNE["bwd.vt_x"]): dqk and dvt read X for it
+    # the forward kept X = V - (Gamma K) S and no Vt = T X: dqk and dvt read X for it
     vt_x = beta is not None and vt is None
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    pipelined = _pipelined(q, K, V)
-    BT = chunk_size
-    NT = triton.cdiv(T, BT)
-    # TUNE["dqk.k_inner"]: dqk's key blocks of one chunk launched side by side (grid axis 1 holds at most
-    # 65,535 chunks: T up to about 4M at 64-row chunks)
-    k_inner = int(bool(TUNE["dqk.k_inner"]) and NT < 65536)
-    decay = 0 if g is None else (1 if g.dim() == 3 else 2)
-    delta = beta is not None
-    bounded = lower_bound is not None
-    lowp = q.dtype != torch.float32
+    from kernels.triton import plan
+
+    bp = plan.plan_backward(_problem(q, v, g, beta, chunk_size, lower_bound, True), vt_x, x is not None)
+    p = bp.problem
+    B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
+    decay, delta, bounded, lowp = p.decay, p.delta, p.bounded, p.lowp
     dev = q.device
     f32 = torch.float32
     gcx = gc if gc is not None else q
@@ -2582,17 +2278,7 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
     dvt = torch.empty(B, T, H, V, device=dev, dtype=f32 if not lowp else q.dtype)
     dh = torch.empty(B, H, NT, K, V, device=dev, dtype=h.dtype)
     dh0 = torch.empty(B, H, K, V, device=dev, dtype=f32)
-    programs, wide = _state_programs(B, H, V)
-    # many programs: the forward pass's 128-column blocks and 8 warps (TUNE["state_bwd.*"]); the delta rule
-    # with a scalar decay or none (GDN, the delta rule) gained nothing from them until their products were
-    # unchained (state_bwd.unchain; H200 run 96, B8 T8K H16 fwd+bwd: the delta rule 4.338 -> 4.165 ms, the
-    # reverse pass 0.674 -> 0.505; GDN 6.312 -> 6.119, 0.747 -> 0.556)
-    big = wide and pipelined
-    BV = _block_v(V, programs, "state_bwd.bv", wide=big)
-    # software pipelining over the chunk loop: 3 stages of its buffered loads (A_qk, q, k, G, W per stage)
-    # asked for 234-304 KB of shared memory on the H200 (limit 227 KB) once NT > 1; with the decayed q, k
-    # precomputed, 2 stages of 16-bit tiles fit (B8 T8K H16: 1.46 -> 0.81-0.90 ms with 4 warps)
-    warps = _tuned("state_bwd.warps", _num_warps(big))
+    BV = bp.state_bv
     _state_bwd_kernel[(V // BV, B * H)](
         qg if qg is not None else q,
         kd if kd is not None else k,
@@ -2616,23 +2302,18 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
         DELTA=delta,
         HAS_DHT=dht is not None,
         LOWP=lowp,
-        EARLY=_tuned("state_bwd.early", 1 if decay == 2 and not wide else 0),
-        UNCHAIN=bool(_tuned("state_bwd.unchain", warps > 4)),
-        num_warps=warps,
-        num_stages=_tuned("state_bwd.stages", 2 if pipelined else 1),
+        EARLY=bp.state_early,
+        UNCHAIN=bp.state_unchain,
+        num_warps=bp.state.warps,
+        num_stages=bp.state.stages,
     )
-    # no delta rule and no per-channel decay: the dqk kernel does the intra-chunk part as well
-    fused = not delta and decay <= 1
+    fused, first = bp.fused, bp.first
     dq_out = torch.empty_like(q)
     dk_out = torch.empty_like(k)
     # the partial dq, dk in bf16 for 16-bit inputs (fp32's range, also for fp16 inputs), else fp32
     partial = torch.bfloat16 if lowp else f32
     dq = dq_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
     dk = dk_out if fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
-    # the intra backward first (TUNE["bwd.intra_first"]; no decay or the per-channel one, whose dG the dqk
-    # kernel can reverse-cumsum per K block): it writes its partial dq, dk and dG, and dqk adds its own and
-    # writes the final dq, dk and dg, so no _rev_cumsum_kernel runs and dG is not read back and rewritten
-    first = not fused and decay != 1 and bool(_tuned("bwd.intra_first", decay == 2))
     # (without a decay: no dG at all; dq only stands in for the pointer)
     dgk = torch.empty(B, T, H, K, device=dev, dtype=f32) if decay else dq
     m_qk = None if fused else torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(lowp))
@@ -2642,16 +2323,11 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
     dg = torch.empty_like(g) if decay else None
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
-    BK, BVd = min(K, _tuned("dqk.bk", 64)), min(V, 64)
-
-    # dqk after dvt (the intra backward first) with the delta rule: the V loop reads dvt's dv = T^T dVt
-    # instead of dVt, and d(Gamma K) = -dv S^T needs no product with T
-    dv_w = delta and first
-    # the epilogue's load order (TUNE["dqk.seq"]; the per-channel decay with the intra backward first)
-    seq = bool(_tuned("dqk.seq", not delta)) and first and decay == 2
+    BK, BVd = bp.dqk_bk, bp.dqk_bv
+    dv_w = bp.dv_w
 
     def dqk_pass():
-        _dqk_bwd_kernel[(K // BK, NT, B * H) if k_inner else (NT, K // BK, B * H)](
+        _dqk_bwd_kernel[(K // BK, NT, B * H) if bp.k_inner else (NT, K // BK, B * H)](
             q,
             k,
             v,
@@ -2682,13 +2358,13 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
             DELTA=delta,
             LOWP=lowp,
             FUSED=fused,
-            K_INNER=k_inner,
+            K_INNER=bp.k_inner,
             VT_X=vt_x,
             DV_W=dv_w,
-            SEQ=seq,
+            SEQ=bp.seq,
             FINISH=first,
-            num_warps=_tuned("dqk.warps", 4),
-            num_stages=_tuned("dqk.stages", (2 if delta and not decay else 3) if pipelined else 1),
+            num_warps=bp.dqk.warps,
+            num_stages=bp.dqk.stages,
         )
 
     if fused:
@@ -2698,7 +2374,6 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
         return dq_out, dk_out, dv, dg, dbeta, dh0
     if not first:
         dqk_pass()
-    # with the delta rule, Gamma K ([BT, K]) and the state block ([K, BV]) stay resident: 8 warps at K = 128
     _dvt_bwd_kernel[(NT, B * H)](
         kg if kg is not None else k,
         v,
@@ -2729,21 +2404,13 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
         PRE_KG=kg is not None,
         PRE_X=x is not None,
         VT_X=vt_x,
-        num_warps=_tuned("dvt.warps", _num_warps(delta and K >= 128)),
-        num_stages=_tuned("dvt.stages", (3 if x is not None else 2) if pipelined else 1),
+        num_warps=bp.dvt.warps,
+        num_stages=bp.dvt.stages,
     )
     # tf32 rather than bf16 operands here: dG = x dx - y dy cancels, and the bounded path's e^75-scaled
-    # operands left dg at 2.1e-2 relative error in bf16 on the H200
-    # one program per 16-row block and per block of BKi key columns (each term is separable over channels).
-    # H200, B8 T8K H16: blocks of 64 took the per-channel decay's intra backward from 7.3 to 5.0 ms (GLA)
-    # and 14.3 to 8.6 ms (KDA); the other decays lost 0.15-0.4 ms to reading M twice: they keep whole rows
-    BKi = min(K, _tuned("intra_bwd.bk", 64 if decay == 2 else 128))
-    # the delta rule (no decay) with 16-bit inputs: 2 stages and at most 128 registers a thread, 4 programs
-    # per SM instead of 3 (H200, B8 T8K H16, run 31: 0.911 -> 0.814 ms; TUNE)
-    capped = pipelined and decay == 0 and delta
-    # KDA, bounded or not, with 16-bit inputs: at most 96 registers, 5 programs per SM instead of 4 (48 bytes
-    # spilled; H200, B8 T8K H16, run 41: 2.379 -> 2.278 ms bounded, 2.510 -> 2.407 unbounded; GLA unchanged)
-    kda_capped = pipelined and decay == 2 and delta
+    # operands left dg at 2.1e-2 relative error in bf16 on the H200. One program per 16-row block and per
+    # block of BKi key columns (each term is separable over channels)
+    BKi = bp.intra_bk
     _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
         q,
         k,
@@ -2766,10 +2433,10 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
         BOUNDED=bounded,
         LOWP=False,
         FIRST=first,
-        FTZ=not INTERPRET and bool(TUNE["intra_bwd.ftz"]),
-        num_warps=_tuned("intra_bwd.warps", 4),
-        num_stages=_tuned("intra_bwd.stages", 1 if decay == 2 else (2 if capped else 3)),
-        maxnreg=_maxnreg("intra_bwd.maxnreg", 128 if capped else (96 if kda_capped else None)),
+        FTZ=bp.intra_ftz,
+        num_warps=bp.intra.warps,
+        num_stages=bp.intra.stages,
+        maxnreg=bp.intra.maxnreg,
     )
     if first:
         dqk_pass()
@@ -2815,7 +2482,7 @@ class ChunkFunction(torch.autograd.Function):
         q, k, v, g, beta, h0, *saved = ctx.saved_tensors
         with _resources(q, v, "chunk backward"):
             dq, dk, dv, dg, dbeta, dh0 = chunk_backward(
-                q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.chunk_size, ctx.lower_bound, saved
+                q, k, v, g, beta, ctx.scale, h0, do, dht, ctx.chunk_size, ctx.lower_bound, Saved(*saved)
             )
         return (
             dq.to(q.dtype),

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import VARIANTS as OPS  # noqa: E402
 from kernels.triton import (  # noqa: E402
-    chunk,
+    plan,
     triton_chunk,
     triton_recurrent_step,
 )
@@ -322,10 +322,10 @@ def main() -> None:
     parser.add_argument(
         "--no-fla", action="store_true", help="skip the FLA cross-check (its autotuning takes minutes)"
     )
-    chunk.add_tune_argument(parser)
+    plan.add_override_argument(parser)
     args = parser.parse_args()
-    if chunk.tune_from_args(args):
-        print("TUNE", chunk.TUNE)
+    if plan.overrides_from_args(args):
+        print("settings", plan.current_overrides())
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     if not torch.cuda.is_available():
         raise SystemExit("check_kernels.py needs a CUDA GPU (it checks the compiled kernels in bf16)")

@@ -1,0 +1,446 @@
+"""The launch plan of the chunk kernels: from (op, shape, dtype, bounded gate, needs grad) every derived form,
+block size, warp count, stage count and register cap that the forward and backward launch code uses, as one
+frozen value computed before anything launches.
+
+    python -m kernels.triton.plan kda --B 8 --T 8192 --H 16          # what launches, and with what
+    python -m kernels.triton.plan kda_bounded --B 1 --T 65536 --H 16 --set state_fwd.early=2
+
+The rules were chosen from per-kernel profiles on an H200 (132 SMs, 227 KB of shared memory a block) at the
+benchmark shapes; the figures behind them are in PERF.md beside this file. `overrides` changes a setting for
+profiling (`--set KEY=VALUE` in the scripts): every key is in SETTINGS with what it selects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from kernels.triton.chunk import BC, INTERPRET
+
+# The state passes run one program per (batch, head, block of V columns), sequentially over the chunks.
+# FILL_PROGRAMS programs of 64 columns fill the H200 by themselves: from there on the forms that trade
+# parallel work for fewer passes (the output inside the state pass, the WY form with a gradient, 128-column
+# blocks) win; below it the passes take narrower blocks so that more programs run.
+FILL_PROGRAMS = 256
+# B * H from which the no-grad forward takes the output and the WY form inside its state pass
+MANY_HEADS = 64
+# grid axis 1 holds at most 65,535 programs: dqk's chunks go there only below this many
+MAX_GRID_Y = 65536
+# 16-bit inputs at head sizes up to this have software-pipelined loops; fp32 tiles, or 256-wide ones, in
+# several stages overflow the 227 KB of shared memory
+PIPELINED_HEAD = 128
+
+# every setting that `overrides` can change, and what it selects (None: the rule below)
+SETTINGS: dict[str, str] = {
+    "cumsum.warps": "warps of the forward cumsum kernel (4)",
+    "cumsum16.warps": "warps of the 16-bit-decay cumsum kernel (1)",
+    "intra_fwd.warps": "warps of the intra forward (2 for GLA and the bounded no-grad KDA, else 4)",
+    "intra_fwd.stages": "stages of the intra forward (1 for the per-channel decay, else 3)",
+    "intra_fwd.maxnreg": "register cap of the intra forward (0: none; 168 / 128 for KDA, see _intra_forward)",
+    "intra_fwd.ftz": "1: the per-channel intra forward's exponentials as ex2.approx.ftz.f32 on a GPU",
+    "solve.warps": "warps of the solve (1)",
+    "solve.maxnreg": "register cap of the solve (0: none; 128 for 16-bit inputs)",
+    "wu.warps": "warps of the W/U pass",
+    "fwd.tril": "1: without a gradient, L and A_qk stored and loaded block lower-triangular",
+    "fwd.log2": "1: the bounded no-grad forward's G stored times log2(e)",
+    "fwd.pdl": "1: the forward's kernels as programmatic dependent launches (sm_90+)",
+    "fwd.g16": "1: with fwd.log2 and 16-bit inputs, G's rows as uint16 decays within 16-row blocks",
+    "state_fwd.output": "1: the output inside the forward state pass, 0: _output_kernel after it",
+    "state_fwd.wy": "1: the no-grad delta rule's Vt formed inside the state pass (no W/U pass)",
+    "state_fwd.early": "where the forward state pass loads a chunk's small inputs: 0 used, 1 top, 2 ahead",
+    "state_fwd.unchain": "1: the forward state pass's chained products through _unchain",
+    "state_fwd.warps": "warps of the forward state pass",
+    "state_fwd.bv": "V columns a program of the forward state pass",
+    "state_fwd.stages": "stages of the forward state pass",
+    "bwd.x": "1: the differentiable delta-rule forward keeps X = V - (Gamma K) S for the backward",
+    "bwd.vt_x": "1: with bwd.x and the output in the state pass, no Vt kept (the backward forms it from X)",
+    "bwd.intra_first": "1: the intra backward before dqk (no _rev_cumsum_kernel)",
+    "state_bwd.early": "where the reverse state pass loads a chunk's decay: 0 used, 1 step top, 2 ahead",
+    "state_bwd.unchain": "1: the reverse state pass's chained product through _unchain",
+    "state_bwd.warps": "warps of the reverse state pass",
+    "state_bwd.bv": "V columns a program of the reverse state pass",
+    "state_bwd.stages": "stages of the reverse state pass",
+    "dqk.k_inner": "1: dqk's key blocks of one chunk launched side by side",
+    "dqk.seq": "1: dqk's epilogue loads each tile where first needed (the per-channel decay, intra first)",
+    "dqk.warps": "warps of dqk (4)",
+    "dqk.bk": "key columns a program of dqk (64)",
+    "dqk.stages": "stages of dqk",
+    "dvt.warps": "warps of dvt (4)",
+    "dvt.stages": "stages of dvt",
+    "intra_bwd.warps": "warps of the intra backward (4)",
+    "intra_bwd.bk": "key columns a program of the intra backward (64 per-channel, else 128)",
+    "intra_bwd.stages": "stages of the intra backward",
+    "intra_bwd.maxnreg": "register cap of the intra backward (0: none)",
+    "intra_bwd.ftz": "1: the per-channel intra backward's exponentials as ex2.approx.ftz.f32 on a GPU",
+}
+
+_OVERRIDES: contextvars.ContextVar[Mapping[str, int | None]] = contextvars.ContextVar(
+    "kernels_triton_plan_overrides", default=MappingProxyType({})
+)
+
+
+def parse_overrides(items: Iterable[str] | Mapping[str, int | None]) -> dict[str, int | None]:
+    """`KEY=VALUE` strings (the scripts' `--set`; `none` for the rule) or a mapping, checked against
+    SETTINGS: an unknown key or a value that is not an integer is a ValueError naming it and what is
+    allowed."""
+    if isinstance(items, Mapping):
+        pairs = [(key, value, f"{key}={value}") for key, value in items.items()]
+    else:
+        pairs = []
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. solve.warps=2")
+            pairs.append((key, value, item))
+    out: dict[str, int | None] = {}
+    for key, value, item in pairs:
+        if key not in SETTINGS:
+            raise ValueError(f"--set {item!r}: unknown key {key!r}; the settings are {sorted(SETTINGS)}")
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            out[key] = None
+            continue
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise ValueError(f"--set {item!r}: {value!r} is not an integer (or none for the rule)") from None
+    return out
+
+
+@contextlib.contextmanager
+def overrides(items: Iterable[str] | Mapping[str, int | None]) -> Iterator[dict[str, int | None]]:
+    """Within the block, the plans take these settings instead of their rules (for profiling and tests);
+    yields the parsed settings. Nested blocks add to the outer ones."""
+    changed = parse_overrides(items)
+    token = _OVERRIDES.set(MappingProxyType({**_OVERRIDES.get(), **changed}))
+    try:
+        yield changed
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def current_overrides() -> dict[str, int | None]:
+    """The settings in force (`overrides`, `use_overrides`)."""
+    return dict(_OVERRIDES.get())
+
+
+def use_overrides(items: Iterable[str]) -> dict[str, int | None]:
+    """A script's `--set` for the rest of its run (the command line's scope); code that returns to its
+    caller uses `overrides` instead."""
+    changed = parse_overrides(items)
+    _OVERRIDES.set(MappingProxyType({**_OVERRIDES.get(), **changed}))
+    return changed
+
+
+def add_override_argument(parser: argparse.ArgumentParser) -> None:
+    """The scripts' `--set KEY=VALUE ...` (profile_gpu.py, bench_gpu.py, occupancy.py, check_kernels.py)."""
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="launch settings of kernels.triton.plan.SETTINGS instead of their rules, "
+        "e.g. --set solve.warps=2 state_bwd.stages=1",
+    )
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, int | None]:
+    """Apply the parsed `--set` for the script's run (use_overrides); a bad item exits with its message."""
+    try:
+        return use_overrides(args.set)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def _setting(key: str, rule):
+    # an override where one is set (None: the rule), else the rule
+    value = _OVERRIDES.get().get(key)
+    return rule if value is None else value
+
+
+def _switch(key: str, rule: bool) -> bool:
+    return bool(_setting(key, rule))
+
+
+def _cap(key: str, rule: int | None) -> int | None:
+    # a register cap per thread: an override of 0 means no cap
+    value = _OVERRIDES.get().get(key)
+    if value is None:
+        return rule
+    return value or None
+
+
+def _big_warps(big: bool) -> int:
+    # 8 warps for the big tiles on a GPU; the interpreter runs every kernel with 4
+    return 8 if big and not INTERPRET else 4
+
+
+def _block_v(key: str, V: int, programs: int, wide: bool) -> int:
+    # the state passes split V finer when B * H alone cannot fill the GPU (wide: 128-column blocks once it
+    # does); the interpreter takes 32 columns
+    if INTERPRET:
+        return min(V, 32)
+    value = _OVERRIDES.get().get(key)
+    if value is not None:
+        return min(V, value)
+    return min(V, 32 if programs < FILL_PROGRAMS else (128 if wide else 64))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a plan is computed from: the shape, the op's two switches, the gate's bound and the dtype."""
+
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    chunk_size: int
+    decay: int  # 0 none, 1 scalar per head, 2 per key channel
+    delta: bool
+    bounded: bool
+    lowp: bool  # 16-bit inputs (their dot operands in bf16)
+    keep: bool  # a gradient wanted: the forward keeps what the backward reads
+    pdl_capable: bool = False  # compiled kernels on an sm_90+ GPU with Triton's grid dependency control
+
+    @property
+    def NT(self) -> int:
+        return -(-self.T // self.chunk_size)
+
+    @property
+    def pipelined(self) -> bool:
+        return self.lowp and max(self.K, self.V) <= PIPELINED_HEAD
+
+    @property
+    def programs(self) -> int:
+        # the state passes' programs counted in blocks of 64 V columns
+        return self.B * self.H * max(1, self.V // 64)
+
+    @property
+    def wide(self) -> bool:
+        return self.programs >= FILL_PROGRAMS
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel's launch options (stages and register cap None where the launch leaves Triton's)."""
+
+    warps: int
+    stages: int | None = None
+    maxnreg: int | None = None
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    problem: Problem
+    out: bool  # the output inside the state pass (else _output_kernel after it)
+    wy: bool  # the no-grad delta rule's Vt inside the state pass, no W/U pass
+    keep_x: bool  # with a gradient: the WY form too, X kept for dvt, W alone from the W/U pass
+    vt_x: bool  # with keep_x and out: no Vt kept
+    tril: bool  # L and A_qk stored and loaded block lower-triangular
+    log2: bool  # G stored times log2(e)
+    g16: bool  # G's rows as uint16 decays within 16-row blocks (_cumsum16_kernel)
+    pdl: bool  # programmatic dependent launches
+    store_h: bool  # the chunk-entry states written
+    store_vt: bool  # Vt written
+    cumsum: Kernel
+    cumsum16: Kernel
+    intra: Kernel
+    intra_ftz: bool
+    solve: Kernel
+    solve_prec: str
+    wu: Kernel
+    state: Kernel
+    state_bv: int
+    state_early: int
+    state_unchain: bool
+    output_bv: int
+
+    @property
+    def runs_wu(self) -> bool:
+        return self.problem.delta and not self.wy
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    problem: Problem
+    vt_x: bool  # the forward kept X and no Vt
+    pre_x: bool  # the forward kept X
+    state: Kernel
+    state_bv: int
+    state_early: int
+    state_unchain: bool
+    fused: bool  # dqk does the intra-chunk part as well (no dvt, no intra backward)
+    first: bool  # the intra backward before dqk, which finishes dq, dk, dg
+    dv_w: bool  # dqk's V loop reads dvt's dV (the delta rule, intra first)
+    seq: bool  # dqk's epilogue loads each tile where first needed
+    k_inner: int  # dqk's grid: (key blocks, chunks, B H) if 1, else (chunks, key blocks, B H)
+    dqk: Kernel
+    dqk_bk: int
+    dqk_bv: int
+    dvt: Kernel
+    intra: Kernel
+    intra_bk: int
+    intra_ftz: bool
+
+
+def plan_forward(p: Problem) -> ForwardPlan:
+    """The forward's launches for problem p (p.keep: with a gradient)."""
+    decay, delta, keep = p.decay, p.delta, p.keep
+    many = p.B * p.H >= MANY_HEADS
+    # few programs (B * H small) mean a long sequential state pass on part of the GPU, where the output and
+    # the W/U products are better left to passes that run every chunk in parallel
+    wy = delta and not keep and _switch("state_fwd.wy", many)
+    out = _switch("state_fwd.output", p.wide if keep else many)
+    keep_x = delta and keep and _switch("bwd.x", p.wide)
+    vt_x = keep_x and out and _switch("bwd.vt_x", decay != 2)
+    # L and A_qk without their zeros above the diagonal blocks, where the state pass is their only reader
+    tril = not keep and out and (wy or not delta) and BC == 16 and _switch("fwd.tril", True)
+    log2 = decay == 2 and p.bounded and not keep and _switch("fwd.log2", True)
+    # 16-bit inputs only: its steps of 1/512 in the exponents (0.039% RMS) sit below bf16's rounding of the
+    # operands, not below fp32's
+    g16 = log2 and p.lowp and _switch("fwd.g16", True)
+    pdl = p.pdl_capable and _switch("fwd.pdl", True)
+    bv = _block_v("state_fwd.bv", p.V, p.programs, wide=p.pipelined)
+    state_warps = _setting("state_fwd.warps", _big_warps(p.K * bv >= 128 * 64))
+    state_stages = _setting("state_fwd.stages", (2 if out else 3) if p.pipelined else 1)
+    # a chunk's small inputs: at the top of the step, but where used for the scalar decay and for KDA's
+    # differentiable forward with many programs
+    early = _setting("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and p.wide) else 1)
+    return ForwardPlan(
+        problem=p,
+        out=out,
+        wy=wy,
+        keep_x=keep_x,
+        vt_x=vt_x,
+        tril=tril,
+        log2=log2,
+        g16=g16,
+        pdl=pdl,
+        store_h=keep or not out,
+        store_vt=delta and (keep or not out) and not vt_x,
+        cumsum=Kernel(_setting("cumsum.warps", 4)),
+        cumsum16=Kernel(_setting("cumsum16.warps", 1)),
+        intra=_intra_forward(p),
+        intra_ftz=not INTERPRET and _switch("intra_fwd.ftz", True),
+        solve=Kernel(_setting("solve.warps", 1), maxnreg=_cap("solve.maxnreg", 128 if p.lowp else None)),
+        solve_prec="tf32" if p.lowp else "tf32x3",
+        # 4 where the pass writes W alone (keep_x), else 8 at K or V >= 128
+        wu=Kernel(_setting("wu.warps", 4 if keep_x else _big_warps(p.K >= 128 or p.V >= 128))),
+        state=Kernel(state_warps, stages=state_stages),
+        state_bv=bv,
+        state_early=early,
+        state_unchain=_switch("state_fwd.unchain", state_warps > 4),
+        output_bv=min(p.V, 64),
+    )  # fmt: skip
+
+
+def _intra_forward(p: Problem) -> Kernel:
+    # KDA with 16-bit inputs: at most 128 registers a thread (4 programs per SM instead of 2 unbounded or 3
+    # bounded); the bounded gate's no-grad form 2 warps at 168 (6 programs, no spill); GLA 2 warps
+    capped = p.pipelined and p.decay == 2 and p.delta
+    narrow = capped and not p.keep and p.bounded
+    warps = 2 if (p.pipelined and p.decay == 2 and not p.delta) or narrow else 4
+    return Kernel(
+        _setting("intra_fwd.warps", warps),
+        # the per-channel decay's triangular loop runs 1-4 steps: unpipelined
+        stages=_setting("intra_fwd.stages", 1 if p.decay == 2 else 3),
+        maxnreg=_cap("intra_fwd.maxnreg", 168 if narrow else (128 if capped else None)),
+    )
+
+
+def plan_backward(p: Problem, vt_x: bool, pre_x: bool) -> BackwardPlan:
+    """The backward's launches for problem p, given what the forward kept (vt_x: X and no Vt; pre_x: X)."""
+    decay, delta = p.decay, p.delta
+    # many programs: the forward pass's 128-column blocks and 8 warps
+    big = p.wide and p.pipelined
+    state_warps = _setting("state_bwd.warps", _big_warps(big))
+    fused = not delta and decay <= 1
+    # the intra backward first for the per-channel decay (dqk can reverse-cumsum its dG per key block)
+    first = not fused and decay != 1 and _switch("bwd.intra_first", decay == 2)
+    delta_no_decay = p.pipelined and decay == 0 and delta
+    dvt_stages = (3 if pre_x else 2) if p.pipelined else 1
+    kda = p.pipelined and decay == 2 and delta
+    return BackwardPlan(
+        problem=p,
+        vt_x=vt_x,
+        pre_x=pre_x,
+        state=Kernel(state_warps, stages=_setting("state_bwd.stages", 2 if p.pipelined else 1)),
+        state_bv=_block_v("state_bwd.bv", p.V, p.programs, wide=big),
+        state_early=_setting("state_bwd.early", 1 if decay == 2 and not p.wide else 0),
+        state_unchain=_switch("state_bwd.unchain", state_warps > 4),
+        fused=fused,
+        first=first,
+        dv_w=delta and first,
+        seq=_switch("dqk.seq", not delta) and first and decay == 2,
+        k_inner=int(_switch("dqk.k_inner", True) and p.NT < MAX_GRID_Y),
+        dqk=Kernel(
+            _setting("dqk.warps", 4),
+            stages=_setting("dqk.stages", (2 if delta and not decay else 3) if p.pipelined else 1),
+        ),
+        dqk_bk=min(p.K, _setting("dqk.bk", 64)),
+        dqk_bv=min(p.V, 64),
+        dvt=Kernel(_setting("dvt.warps", 4), stages=_setting("dvt.stages", dvt_stages)),
+        # the delta rule without a decay: 2 stages and 128 registers (4 programs per SM instead of 3); KDA: a
+        # cap of 96 (5 instead of 4); the per-channel decay's triangular loops unpipelined
+        intra=Kernel(
+            _setting("intra_bwd.warps", 4),
+            stages=_setting("intra_bwd.stages", 1 if decay == 2 else (2 if delta_no_decay else 3)),
+            maxnreg=_cap("intra_bwd.maxnreg", 128 if delta_no_decay else (96 if kda else None)),
+        ),
+        intra_bk=min(p.K, _setting("intra_bwd.bk", 64 if decay == 2 else 128)),
+        intra_ftz=not INTERPRET and _switch("intra_bwd.ftz", True),
+    )  # fmt: skip
+
+
+def describe(plan: ForwardPlan | BackwardPlan) -> list[str]:
+    """One line a field: `name: value`, the kernels' options inline."""
+    lines = []
+    for field in dataclasses.fields(plan):
+        if field.name == "problem":
+            continue
+        value = getattr(plan, field.name)
+        if isinstance(value, Kernel):
+            value = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(value).items() if v is not None)
+        lines.append(f"  {field.name}: {value}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    from kernels.triton import VARIANTS
+
+    names = [variant[0] for variant in VARIANTS]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("op", choices=names)
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--D", type=int, default=128, help="head size K = V")
+    ap.add_argument("--chunk-size", type=int, default=64)
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    add_override_argument(ap)
+    args = ap.parse_args(argv)
+    overrides_from_args(args)
+    (decay, delta, lower_bound), *_ = [variant[1:] for variant in VARIANTS if variant[0] == args.op]
+    base = Problem(
+        B=args.B, T=args.T, H=args.H, K=args.D, V=args.D, chunk_size=args.chunk_size,
+        decay={None: 0, "scalar": 1, "channel": 2}[decay], delta=delta, bounded=lower_bound is not None,
+        lowp=args.dtype != "fp32", keep=False, pdl_capable=True,
+    )  # fmt: skip
+    print(f"{args.op} B{args.B} T{args.T} H{args.H} K=V={args.D} {args.dtype} (on an sm_90 GPU)")
+    print("no-grad forward:")
+    print("\n".join(describe(plan_forward(base))))
+    train = dataclasses.replace(base, keep=True)
+    forward = plan_forward(train)
+    print("forward with a gradient:")
+    print("\n".join(describe(forward)))
+    print("backward:")
+    print("\n".join(describe(plan_backward(train, forward.vt_x, forward.keep_x))))
+
+
+if __name__ == "__main__":
+    main()
