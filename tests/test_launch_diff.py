@@ -14,6 +14,9 @@ import pytest
 
 pytest.importorskip("triton")
 
+# launch tooling, compared against a git revision: the compiler-output tier, not the edit-test loop
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
