@@ -12,16 +12,15 @@
 #   packing  400  benchmarks/sweep_packing.py --preset paper --jobs 8: 8 paper-size runs packed vs serial
 #   pilot    500  experiment=kimi_fig4_h200 at L=512 for 1,000 steps, all mixers and lrs (the Fig. 4 pilot)
 #
-# Wheels the image lacks (Hydra and its launchers; flash-linear-attention for the FLA rows) are installed
-# from WHEELS (a folder of .whl files, default .whl) into /tmp/site, never into the image.
+# Wheels the machine lacks (Hydra and its launchers; flash-linear-attention for the FLA rows) are installed
+# from WHEELS (a folder of .whl files, if set) into OUT/site, never into the system's packages.
 set -u
 OUT="${1:?usage: bash benchmarks/gpu_train_session.sh OUT [STEPS]}"
 STEPS="${2:-check conv bench compile packing pilot}"
-WHEELS="${WHEELS:-.whl}"
 mkdir -p "$OUT"
-if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$OUT/site" "$WHEELS"/*.whl
+  export PYTHONPATH="$OUT/site:${PYTHONPATH:-}"
 fi
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
@@ -44,5 +43,5 @@ step compile 200 python benchmarks/bench_train.py --out "$OUT/compile" --lengths
 step packing 400 python benchmarks/sweep_packing.py --preset paper --jobs 8 --out "$OUT/packing"
 step pilot 500 python train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu hydra.launcher.n_jobs=8 \
   task.seq_len=512 trainer.max_steps=1000 "hydra.sweep.dir=$OUT/pilot"
-tar czf "$OUT/session.tgz" -C "$OUT" --exclude='*.pt' --exclude='session.tgz' . 2>/dev/null
+tar czf "$OUT/session.tgz" -C "$OUT" --exclude='*.pt' --exclude='session.tgz' --exclude='site' . 2>/dev/null
 echo "results: $OUT (session.tgz: everything but checkpoints)"
