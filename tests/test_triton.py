@@ -503,10 +503,10 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size
     # to fp32's; the fp32 G buffer (NaN-filled first) is written at those rows and nowhere else. With and
     # without the delta rule, half the channels decaying slowly, each way of loading exp(G_last), chunks of
     # 64, 32 and 16 rows
-    from kernels.triton import chunk
+    from kernels.triton import plan
 
-    assert chunk._g16(True) and not chunk._g16(False)
-    monkeypatch.setattr(chunk, "_g16", lambda lowp: True)
+    assert plan._g16(True) and not plan._g16(False)
+    monkeypatch.setattr(plan, "_g16", lambda lowp: True)
     made = nan_buffers(monkeypatch)
     slow = torch.where(torch.arange(16) % 2 == 0, 0.01, 1.0)
     for delta in (True, False):

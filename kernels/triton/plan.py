@@ -301,9 +301,7 @@ def plan_forward(p: Problem) -> ForwardPlan:
     # L and A_qk without their zeros above the diagonal blocks, where the state pass is their only reader
     tril = not keep and out and (wy or not delta) and BC == 16 and _switch("fwd.tril", True)
     log2 = decay == 2 and p.bounded and not keep and _switch("fwd.log2", True)
-    # 16-bit inputs only: its steps of 1/512 in the exponents (0.039% RMS) sit below bf16's rounding of the
-    # operands, not below fp32's
-    g16 = log2 and p.lowp and _switch("fwd.g16", True)
+    g16 = log2 and _g16(p.lowp)
     pdl = p.pdl_capable and _switch("fwd.pdl", True)
     bv = _block_v("state_fwd.bv", p.V, p.programs, wide=p.pipelined)
     state_warps = _setting("state_fwd.warps", _big_warps(p.K * bv >= 128 * 64))
@@ -337,6 +335,12 @@ def plan_forward(p: Problem) -> ForwardPlan:
         state_unchain=_switch("state_fwd.unchain", state_warps > 4),
         output_bv=min(p.V, 64),
     )  # fmt: skip
+
+
+def _g16(lowp: bool) -> bool:
+    # 16-bit inputs only: the uint16 decays' steps of 1/512 in the exponents (0.039% RMS) sit below bf16's
+    # rounding of the operands, not below fp32's
+    return lowp and _switch("fwd.g16", True)
 
 
 def _intra_forward(p: Problem) -> Kernel:
