@@ -159,6 +159,20 @@ def test_a_second_writer_is_refused_and_a_killed_one_holds_no_lock(make_cfg: Mak
     assert train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")["status"] == "completed"
 
 
+def test_a_refused_command_line_run_writes_nothing_into_the_directory(tmp_path: Path) -> None:
+    # Hydra saves .hydra/ before train.py runs: the run-dir lock is taken before that (hydra.callbacks)
+    run_dir = tmp_path / "run"
+    holder = _hold_lock(run_dir)
+    try:
+        command = [sys.executable, "train.py", "trainer.max_steps=1", f"hydra.run.dir={run_dir}"]
+        refused = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refused.returncode == 1 and f"in use by pid {holder.pid}" in refused.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
+
+
 @pytest.mark.parametrize(
     ("override", "named"),
     [
