@@ -3,7 +3,7 @@
     python benchmarks/bench_gpu.py --out benchmarks/results            # everything (~5 min on an H200)
     python benchmarks/bench_gpu.py --out /tmp/b --skip-sweep           # the two fixed shapes + decode
 
-Forward and forward+backward (median of triton.testing.do_bench) for each op of DESIGN.md §3, plus
+Forward and forward+backward (median of triton.testing.do_bench) for each op of docs/design.md §3, plus
 KDA with K3's bounded gate (ours: lower_bound=-5; FLA: safe_gate=True, lower_bound=-5), at
 (B=32, T=2048, H=2) and (B=8, T=8192, H=16), K = V = 128, and a T = 1K..64K sweep at B=1, H=16
 (KDA and SDPA; the torch reference only up to 8K). SDPA is causal softmax attention on the same
@@ -414,7 +414,7 @@ def write_markdown(rows: list, path: Path, header: str) -> None:
     if used_anchor:
         lines += [
             "",
-            "(a): FLA 0.6.0 from ../shared/anchors/fla-0.6.0_h200.csv (same H200, torch 2.11, Triton 3.6; "
+            "(a): FLA 0.6.0 from benchmarks/anchors/fla-0.6.0_h200.csv (same H200, torch 2.11, Triton 3.6; "
             "another run), where this run has no FLA timing of its own; ERR: FLA refuses that backward on "
             "Triton 3.6 (its issue #640).",
         ]
@@ -519,7 +519,7 @@ def plot(rows: list, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-ANCHOR_OPS = {  # op names in ../shared/anchors/fla-0.6.0_h200.csv -> ours
+ANCHOR_OPS = {  # op names in benchmarks/anchors/fla-0.6.0_h200.csv -> ours
     "kda": "kda",
     "kda_safe_gate": "kda_bounded",
     "gla": "gla",
@@ -602,7 +602,7 @@ def main() -> None:
         type=Path,
         default=None,
         help="with --report: FLA figures measured earlier on the same GPU "
-        "(../shared/anchors/fla-0.6.0_h200.csv) for the shapes where the run has no FLA row of its own",
+        "(benchmarks/anchors/fla-0.6.0_h200.csv) for the shapes where the run has no FLA row of its own",
     )
     parser.add_argument("--title", default=None, help="with --report: the markdown's first line")
     parser.add_argument(
