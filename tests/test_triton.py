@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
     not INTERPRET, reason="kernels.triton was imported without TRITON_INTERPRET=1; run this file on its own"
 )
 
-# (name, decay granularity, delta rule): the six ops of DESIGN.md §3
+# (name, decay granularity, delta rule): the six ops of docs/design.md §3
 OPS = [
     ("linear_attn", None, False),
     ("simple_gla", "scalar", False),
