@@ -2,7 +2,6 @@
 
 from kernels.naive import naive_recurrent, recurrent_step
 from kernels.ops import (
-    value_checks,
     chunk_delta_rule,
     chunk_gated_delta_rule,
     chunk_gla,
@@ -15,6 +14,7 @@ from kernels.ops import (
     kda_step,
     linear_attn_step,
     simple_gla_step,
+    value_checks,
 )
 
 __all__ = [

@@ -49,3 +49,20 @@ def make_inputs(
     beta = torch.rand(B, T, H, generator=gen) if delta else None
     h0 = torch.randn(B, H, K, V, generator=gen) if with_state else None
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
+
+
+# A real task at a tiny size, for runs of `python train.py` in a fresh process (the stand-in task of
+# conftest.py exists only inside the test process).
+CLI_TINY = [
+    "task=palindrome",
+    "mixer=attention",
+    "task.seq_len=16",
+    "task.num_train=64",
+    "task.num_eval=16",
+    "task.params.vocab_size=8",
+    "model.d_model=16",
+    "mixer.head_dim=8",
+    "trainer.batch_size=8",
+    "trainer.device=cpu",
+    "trainer.cpu_threads=1",
+]

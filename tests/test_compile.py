@@ -54,7 +54,8 @@ def test_custom_op_matches_eager_outputs_states_and_gradients(name, decay, delta
     scale = SHAPE["K"] ** -0.5
     results = []
     for fn in (triton_chunk, compiled_chunk):
-        o, ht = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, x["initial_state"], True, 16, lower_bound)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], scale, x["initial_state"], True, 16, lower_bound)
+        o, ht = fn(*args)
         # both outputs feed the loss, so both upstream gradients reach the backward
         loss = (o * torch.linspace(-1, 1, o.shape[-1])).sum() + (ht * 0.5).sum()
         results.append([o, ht, *torch.autograd.grad(loss, inputs)])
@@ -112,7 +113,7 @@ def test_compiled_function_calls_the_op_opaquely_and_matches_eager() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mixer", ["kda", "gdn", "attention"])
+@pytest.mark.parametrize("mixer", ["kda"])  # ~1 min of inductor compilation per mixer on 2 cores
 def test_inductor_compiled_model_matches_eager(mixer: str) -> None:
     # the path train.py takes with trainer.compile=true: the body compiled by inductor, the loss eager
     from omegaconf import OmegaConf

@@ -83,11 +83,16 @@ def test_matches_reference(T: int, W: int, with_state: bool) -> None:
     check(2, T, 48, W, with_state)
 
 
+# Wider channel counts (a partial channel tile at 20, one and several full tiles at 96 and 256) at the tile
+# configurations of short and long kernels (W <= 4, W > 4), with lengths around the time tiles' edges; the
+# default path's W and T are covered at C=48 by test_matches_reference.
+WIDE = [(C, T, W) for C in (20, 256) for W in (4, 8) for T in (2, 63, 130)] + [
+    (96, T, W) for W in (3, 5) for T in (1, 17, 100)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize("W", [2, 3, 4, 5, 8])
-@pytest.mark.parametrize("T", [1, 2, 17, 63, 100, 130])
-@pytest.mark.parametrize("C", [96, 256, 20])
+@pytest.mark.parametrize("C,T,W", WIDE)
 def test_matches_reference_wide(C: int, T: int, W: int, with_state: bool) -> None:
     check(3, T, C, W, with_state, seed=T + W)
 

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import rel_rms
+from helpers import CLI_TINY, rel_rms
 from omegaconf import DictConfig
 from test_analysis import write_run
 
@@ -277,19 +277,6 @@ def test_a_diverged_run_lists_only_the_files_it_wrote(make_cfg: MakeCfg, tmp_pat
     assert "outputs:" in last and "summary.json" in last and "checkpoint.pt" not in last
 
 
-CLI_TINY = [
-    "task=palindrome",
-    "mixer=attention",
-    "task.seq_len=16",
-    "task.num_train=64",
-    "task.num_eval=16",
-    "task.params.vocab_size=8",
-    "model.d_model=16",
-    "mixer.head_dim=8",
-    "trainer.batch_size=8",
-    "trainer.device=cpu",
-    "trainer.cpu_threads=1",
-]
 
 
 def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

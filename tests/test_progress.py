@@ -13,25 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import CLI_TINY
 from omegaconf import DictConfig
 
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
 MakeCfg = Callable[..., DictConfig]
-CLI_TINY = [
-    "task=palindrome",
-    "mixer=attention",
-    "task.seq_len=16",
-    "task.num_train=64",
-    "task.num_eval=16",
-    "task.params.vocab_size=8",
-    "model.d_model=16",
-    "mixer.head_dim=8",
-    "trainer.batch_size=8",
-    "trainer.device=cpu",
-    "trainer.cpu_threads=1",
-]
 
 
 def _messages(caplog: pytest.LogCaptureFixture) -> list[str]:

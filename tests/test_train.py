@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import CLI_TINY
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig
 
@@ -297,20 +298,6 @@ def test_wandb_offline_writes_a_run(
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
-# A real task at a tiny size, for runs in a fresh process (the stand-in task exists only in this one).
-CLI_TINY = [
-    "task=palindrome",
-    "mixer=attention",
-    "task.seq_len=16",
-    "task.num_train=64",
-    "task.num_eval=16",
-    "task.params.vocab_size=8",
-    "model.d_model=16",
-    "mixer.head_dim=8",
-    "trainer.batch_size=8",
-    "trainer.device=cpu",
-    "trainer.cpu_threads=1",
-]
 
 
 def test_disabled_wandb_is_never_imported(
