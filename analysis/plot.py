@@ -77,7 +77,8 @@ def _task_order(tasks: pd.Series) -> list[str]:
     return [t for t in TASK_ORDER if t in present] + sorted(present - set(TASK_ORDER))
 
 
-def _series_name(mixer: str, variant: str) -> str:
+def series_name(mixer: str, variant: str) -> str:
+    """A series' label in figures and reports: the mixer, with its variant (an ablation) in brackets."""
     return f"{mixer} [{variant}]" if variant else mixer
 
 
@@ -93,7 +94,7 @@ def _with_series(runs: pd.DataFrame) -> pd.DataFrame:
     if "variant" not in runs:
         runs["variant"] = ""
     runs["variant"] = runs["variant"].fillna("").astype(str)
-    runs["series"] = [_series_name(m, v) for m, v in zip(runs["mixer"], runs["variant"], strict=True)]
+    runs["series"] = [series_name(m, v) for m, v in zip(runs["mixer"], runs["variant"], strict=True)]
     for column in ("steps", "steps_to_threshold", "state_size"):
         values = runs[column] if column in runs else pd.Series(np.nan, index=runs.index)
         runs[column] = pd.to_numeric(values, errors="coerce").astype(float)
@@ -168,7 +169,7 @@ def best_lr(cell_table: pd.DataFrame) -> pd.DataFrame:
 def _series_order(frame: pd.DataFrame) -> list[str]:
     pairs = frame[["series", "mixer", "variant"]].drop_duplicates()
     by_mixer = {m: sorted(pairs[pairs["mixer"] == m]["variant"]) for m in pairs["mixer"].unique()}
-    return [_series_name(m, v) for m in mixer_order(set(by_mixer)) for v in by_mixer[m]]
+    return [series_name(m, v) for m in mixer_order(set(by_mixer)) for v in by_mixer[m]]
 
 
 def _style(frame: pd.DataFrame) -> dict[str, dict[str, object]]:
@@ -179,7 +180,7 @@ def _style(frame: pd.DataFrame) -> dict[str, dict[str, object]]:
         variants = sorted(pairs[pairs["mixer"] == mixer]["variant"])
         for index, variant in enumerate(variants):
             linestyle, marker = VARIANT_STYLES[index % len(VARIANT_STYLES)]
-            styles[_series_name(mixer, variant)] = {
+            styles[series_name(mixer, variant)] = {
                 "color": mixer_colour(mixer),
                 "linestyle": linestyle,
                 "marker": marker,

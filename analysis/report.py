@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.collect import collect_dirs, read_table
+from analysis.plot import series_name
 
 MIXERS = ("kda", "gdn", "mamba2")  # the paper's order: the claims compare these
 METRICS = {"train": "best_train_acc", "eval": "best_eval_acc"}
@@ -35,7 +36,8 @@ SLACK = 0.01  # "KDA >= GDN" holds within one accuracy point (seed noise of a si
 
 def _series(frame: pd.DataFrame) -> pd.Series:
     variant = frame.get("variant", pd.Series("", index=frame.index)).fillna("").astype(str)
-    return frame["mixer"].astype(str) + variant.map(lambda v: f" ({v})" if v else "")
+    return pd.Series([series_name(str(m), v) for m, v in zip(frame["mixer"], variant, strict=True)],
+                     index=frame.index)
 
 
 def cell_table(runs: pd.DataFrame) -> pd.DataFrame:

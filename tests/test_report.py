@@ -32,7 +32,7 @@ def test_cells_take_the_best_lr_of_the_summaries(runs: pd.DataFrame) -> None:
     # the diverged run (gdn, palindrome@1024, lr 1e-3) is no accuracy: the cell is its other lr's
     assert cells.loc[("palindrome", "gdn", 1024), "runs"] == 1
     assert cells.loc[("palindrome", "gdn", 1024), "lr"] == 5e-4
-    assert ("palindrome", "mamba2 (use_short_conv=false)", 256) in cells.index
+    assert ("palindrome", "mamba2 [use_short_conv=false]", 256) in cells.index
 
 
 def test_claims_have_the_fixtures_verdicts(runs: pd.DataFrame) -> None:
