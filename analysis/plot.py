@@ -777,12 +777,19 @@ def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: 
     return save_figure(fig, data, out_dir, "length_generalisation")
 
 
+def max_trained_steps(table: pd.DataFrame) -> int | None:
+    """The largest `trainer.max_steps` of the table's runs (None: no run recorded it)."""
+    if "trainer.max_steps" not in table:
+        return None
+    steps = pd.to_numeric(table["trainer.max_steps"], errors="coerce")
+    return int(steps.max()) if steps.notna().any() else None
+
+
 def _step_budget_note(table: pd.DataFrame) -> str | None:
     # Kimi Linear trains up to 20,000 steps; a sweep with fewer says so on its figures
-    steps = pd.to_numeric(table.get("trainer.max_steps"), errors="coerce") \
-        if "trainer.max_steps" in table else pd.Series(dtype=float)
-    if steps.notna().any() and steps.max() < 20_000:
-        return f"at most {int(steps.max()):,} training steps per run (Kimi Linear: up to 20,000)"
+    steps = max_trained_steps(table)
+    if steps is not None and steps < 20_000:
+        return f"at most {steps:,} training steps per run (Kimi Linear: up to 20,000)"
     return None
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.collect import collect_dirs, read_table
-from analysis.plot import series_name
+from analysis.plot import max_trained_steps, series_name
 
 MIXERS = ("kda", "gdn", "mamba2")  # the paper's order: the claims compare these
 METRICS = {"train": "best_train_acc", "eval": "best_eval_acc"}
@@ -204,12 +204,7 @@ def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
 
 def render(runs: pd.DataFrame, metric: str, source: str) -> str:
     cells = cell_table(runs)
-    max_steps = (
-        pd.to_numeric(runs.get("trainer.max_steps"), errors="coerce").max()
-        if "trainer.max_steps" in runs
-        else None
-    )
-    verdicts = judge(cells, metric, max_steps=None if pd.isna(max_steps) else int(max_steps))
+    verdicts = judge(cells, metric, max_steps=max_trained_steps(runs))
     counts = runs["status"].value_counts().to_dict() if "status" in runs else {}
     lines = [
         f"# Kimi Linear Fig. 4 on this harness: {source}",
