@@ -256,7 +256,7 @@ def _baseline() -> dict[tuple[str, int], dict[str, str]]:
         return {(r["mixer"], int(r["T"])): r for r in csv.DictReader(f)}
 
 
-def write(rows: list[dict[str, Any]], out: Path, header: str) -> None:
+def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
     keys = list(dict.fromkeys(k for r in rows for k in r))
     with open(out / "bench_train.csv", "w", newline="") as f:
@@ -286,7 +286,8 @@ def write(rows: list[dict[str, Any]], out: Path, header: str) -> None:
         lines += ["", "a359d38 (MQAR, B=256, from the training-step issue): " + ", ".join(
             f"{m} T={t}: {r['step_ms']} ms, {r['peak_gib']} GiB" for (m, t), r in sorted(base.items()))]
     (out / "bench_train.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if echo:
+        print("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.mixers) - set(MIXERS))
     if unknown:
         parser.error(f"unknown mixer(s) {unknown}; choose from {MIXERS}")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    header = (f"{datetime.date.today()}, {gpu}, {_versions()}, commit {_commit()}; B={args.batch}, "
+              f"d_model {args.d_model}, 2 layers, warmup {args.warmup}, {args.steps} timed steps; "
+              f"`python benchmarks/bench_train.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
     rows = []
     for task in args.tasks:
         for T in args.lengths:
@@ -326,12 +331,10 @@ def main(argv: list[str] | None = None) -> int:
                                    "error": f"{type(error).__name__}: {str(error).splitlines()[0][-160:]}"}
                         print(row, flush=True)
                         rows.append(row)
+                        # written after every row: a run cut off by a time limit keeps what it measured
+                        write(rows, args.out, header, echo=False)
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    header = (f"{datetime.date.today()}, {gpu}, {_versions()}, commit {_commit()}; B={args.batch}, "
-              f"d_model {args.d_model}, 2 layers, warmup {args.warmup}, {args.steps} timed steps; "
-              f"`python benchmarks/bench_train.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
     write(rows, args.out, header)
     return 0
 
