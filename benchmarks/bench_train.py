@@ -307,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
+        # "cuda" names no index; set_device and the peak-memory counters need one
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     unknown = sorted(set(args.mixers) - set(MIXERS))
     if unknown:

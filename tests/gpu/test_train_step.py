@@ -3,6 +3,7 @@ a non-finite step skipped on the device. `TRITON_INTERPRET=0 python -m pytest -m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -61,22 +62,33 @@ def test_no_sync_between_log_steps(mixer: str) -> None:
     assert torch.isfinite(loss).item()
 
 
+def _loss_and_grads(train, model, features, params, batch, autocast):
+    with autocast():
+        loss, _ = train.batch_loss(model, features, batch)
+    return loss.float(), [g.float() for g in torch.autograd.grad(loss, params)]
+
+
+def _rel(ref: torch.Tensor, out: torch.Tensor) -> float:
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-12))
+
+
 @pytest.mark.parametrize("mixer", ["kda", "gdn", "mamba2", "attention"])
 def test_compiled_body_equals_eager(mixer: str) -> None:
     train, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer)
     batch = train.make_batch(inputs, labels, device)
-    results = []
-    for features in (model.features, torch.compile(model.features)):
-        with autocast():
-            loss, _ = train.batch_loss(model, features, batch)
-        grads = torch.autograd.grad(loss, params)
-        results.append((loss.float(), grads))
-    (eager, eager_grads), (compiled, grads) = results
-    # bf16 autocast: the compiled graph fuses and reorders elementwise work, so agreement is to bf16 noise
-    assert abs(float(eager - compiled)) <= 2e-2 * abs(float(eager))
-    for ref, ours in zip(eager_grads, grads, strict=True):
-        err = (ours.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)
-        assert err < 5e-2
+    compiled = torch.compile(model.features)
+    fp32 = contextlib.nullcontext
+    # in fp32 the compiled graph differs from eager only by the order of its fused elementwise work
+    ref_loss, ref_grads = _loss_and_grads(train, model, model.features, params, batch, fp32)
+    loss, grads = _loss_and_grads(train, model, compiled, params, batch, fp32)
+    assert abs(float(loss - ref_loss)) <= 1e-4 * abs(float(ref_loss))
+    for ref, ours in zip(ref_grads, grads, strict=True):
+        assert _rel(ref, ours) < 1e-3
+    # under bf16 autocast each path rounds differently; compiled must be as close to fp32 as eager is
+    _, eager_bf16 = _loss_and_grads(train, model, model.features, params, batch, autocast)
+    _, compiled_bf16 = _loss_and_grads(train, model, compiled, params, batch, autocast)
+    for ref, eager, ours in zip(ref_grads, eager_bf16, compiled_bf16, strict=True):
+        assert _rel(ref, ours) <= 2 * _rel(ref, eager) + 1e-2
 
 
 def test_non_finite_step_is_skipped_on_the_device() -> None:
