@@ -4,8 +4,8 @@
     python train.py task=palindrome mixer=attention task.seq_len=256 optim.lr=1e-3
     python train.py -m mixer=attention,linear_attn seed=0,1   # a sweep
 
-The trunk config is typed (the dataclasses below, stored in Hydra's ConfigStore as `base_config`), so a
-misspelt key is an error; the mixer group is free-form (`_target_` + the mixer's own kwargs, checked
+The trunk config is typed (runconfig.py: dataclasses stored in Hydra's ConfigStore as `base_config`), so
+a misspelt key is an error; the mixer group is free-form (`_target_` + the mixer's own kwargs, checked
 against its constructor). Every run writes into its Hydra run directory:
 
     metrics.jsonl   one JSON object per logged step (train/loss, train/acc, lr, time_s; eval/* on eval steps)
@@ -17,9 +17,6 @@ against its constructor). Every run writes into its Hydra run directory:
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import inspect
 import json
 import logging
 import math
@@ -30,21 +27,31 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from enum import Enum
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 import kernels
 from mixers.model import LanguageModel
-from rundir import FINISHED, FileUnreadable, ResumeRefused, RunDir, RunDirError, flatten
+from runconfig import config_changes, validate
+from rundata import Batch, EpochSampler, load_task, make_batch, to_device
+from rundir import FINISHED, FileUnreadable, RunDir, RunDirError, flatten
+from runlog import (
+    ProgressLog,
+    attach_log_file,
+    format_acc,
+    format_duration,
+    log_to_file,
+    name_log_lines,
+    run_name,
+    start_wandb,
+)
 
 log = logging.getLogger("train")
 
@@ -52,134 +59,6 @@ CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
 # The eval set's seed is the run's seed shifted by a large prime, so train and eval never share a stream.
 EVAL_SEED_OFFSET = 1_000_003
-
-
-class Precision(str, Enum):
-    """trainer.precision: auto (bf16 autocast on CUDA, fp32 on the CPU), bf16 or fp32."""
-
-    auto = "auto"
-    bf16 = "bf16"
-    fp32 = "fp32"
-
-
-class MlpKind(str, Enum):
-    """model.mlp: the channel mixer of a block (mixers/model.py)."""
-
-    swiglu = "swiglu"
-    gelu = "gelu"
-
-
-class WandbMode(str, Enum):
-    """logger.wandb.mode: disabled (wandb not even imported), offline (sync later), online."""
-
-    disabled = "disabled"
-    offline = "offline"
-    online = "online"
-
-
-@dataclass
-class TaskConfig:
-    """A synthetic task: `tasks.<name>.generate(num, seq_len, seed=..., **params)`, `num_tokens(**params)`."""
-
-    name: str = MISSING
-    seq_len: int = MISSING
-    # Lengths to evaluate at besides seq_len (length generalisation); seq_len itself is always evaluated.
-    eval_seq_lens: list[int] | None = None
-    num_train: int = MISSING
-    num_eval: int = MISSING
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ModelConfig:
-    """The backbone (mixers/model.py); the mixer's own sizes (num_heads, head_dim) are in conf/mixer."""
-
-    d_model: int = 256
-    num_layers: int = 2
-    mlp: MlpKind = MlpKind.swiglu
-    mlp_ratio: float = 4.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-
-
-@dataclass
-class OptimConfig:
-    """AdamW with linear warmup, then cosine decay to min_lr_ratio * lr at max_steps."""
-
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    grad_clip: float | None = 1.0
-
-
-@dataclass
-class EarlyStopConfig:
-    """Stop once eval/acc has held >= `acc` for `evals` evaluations in a row (a solved task need not
-    train on); the summary records the step as `early_stopped_at`."""
-
-    enabled: bool = False
-    acc: float = 0.99
-    evals: int = 2
-
-
-@dataclass
-class TrainerConfig:
-    max_steps: int = 1000
-    batch_size: int = 64
-    eval_batch_size: int = 256
-    eval_every: int = 100
-    log_every: int = 10
-    checkpoint_every: int = 500
-    # auto | cpu | cuda | cuda:N. auto in a multirun with several GPUs packs jobs round-robin:
-    # cuda:(job.num % device_count).
-    device: str = "auto"
-    precision: Precision = Precision.auto
-    # torch.compile the model's body (embedding to final norm; the scored loss stays eager). Our Triton
-    # ops are opaque custom ops to the compiler, so the glue between them fuses.
-    compile: bool = False
-    # steps_to_threshold = first eval step with eval/acc >= acc_threshold
-    acc_threshold: float = 0.9
-    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
-    # torch's CPU threads; null: torch's default (one per core). Small models on a busy or shared CPU run
-    # several times faster on 1 thread (no spinning OpenMP workers), as do CPU sweeps with parallel jobs.
-    cpu_threads: int | None = None
-
-
-@dataclass
-class WandbConfig:
-    mode: WandbMode = WandbMode.disabled
-    project: str = "kda-harness"
-    entity: str | None = None
-    group: str | None = None  # None: the sweep directory's name in a multirun
-    tags: list[str] = field(default_factory=list)  # the task and mixer names are added
-    name: str | None = None  # None: <task>/<mixer>/<run dir name>
-
-
-@dataclass
-class LoggerConfig:
-    wandb: WandbConfig = field(default_factory=WandbConfig)
-
-
-@dataclass
-class Config:
-    task: TaskConfig = field(default_factory=TaskConfig)
-    # The mixer group has no schema: `_target_` + the mixer's kwargs, checked against its constructor. Open
-    # (not struct), so that a misspelt `mixer.<key>=` override reaches that check, which lists the valid keys.
-    mixer: Any = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    # Seeds the data (train: seed, eval: seed + EVAL_SEED_OFFSET), the model's init and the batch order.
-    seed: int = 0
-
-
-ConfigStore.instance().store(name="base_config", node=Config)
-# `${mul:${task.seq_len},2}`: lengths relative to the training length (e.g. evaluating at 2L)
-OmegaConf.register_new_resolver("mul", lambda a, b: int(a) * int(b), replace=True)
 
 
 @dataclass
@@ -200,111 +79,11 @@ class Progress:
     wandb_id: str | None = None
 
 
-def _schema_problems(node: Any, schema: type, prefix: str = "") -> list[str]:
-    """Keys of `node` that the dataclass `schema` lacks (a `+key=value` override adds them past Hydra's typed
-    config), and floats that are not finite; free-form fields (`mixer`, `task.params`) are not walked."""
-    # A nested group is a field whose default is made by a dataclass. (Not read from the annotations: they
-    # are strings here, and a job that submitit runs from a pickle has no module to evaluate them in.)
-    hints = {f.name: f.default_factory if is_dataclass(f.default_factory) else None for f in fields(schema)}
-    problems = []
-    for key in node.keys():
-        name = f"{prefix}{key}"
-        if key not in hints:
-            close = difflib.get_close_matches(str(key), list(hints), n=1)
-            hint = f"did you mean {prefix}{close[0]}?" if close else f"known: {list(hints)}"
-            problems.append(f"unknown key {name} ({hint})")
-            continue
-        if OmegaConf.is_interpolation(node, key):  # resolved in the run; train.py reads it there
-            continue
-        value = node[key]
-        if hints[key] is not None and isinstance(value, DictConfig):
-            problems += _schema_problems(value, hints[key], f"{name}.")
-        elif isinstance(value, float) and not math.isfinite(value):
-            problems.append(f"{name}={value} is not a finite number")
-    return problems
-
-
-def validate(cfg: DictConfig) -> None:
-    """Check what the schema's types cannot: keys added with `+`, non-finite numbers and value ranges; each
-    error names the key and the fix."""
-    problems = _schema_problems(cfg, Config)
-    unknown = [p for p in problems if p.startswith("unknown key")]
-    if unknown:
-        raise ValueError("config: " + "; ".join(unknown) + ". A key given with `+` must still be one of "
-                         "train.py's schema (only mixer.* and task.params.* are free-form): fix the "
-                         "spelling, or drop the `+` to let Hydra check it")
-    if problems:
-        raise ValueError("config: " + "; ".join(problems) + ": give a finite value")
-    t, tr, o, m = cfg.task, cfg.trainer, cfg.optim, cfg.model
-    positive = {"task.seq_len": t.seq_len, "task.num_train": t.num_train, "task.num_eval": t.num_eval,
-                "trainer.max_steps": tr.max_steps, "trainer.batch_size": tr.batch_size,
-                "trainer.eval_batch_size": tr.eval_batch_size, "trainer.eval_every": tr.eval_every,
-                "trainer.log_every": tr.log_every, "trainer.checkpoint_every": tr.checkpoint_every,
-                "model.d_model": m.d_model, "model.num_layers": m.num_layers}
-    for key, value in positive.items():
-        if value < 1:
-            raise ValueError(f"{key}={value}: must be >= 1")
-    if any(length < 1 for length in t.eval_seq_lens or []):
-        raise ValueError(f"task.eval_seq_lens={list(t.eval_seq_lens)}: lengths must be >= 1")
-    ranges = [
-        ("optim.lr", o.lr, o.lr > 0, "must be > 0"),
-        ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, "must be >= 0 (0: no weight decay)"),
-        ("optim.eps", o.eps, o.eps > 0, "must be > 0"),
-        ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, "must be >= 0"),
-        ("optim.min_lr_ratio", o.min_lr_ratio, 0 <= o.min_lr_ratio <= 1, "must be in [0, 1]"),
-        ("optim.betas", list(o.betas), len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
-         "must be two numbers in [0, 1)"),
-        # 0 would read as "no clipping" through `or`, a negative value flips every update (trains backwards)
-        ("optim.grad_clip", o.grad_clip, o.grad_clip is None or o.grad_clip > 0,
-         "must be > 0, or null for no clipping"),
-        ("trainer.acc_threshold", tr.acc_threshold, 0 <= tr.acc_threshold <= 1,
-         "must be in [0, 1] (an accuracy)"),
-        ("trainer.early_stop.acc", tr.early_stop.acc, 0 <= tr.early_stop.acc <= 1,
-         "must be in [0, 1] (an accuracy)"),
-        ("trainer.early_stop.evals", tr.early_stop.evals, tr.early_stop.evals >= 1,
-         "must be >= 1 (evaluations in a row)"),
-        ("model.mlp_ratio", m.mlp_ratio, m.mlp_ratio > 0, "must be > 0"),
-        ("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be > 0"),
-    ]
-    for key, value, ok, rule in ranges:
-        if not ok:
-            raise ValueError(f"{key}={value}: {rule}")
-    if cfg.seed < 0:
-        raise ValueError(f"seed={cfg.seed}: must be >= 0")
-
-
-# What a resumed run may change: where and how it runs, not what it computes. A change here is applied from
-# the resume step on and recorded in the summary (`config_changes`); any other change refuses the resume.
-RESUME_MAY_CHANGE = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoint_every", "trainer.compile",
-                     "logger.")
-
-
-def _config_changes(old: dict[str, Any], new: dict[str, Any], step: int,
-                    checkpoint: Path) -> list[dict[str, Any]]:
-    """The changes from the checkpoint's flattened config `old` to this launch's `new` that a resume may
-    apply (as records with the step they take effect at); `ResumeRefused` for any other change."""
-    changed = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])
-    for key in sorted(old.keys() ^ new.keys()):
-        log.warning("resume: the checkpoint's config and this launch's differ in having %s (another version "
-                    "of train.py); taken as unchanged", key)
-    refused = [k for k in changed if not k.startswith(RESUME_MAY_CHANGE)]
-    if refused:
-        listed = ", ".join(f"{k}={old[k]!r} -> {new[k]!r}" for k in refused)
-        raise ResumeRefused(
-            f"resume refused: {checkpoint} (step {step}) was trained with another config ({listed}). Its "
-            "optimizer state, schedule and data order are those of the old values, so the run would go on "
-            "under the old config while recording the new one. Launch with the checkpoint's values to "
-            "resume; give the new config its own run directory (hydra.run.dir=..., or another sweep dir); "
-            "or, to train this directory again from step 0, delete its checkpoint.pt, metrics.jsonl and "
-            "summary.json")
-    return [{"step": step, "key": k, "old": old[k], "new": new[k]} for k in changed]
-
-
 def _resume(rundir: RunDir, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             scheduler: Any, progress: Progress, meta: dict[str, Any]) -> None:
     """Load a checkpoint's state into the run, after checking that its config is this launch's."""
     step = int(state["progress"].get("step", 0))
-    changes = _config_changes(state["config"], meta["config"], step, rundir.checkpoint)
+    changes = config_changes(state["config"], meta["config"], step, rundir.checkpoint)
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -374,109 +153,12 @@ def resolve_device(spec: str, job_num: int | None = None) -> torch.device:
     return device
 
 
-def _check_kwargs(fn: Callable[..., Any], params: dict[str, Any], what: str) -> None:
-    """Raise a ValueError naming the keys of `params` that `fn` does not accept."""
-    signature = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values()):
-        return
-    accepted = [name for name in signature if name not in ("num_examples", "seq_len", "seed")]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise ValueError(f"{what}: unknown parameter(s) {unknown} in task.params; "
-                         f"{fn.__name__}() accepts {accepted}")
-
-
-def load_task(task: DictConfig) -> tuple[Callable[..., tuple[torch.Tensor, torch.Tensor]], int]:
-    """The task's generator, bound to its params, and the vocabulary size the model needs."""
-    try:
-        module = importlib.import_module(f"tasks.{task.name}")
-    except ModuleNotFoundError as error:
-        if error.name not in ("tasks", f"tasks.{task.name}"):
-            raise
-        available = sorted(p.stem for p in Path(__file__).with_name("tasks").glob("[!_]*.py"))
-        raise ValueError(f"task.name={task.name!r}: no module tasks/{task.name}.py; "
-                         f"available: {available}") from None
-    params = OmegaConf.to_container(task.params, resolve=True)
-    for fn in (module.generate, module.num_tokens):
-        _check_kwargs(fn, params, f"task {task.name!r}")
-
-    def generate(num_examples: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, labels = module.generate(num_examples, seq_len, seed=seed, **params)
-        inputs, labels = torch.as_tensor(inputs, dtype=torch.long), torch.as_tensor(labels, dtype=torch.long)
-        if inputs.shape != (num_examples, seq_len) or labels.shape != inputs.shape:
-            raise ValueError(f"task {task.name!r} returned inputs {tuple(inputs.shape)} and labels "
-                             f"{tuple(labels.shape)}; expected both [{num_examples}, {seq_len}]")
-        return inputs, labels
-
-    return generate, int(module.num_tokens(**params))
-
-
 def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
     """Multiplier of optim.lr after `step` scheduler steps: linear warmup, then cosine to min_lr_ratio."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-class EpochSampler:
-    """Batch indices as a pure function of the step: a fresh permutation of the train set per epoch.
-
-    Being a function of (seed, step) only, resuming at step s needs no RNG state to reproduce the batches.
-    """
-
-    def __init__(self, num_train: int, batch_size: int, seed: int) -> None:
-        self.num_train, self.batch_size, self.seed = num_train, batch_size, seed
-        self._perms: dict[int, torch.Tensor] = {}
-
-    def _perm(self, epoch: int) -> torch.Tensor:
-        if epoch not in self._perms:
-            self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
-            generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
-            self._perms[epoch] = torch.randperm(self.num_train, generator=generator)
-        return self._perms[epoch]
-
-    def indices(self, step: int) -> torch.Tensor:  # [batch_size], for the 0-based optimizer step
-        chunks, position, end = [], step * self.batch_size, (step + 1) * self.batch_size
-        while position < end:
-            epoch, offset = divmod(position, self.num_train)
-            take = min(end - position, self.num_train - offset)
-            chunks.append(self._perm(epoch)[offset:offset + take])
-            position += take
-        return torch.cat(chunks)
-
-
-@dataclass
-class Batch:
-    """A batch on its device, with the scored positions found on the host (no device read-back needed)."""
-
-    inputs: torch.Tensor  # [B, T]
-    positions: torch.Tensor  # [N] flat indices into [B * T] of the labelled positions
-    targets: torch.Tensor  # [N] their labels
-    sequence: torch.Tensor  # [N] the sequence each belongs to
-    per_sequence: torch.Tensor  # [B] labelled positions per sequence
-    num_scored: int  # N
-    num_sequences_scored: int  # sequences with at least one label
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    # pinned + non_blocking: the copy is queued behind the GPU's work instead of waiting for it
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-def make_batch(inputs: torch.Tensor, labels: torch.Tensor, device: torch.device) -> Batch:
-    """`inputs` [B, T] on the host or already on `device`; `labels` [B, T] on the host (-100: not scored)."""
-    flat = labels.reshape(-1)
-    positions = (flat != -100).nonzero().squeeze(1)  # [N]
-    per_sequence = (labels != -100).sum(-1)  # [B]
-    return Batch(
-        inputs=inputs if inputs.device.type == device.type else _to_device(inputs, device),
-        positions=_to_device(positions, device), targets=_to_device(flat[positions], device),
-        sequence=_to_device(positions // labels.shape[1], device),
-        per_sequence=_to_device(per_sequence, device), num_scored=len(positions),
-        num_sequences_scored=int((per_sequence > 0).sum()))
 
 
 def batch_loss(model: LanguageModel, features: Callable[[torch.Tensor], torch.Tensor],
@@ -583,172 +265,6 @@ def first_nonfinite(model: torch.nn.Module, x: torch.Tensor, autocast: Callable[
         for handle in handles:
             handle.remove()
     return found[0] if found else None
-
-
-def _start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress,
-                 sweep_dir: str | None) -> Any:
-    """A W&B run (None when disabled); wandb is imported only here, so disabled runs never need it."""
-    wb = cfg.logger.wandb
-    if wb.mode == "disabled":
-        return None
-    import wandb
-
-    group = wb.group or (Path(sweep_dir).name if sweep_dir else None)
-    run = wandb.init(
-        project=wb.project, entity=wb.entity, group=group, mode=wb.mode.value, dir=str(run_dir),
-        name=wb.name or f"{meta['task']}/{meta['mixer']}/{run_dir.name}",
-        tags=sorted({*wb.tags, str(meta["task"]), str(meta["mixer"])}),
-        # Top-level copies of what dashboards group by; the mixer's yaml name is not in the config itself.
-        config={"mixer_name": meta["mixer"], "task_name": meta["task"], "seq_len": meta["seq_len"],
-                "lr": meta["lr"], **OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)},
-        id=progress.wandb_id, resume="allow" if progress.wandb_id else None,
-    )
-    progress.wandb_id = run.id
-    return run
-
-
-# A run's wall time is projected this many steps after its first (which pays one-time costs: compiling,
-# allocator warm-up), or once this many seconds have passed since it, whichever comes first.
-PROJECT_AFTER_STEPS = 5
-PROJECT_AFTER_S = 20.0
-# A CPU run projected to take longer than this is sized for a GPU, and says so.
-CPU_WARN_S = 3 * 3600.0
-
-
-def format_duration(seconds: float) -> str:
-    """42s, 3m 05s, 2h 07m, 3d 04h: two units are enough for an ETA."""
-    seconds = max(0, round(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours:02d}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
-
-
-def _short_number(value: float) -> str:
-    """980, 12.3k, 4.56M: a rate at a glance."""
-    for divisor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= divisor:
-            return f"{value / divisor:.3g}{suffix}"
-    return f"{value:.3g}"
-
-
-def _short_float(value: float) -> str:
-    """1e-3, 5e-5, 1.5e-4, 1e4: a learning rate as a run name spells it."""
-    mantissa, exponent = f"{value:.6e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-
-
-def run_name(task: str, mixer: str, seq_len: int, lr: float, seed: int, variant: str | None = None) -> str:
-    """A run's short name in a sweep's log lines: mqar/kda/L1024/lr1e-3/s0 (mqar/kda:<variant>/... for a
-    KDA ablation)."""
-    mixer = f"{mixer}:{variant}" if variant else mixer
-    return f"{task}/{mixer}/L{seq_len}/lr{_short_float(lr)}/s{seed}"
-
-
-class _RunNamePrefix(logging.Filter):
-    """Leads every line of the `train` logger with the run's name: a sweep's parallel jobs share a console."""
-
-    def __init__(self, run: str) -> None:
-        super().__init__()
-        self.run = run
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = f"[{self.run}] {record.msg}"
-        return True
-
-
-def _name_log_lines(run: str | None) -> None:
-    """Prefix the log's lines with `run` from now on (None: no prefix); replaces an earlier run's prefix
-    (the basic launcher runs a sweep's jobs one after another in one process)."""
-    for old in [f for f in log.filters if isinstance(f, _RunNamePrefix)]:
-        log.removeFilter(old)
-    if run is not None:
-        log.addFilter(_RunNamePrefix(run))
-
-
-def _format_acc(value: float | None) -> str:
-    return "none" if value is None else f"{value:.4f}"
-
-
-class ProgressLog:
-    """What a run says while it trains, the same in a terminal, a log file, a sweep's worker or a SLURM job.
-
-    - A line per logged step (every trainer.log_every steps, the first, and every eval): step, loss,
-      accuracy, steps/s and tokens/s over the training time since the previous line (evals excluded), the
-      ETA (the remaining steps at the wall-clock pace since the first step, evals included), and on eval
-      steps the eval results.
-    - Once, a few steps in, the projected wall time; on a CPU, past CPU_WARN_S, a warning naming the GPU
-      path and how to shrink the run instead.
-    """
-
-    def __init__(self, *, start_step: int, max_steps: int, batch_size: int, seq_len: int,
-                 device: torch.device, train_time_s: float = 0.0,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.start_step, self.max_steps, self.seq_len = start_step, max_steps, seq_len
-        self.tokens_per_step = batch_size * seq_len
-        self.device, self.clock = device, clock
-        self.started = clock()
-        self.first_step_end: float | None = None
-        self.projected = False
-        self.last_step, self.last_train_time_s = start_step, train_time_s
-
-    def seconds_per_step(self, step: int) -> float | None:
-        """Wall-clock seconds a step since the segment's first; None until a second step is done."""
-        if self.first_step_end is None or step <= self.start_step + 1:
-            return None
-        return (self.clock() - self.first_step_end) / (step - self.start_step - 1)
-
-    def after_step(self, step: int, train_time_s: float, record: dict[str, Any]) -> None:
-        """Called after every optimizer step with the run's training time so far and the step's metrics
-        record (empty on steps that are not logged)."""
-        if step == self.start_step + 1:
-            self.first_step_end = self.clock()
-        elif not self.projected and step < self.max_steps:
-            since_first = self.clock() - (self.first_step_end or self.started)
-            if step - self.start_step - 1 >= PROJECT_AFTER_STEPS or since_first >= PROJECT_AFTER_S:
-                self.project(step)
-        if record:
-            self.line(step, train_time_s, record)
-
-    def project(self, step: int) -> None:
-        self.projected = True
-        per_step = self.seconds_per_step(step)
-        if per_step is None:
-            return
-        total = self.clock() - self.started + per_step * (self.max_steps - step)
-        steps = self.max_steps - self.start_step
-        log.info("projected wall time %s for %s steps (%.3g s/step on %s; evals add to it)",
-                 format_duration(total), f"{steps:,}", per_step, self.device)
-        if self.device.type == "cpu" and total > CPU_WARN_S:
-            log.warning(
-                "this run would take about %s on the CPU: it is sized for a GPU. Run it there "
-                "(trainer.device=cuda; a sweep: hydra/launcher=joblib_gpu or hydra/launcher=slurm, see "
-                "docs/sweeps.md), or shrink it for the CPU (trainer=default, a lower trainer.max_steps, "
-                "trainer.batch_size or task.seq_len)", format_duration(total))
-
-    def line(self, step: int, train_time_s: float, record: dict[str, Any]) -> None:
-        parts = [f"step {step}/{self.max_steps}"]
-        if "train/loss" in record:
-            parts.append(f"loss {record['train/loss']:.4f} acc {_format_acc(record.get('train/acc'))}")
-        window = train_time_s - self.last_train_time_s
-        if step > self.last_step and window > 0:
-            rate = (step - self.last_step) / window
-            parts.append(f"{rate:.3g} steps/s {_short_number(rate * self.tokens_per_step)} tok/s")
-        per_step = self.seconds_per_step(step)
-        if per_step is not None:
-            parts.append(f"ETA {format_duration(per_step * (self.max_steps - step))}")
-        if "eval/acc" in record:
-            parts.append(f"eval acc {_format_acc(record['eval/acc'])} "
-                         f"seq_acc {_format_acc(record.get('eval/seq_acc'))}")
-            trained = f"eval/acc@{self.seq_len}"
-            parts += [f"{key[len('eval/'):]} {_format_acc(value)}" for key, value in record.items()
-                      if key.startswith("eval/acc@") and key != trained]
-        self.last_step, self.last_train_time_s = step, train_time_s
-        log.info(" | ".join(parts))
 
 
 def _summary(status: str, progress: Progress, meta: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -868,7 +384,7 @@ def train_step(run: Run, step: int, host_check: bool, bad_step: torch.Tensor) ->
     """One step's batch, forward and backward, clipped gradients and the update armed; nothing is applied
     (the caller steps the optimizer). The host reads values back only when `host_check`."""
     index = run.sampler.indices(step - 1)
-    batch = make_batch(run.inputs[_to_device(index, run.device)], run.labels[index], run.device)
+    batch = make_batch(run.inputs[to_device(index, run.device)], run.labels[index], run.device)
     lr = run.scheduler.get_last_lr()[0]
     try:
         loss, hits = forward_backward(run.model, run.features, batch, run.optimizer, run.autocast, host_check)
@@ -926,7 +442,9 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     trainer, device = cfg.trainer, run.device
     # The step the checkpoint on disk holds (None: no checkpoint yet), for what an interrupt says.
     saved = progress.step if run.rundir.checkpoint.exists() else None
-    wandb_run = _start_wandb(cfg, run_dir, meta, progress, sweep_dir)
+    wandb_run = start_wandb(cfg, run_dir, meta, progress.wandb_id, sweep_dir)
+    if wandb_run is not None:
+        progress.wandb_id = wandb_run.id
     segment_start, wall_before = time.perf_counter(), progress.wall_time_s
     status = "completed"
     # True while model, optimizer and scheduler hold exactly the state after `progress.step` steps.
@@ -1046,7 +564,7 @@ def _previous_summary(rundir: RunDir) -> dict[str, Any] | None:
     try:
         return rundir.read_summary()
     except FileUnreadable as error:
-        _attach_log_file(rundir.log)
+        attach_log_file(rundir.log)
         moved = rundir.set_aside_summary()
         resume = "resumes from checkpoint.pt" if rundir.checkpoint.exists() else "starts over (no checkpoint)"
         log.warning("%s: %s; moved to %s, the run %s and writes a new summary", rundir.summary, error.reason,
@@ -1061,17 +579,17 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str | None, job_num: int
     if previous is not None:
         if previous.get("status") in FINISHED:
             print(f"{run_dir}: already {previous['status']} (final eval acc "
-                  f"{_format_acc(previous.get('final_eval_acc'))}); nothing to do. Delete summary.json to "
+                  f"{format_acc(previous.get('final_eval_acc'))}); nothing to do. Delete summary.json to "
                   "train it again.")
             return previous
-    _attach_log_file(run_dir / "train.log")
+    attach_log_file(run_dir / "train.log")
     mixer_name = mixer_name or str(cfg.mixer.get("_target_", "mixer")).rsplit(".", 1)[-1]
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     meta: dict[str, Any] = {"state_size": None, "n_params": None, "task": cfg.task.name, "mixer": mixer_name,
                             "seq_len": cfg.task.seq_len, "lr": cfg.optim.lr, "seed": cfg.seed,
                             "run_dir": str(run_dir), "config": flatten(config)}
     # In a sweep every line names its run: parallel jobs share one console.
-    _name_log_lines(run_name(cfg.task.name, mixer_name, cfg.task.seq_len, cfg.optim.lr, cfg.seed,
+    name_log_lines(run_name(cfg.task.name, mixer_name, cfg.task.seq_len, cfg.optim.lr, cfg.seed,
                              _ablation()) if sweep_dir is not None else None)
     progress = Progress()
     try:
@@ -1085,7 +603,7 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str | None, job_num: int
         raise
     except BaseException as error:
         # The traceback once on the console: Hydra prints a single run's; a sweep's is in train.log.
-        _log_to_file(run_dir / "train.log", logging.ERROR, "run failed:\n" + traceback.format_exc())
+        log_to_file(run_dir / "train.log", logging.ERROR, "run failed:\n" + traceback.format_exc())
         log.error("run failed: %s: %s (traceback in %s)", type(error).__name__, error, run_dir / "train.log")
         extra = {"error": f"{type(error).__name__}: {error}"}
         rundir.write_summary(_summary("failed", progress, meta, extra))
@@ -1093,7 +611,7 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str | None, job_num: int
     summary = _summary(status, progress, meta, {})
     rundir.write_summary(summary)
     log.info("%s: %s after %d steps, final eval acc %s, best %s, %s", meta["mixer"], status, progress.step,
-             _format_acc(summary["final_eval_acc"]), _format_acc(summary["best_eval_acc"]),
+             format_acc(summary["final_eval_acc"]), format_acc(summary["best_eval_acc"]),
              format_duration(progress.wall_time_s))
     log.info("outputs: %s (%s)", run_dir.resolve(), ", ".join(rundir.existing()))
     return summary
@@ -1102,30 +620,6 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str | None, job_num: int
 def _ablation() -> str | None:
     """The KDA ablation variant (conf/experiment/ablation/) of the Hydra job, if any."""
     return HydraConfig.get().runtime.choices.get("experiment/ablation") if HydraConfig.initialized() else None
-
-
-def _log_to_file(path: Path, level: int, message: str) -> None:
-    """A record for the log file at `path` (attached by _attach_log_file or Hydra) and no other handler."""
-    target = str(path.resolve())
-    record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
-    for handler in logging.getLogger().handlers + log.handlers:
-        if isinstance(handler, logging.FileHandler) and handler.baseFilename == target:
-            handler.handle(record)
-
-
-def _attach_log_file(path: Path) -> None:
-    """Log to run_dir/train.log unless Hydra's job logging already does (its file is <job name>.log)."""
-    log.setLevel(logging.INFO)
-    target = str(path.resolve())
-    for handler in logging.getLogger().handlers + log.handlers:
-        if isinstance(handler, logging.FileHandler) and handler.baseFilename == target:
-            return
-    for handler in [h for h in log.handlers if isinstance(h, logging.FileHandler)]:
-        log.removeHandler(handler)
-        handler.close()
-    handler = logging.FileHandler(target)
-    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
-    log.addHandler(handler)
 
 
 # An absolute config path: the `kda-train` console script imports this module, and Hydra would read a

@@ -16,6 +16,7 @@ import torch
 from helpers import CLI_TINY
 from omegaconf import DictConfig
 
+import runlog
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,8 +64,8 @@ class FakeClock:
 def _simulate(device: str, seconds_per_step: float, max_steps: int, steps: int,
               caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     clock = FakeClock()
-    progress = train.ProgressLog(start_step=0, max_steps=max_steps, batch_size=256, seq_len=1024,
-                                 device=torch.device(device), clock=clock)
+    progress = runlog.ProgressLog(start_step=0, max_steps=max_steps, batch_size=256, seq_len=1024,
+                                  device=torch.device(device), clock=clock)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="train"):
         for step in range(1, steps + 1):
@@ -95,8 +96,8 @@ def test_a_run_sized_for_a_gpu_says_so_early_on_a_cpu(caplog: pytest.LogCaptureF
 
 def test_progress_line_rates_and_eta(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
-    progress = train.ProgressLog(start_step=100, max_steps=300, batch_size=4, seq_len=250,
-                                 device=torch.device("cpu"), train_time_s=7.0, clock=clock)
+    progress = runlog.ProgressLog(start_step=100, max_steps=300, batch_size=4, seq_len=250,
+                                  device=torch.device("cpu"), train_time_s=7.0, clock=clock)
     clock.now = 1.0
     with caplog.at_level(logging.INFO, logger="train"):
         progress.after_step(101, 7.5, {})
@@ -111,12 +112,12 @@ def test_progress_line_rates_and_eta(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_format_helpers() -> None:
-    assert [train.format_duration(s) for s in (0.4, 42, 185, 7620, 3 * 86400 + 4 * 3600 + 59)] == [
+    assert [runlog.format_duration(s) for s in (0.4, 42, 185, 7620, 3 * 86400 + 4 * 3600 + 59)] == [
         "0s", "42s", "3m 05s", "2h 07m", "3d 04h"]
-    assert train.run_name("mqar", "kda", 1024, 1e-3, 0) == "mqar/kda/L1024/lr1e-3/s0"
-    ablation = train.run_name("stack", "kda", 256, 1.5e-4, 2, "gate_softplus")
+    assert runlog.run_name("mqar", "kda", 1024, 1e-3, 0) == "mqar/kda/L1024/lr1e-3/s0"
+    ablation = runlog.run_name("stack", "kda", 256, 1.5e-4, 2, "gate_softplus")
     assert ablation == "stack/kda:gate_softplus/L256/lr1.5e-4/s2"
-    assert train.run_name("mqar", "attention", 32, 1e4, 1) == "mqar/attention/L32/lr1e4/s1"
+    assert runlog.run_name("mqar", "attention", 32, 1e4, 1) == "mqar/attention/L32/lr1e4/s1"
 
 
 def test_sweep_lines_carry_the_run_name(make_cfg: MakeCfg, tmp_path: Path,

@@ -1,0 +1,254 @@
+"""The typed trunk config of a run (docs/design.md §7): the dataclasses Hydra validates, stored in its
+ConfigStore as `base_config` when this module is imported, the checks their types cannot express, and what
+a resumed run may change.
+
+A misspelt key is an error (Hydra's struct mode) and a bad Enum value names the choices; the mixer group is
+free-form (`_target_` + the mixer's own kwargs, checked against its constructor). `validate` covers keys
+added with `+`, non-finite numbers and value ranges.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from rundir import ResumeRefused
+
+# train.py's logger: in a sweep, its lines carry the run's name (runlog.name_log_lines).
+log = logging.getLogger("train")
+
+
+class Precision(str, Enum):
+    """trainer.precision: auto (bf16 autocast on CUDA, fp32 on the CPU), bf16 or fp32."""
+
+    auto = "auto"
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
+class MlpKind(str, Enum):
+    """model.mlp: the channel mixer of a block (mixers/model.py)."""
+
+    swiglu = "swiglu"
+    gelu = "gelu"
+
+
+class WandbMode(str, Enum):
+    """logger.wandb.mode: disabled (wandb not even imported), offline (sync later), online."""
+
+    disabled = "disabled"
+    offline = "offline"
+    online = "online"
+
+
+@dataclass
+class TaskConfig:
+    """A synthetic task: `tasks.<name>.generate(num, seq_len, seed=..., **params)`, `num_tokens(**params)`."""
+
+    name: str = MISSING
+    seq_len: int = MISSING
+    # Lengths to evaluate at besides seq_len (length generalisation); seq_len itself is always evaluated.
+    eval_seq_lens: list[int] | None = None
+    num_train: int = MISSING
+    num_eval: int = MISSING
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    """The backbone (mixers/model.py); the mixer's own sizes (num_heads, head_dim) are in conf/mixer."""
+
+    d_model: int = 256
+    num_layers: int = 2
+    mlp: MlpKind = MlpKind.swiglu
+    mlp_ratio: float = 4.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup, then cosine decay to min_lr_ratio * lr at max_steps."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+
+
+@dataclass
+class EarlyStopConfig:
+    """Stop once eval/acc has held >= `acc` for `evals` evaluations in a row (a solved task need not
+    train on); the summary records the step as `early_stopped_at`."""
+
+    enabled: bool = False
+    acc: float = 0.99
+    evals: int = 2
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000
+    batch_size: int = 64
+    eval_batch_size: int = 256
+    eval_every: int = 100
+    log_every: int = 10
+    checkpoint_every: int = 500
+    # auto | cpu | cuda | cuda:N. auto in a multirun with several GPUs packs jobs round-robin:
+    # cuda:(job.num % device_count).
+    device: str = "auto"
+    precision: Precision = Precision.auto
+    # torch.compile the model's body (embedding to final norm; the scored loss stays eager). Our Triton
+    # ops are opaque custom ops to the compiler, so the glue between them fuses.
+    compile: bool = False
+    # steps_to_threshold = first eval step with eval/acc >= acc_threshold
+    acc_threshold: float = 0.9
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    # torch's CPU threads; null: torch's default (one per core). Small models on a busy or shared CPU run
+    # several times faster on 1 thread (no spinning OpenMP workers), as do CPU sweeps with parallel jobs.
+    cpu_threads: int | None = None
+
+
+@dataclass
+class WandbConfig:
+    mode: WandbMode = WandbMode.disabled
+    project: str = "kda-harness"
+    entity: str | None = None
+    group: str | None = None  # None: the sweep directory's name in a multirun
+    tags: list[str] = field(default_factory=list)  # the task and mixer names are added
+    name: str | None = None  # None: <task>/<mixer>/<run dir name>
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    # The mixer group has no schema: `_target_` + the mixer's kwargs, checked against its constructor. Open
+    # (not struct), so that a misspelt `mixer.<key>=` override reaches that check, which lists the valid keys.
+    mixer: Any = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # Seeds the data (train: seed, eval: seed + train.EVAL_SEED_OFFSET), the model's init and the batch order.
+    seed: int = 0
+
+
+ConfigStore.instance().store(name="base_config", node=Config)
+# `${mul:${task.seq_len},2}`: lengths relative to the training length (e.g. evaluating at 2L)
+OmegaConf.register_new_resolver("mul", lambda a, b: int(a) * int(b), replace=True)
+
+
+def _schema_problems(node: Any, schema: type, prefix: str = "") -> list[str]:
+    """Keys of `node` that the dataclass `schema` lacks (a `+key=value` override adds them past Hydra's typed
+    config), and floats that are not finite; free-form fields (`mixer`, `task.params`) are not walked."""
+    # A nested group is a field whose default is made by a dataclass. (Not read from the annotations: they
+    # are strings here, and a job that submitit runs from a pickle has no module to evaluate them in.)
+    hints = {f.name: f.default_factory if is_dataclass(f.default_factory) else None for f in fields(schema)}
+    problems = []
+    for key in node.keys():
+        name = f"{prefix}{key}"
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f"did you mean {prefix}{close[0]}?" if close else f"known: {list(hints)}"
+            problems.append(f"unknown key {name} ({hint})")
+            continue
+        if OmegaConf.is_interpolation(node, key):  # resolved in the run; train.py reads it there
+            continue
+        value = node[key]
+        if hints[key] is not None and isinstance(value, DictConfig):
+            problems += _schema_problems(value, hints[key], f"{name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{name}={value} is not a finite number")
+    return problems
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check what the schema's types cannot: keys added with `+`, non-finite numbers and value ranges; each
+    error names the key and the fix."""
+    problems = _schema_problems(cfg, Config)
+    unknown = [p for p in problems if p.startswith("unknown key")]
+    if unknown:
+        raise ValueError("config: " + "; ".join(unknown) + ". A key given with `+` must still be one of "
+                         "train.py's schema (only mixer.* and task.params.* are free-form): fix the "
+                         "spelling, or drop the `+` to let Hydra check it")
+    if problems:
+        raise ValueError("config: " + "; ".join(problems) + ": give a finite value")
+    t, tr, o, m = cfg.task, cfg.trainer, cfg.optim, cfg.model
+    positive = {"task.seq_len": t.seq_len, "task.num_train": t.num_train, "task.num_eval": t.num_eval,
+                "trainer.max_steps": tr.max_steps, "trainer.batch_size": tr.batch_size,
+                "trainer.eval_batch_size": tr.eval_batch_size, "trainer.eval_every": tr.eval_every,
+                "trainer.log_every": tr.log_every, "trainer.checkpoint_every": tr.checkpoint_every,
+                "model.d_model": m.d_model, "model.num_layers": m.num_layers}
+    for key, value in positive.items():
+        if value < 1:
+            raise ValueError(f"{key}={value}: must be >= 1")
+    if any(length < 1 for length in t.eval_seq_lens or []):
+        raise ValueError(f"task.eval_seq_lens={list(t.eval_seq_lens)}: lengths must be >= 1")
+    ranges = [
+        ("optim.lr", o.lr, o.lr > 0, "must be > 0"),
+        ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, "must be >= 0 (0: no weight decay)"),
+        ("optim.eps", o.eps, o.eps > 0, "must be > 0"),
+        ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, "must be >= 0"),
+        ("optim.min_lr_ratio", o.min_lr_ratio, 0 <= o.min_lr_ratio <= 1, "must be in [0, 1]"),
+        ("optim.betas", list(o.betas), len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+         "must be two numbers in [0, 1)"),
+        # 0 would read as "no clipping" through `or`, a negative value flips every update (trains backwards)
+        ("optim.grad_clip", o.grad_clip, o.grad_clip is None or o.grad_clip > 0,
+         "must be > 0, or null for no clipping"),
+        ("trainer.acc_threshold", tr.acc_threshold, 0 <= tr.acc_threshold <= 1,
+         "must be in [0, 1] (an accuracy)"),
+        ("trainer.early_stop.acc", tr.early_stop.acc, 0 <= tr.early_stop.acc <= 1,
+         "must be in [0, 1] (an accuracy)"),
+        ("trainer.early_stop.evals", tr.early_stop.evals, tr.early_stop.evals >= 1,
+         "must be >= 1 (evaluations in a row)"),
+        ("model.mlp_ratio", m.mlp_ratio, m.mlp_ratio > 0, "must be > 0"),
+        ("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be > 0"),
+    ]
+    for key, value, ok, rule in ranges:
+        if not ok:
+            raise ValueError(f"{key}={value}: {rule}")
+    if cfg.seed < 0:
+        raise ValueError(f"seed={cfg.seed}: must be >= 0")
+
+
+# What a resumed run may change: where and how it runs, not what it computes. A change here is applied from
+# the resume step on and recorded in the summary (`config_changes`); any other change refuses the resume.
+RESUME_MAY_CHANGE = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoint_every", "trainer.compile",
+                     "logger.")
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any], step: int,
+                    checkpoint: Path) -> list[dict[str, Any]]:
+    """The changes from the checkpoint's flattened config `old` to this launch's `new` that a resume may
+    apply (as records with the step they take effect at); `ResumeRefused` for any other change."""
+    changed = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])
+    for key in sorted(old.keys() ^ new.keys()):
+        log.warning("resume: the checkpoint's config and this launch's differ in having %s (another version "
+                    "of train.py); taken as unchanged", key)
+    refused = [k for k in changed if not k.startswith(RESUME_MAY_CHANGE)]
+    if refused:
+        listed = ", ".join(f"{k}={old[k]!r} -> {new[k]!r}" for k in refused)
+        raise ResumeRefused(
+            f"resume refused: {checkpoint} (step {step}) was trained with another config ({listed}). Its "
+            "optimizer state, schedule and data order are those of the old values, so the run would go on "
+            "under the old config while recording the new one. Launch with the checkpoint's values to "
+            "resume; give the new config its own run directory (hydra.run.dir=..., or another sweep dir); "
+            "or, to train this directory again from step 0, delete its checkpoint.pt, metrics.jsonl and "
+            "summary.json")
+    return [{"step": step, "key": k, "old": old[k], "new": new[k]} for k in changed]
