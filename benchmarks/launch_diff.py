@@ -1,7 +1,7 @@
-"""Does a change alter how the kernels are launched at a shape? Run the forward (with and without a
-gradient) and backward launch code of kernels/triton/chunk.py on meta tensors, every kernel replaced by a
-recorder, at the working tree and at a git revision, and diff the launches: grid, constexprs, warps,
-stages, register caps. No GPU, nothing compiled.
+"""Does a change alter how the kernels are launched at a shape? Run the forward (with and without a gradient)
+and backward launch code of kernels/triton/ (chunk.py's pipelines, the stage modules' launchers; at older
+revisions chunk.py alone) on meta tensors, every kernel replaced by a recorder, at the working tree and at a
+git revision, and diff the launches: grid, constexprs, warps, stages, register caps. No GPU, nothing compiled.
 
     python benchmarks/launch_diff.py REV --op kda_bounded --B 1 --T 65536 --H 16
     python benchmarks/launch_diff.py HEAD~3 --op delta_rule --B 32 --T 2048 --H 2
@@ -41,8 +41,12 @@ if not found:
     sys.exit(f"unknown op {op!r}; kernels.triton.VARIANTS has {[variant[0] for variant in VARIANTS]}")
 (decay, delta, lower_bound), = found
 launches = []
-for name in occupancy.KERNELS:
-    setattr(chunk, name, occupancy._Recorder(name, launches))
+# where each kernel is looked up when launched: its stage module (a list of names: all in chunk.py)
+homes = occupancy.KERNELS
+if not isinstance(homes, dict):
+    homes = dict.fromkeys(homes, chunk)
+for name, module in homes.items():
+    setattr(module, name, occupancy._Recorder(name, launches))
 bf = torch.bfloat16
 q, k, v = (torch.empty(B, T, H, D, dtype=bf, device="meta") for _ in range(3))
 g = None

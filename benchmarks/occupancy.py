@@ -6,15 +6,15 @@ kernels as they are launched, compiled for an H100/H200 (sm_90) on this machine,
     python benchmarks/occupancy.py --options intra_bwd:num_stages=2 intra_bwd:maxnreg=128
     python benchmarks/occupancy.py --no-grad --ops kda_bounded delta_rule   # the no-grad forward's launches
 
-The forward and backward launch code (kernels/triton/chunk.py) runs on meta tensors with every kernel
-replaced by a recorder, so each launch is seen with its real constexprs, argument dtypes, warps and stages;
-each is then compiled with Triton's bundled ptxas and `cuobjdump --dump-resource-usage` reads its registers
-per thread, spilled bytes (LOCAL) and shared memory, and `cuobjdump -sass` its static instruction counts:
-all, each loop body's, exponentials (mufu), tensor-core products (mma), barriers; and from the TTGIR the
-plain (not asynchronously copied, so waited-on) loads inside loops (`loop_loads`) and the tensor-core
-products that several warps compute alike (`mma_dup`). Programs per SM follow
-from the sm_90 limits (65,536 registers in 256-register units per warp, 2,048 threads, 32 blocks, 228 KB of
-shared memory with 1 KB reserved per block). `--options KERNEL:NAME=INT` compiles one kernel with other
+The forward and backward launch code (kernels/triton/chunk.py and its stage modules) runs on meta tensors with
+every kernel replaced by a recorder, so each launch is seen with its real constexprs, argument dtypes, warps
+and stages; each is then compiled with Triton's bundled ptxas and `cuobjdump --dump-resource-usage` reads its
+registers per thread, spilled bytes (LOCAL) and shared memory, and `cuobjdump -sass` its static instruction
+counts: all, each loop body's, exponentials (mufu), tensor-core products (mma), barriers; and from the TTGIR
+the plain (not asynchronously copied, so waited-on) loads inside loops (`loop_loads`) and the tensor-core
+products that several warps compute alike (`mma_dup`). Programs per SM follow from the sm_90 limits
+(65,536 registers in 256-register units per warp, 2,048 threads, 32 blocks, 228 KB of shared memory with
+1 KB reserved per block). `--options KERNEL:NAME=INT` compiles one kernel with other
 launch options (num_warps, num_stages, maxnreg) than the launch code's, to see what they would free.
 
 The figures are this machine's Triton's (see the header): the device image's Triton may allocate
@@ -57,7 +57,13 @@ SMEM_PER_SM = 228 * 1024
 SMEM_RESERVED_PER_BLOCK = 1024
 SMS = 132  # H200
 
-KERNELS = [name for name in dir(chunk) if name.endswith("_kernel") and name.startswith("_")]
+# every kernel of the family and the stage module that holds it (and launches it: a recorder goes there)
+KERNELS = {
+    name: module
+    for module in chunk.STAGES
+    for name in sorted(vars(module))
+    if name.startswith("_") and name.endswith("_kernel")
+}
 
 
 @dataclass
@@ -85,9 +91,9 @@ def record(
     """Every kernel launch of one forward and one backward of `name`, on meta tensors (keep=False: of the
     no-grad forward alone)."""
     launches: list[Launch] = []
-    saved = {k: getattr(chunk, k) for k in KERNELS}
-    for k in KERNELS:
-        setattr(chunk, k, _Recorder(k, launches))
+    saved = {k: getattr(module, k) for k, module in KERNELS.items()}
+    for k, module in KERNELS.items():
+        setattr(module, k, _Recorder(k, launches))
     try:
         meta = dict(device="meta", dtype=torch.bfloat16)
         q, k_, v = (torch.empty(B, T, H, D, **meta) for _ in range(3))
@@ -106,7 +112,7 @@ def record(
             )
     finally:
         for k, fn in saved.items():
-            setattr(chunk, k, fn)
+            setattr(KERNELS[k], k, fn)
     return launches
 
 
@@ -230,7 +236,7 @@ def launch_options(launch: Launch, options: dict | None = None) -> dict:
 def compile_launch(launch: Launch, options: dict | None = None):
     """One recorded launch compiled for sm_90 as its launcher would (Triton's CompiledKernel: asm["ptx"],
     asm["ttgir"], asm["cubin"], metadata)."""
-    fn = getattr(chunk, launch.kernel)
+    fn = getattr(KERNELS[launch.kernel], launch.kernel)
     plain = tuple(p.name for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False))
     sig, consts, attrs = _signature(fn.fn, launch.args, launch.kwargs, plain)
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)

@@ -1,6 +1,7 @@
-"""Does a change alter what a kernel compiles to? Compile one kernel of kernels/triton/chunk.py for an
-H100/H200 (sm_90) on this machine, no GPU needed (Triton's bundled ptxas), at the working tree and at
-a git revision, and diff the PTX instructions (debug info and parameter-load order left out).
+"""Does a change alter what a kernel compiles to? Compile one kernel of kernels/triton/ (a stage module's, or
+chunk.py's at older revisions, where it held them all) for an H100/H200 (sm_90) on this machine, no GPU needed
+(Triton's bundled ptxas), at the working tree and at a git revision, and diff the PTX instructions (debug info
+and parameter-load order left out).
 
     python benchmarks/ptx_diff.py REV _intra_fwd_kernel --const BOUNDED=1 DELTA=1
 
@@ -67,7 +68,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernels.triton import chunk
-kern = getattr(chunk, sys.argv[1])
+# the kernel in chunk.py or in one of its stage modules (older revisions: chunk.py holds them all)
+homes = [chunk, *getattr(chunk, "STAGES", ())]
+found = [getattr(m, sys.argv[1]) for m in homes if hasattr(m, sys.argv[1])]
+if not found:
+    sys.exit(f"no kernel {sys.argv[1]} in kernels.triton.chunk or its stage modules")
+kern = found[0]
 given = json.loads(sys.argv[2])
 lowp = set(json.loads(sys.argv[3]))
 sig, consts = {}, {}
@@ -204,7 +210,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rev", help="git revision to compare the working tree against, e.g. HEAD~3")
     ap.add_argument(
-        "kernel", nargs="?", help="a @triton.jit kernel of kernels/triton/chunk.py, e.g. _intra_fwd_kernel"
+        "kernel", nargs="?", help="a @triton.jit kernel of kernels/triton/, e.g. _intra_fwd_kernel"
     )
     ap.add_argument("--ops", nargs="*", default=None, help="every launch of these ops (or all), see above")
     ap.add_argument("--B", type=int, default=8)

@@ -1,4 +1,4 @@
-"""benchmarks/launch_diff.py: the launch code of kernels/triton/chunk.py recorded on meta tensors (no GPU, no
+"""benchmarks/launch_diff.py: the launch code of kernels/triton/ recorded on meta tensors (no GPU, no
 compile), at the working tree and at a git revision, and the two lists of launches diffed."""
 
 from __future__ import annotations

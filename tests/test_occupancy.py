@@ -111,9 +111,10 @@ def test_bad_options_are_named() -> None:
 
 # _signature on _rev_cumsum_kernel (pointers x, x and the integer T), in a fresh interpreter (_run)
 _SIGNATURE_SETUP = (
-    "import torch; from benchmarks.occupancy import _signature; from kernels.triton import chunk; "
+    "import torch; from benchmarks.occupancy import _signature; "
+    "from kernels.triton import cumsum, state_fwd; "
     "x = torch.empty(4, device='meta', dtype=torch.bfloat16); c = dict(H=16, K=128, BT=64, DECAY=2); "
-    "f = chunk._rev_cumsum_kernel.fn; "
+    "f = cumsum._rev_cumsum_kernel.fn; "
 )
 _DIV = "[['tt.divisibility', 16]]"
 
@@ -143,7 +144,7 @@ def test_unspecialised_integers_stay_plain() -> None:
         [
             "-c",
             _SIGNATURE_SETUP
-            + "print([p.name for p in chunk._state_fwd_kernel.params if p.do_not_specialize]); "
+            + "print([p.name for p in state_fwd._state_fwd_kernel.params if p.do_not_specialize]); "
             "print(_signature(f, (x, x, 8192), c, ('T',))); print(_signature(f, (x, x, 1), c, ('T',)))",
         ]
     )  # fmt: skip

@@ -55,7 +55,7 @@ def _tree(tmp_path: Path, edit=None) -> Path:
     tree = tmp_path / "tree"
     shutil.copytree(ROOT / "kernels", tree / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
     if edit:
-        path = tree / "kernels" / "triton" / "chunk.py"
+        path = tree / "kernels" / "triton" / "cumsum.py"
         path.write_text(edit(path.read_text()))
     return tree
 

@@ -172,15 +172,23 @@ def test_intra_gradients_inside_the_dqk_kernel(
 ) -> None:
     # without the delta rule and the per-channel decay, the dqk kernel also does the intra-chunk gradients,
     # and the dvt and intra backward kernels do not run
-    from kernels.triton import chunk
-
-    launched = []
-    for kernel in ("_dvt_bwd_kernel", "_intra_bwd_kernel"):
-        original = getattr(chunk, kernel)
-        monkeypatch.setattr(chunk, kernel, _Recorder(original, launched, kernel))
+    launched = record_launches(monkeypatch, "_dvt_bwd_kernel", "_intra_bwd_kernel")
     inputs = make_inputs(decay, False, 1, T, 2, K=16, V=32, seed=T + 7)
     check_against_naive(inputs)
     assert launched == []
+
+
+def record_launches(monkeypatch: pytest.MonkeyPatch, *kernels: str, run: bool = True) -> list:
+    # each kernel replaced, in the stage module that holds and launches it, by a _Recorder that appends to
+    # the list returned and (run) launches the real kernel
+    from kernels.triton import chunk
+
+    launched: list = []
+    for name in kernels:
+        (module,) = [m for m in chunk.STAGES if name in vars(m)]
+        real = getattr(module, name) if run else None
+        monkeypatch.setattr(module, name, _Recorder(real, launched, name))
+    return launched
 
 
 class _Recorder:
@@ -233,9 +241,9 @@ def test_bf16_inverse(
     # 16-bit inputs: L stored in bf16, written by the solve
     # and read by W/U, dqk and dvt. The interpreter runs it with fp32 inputs (its bf16 dots are wrong): the
     # errors are then bf16's rounding of L, about 1e-3, while a mis-cast buffer or a missed store is O(1)
-    from kernels.triton import chunk
+    from kernels.triton import solve
 
-    monkeypatch.setattr(chunk, "_l_dtype", lambda lowp: torch.bfloat16)
+    monkeypatch.setattr(solve, "_l_dtype", lambda lowp: torch.bfloat16)
     inputs = make_inputs(
         decay, delta, 1, T, 2, K=16, V=32, seed=T + 5, lower_bound=lower_bound, with_state=True
     )
@@ -546,11 +554,11 @@ def test_no_grad_akk_in_bf16(
     # rounded, the solve takes it to fp32 on load). The interpreter runs fp32 inputs only (its bf16 products
     # are wrong), so the bf16 buffer is forced for them here: the output and final state match the token
     # loop to bf16's rounding of A_kk, not to fp32's (the A_kk buffer is bf16, NaN-filled first)
-    from kernels.triton import chunk
+    from kernels.triton import intra_fwd
 
-    assert chunk._akk_dtype(True, False) == torch.bfloat16
-    assert chunk._akk_dtype(True, True) == chunk._akk_dtype(False, False) == torch.float32
-    monkeypatch.setattr(chunk, "_akk_dtype", lambda lowp, keep: torch.float32 if keep else torch.bfloat16)
+    assert intra_fwd._akk_dtype(True, False) == torch.bfloat16
+    assert intra_fwd._akk_dtype(True, True) == intra_fwd._akk_dtype(False, False) == torch.float32
+    monkeypatch.setattr(intra_fwd, "_akk_dtype", lambda lowp, keep: torch.float32 if keep else torch.bfloat16)
     made = nan_buffers(monkeypatch)
     inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=T + 1, lower_bound=lower_bound)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
@@ -695,12 +703,10 @@ def test_pseudo_values_kept_for_the_backward(
     # bwd.x = 1: the differentiable forward forms Vt in the state pass from L and keeps X = V - (Gamma
     # K) S, which the dvt backward reads instead of h and Gamma K; the W/U pass writes W alone. Both output
     # forms of the state pass
-    from kernels.triton import chunk
 
     tune(monkeypatch, "bwd.x", 1)
     tune(monkeypatch, "state_fwd.output", T % 2)
-    launched = []
-    monkeypatch.setattr(chunk, "_wu_kernel", _Recorder(chunk._wu_kernel, launched, "_wu_kernel"))
+    launched = record_launches(monkeypatch, "_wu_kernel")
     inputs = make_inputs(
         decay,
         True,
@@ -734,14 +740,11 @@ def test_pseudo_values_from_x_both_ways(
     # bwd.vt_x = 1: with X kept (bwd.x) and the output inside the state pass, the forward keeps no
     # Vt = T X; dqk sums X dS'^T and applies T after its V loop, dvt sums dO X^T and applies T^T. 0: Vt
     # kept and read by both. Same gradients either way, with and without an initial state
-    from kernels.triton import chunk
 
     tune(monkeypatch, "bwd.x", 1)
     tune(monkeypatch, "state_fwd.output", 1)
     tune(monkeypatch, "bwd.vt_x", vt_x)
-    launched: list = []
-    for kernel in ("_state_fwd_kernel", "_dqk_bwd_kernel", "_dvt_bwd_kernel"):
-        monkeypatch.setattr(chunk, kernel, _Recorder(getattr(chunk, kernel), launched, kernel))
+    launched = record_launches(monkeypatch, "_state_fwd_kernel", "_dqk_bwd_kernel", "_dvt_bwd_kernel")
     inputs = make_inputs(
         decay, True, 1, T, 2, K=16, V=32, seed=T + 41 + vt_x, lower_bound=lower_bound, with_state=T % 2 == 1
     )
@@ -789,13 +792,10 @@ def test_intra_backward_first(
     # dqk and writes its parts alone; dqk adds its own and reverse-cumsums dG per chunk, and no
     # _rev_cumsum_kernel runs (the delta rule, GLA and both KDAs; simple GLA and GDN, whose scalar dG sums
     # over K blocks, keep the other order). 0: dqk first, then the intra backward, then the dG cumsum
-    from kernels.triton import chunk
 
     first = decay != "channel"
     tune(monkeypatch, "bwd.intra_first", int(first))
-    launched = []
-    rev = _Recorder(chunk._rev_cumsum_kernel, launched, "_rev_cumsum_kernel")
-    monkeypatch.setattr(chunk, "_rev_cumsum_kernel", rev)
+    launched = record_launches(monkeypatch, "_rev_cumsum_kernel")
     inputs = make_inputs(
         decay, delta, 1, T, 2, K=16, V=32, seed=T + 41, lower_bound=lower_bound, with_state=T == 63
     )
@@ -806,13 +806,9 @@ def test_intra_backward_first(
 def _dqk_alternative(monkeypatch, key: str, value: int, flag: str, delta: bool, lower_bound, T: int) -> None:
     # one dqk alternative (setting key = value) against the reference at a per-channel decay, and the dqk
     # launches' constexpr flag that it sets
-    from kernels.triton import chunk
 
     tune(monkeypatch, key, value)
-    launched: list = []
-    monkeypatch.setattr(
-        chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
-    )
+    launched = record_launches(monkeypatch, "_dqk_bwd_kernel")
     seed = T + 11 * value + len(key)
     inputs = make_inputs(
         "channel", delta, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound, with_state=T == 63
@@ -845,15 +841,11 @@ def test_backward_forms_together(
     # the delta rule's backward forms forced on together, whatever their launch rules pick: the intra backward
     # first (not for the scalar decay), X kept and no Vt (dqk and dvt form it from X, dqk loading T for
     # it), and d(Gamma K) from dvt's dV in the same dqk program
-    from kernels.triton import chunk
 
     forced = {"bwd.intra_first": 1, "bwd.x": 1, "state_fwd.output": 1, "bwd.vt_x": 1}
     for key, value in forced.items():
         tune(monkeypatch, key, value)
-    launched: list = []
-    monkeypatch.setattr(
-        chunk, "_dqk_bwd_kernel", _Recorder(chunk._dqk_bwd_kernel, launched, "_dqk_bwd_kernel")
-    )
+    launched = record_launches(monkeypatch, "_dqk_bwd_kernel")
     inputs = make_inputs(decay, True, 1, 63, 2, K=16, V=32, seed=71, lower_bound=lower_bound, with_state=True)
     check_against_naive(inputs, lower_bound=lower_bound)
     flags = {(kw["VT_X"], kw["DV_W"]) for _, _, kw in launched}
@@ -867,12 +859,9 @@ def test_dqk_key_blocks_side_by_side(
 ) -> None:
     # K = 128: two key blocks of 64 in dqk, launched with the chunks first or (dqk.k_inner = 1, the
     # default) the key blocks first; each program finds its chunk and key block
-    from kernels.triton import chunk
 
     tune(monkeypatch, "dqk.k_inner", k_inner)
-    launched: list = []
-    for name_ in ("_dqk_bwd_kernel", "_intra_bwd_kernel"):
-        monkeypatch.setattr(chunk, name_, _Recorder(getattr(chunk, name_), launched, name_))
+    launched = record_launches(monkeypatch, "_dqk_bwd_kernel", "_intra_bwd_kernel")
     inputs = make_inputs("channel", delta, 1, 130, 1, K=128, V=16, seed=k_inner, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
     grids = {n: grid for n, grid, _ in launched}
@@ -912,9 +901,7 @@ def _forward_launches(
     # decay: the delta rule's; without delta: GLA's, or linear attention's)
     from kernels.triton import chunk
 
-    log: list = []
-    for name in FWD_KERNELS + ["_output_kernel"] + BWD_KERNELS:
-        monkeypatch.setattr(chunk, name, _Recorder(None, log, name))  # no kernel runs
+    log = record_launches(monkeypatch, *FWD_KERNELS, "_output_kernel", *BWD_KERNELS, run=False)  # none runs
     T, D = 100, 128
     bf = torch.bfloat16
     q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))

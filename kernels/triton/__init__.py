@@ -10,7 +10,8 @@ import torch
 
 from kernels import family
 from kernels.triton import chunk as _chunk
-from kernels.triton.chunk import MIN_LOWER_BOUND, ChunkFunction
+from kernels.triton.chunk import ChunkFunction
+from kernels.triton.common import MIN_LOWER_BOUND
 from kernels.triton.compile import compiled_chunk
 from kernels.triton.recurrent import recurrent_step_fwd
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kernels.triton.chunk import BC, INTERPRET
+from kernels.triton.common import BC, INTERPRET
 
 # The state passes run one program per (batch, head, block of V columns), sequentially over the chunks.
 # FILL_PROGRAMS programs of 64 columns fill the H200 by themselves: from there on the forms that trade

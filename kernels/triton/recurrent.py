@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.chunk import INTERPRET
+from kernels.triton.common import INTERPRET
 
 
 @triton.jit

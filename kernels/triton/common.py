@@ -1,0 +1,234 @@
+"""The pieces the stages of the chunk kernels share: the constants (the interpreter switch, the 16-row
+sub-chunk edge, the bounded gate's limit, the uint16 decay's steps), the dot-operand cast, the exponential,
+the programmatic-dependent-launch prologue, the loads of a [rows, D] tile, and the per-chunk decay helpers
+of the state passes and the dv backward (branching on DECAY). No kernel here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+try:  # grid dependency control (programmatic dependent launch, sm_90+), setting fwd.pdl
+    import triton.language.extra.cuda  # noqa: F401
+
+    HAS_GDC = hasattr(tl.extra.cuda, "gdc_wait")
+except ImportError:
+    HAS_GDC = False
+
+# The interpreter runs on the CPU: one config, no autotune, and fp32 dots only (the caller's job).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Sub-chunk edge: the diagonal blocks of the per-channel decay are handled 16 rows at a time.
+BC = 16
+
+# setting fwd.g16: the within-block decays G_a - G (log2 units, >= 0) stored as uint16 in steps of 1/512
+# (0.068% at most in an exponential, 0.039% RMS, beside bf16's 0.2% and 0.11%); the cap 65535 / 512 = 128
+# is 2^128, where fp32 overflows anyway (15 steps of g < -5.9; lower_bound >= MIN_LOWER_BOUND keeps clear)
+G16_STEPS = tl.constexpr(512.0)
+# log2(e): exp(x) = 2^(x log2(e)); G times it where its readers take 2^x (setting fwd.log2)
+LOG2E = tl.constexpr(1.4426950408889634)
+# exp(-lower_bound * (BC - 1)) must stay finite in fp32/bf16 (max ~ e^88): |lower_bound| <= 5.5 leaves margin.
+MIN_LOWER_BOUND = -5.5
+
+
+@triton.jit
+def _dot_cast(x, LOWP: tl.constexpr):
+    # bf16 operands feed the tensor cores for 16-bit inputs; fp32 inputs keep fp32 (the interpreter needs it)
+    if LOWP:
+        return x.to(tl.bfloat16)
+    else:
+        return x
+
+
+@triton.jit
+def _exp(x, FTZ: tl.constexpr, LOG2: tl.constexpr = 0):
+    # exp(x). FTZ (setting intra_fwd.ftz, compiled for a GPU only): as ex2.approx.ftz.f32 of x log2(e), one
+    # MUFU.EX2 and its multiply; tl.exp's ex2.approx.f32 keeps subnormal results, which ptxas makes a compare,
+    # two predicated multiplies and a select around each MUFU (sm_90 SASS). The same approximation (2^-22
+    # relative) but for results under 2^-126 (1.2e-38), which become 0: decays that small change nothing.
+    # LOG2 (setting fwd.log2): x is in log2 units already (G stored times log2(e)), so 2^x, no multiply
+    if LOG2:
+        y = x
+    else:
+        y = x * LOG2E
+    if FTZ:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;",
+            "=f,f",
+            [y],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
+    elif LOG2:
+        return tl.exp2(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    # a kernel of the forward launched as a programmatic dependent of the one before it (setting fwd.pdl):
+    # it lets the next kernel's programs be placed once all of its own have started, then waits until the
+    # kernel before it has finished and its writes are visible, before any load or store of its own. Only
+    # the launch and the placing of programs overlap the previous kernel's last wave, nothing it reads
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _load_block(x, o_t, m_t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t, columns o_d of a [B, T, H, D] tensor for head (i_b, i_h), as fp32; invalid rows are 0
+    p = x + ((i_b * T + o_t[:, None]) * H + i_h) * D + o_d[None, :]
+    return tl.load(p, mask=m_t[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_row_block(x, t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # one row t, columns o_d of a [B, T, H, D] tensor as fp32 (0 if t >= T)
+    return tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_rows(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t of a [B, T, H, D] tensor for head (i_b, i_h), as fp32 [len(o_t), D]; invalid rows are 0
+    return _load_block(x, o_t, m_t, tl.arange(0, D), i_b, i_h, T, H, D)
+
+
+@triton.jit
+def _load_row(x, t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
+    # one row t of a [B, T, H, D] tensor as fp32 [D] (0 if t >= T)
+    return _load_row_block(x, t, tl.arange(0, D), i_b, i_h, T, H, D)
+
+
+@triton.jit
+def _load_vec(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr):
+    # a [B, T, H] tensor at rows o_t as fp32
+    return tl.load(x + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _unchain(x, on, UNCHAIN: tl.constexpr):
+    # x through a run-time branch that is always taken (on: a run-time truth). Triton gives a product whose
+    # result reaches another product (a chain) all its warps along the rows (flash attention's layout): with
+    # 8 warps and 64 rows, on sm_90 both warpgroups then compute the same 64 rows. Its search for the chain
+    # stops at the branch's yield, so the product takes the layout of an unchained one, the warpgroups
+    # splitting the columns. The branch never taken keeps a product of its own, so that it is not folded
+    # into a select (which the search would follow)
+    if UNCHAIN:
+        if on:
+            y = x
+        else:
+            y = x * 0.5
+    else:
+        y = x
+    return y
+
+
+@triton.jit
+def _chunk_small(
+    gc,
+    beta,
+    i_t,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    DECAY: tl.constexpr,
+    BETA: tl.constexpr,
+    LOG2: tl.constexpr = 0,
+):
+    # a state pass's small inputs of chunk i_t, too small for Triton to pipeline (sm_90 TTGIR: plain loads,
+    # where the tiles are asynchronous copies a stage ahead), so each a wait of the sequential pass on memory
+    # where it is used (EARLY = 0); EARLY = 1 loads them at the top of the chunk's step, EARLY = 2 one chunk
+    # ahead: the per-channel decay to the chunk's end exp(G_last) ([K]), or the scalar decay's column G
+    # ([BT]); beta ([BT], BETA)
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    if DECAY == 2:
+        b_gv = _exp(_load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K), False, LOG2)
+    elif DECAY == 1:
+        b_gv = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+    else:
+        b_gv = tl.full([K], 1.0, dtype=tl.float32)
+    if BETA:
+        b_b = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+    else:
+        b_b = tl.zeros([BT], dtype=tl.float32)
+    return b_gv, b_b
+
+
+@triton.jit
+def _key_decay_to_end(
+    k,
+    gc,
+    o_t,
+    m_t,
+    t_last,
+    i_b,
+    i_h,
+    T,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    DECAY: tl.constexpr,
+    LOG2: tl.constexpr = 0,
+):
+    # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K]).
+    # For the per-channel decay, k already holds K_d (written by the intra or the cumsum kernel)
+    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 2:
+        b_kd = b_k
+        b_dl = _exp(_load_row(gc, t_last, i_b, i_h, T, H, K), False, LOG2)
+    elif DECAY == 1:
+        b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
+        b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+        b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None]
+        b_dl = tl.exp(b_gl + tl.zeros([K], dtype=tl.float32))
+    else:
+        b_kd = b_k
+        b_dl = tl.full([K], 1.0, dtype=tl.float32)
+    return b_kd, b_dl
+
+
+@triton.jit
+def _key_decay_from(
+    k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr
+):
+    # _key_decay_to_end from the chunk's b_gv of _chunk_small (loaded earlier)
+    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 1:
+        b_gl = tl.sum(tl.where(o_t == t_last, b_gv, 0.0), 0)
+        b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_gv, float("-inf")))[:, None]
+        b_dl = tl.exp(b_gl + tl.zeros([K], dtype=tl.float32))
+    else:
+        b_kd = b_k
+        b_dl = b_gv
+    return b_kd, b_dl
+
+
+@triton.jit
+def _decay_rows(b_x, b_gv, DECAY: tl.constexpr):
+    # rows of Q or K times exp(G) for the scalar decay (b_gv: the chunk's column G); the per-channel decay's
+    # operands come decayed already
+    if DECAY == 1:
+        b_x = b_x * tl.exp(b_gv)[:, None]
+    return b_x
+
+
+@triton.jit
+def _load_qg(
+    q, gc, o_t, m_t, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr, PRE: tl.constexpr
+):
+    # Q * exp(G) ([BT, K]): queries read the state decayed from the chunk start.
+    # PRE: for the per-channel decay, q already holds Q * exp(G) (written by the intra or the cumsum kernel)
+    b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
+    if DECAY == 2 and not PRE:
+        b_q = b_q * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
+    elif DECAY == 1:
+        b_q = b_q * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+    return b_q

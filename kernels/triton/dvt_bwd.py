@@ -1,0 +1,168 @@
+"""Stage 3 of the backward: the [C, C] gradients of one chunk, M_qk = dA_qk, and for the delta rule dv =
+T^T dVt, dbeta and M_kk = diag(beta) dA with dA = -L^T dL L^T; the intra backward reads M_qk, M_kk.
+Branches on DELTA (everything past M_qk) and on DECAY (Gamma K). Not run for FUSED.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton.common import _dot_cast, _load_qg, _load_vec
+
+if TYPE_CHECKING:
+    from kernels.triton.chunk import Grads, Saved
+    from kernels.triton.plan import BackwardPlan
+
+
+@triton.jit
+def _dvt_bwd_kernel(
+    k,
+    v,
+    gc,
+    beta,
+    vt,
+    h,
+    do,
+    dvt,
+    akk,
+    linv,
+    dv,
+    dbeta,
+    m_qk,
+    m_kk,
+    x,
+    scale,
+    T,
+    NT,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BV: tl.constexpr,
+    DECAY: tl.constexpr,
+    DELTA: tl.constexpr,
+    LOWP: tl.constexpr,
+    PRE_KG: tl.constexpr,
+    PRE_X: tl.constexpr,
+    VT_X: tl.constexpr,
+):
+    # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
+    # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel).
+    # PRE_X (setting bwd.x): X = V - (Gamma K) S as the forward state pass kept it, instead of from h and
+    # Gamma K here. VT_X (with PRE_X, setting bwd.vt_x): no Vt in memory; the V loop sums dO X^T and
+    # dO Vt^T = (dO X^T) T^T follows it
+    i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_c = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
+    b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO Vt^T
+    if DELTA:
+        b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+        b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
+        if not PRE_X:
+            b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, PRE_KG), LOWP)  # Gamma K
+        # dT = dVt V^T + dW (Gamma K)^T with dW = -dVt S^T, i.e. dVt (V - (Gamma K) S)^T
+        b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(V // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        if VT_X:
+            b_x = tl.load(x + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_vt = b_x
+        elif DELTA:
+            b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        else:
+            b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_dp += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_vt, LOWP)))
+        if DELTA:
+            if not PRE_X:
+                p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
+                b_s = tl.load(h + p_s).to(tl.float32)  # [K, BV]
+            b_dvt = tl.load(dvt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            if not PRE_X:
+                b_v = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_dv = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(b_dvt, LOWP))
+            tl.store(dv + p_v, b_dv.to(dv.dtype.element_ty), mask=m_t[:, None])
+            if VT_X:
+                pass  # X loaded above
+            elif PRE_X:
+                b_x = tl.load(x + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+            else:
+                b_x = b_v - tl.dot(b_kg, _dot_cast(b_s, LOWP))
+            b_dtm += tl.dot(_dot_cast(b_dvt, LOWP), tl.trans(_dot_cast(b_x, LOWP)))
+    if VT_X:
+        # dO Vt^T = (dO X^T) T^T: fp32 (tf32) operands, T as the forward's bf16 product rounded it
+        b_dp = tl.dot(b_dp, tl.trans(_dot_cast(b_tm, LOWP).to(tl.float32)))
+    b_dp = tl.where((o_c[:, None] >= o_c[None, :]) & m_t[:, None], b_dp, 0.0) * scale
+    tl.store(m_qk + p_a, b_dp.to(m_qk.dtype.element_ty), mask=m_t[:, None])
+    if DELTA:
+        # T = L diag(beta), L = (I + A)^-1 with A = diag(beta) A_kk
+        b_l = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_dl = b_dtm * b_beta[None, :]
+        b_db = tl.sum(b_l * b_dtm, 0)
+        b_da = -tl.dot(tl.dot(tl.trans(b_l), b_dl), tl.trans(b_l))
+        b_da = tl.where((o_c[:, None] > o_c[None, :]) & m_t[:, None], b_da, 0.0)
+        b_akk = tl.load(akk + p_a, mask=m_t[:, None], other=0.0)
+        b_db += tl.sum(b_da * b_akk, 1)
+        tl.store(m_kk + p_a, (b_da * b_beta[:, None]).to(m_kk.dtype.element_ty), mask=m_t[:, None])
+        tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db, mask=m_t)
+
+
+def dvt_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor | None,
+    scale: float,
+    do: torch.Tensor,
+    saved: Saved,
+    dvt: torch.Tensor,
+    grads: Grads,
+    bp: BackwardPlan,
+) -> None:
+    """M_qk and, for the delta rule, dv, dbeta and M_kk of every chunk into grads."""
+    p = bp.problem
+    B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
+    delta = p.delta
+    s, g = saved, grads
+    _dvt_bwd_kernel[(NT, B * H)](
+        s.kg if s.kg is not None else k,
+        v,
+        s.gc if s.gc is not None else q,
+        beta if delta else q,
+        s.vt if delta and not bp.vt_x else v,
+        s.h,
+        do,
+        dvt,
+        s.akk if delta else s.aqk,
+        s.linv if delta else s.aqk,
+        g.dv,
+        g.dbeta if delta else g.dq,
+        g.m_qk,
+        g.m_kk,
+        s.x if s.x is not None else v,
+        scale,
+        T,
+        NT,
+        H=H,
+        K=K,
+        V=V,
+        BT=BT,
+        BV=bp.dqk_bv,
+        DECAY=p.decay,
+        DELTA=delta,
+        LOWP=p.lowp,
+        PRE_KG=s.kg is not None,
+        PRE_X=s.x is not None,
+        VT_X=bp.vt_x,
+        num_warps=bp.dvt.warps,
+        num_stages=bp.dvt.stages,
+    )

@@ -1,0 +1,155 @@
+"""Stage 1 of the backward: the reverse state pass, sequential over chunks from the last per (batch, head,
+V block): dh (the gradient of the state leaving each chunk), dVt = A_qk^T dO + K_d dS' and dh0. Branches on
+DECAY (the decay of dS) and on DELTA (dS' takes -W^T dVt).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton.common import (
+    _chunk_small,
+    _decay_rows,
+    _dot_cast,
+    _key_decay_from,
+    _key_decay_to_end,
+    _load_qg,
+    _load_rows,
+    _unchain,
+)
+
+if TYPE_CHECKING:
+    from kernels.triton.chunk import Saved
+    from kernels.triton.plan import BackwardPlan
+
+
+@triton.jit
+def _state_bwd_kernel(
+    q,
+    k,
+    gc,
+    w,
+    aqk,
+    do,
+    dvt,
+    dh,
+    dht,
+    dh0,
+    scale,
+    T,
+    NT,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BV: tl.constexpr,
+    DECAY: tl.constexpr,
+    DELTA: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    LOWP: tl.constexpr,
+    EARLY: tl.constexpr,
+    UNCHAIN: tl.constexpr,
+):
+    # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'.
+    # EARLY (setting state_bwd.early): the chunk's decay (_chunk_small) loaded where used (0), at the top of
+    # the chunk's step (1) or one chunk ahead (2)
+    i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    if HAS_DHT:
+        b_ds = tl.load(dht + p_s).to(tl.float32)
+    else:
+        b_ds = tl.zeros([K, BV], dtype=tl.float32)
+    if EARLY == 2:
+        b_gv_n, _ = _chunk_small(gc, gc, NT - 1, i_b, i_h, T, H, K, BT, DECAY, False)
+    for i_r in range(NT):
+        i_t = NT - 1 - i_r
+        if EARLY == 2:
+            b_gv = b_gv_n
+            b_gv_n, _ = _chunk_small(gc, gc, tl.maximum(i_t - 1, 0), i_b, i_h, T, H, K, BT, DECAY, False)
+        elif EARLY == 1:
+            b_gv, _ = _chunk_small(gc, gc, i_t, i_b, i_h, T, H, K, BT, DECAY, False)
+        tl.store(
+            dh + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :], b_ds.to(dh.dtype.element_ty)
+        )
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+        b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
+        b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        t_last = tl.minimum(i_t * BT + BT, T) - 1
+        if EARLY:
+            b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        else:
+            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+        b_dvt = _unchain(tl.dot(tl.trans(_dot_cast(b_a, LOWP)), _dot_cast(b_do, LOWP)), T > 0, UNCHAIN)
+        b_dvt += tl.dot(_dot_cast(b_kd, LOWP), _dot_cast(b_ds, LOWP))
+        b_dvt = _unchain(b_dvt, T > 0, UNCHAIN and DELTA)  # (with the delta rule it feeds W^T dVt)
+        tl.store(dvt + p_v, b_dvt.to(dvt.dtype.element_ty), mask=m_t[:, None])
+        if EARLY:
+            b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
+        else:
+            b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
+        b_ds_new = (
+            b_ds * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_qg, LOWP)), _dot_cast(b_do, LOWP)) * scale
+        )
+        if DELTA:
+            b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
+            b_ds_new -= tl.dot(tl.trans(_dot_cast(b_w, LOWP)), _dot_cast(b_dvt, LOWP))
+        b_ds = b_ds_new
+    tl.store(dh0 + p_s, b_ds)
+
+
+def state_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    saved: Saved,
+    bp: BackwardPlan,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dVt, dh, dh0): dVt in the inputs' dtype for 16-bit inputs (fp32 for fp32), dh in h's, dh0 fp32."""
+    p = bp.problem
+    B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
+    dev = q.device
+    dvt = torch.empty(B, T, H, V, device=dev, dtype=torch.float32 if not p.lowp else q.dtype)
+    dh = torch.empty(B, H, NT, K, V, device=dev, dtype=saved.h.dtype)
+    dh0 = torch.empty(B, H, K, V, device=dev, dtype=torch.float32)
+    BV = bp.state_bv
+    _state_bwd_kernel[(V // BV, B * H)](
+        saved.qg if saved.qg is not None else q,
+        saved.kd if saved.kd is not None else k,
+        saved.gc if saved.gc is not None else q,
+        saved.w if p.delta else k,
+        saved.aqk,
+        do,
+        dvt,
+        dh,
+        dht.contiguous() if dht is not None else dh0,
+        dh0,
+        scale,
+        T,
+        NT,
+        H=H,
+        K=K,
+        V=V,
+        BT=BT,
+        BV=BV,
+        DECAY=p.decay,
+        DELTA=p.delta,
+        HAS_DHT=dht is not None,
+        LOWP=p.lowp,
+        EARLY=bp.state_early,
+        UNCHAIN=bp.state_unchain,
+        num_warps=bp.state.warps,
+        num_stages=bp.state.stages,
+    )
+    return dvt, dh, dh0
