@@ -37,6 +37,7 @@ from kernels.triton import (  # noqa: E402
     triton_chunk,
     triton_recurrent_step,
 )
+from tests import helpers  # noqa: E402
 
 FIELDS = ["shape", "op", "impl", "B", "T", "H", "D", "ms_fwd", "ms_fwdbwd", "mb_fwdbwd", "host_ms_fwd"]
 
@@ -62,19 +63,13 @@ COLORS = {"ours": "tab:red", "fla": "tab:blue", "torch": "tab:gray", "sdpa": "ta
 def make_inputs(
     decay: str | None, delta: bool, lower_bound: float | None, B: int, T: int, H: int, D: int = 128
 ) -> dict[str, torch.Tensor | None]:
-    dev, bf = "cuda", torch.bfloat16
-    q = torch.randn(B, T, H, D, device=dev, dtype=bf)
-    k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf)
-    v = torch.randn(B, T, H, D, device=dev, dtype=bf)
-    g = None
-    if decay is not None:
-        shape = (B, T, H) if decay == "scalar" else (B, T, H, D)
-        z = torch.randn(shape, device=dev)
-        g = (
-            F.logsigmoid(z) if lower_bound is None else lower_bound * torch.sigmoid(z)
-        )  # fp32, as a gate emits it
-    beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).to(bf) if delta else None
-    return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    """bf16 inputs on the GPU as a gated layer emits them (g fp32), no initial state (tests/helpers.py)."""
+    inputs = helpers.make_inputs(
+        decay, delta, B, T, H, D, D, seed=0, lower_bound=lower_bound, with_state=False, device="cuda",
+        dtype=torch.bfloat16, layer_gates=True,
+    )  # fmt: skip
+    del inputs["initial_state"]
+    return inputs
 
 
 def provider(who: str, name: str, lower_bound: float | None) -> Callable | None:

@@ -31,23 +31,56 @@ def make_inputs(
     seed: int,
     lower_bound: float | None = None,
     with_state: bool = True,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    generator: torch.Generator | None = None,
+    layer_gates: bool = False,
+    slow: bool = False,
 ) -> dict[str, torch.Tensor | None]:
-    """Random inputs of one op of the family ([B, T, H, D] layout, fp32, unit-norm keys, an initial state
-    unless with_state=False), the keys of `triton_chunk` / `naive_recurrent`."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen)
+    """Random inputs of one op of the family ([B, T, H, D] layout, unit-norm keys, an initial state unless
+    with_state=False), the keys of `triton_chunk` / `naive_recurrent`.
+
+    q, k, v and beta are drawn in fp32 and cast to `dtype`; g and the initial state stay fp32 (as a gate and
+    the state carry emit them). `generator` (e.g. a CUDA one, drawn from in turn across calls) replaces a
+    fresh one seeded with `seed` on `device`. The tests' gates (the default) are log-sigmoid of 2 z, some far
+    below -5, or lower_bound * U(0, 1), and beta ~ U(0, 1); layer_gates=True draws them as a gated layer
+    emits them instead: log-sigmoid(z) or lower_bound * sigmoid(z), and beta = sigmoid(z). slow (with
+    layer_gates): every other channel (head, for the scalar decay) decays slowly, z - 5, so that the state
+    carries across chunks.
+    """
+    gen = generator if generator is not None else torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, generator=gen)
+
+    q = randn(B, T, H, K).to(dtype)
+    k = F.normalize(randn(B, T, H, K), dim=-1).to(dtype)
+    v = randn(B, T, H, V).to(dtype)
     g = None
     if decay is not None:
         shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
-        if lower_bound is None:
+        if layer_gates:
+            z = randn(*shape)
+            if slow:
+                # g about -0.03 (bounded) or -0.007 (log-sigmoid) there: with z ~ N(0, 1) alone a bounded gate
+                # decays by about e^-160 over a chunk, and exp(G_last) and the entering state barely show
+                z = z - 5.0 * (torch.arange(shape[-1], device=device) % 2 == 0)
+            g = F.logsigmoid(z) if lower_bound is None else lower_bound * torch.sigmoid(z)
+        elif lower_bound is None:
             # log-sigmoid gates span strong and weak decay, some far below -5 (the unbounded regime)
-            g = F.logsigmoid(2 * torch.randn(shape, generator=gen))
+            g = F.logsigmoid(2 * randn(*shape))
         else:
-            g = lower_bound * torch.rand(shape, generator=gen)
-    beta = torch.rand(B, T, H, generator=gen) if delta else None
-    h0 = torch.randn(B, H, K, V, generator=gen) if with_state else None
+            g = lower_bound * torch.rand(shape, device=device, generator=gen)
+    beta = None
+    if delta:
+        beta = (
+            torch.sigmoid(randn(B, T, H))
+            if layer_gates
+            else torch.rand(B, T, H, device=device, generator=gen)
+        )
+        beta = beta.to(dtype)
+    h0 = randn(B, H, K, V) if with_state else None
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
 
 

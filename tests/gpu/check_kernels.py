@@ -35,6 +35,7 @@ from kernels.triton import (  # noqa: E402
     triton_chunk,
     triton_recurrent_step,
 )
+from tests.helpers import make_inputs, rel_rms  # noqa: E402
 
 BOUNDS = {
     "o": 5e-3,
@@ -49,45 +50,6 @@ BOUNDS = {
     # pass): its output and final state, the larger error of the two (ours only)
     "o_infer": 5e-3,
 }
-
-
-def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    denominator = ref.pow(2).mean().sqrt().item()
-    return (x - ref).pow(2).mean().sqrt().item() / (denominator if denominator > 0 else 1.0)
-
-
-def make_inputs(
-    decay: str | None,
-    delta: bool,
-    lower_bound: float | None,
-    T: int,
-    H: int,
-    gen: torch.Generator,
-    K: int = 128,
-    V: int = 128,
-    dtype: torch.dtype = torch.bfloat16,
-    B: int = 1,
-    slow: bool = False,
-) -> dict[str, torch.Tensor | None]:
-    dev, bf = "cuda", dtype
-    q = torch.randn(B, T, H, K, device=dev, generator=gen).to(bf)
-    k = F.normalize(torch.randn(B, T, H, K, device=dev, generator=gen), dim=-1).to(bf)
-    v = torch.randn(B, T, H, V, device=dev, generator=gen).to(bf)
-    g = None
-    if decay is not None:
-        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
-        z = torch.randn(shape, device=dev, generator=gen)
-        if slow:
-            # every other channel (head, for the scalar decay) decays slowly, g about -0.03 (bounded) or
-            # -0.007 (log-sigmoid), so that the state carries across chunks: with z ~ N(0, 1) alone a bounded
-            # gate decays by about e^-160 over a chunk, and exp(G_last) and the entering state barely show
-            z = z - 5.0 * (torch.arange(shape[-1], device=dev) % 2 == 0)
-        # unbounded: log-sigmoid gates (some far below -5); bounded: K3's g_min * sigmoid(z)
-        g = (F.logsigmoid(z) if lower_bound is None else lower_bound * torch.sigmoid(z)).float()
-    beta = torch.sigmoid(torch.randn(B, T, H, device=dev, generator=gen)).to(bf) if delta else None
-    h0 = torch.randn(B, H, K, V, device=dev, generator=gen)
-    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
 
 
 def fla_call(name: str):
@@ -137,7 +99,7 @@ def errors_of(
         initial_state=leaves["initial_state"],
         output_final_state=True,
     )
-    errs = {"o": rel_rms(o, ref_out[0]), "final_state": rel_rms(ht, ref_out[1])}
+    errs = {"o": rel_rms(ref_out[0], o), "final_state": rel_rms(ref_out[1], ht)}
     if infer:
         with torch.no_grad():
             o_inf, ht_inf = fn(
@@ -145,13 +107,13 @@ def errors_of(
                 initial_state=inputs["initial_state"],
                 output_final_state=True,
             )
-        errs["o_infer"] = max(rel_rms(o_inf, ref_out[0]), rel_rms(ht_inf, ref_out[1]))
+        errs["o_infer"] = max(rel_rms(ref_out[0], o_inf), rel_rms(ref_out[1], ht_inf))
     try:
         ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
     except Exception as exc:
         return errs, f"backward ERR {type(exc).__name__}: {str(exc)[:90]}"
     for n in names:
-        errs[f"d{n}"] = rel_rms(leaves[n].grad, ref_grads[n]) if leaves[n].grad is not None else float("nan")
+        errs[f"d{n}"] = rel_rms(ref_grads[n], leaves[n].grad) if leaves[n].grad is not None else float("nan")
     return errs, ""
 
 
@@ -181,7 +143,7 @@ def check_step(rows: list[dict]) -> bool:
     with torch.no_grad():
         o, new_state = triton_recurrent_step(q, k, v, g, beta, state, None)
         o_ref, state_ref = recurrent_step(*(x.float() for x in (q, k, v, g, beta)), state, D**-0.5)
-    errs = {"o": rel_rms(o, o_ref), "final_state": rel_rms(new_state, state_ref)}
+    errs = {"o": rel_rms(o_ref, o), "final_state": rel_rms(state_ref, new_state)}
     bad = [n for n, e in errs.items() if not e <= BOUNDS[n]]
     print(
         f"{'kda_step':18s} {1:5d} {H:3d} ours  o={errs['o']:.1e} state={errs['final_state']:.1e}"
@@ -224,9 +186,11 @@ def run(
                     rows.append({"op": name, "T": T, "H": H, "impl": "ours", "note": "skipped: time budget"})
                     ok = False
                     continue
+                # (the layer's gates; the CUDA generator drawn from in turn, seed unused)
                 inputs = make_inputs(
-                    decay, delta, lower_bound, T, H, gen, K=K, V=V, dtype=dtype, B=B, slow=slow
-                )
+                    decay, delta, B, T, H, K, V, seed=0, lower_bound=lower_bound, device="cuda", dtype=dtype,
+                    generator=gen, layer_gates=True, slow=slow,
+                )  # fmt: skip
                 ref_in = {
                     n: (t.float().requires_grad_(True) if t is not None else None) for n, t in inputs.items()
                 }
