@@ -3,6 +3,7 @@ sweeps, and the messages of train.py (final accuracy, interrupts, failures, miss
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -178,9 +179,13 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_failing_run_prints_its_traceback_once(tmp_path: Path) -> None:
+    """A failing single run from the command line exits non-zero, is recorded `failed`, and its traceback
+    is printed once (Hydra's, on stderr) and written once to train.log."""
     single = _cli(*CLI_TINY, "trainer.max_steps=0", f"hydra.run.dir={tmp_path / 'single'}")
     output = single.stdout + single.stderr
     assert single.returncode != 0 and output.count("Traceback (most recent call last)") == 1, output
+    assert "trainer.max_steps=0" in single.stderr
+    assert json.loads((tmp_path / "single" / "summary.json").read_text())["status"] == "failed"
     assert "run failed: ValueError: trainer.max_steps=0: must be >= 1 (traceback in" in output
     log = (tmp_path / "single" / "train.log").read_text()
     assert log.count("Traceback (most recent call last)") == 1 and "trainer.max_steps=0" in log
