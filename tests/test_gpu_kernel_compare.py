@@ -1,0 +1,57 @@
+"""benchmarks/gpu_kernel_compare.{sh,py}: the GPU check and timings of two trees side by side (the GPU parts
+run on the device; here the table from made-up CSVs and the script's refusal of a bad revision)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_kernel_compare  # noqa: E402
+
+
+def _bench(path: Path, rows: list[dict]) -> None:
+    path.mkdir(parents=True)
+    with (path / "h200_bench.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["shape", "op", "impl", "ms_fwd", "ms_fwdbwd"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_medians_over_rounds_side_by_side(tmp_path: Path) -> None:
+    row = {"shape": "B8T8K", "op": "kda", "impl": "ours"}
+    _bench(tmp_path / "rev" / "bench_1", [{**row, "ms_fwd": "1.0", "ms_fwdbwd": "7.0"}])
+    _bench(tmp_path / "rev" / "bench_2", [{**row, "ms_fwd": "3.0", "ms_fwdbwd": "SKIP(time)"}])
+    _bench(tmp_path / "tree" / "bench_1", [{**row, "ms_fwd": "2.2", "ms_fwdbwd": "7.7"}])
+    before = gpu_kernel_compare.medians(tmp_path / "rev")
+    after = gpu_kernel_compare.medians(tmp_path / "tree")
+    # the median of 1.0 and 3.0; a skipped timing left out
+    assert before == {("B8T8K", "kda", "ours", "ms_fwd"): 2.0, ("B8T8K", "kda", "ours", "ms_fwdbwd"): 7.0}
+    lines = gpu_kernel_compare.table(before, after, "REV")
+    assert lines[2] == "| B8T8K | kda | ours | ms_fwd | 2.0000 | 2.2000 | 1.100 |"
+    assert lines[3] == "| B8T8K | kda | ours | ms_fwdbwd | 7.0000 | 7.7000 | 1.100 |"
+
+
+def test_a_revision_that_is_neither_folder_nor_commit_is_refused(tmp_path: Path) -> None:
+    res = subprocess.run(
+        ["bash", "benchmarks/gpu_kernel_compare.sh", str(tmp_path / "out"), "no-such-revision"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and "neither a folder nor a git revision" in res.stderr
+    # a folder without the scripts is refused before anything runs
+    (tmp_path / "empty").mkdir()
+    res = subprocess.run(
+        ["bash", "benchmarks/gpu_kernel_compare.sh", str(tmp_path / "out"), str(tmp_path / "empty")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and "has no tests/gpu/check_kernels.py" in res.stderr
