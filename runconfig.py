@@ -1,4 +1,4 @@
-"""The typed trunk config of a run (docs/design.md §7): the dataclasses Hydra validates, stored in its
+"""The typed trunk config of a run (docs/design.md §6): the dataclasses Hydra validates, stored in its
 ConfigStore as `base_config` when this module is imported, the checks their types cannot express, and what
 a resumed run may change.
 
@@ -234,7 +234,7 @@ RESUME_MAY_CHANGE = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoin
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any], step: int,
-                    checkpoint: Path) -> list[dict[str, Any]]:
+                   checkpoint: Path) -> list[dict[str, Any]]:
     """The changes from the checkpoint's flattened config `old` to this launch's `new` that a resume may
     apply (as records with the step they take effect at); `ResumeRefused` for any other change."""
     changed = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])

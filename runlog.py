@@ -19,27 +19,6 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger("train")
 
 
-def start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], resume_id: str | None,
-                sweep_dir: str | None) -> Any:
-    """A W&B run (None when disabled), resuming the W&B run `resume_id` if given; wandb is imported only
-    here, so disabled runs never need it."""
-    wb = cfg.logger.wandb
-    if wb.mode == "disabled":
-        return None
-    import wandb
-
-    group = wb.group or (Path(sweep_dir).name if sweep_dir else None)
-    return wandb.init(
-        project=wb.project, entity=wb.entity, group=group, mode=wb.mode.value, dir=str(run_dir),
-        name=wb.name or f"{meta['task']}/{meta['mixer']}/{run_dir.name}",
-        tags=sorted({*wb.tags, str(meta["task"]), str(meta["mixer"])}),
-        # Top-level copies of what dashboards group by; the mixer's yaml name is not in the config itself.
-        config={"mixer_name": meta["mixer"], "task_name": meta["task"], "seq_len": meta["seq_len"],
-                "lr": meta["lr"], **OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)},
-        id=resume_id, resume="allow" if resume_id else None,
-    )
-
-
 # A run's wall time is projected this many steps after its first (which pays one-time costs: compiling,
 # allocator warm-up), or once this many seconds have passed since it, whichever comes first.
 PROJECT_AFTER_STEPS = 5
@@ -206,3 +185,24 @@ def attach_log_file(path: Path) -> None:
     handler = logging.FileHandler(target)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     log.addHandler(handler)
+
+
+def start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], resume_id: str | None,
+                sweep_dir: str | None) -> Any:
+    """A W&B run (None when disabled), resuming the W&B run `resume_id` if given; wandb is imported only
+    here, so disabled runs never need it."""
+    wb = cfg.logger.wandb
+    if wb.mode == "disabled":
+        return None
+    import wandb
+
+    group = wb.group or (Path(sweep_dir).name if sweep_dir else None)
+    return wandb.init(
+        project=wb.project, entity=wb.entity, group=group, mode=wb.mode.value, dir=str(run_dir),
+        name=wb.name or f"{meta['task']}/{meta['mixer']}/{run_dir.name}",
+        tags=sorted({*wb.tags, str(meta["task"]), str(meta["mixer"])}),
+        # Top-level copies of what dashboards group by; the mixer's yaml name is not in the config itself.
+        config={"mixer_name": meta["mixer"], "task_name": meta["task"], "seq_len": meta["seq_len"],
+                "lr": meta["lr"], **OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)},
+        id=resume_id, resume="allow" if resume_id else None,
+    )
