@@ -217,6 +217,8 @@ def validate(cfg: DictConfig) -> None:
          "must be in [0, 1] (an accuracy)"),
         ("trainer.early_stop.evals", tr.early_stop.evals, tr.early_stop.evals >= 1,
          "must be >= 1 (evaluations in a row)"),
+        ("trainer.cpu_threads", tr.cpu_threads, tr.cpu_threads is None or tr.cpu_threads >= 1,
+         "must be >= 1 (or null)"),
         ("model.mlp_ratio", m.mlp_ratio, m.mlp_ratio > 0, "must be > 0"),
         ("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be > 0"),
     ]

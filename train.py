@@ -315,8 +315,6 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
         # Triton launches on the current device, not the tensors': make them the same GPU.
         torch.cuda.set_device(device)
     if trainer.cpu_threads is not None:
-        if trainer.cpu_threads < 1:
-            raise ValueError(f"trainer.cpu_threads={trainer.cpu_threads}: must be >= 1 (or null)")
         torch.set_num_threads(trainer.cpu_threads)
     use_bf16 = trainer.precision == "bf16" or (trainer.precision == "auto" and device.type == "cuda")
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext

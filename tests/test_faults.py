@@ -180,6 +180,7 @@ def test_a_refused_command_line_run_writes_nothing_into_the_directory(tmp_path: 
         ("optim.grad_clip=0", "optim.grad_clip=0.0: must be > 0, or null"),
         ("optim.weight_decay=-1", "optim.weight_decay=-1.0: must be >= 0"),
         ("trainer.acc_threshold=2", r"trainer.acc_threshold=2.0: must be in \[0, 1\]"),
+        ("trainer.cpu_threads=0", r"trainer.cpu_threads=0: must be >= 1 \(or null\)"),
         ("optim.lr=inf", "optim.lr=inf is not a finite number"),
         ("+trainer.max_stepz=10", "unknown key trainer.max_stepz .did you mean trainer.max_steps"),
         ("+optim.lrr=1e-2", "unknown key optim.lrr .did you mean optim.lr"),
