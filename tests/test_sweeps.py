@@ -230,7 +230,11 @@ def test_relaunch_skips_completed_runs(smoke: Path) -> None:
 @pytest.mark.slow
 def test_relaunch_resumes_an_interrupted_run(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "smoke"
-    one = ["mixer=gdn", "optim.lr=1e-2", "trainer.checkpoint_every=50"]
+    # Half the smoke run with a checkpoint every quarter: the kill comes after the first, 75 steps before
+    # the end.
+    steps = SMOKE_STEPS // 2
+    one = ["mixer=gdn", "optim.lr=1e-2", f"trainer.max_steps={steps}",
+           f"trainer.checkpoint_every={steps // 4}"]
     process = subprocess.Popen(
         _command("smoke", sweep_dir, *one),
         cwd=ROOT,
@@ -261,13 +265,13 @@ def test_relaunch_resumes_an_interrupted_run(tmp_path: Path) -> None:
 
     _ok(run_sweep("smoke", sweep_dir, *one))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == SMOKE_STEPS
+    assert summary["status"] == "completed" and summary["steps"] == steps
     log = (run_dir / "train.log").read_text()
     resumed = re.search(r"resumed from .* at step (\d+)", log)
-    assert resumed and int(resumed.group(1)) % 50 == 0 and int(resumed.group(1)) > 0
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train_steps = [s for s in steps if s > 0]
-    assert max(steps) == SMOKE_STEPS and train_steps == sorted(train_steps)
+    assert resumed and int(resumed.group(1)) % (steps // 4) == 0 and 0 < int(resumed.group(1)) < steps
+    logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [s for s in logged if s > 0]
+    assert max(logged) == steps and train_steps == sorted(train_steps)
     # Each logged step once: the resumed run neither repeats nor skips a log line.
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = [(r["step"], "eval/acc" in r) for r in records]
