@@ -7,8 +7,13 @@ and its gradient. Here the caller gathers the final hidden states of the scored 
 only inside the loop, and with a gradient wanted the block's gradients with respect to the hidden states and
 the head's weight are computed right there, so the backward only scales them.
 
+After each block's matmul, the softmax, its gradient and the argmax are either a chain of torch ops
+(`impl="torch"`, every device) or one Triton kernel that reads the block twice and writes the gradient over
+the logits in place (`impl="triton"`, kernels/triton/cross_entropy.py; `"auto"` takes it on CUDA): at
+MQAR's 8,192 ids the torch chain is a dozen full passes over fp32 copies of the logits.
+
 The slow, obvious reference is `F.cross_entropy(hidden @ weight.T, targets, reduction="sum")`
-(tests/test_loss.py checks loss, hits and both gradients against it).
+(tests/test_loss.py checks loss, hits and both gradients of both paths against it).
 """
 
 from __future__ import annotations
@@ -27,10 +32,36 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return hidden.dtype
 
 
+IMPLS = ("auto", "torch", "triton")
+
+
+def _softmax_block(logits: torch.Tensor, target: torch.Tensor, acc: torch.dtype, wants_grad: bool,
+                   triton_kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(summed loss, hits, softmax - onehot in the logits' dtype or None) of one block of logits."""
+    if triton_kernel:
+        from kernels.triton.cross_entropy import ce_rows
+
+        lse, picked, argmax = ce_rows(logits, target, wants_grad)
+        return (lse - picked).sum().to(acc), argmax == target, logits if wants_grad else None
+    dtype = logits.dtype
+    logits = logits.to(acc)
+    lse = torch.logsumexp(logits, dim=-1)  # [n]
+    picked = logits.gather(1, target[:, None])[:, 0]
+    hits = logits.argmax(-1) == target
+    if not wants_grad:
+        return (lse - picked).sum(), hits, None
+    # d(lse - logit_y)/dlogits = softmax - onehot(y), formed in place of the logits
+    grad = logits.sub_(lse[:, None]).exp_()
+    grad.scatter_add_(1, target[:, None], grad.new_full((len(target), 1), -1.0))
+    return (lse - picked).sum(), hits, grad.to(dtype)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, block_rows):  # [N, D], [V, D], [N]
+    def forward(ctx, hidden, weight, targets, block_rows, impl):  # [N, D], [V, D], [N]
         dtype = _compute_dtype(hidden)
+        # the kernel computes in fp32: fp64 (the tests' references) keeps the torch chain
+        triton_kernel = impl == "triton" or (impl == "auto" and hidden.is_cuda and dtype != torch.float64)
         wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         # the softmax in fp32 at least (fp64 inputs, as in the tests' references, stay fp64)
         acc = torch.promote_types(dtype, torch.float32)
@@ -44,17 +75,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, hidden.shape[0], block_rows):
                 rows = slice(start, start + block_rows)
                 h = hidden[rows].to(dtype)  # [n, D]
-                logits = (h @ w.T).to(acc)  # [n, V]
-                target = targets[rows]
-                lse = torch.logsumexp(logits, dim=-1)  # [n]
-                picked = logits.gather(1, target[:, None])[:, 0]
-                loss += (lse - picked).sum()
-                hits[rows] = logits.argmax(-1) == target
-                if wants_grad:
-                    # d(lse - logit_y)/dlogits = softmax - onehot(y), formed in place of the logits
-                    grad = logits.sub_(lse[:, None]).exp_()
-                    grad.scatter_add_(1, target[:, None], grad.new_full((len(target), 1), -1.0))
-                    grad = grad.to(dtype)
+                block_loss, hits[rows], grad = _softmax_block(h @ w.T, targets[rows], acc, wants_grad,
+                                                              triton_kernel)
+                loss += block_loss
+                if grad is not None:
                     if grad_hidden is not None:
                         grad_hidden[rows] = (grad @ w).to(hidden.dtype)
                     if grad_weight is not None:
@@ -69,7 +93,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         dh = None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype)
         dw = None if grad_weight is None else (grad_weight * grad_loss).to(ctx.weight_dtype)
-        return dh, dw, None, None
+        return dh, dw, None, None, None
 
 
 def linear_cross_entropy(
@@ -77,6 +101,7 @@ def linear_cross_entropy(
     weight: torch.Tensor,  # [V, D], the LM head's weight
     targets: torch.Tensor,  # [N] int64, each in [0, V)
     block_rows: int = DEFAULT_BLOCK_ROWS,
+    impl: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (the summed cross-entropy: a float32 scalar, float64 for float64 inputs; hits [N] bool:
     whether argmax == target).
@@ -91,7 +116,9 @@ def linear_cross_entropy(
                          f"[{hidden.shape[0]}], one per row of hidden")
     if block_rows < 1:
         raise ValueError(f"linear_cross_entropy: block_rows={block_rows} must be >= 1")
-    return _LinearCrossEntropy.apply(hidden, weight, targets, block_rows)
+    if impl not in IMPLS:
+        raise ValueError(f"linear_cross_entropy: impl={impl!r}; choose one of {IMPLS}")
+    return _LinearCrossEntropy.apply(hidden, weight, targets, block_rows, impl)
 
 
 def reference_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,

@@ -94,3 +94,82 @@ def test_bad_shapes_are_named() -> None:
         linear_cross_entropy(hidden, weight[:, :4], targets)
     with pytest.raises(ValueError, match="targets"):
         linear_cross_entropy(hidden, weight, targets[:3])
+
+
+# the fused softmax kernel (kernels/triton/cross_entropy.py) against the torch chain it replaces:
+# V below, at and above one pass of 2,048 columns, with a masked tail
+@pytest.mark.parametrize("N,V,block_rows", [(1, 16, 4), (37, 77, 8), (19, 2048, 7), (23, 2100, 64)])
+def test_triton_softmax_kernel_equals_torch_chain(N: int, V: int, block_rows: int) -> None:
+    hidden64, weight64, targets = _inputs(N, 24, V, seed=V)
+    results = {}
+    for impl in ("torch", "triton"):
+        hidden = hidden64.detach().float().requires_grad_()
+        weight = weight64.detach().float().requires_grad_()
+        loss, hits = linear_cross_entropy(hidden, weight, targets, block_rows=block_rows, impl=impl)
+        (loss * 0.37).backward()
+        results[impl] = loss, hits, hidden.grad, weight.grad
+    (loss, hits, dh, dw), (ref, ref_hits, ref_dh, ref_dw) = results["triton"], results["torch"]
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(hits, ref_hits)
+    torch.testing.assert_close(dh, ref_dh, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dw, ref_dw, rtol=1e-5, atol=1e-6)
+
+
+def test_triton_softmax_kernel_ties_and_no_grad() -> None:
+    # equal logits (identical rows of the head): argmax is the first of them, as torch.argmax says; 7 and
+    # 7 + 2048 share a lane of the kernel's first and second pass, 25 is another lane
+    hidden, weight, targets = _inputs(30, 8, 2100, seed=3)
+    weight = weight.detach().clone()
+    weight[7] *= 4
+    weight[2055] = weight[7]
+    weight[25] = weight[7]
+    hidden = hidden.detach().float()
+    with torch.no_grad():
+        loss, hits = linear_cross_entropy(hidden, weight.float(), targets, impl="triton")
+        ref, ref_hits = reference_cross_entropy(hidden, weight.float(), targets)
+    logits = hidden @ weight.float().T
+    assert (logits.argmax(-1) == 7).any(), "the tie must be hit for the test to mean anything"
+    from kernels.triton.cross_entropy import ce_rows
+
+    lse, picked, argmax = ce_rows(logits.clone(), targets, want_grad=False)
+    assert torch.equal(argmax.long(), logits.argmax(-1))
+    torch.testing.assert_close(lse, torch.logsumexp(logits, -1))
+    torch.testing.assert_close(picked, logits.gather(1, targets[:, None])[:, 0])
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(hits, ref_hits) and not loss.requires_grad
+
+
+def test_triton_softmax_kernel_under_bf16_autocast() -> None:
+    hidden64, weight64, targets = _inputs(40, 32, 300)
+    truth = reference_cross_entropy(hidden64, weight64, targets)[0]
+    truth.backward()
+    hidden, weight = hidden64.detach().float().requires_grad_(), weight64.detach().float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = linear_cross_entropy(hidden, weight, targets, block_rows=16, impl="triton")
+    loss.backward()
+    # the logits are bf16 (the matmul's output) and so is the gradient written over them
+    torch.testing.assert_close(loss.double(), truth, rtol=2e-2, atol=0)
+    assert _rel_rms(hidden64.grad, hidden.grad) < 2e-2 and _rel_rms(weight64.grad, weight.grad) < 2e-2
+
+
+def test_unknown_impl_is_named() -> None:
+    hidden, weight, targets = _inputs(5, 8, 13)
+    with pytest.raises(ValueError, match="impl='cuda'"):
+        linear_cross_entropy(hidden, weight, targets, impl="cuda")
+
+
+def test_bench_loss_smoke(tmp_path) -> None:
+    # the GPU benchmark's code path on the CPU at a tiny size: every implementation runs and agrees
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_loss.py"
+    spec = importlib.util.spec_from_file_location("bench_loss", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--out", str(tmp_path), "--device", "cpu", "--rows", "40", "--tasks", "palindrome",
+                       "--impls", "full", "torch", "triton", "--warmup", "0", "--steps", "1"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "bench_loss.csv")))
+    assert [r["impl"] for r in rows] == ["full", "torch", "triton"]
+    assert all(float(r["err_loss"]) < 1e-3 and float(r["ms"]) > 0 for r in rows)
