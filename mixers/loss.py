@@ -21,8 +21,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Rows of logits per block: 4096 x 8192 fp32 logits are 128 MiB, enough to keep the matmuls efficient.
-DEFAULT_BLOCK_ROWS = 4096
+# Logits per block, as elements: 2**25 (the torch chain's fp32 copies, 128 MiB each: 4,096 rows at 8,192 ids)
+# or 2**27 (the kernel's one bf16 block, 256 MiB). A block costs a dozen launches whatever its size, so a small
+# vocabulary takes all its rows in one block (Palindrome's 64 ids: 130k rows would be 32 launch-bound blocks).
+BLOCK_ELEMENTS = {"torch": 1 << 25, "triton": 1 << 27}
+
+
+def default_block_rows(vocab: int, triton_kernel: bool) -> int:
+    return max(1, BLOCK_ELEMENTS["triton" if triton_kernel else "torch"] // vocab)
 
 
 def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -62,6 +68,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         dtype = _compute_dtype(hidden)
         # the kernel computes in fp32: fp64 (the tests' references) keeps the torch chain
         triton_kernel = impl == "triton" or (impl == "auto" and hidden.is_cuda and dtype != torch.float64)
+        block_rows = block_rows or default_block_rows(weight.shape[0], triton_kernel)
         wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         # the softmax in fp32 at least (fp64 inputs, as in the tests' references, stay fp64)
         acc = torch.promote_types(dtype, torch.float32)
@@ -100,7 +107,7 @@ def linear_cross_entropy(
     hidden: torch.Tensor,  # [N, D], the final hidden states of the scored positions
     weight: torch.Tensor,  # [V, D], the LM head's weight
     targets: torch.Tensor,  # [N] int64, each in [0, V)
-    block_rows: int = DEFAULT_BLOCK_ROWS,
+    block_rows: int | None = None,
     impl: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (the summed cross-entropy: a float32 scalar, float64 for float64 inputs; hits [N] bool:
@@ -114,7 +121,7 @@ def linear_cross_entropy(
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"linear_cross_entropy: targets {list(targets.shape)} must be [N] = "
                          f"[{hidden.shape[0]}], one per row of hidden")
-    if block_rows < 1:
+    if block_rows is not None and block_rows < 1:
         raise ValueError(f"linear_cross_entropy: block_rows={block_rows} must be >= 1")
     if impl not in IMPLS:
         raise ValueError(f"linear_cross_entropy: impl={impl!r}; choose one of {IMPLS}")
