@@ -82,6 +82,8 @@ start() {
     # Below free memory, as slurmd refuses a node that claims more than it has.
     mem_mb="$(awk '/MemAvailable/ {print int($2 / 1024 / 2)}' /proc/meminfo)"
     # cred_expire also delays a requeued job's restart (default 120 s); 10 s keeps the requeue test short.
+    # The scheduler looks at pending jobs every second (defaults: 60 s, backfill 30 s), so that a requeued
+    # job starts as soon as it may instead of at the next pass.
     cat >"$dir/slurm.conf" <<CONF
 ClusterName=kdatest
 SlurmctldHost=$host(127.0.0.1)
@@ -100,6 +102,7 @@ AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1,bf_interval=1
 MailProg=/bin/true
 ReturnToService=2
 MinJobAge=3600
