@@ -33,9 +33,11 @@ import yaml
 import rundir
 from rundir import STATUSES
 
-# Overrides that place a run in the grid; any other override makes it a variant (an ablation).
+# Overrides that place a run in the grid or only say where it executes; any other override makes it a
+# variant (an ablation).
 GRID_KEYS = frozenset(
-    {"experiment", "task", "mixer", "task.seq_len", "optim.lr", "seed", "trainer.device", "trainer.max_steps"}
+    {"experiment", "task", "mixer", "task.seq_len", "optim.lr", "seed", "trainer.device", "trainer.max_steps",
+     "trainer.cpu_threads"}
 )
 _IGNORED_PREFIXES = ("logger.", "hydra.", "hydra/")
 

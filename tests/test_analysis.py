@@ -211,6 +211,8 @@ def test_collect_missing_dir_names_it(tmp_path: Path) -> None:
 def test_variant_from_overrides() -> None:
     assert collect.variant_of(["task=mqar", "mixer=kda", "optim.lr=1e-3", "seed=0"]) == ""
     assert collect.variant_of(["mixer=kda", "mixer.gate=bounded", "seed=1"]) == "gate=bounded"
+    # where and how fast a run executes does not make it another series
+    assert collect.variant_of(["mixer=kda", "trainer.cpu_threads=4", "trainer.device=cuda:1"]) == ""
     assert (
         collect.variant_of(["+experiment/ablation=no_short_conv", "logger.wandb.mode=offline"])
         == "no_short_conv"
