@@ -195,7 +195,7 @@ def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     # a cell not measured yet costs its mixer's nearest measured length scaled by length (the step's work
     # is linear in T for the linear mixers; a mixer with no cell at all is left out)
     projected = 0.0
-    for mixer, rows in paper.groupby("series"):
+    for _, rows in paper.groupby("series"):
         measured = dict(zip(rows["seq_len"].astype(int), rows["s_per_step"], strict=True))
         for length in PAPER_LENGTHS:
             near = min(measured, key=lambda m: abs(m - length))

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mixers.loss import linear_cross_entropy  # noqa: E402
+from tests.helpers import rel_rms  # noqa: E402
 
 # task -> (scored positions per sequence at T=1024, vocabulary)
 SHAPES = {"mqar": (767, 8192), "palindrome": (511, 64)}
@@ -54,11 +55,6 @@ def loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], t
     if impl in ("torch", "triton"):
         return lambda h, w, t: linear_cross_entropy(h, w, t, impl=impl)[0]
     return _fla_loss()
-
-
-def _rel(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
 
 
 def measure(impl: str, task: str, rows: int, d_model: int, args: argparse.Namespace,
@@ -106,8 +102,9 @@ def measure(impl: str, task: str, rows: int, d_model: int, args: argparse.Namesp
         ms = (time.perf_counter() - t0) * 1e3 / args.steps
         peak = None
     return row | {"ms": round(ms, 3), "extra_peak_gib": None if peak is None else round(peak, 3),
-                  "err_loss": f"{_rel(ref[0], out[0]):.1e}", "err_dhidden": f"{_rel(ref[1], out[1]):.1e}",
-                  "err_dweight": f"{_rel(ref[2], out[2]):.1e}"}
+                  "err_loss": f"{rel_rms(ref[0], out[0]):.1e}",
+                  "err_dhidden": f"{rel_rms(ref[1], out[1]):.1e}",
+                  "err_dweight": f"{rel_rms(ref[2], out[2]):.1e}"}
 
 
 def _commit() -> str:

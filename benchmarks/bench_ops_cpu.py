@@ -19,40 +19,29 @@ import csv
 import datetime
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-import kernels
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-OPS = ("linear_attn", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "kda")
-# (decay granularity, delta rule) per op: the two switches of the family
-SWITCHES = {
-    "linear_attn": (None, False),
-    "simple_gla": ("scalar", False),
-    "gla": ("channel", False),
-    "delta_rule": (None, True),
-    "gated_delta_rule": ("scalar", True),
-    "kda": ("channel", True),
-}
+import kernels  # noqa: E402
+from kernels.family import OPS as FAMILY  # noqa: E402
+from tests.helpers import token_loop_inputs  # noqa: E402
+
+# the family's named ops (kernels/family.py) that the torch chunked form serves as they are
+OPS = tuple(op.name for op in FAMILY if op.lower_bound is None)
+SWITCHES = {op.name: (op.decay, op.delta) for op in FAMILY}
 
 
 def make_inputs(op: str, B: int, T: int, H: int, K: int, V: int, gen: torch.Generator) -> list[torch.Tensor]:
-    """Realistic inputs: L2-normalised keys, log-decays logsigmoid(randn), beta in (0, 1)."""
+    """Realistic inputs (tests/helpers.token_loop_inputs): L2-normalised keys, log-decays, beta in (0, 1)."""
     decay, delta = SWITCHES[op]
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen)
-    args = [q, k, v]
-    if decay is not None:
-        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
-        args.append(F.logsigmoid(torch.randn(*shape, generator=gen)))
-    if delta:
-        args.append(torch.rand(B, T, H, generator=gen))
-    return args
+    return token_loop_inputs(decay, delta, B, T, H, K, V, gen)
 
 
 def time_call(fn: Callable[[], None], reps: int, warmup: bool) -> float:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Logits per block, as elements: 2**25 (the torch chain's fp32 copies, 128 MiB each: 4,096 rows at 8,192 ids)
-# or 2**27 (the kernel's one bf16 block, 256 MiB). A block costs a dozen launches whatever its size, so a small
-# vocabulary takes all its rows in one block (Palindrome's 64 ids: 130k rows would be 32 launch-bound blocks).
+# Logits per block, as elements: 2**25 (the torch chain's fp32 copies, 128 MiB each: 4,096 rows at 8,192
+# ids) or 2**27 (the kernel's one bf16 block, 256 MiB). A block costs a dozen launches whatever its size, so
+# a small vocabulary takes all its rows in one block (Palindrome's 64 ids: 130k rows, not 32 blocks).
 BLOCK_ELEMENTS = {"torch": 1 << 25, "triton": 1 << 27}
 
 

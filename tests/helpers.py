@@ -84,6 +84,27 @@ def make_inputs(
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
 
 
+def token_loop_inputs(decay: str | None, delta: bool, B: int, T: int, H: int, K: int, V: int,
+                      generator: torch.Generator, strong_decay: bool = False) -> list[torch.Tensor]:
+    """q, k, v[, g][, beta] in float32 for an op's positional call (tests/test_ops.py, bench_ops_cpu.py):
+    L2-normalised keys, log-decays logsigmoid(randn), beta in (0, 1); `strong_decay` sets about 5% of the
+    decays to -5 .. -20, to exercise the overflow safety of the chunked forms."""
+    q = torch.randn(B, T, H, K, generator=generator)
+    k = F.normalize(torch.randn(B, T, H, K, generator=generator), dim=-1)
+    v = torch.randn(B, T, H, V, generator=generator)
+    inputs = [q, k, v]
+    if decay not in (None, "none"):
+        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
+        g = F.logsigmoid(torch.randn(*shape, generator=generator))
+        if strong_decay:
+            strong = torch.rand(*shape, generator=generator) < 0.05
+            g = torch.where(strong, -5 - 15 * torch.rand(*shape, generator=generator), g)
+        inputs.append(g)
+    if delta:
+        inputs.append(torch.rand(B, T, H, generator=generator))
+    return inputs
+
+
 # A real task at a tiny size, for runs of `python train.py` in a fresh process (the stand-in task of
 # conftest.py exists only inside the test process).
 CLI_TINY = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import rel_rms
 
 from mixers.loss import linear_cross_entropy, reference_cross_entropy
 
@@ -54,10 +55,6 @@ def test_mean_over_labelled_positions_equals_ignore_index() -> None:
     torch.testing.assert_close(grads[1], weight.grad)
 
 
-def _rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
-    return float((out.double() - ref.double()).pow(2).mean().sqrt() / ref.double().pow(2).mean().sqrt())
-
-
 def test_bf16_autocast_as_accurate_as_autocast_reference() -> None:
     hidden64, weight64, targets = _inputs(40, 32, 50)
     truth = reference_cross_entropy(hidden64, weight64, targets)[0]
@@ -76,7 +73,7 @@ def test_bf16_autocast_as_accurate_as_autocast_reference() -> None:
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-4)
     for ours, theirs, exact in ((dh, ref_dh, hidden64.grad), (dw, ref_dw, weight64.grad)):
         assert ours.dtype == torch.float32
-        assert _rel_rms(exact, ours) < 1.5 * _rel_rms(exact, theirs) + 1e-3
+        assert rel_rms(exact, ours) < 1.5 * rel_rms(exact, theirs) + 1e-3
 
 
 def test_no_grad_needs_no_gradient_buffers() -> None:
@@ -149,7 +146,7 @@ def test_triton_softmax_kernel_under_bf16_autocast() -> None:
     loss.backward()
     # the logits are bf16 (the matmul's output) and so is the gradient written over them
     torch.testing.assert_close(loss.double(), truth, rtol=2e-2, atol=0)
-    assert _rel_rms(hidden64.grad, hidden.grad) < 2e-2 and _rel_rms(weight64.grad, weight.grad) < 2e-2
+    assert rel_rms(hidden64.grad, hidden.grad) < 2e-2 and rel_rms(weight64.grad, weight.grad) < 2e-2
 
 
 def test_unknown_impl_is_named() -> None:

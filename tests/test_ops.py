@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-import torch.nn.functional as F
-from helpers import rel_rms
+from helpers import rel_rms, token_loop_inputs
 
 import kernels
 
@@ -55,23 +54,9 @@ def _one_thread() -> Iterator[None]:
 
 
 def make_inputs(op: Op, T: int, seed: int, strong_decay: bool = True) -> list[torch.Tensor]:
-    """q, k, v[, g][, beta] in float32: L2-normalised keys, realistic log-decays logsigmoid(randn) with a few
-    strongly negative positions (-5 .. -20) to exercise overflow safety, beta in (0, 1)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen)
-    inputs = [q, k, v]
-    if op.decay is not None:
-        shape = (B, T, H) if op.decay == "scalar" else (B, T, H, K)
-        g = F.logsigmoid(torch.randn(*shape, generator=gen))
-        if strong_decay:
-            strong = torch.rand(*shape, generator=gen) < 0.05
-            g = torch.where(strong, -5 - 15 * torch.rand(*shape, generator=gen), g)
-        inputs.append(g)
-    if op.delta:
-        inputs.append(torch.rand(B, T, H, generator=gen))
-    return inputs
+    """The op's positional inputs at this file's sizes, a few decays strongly negative (helpers)."""
+    return token_loop_inputs(op.decay, op.delta, B, T, H, K, V, torch.Generator().manual_seed(seed),
+                             strong_decay=strong_decay)
 
 
 def run_with_grads(

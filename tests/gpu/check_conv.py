@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kernels.conv import short_conv, short_conv_reference  # noqa: E402
+from tests.helpers import rel_rms  # noqa: E402
 
 BOUNDS = {
     torch.float32: {"y": 1e-5, "final_state": 1e-5, "dx": 1e-5, "dweight": 1e-5, "dstate": 1e-5},
@@ -50,12 +51,6 @@ ODD = [
 CPU = [(2, 17, 48, 4, True), (2, 1, 48, 3, True), (1, 63, 20, 2, False)]
 # tile configs (BLOCK_T, BLOCK_C, num_warps) for --sweep
 SWEEP = [(16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8)]
-
-
-def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    denominator = ref.pow(2).mean().sqrt().item()
-    return (x - ref).pow(2).mean().sqrt().item() / (denominator if denominator > 0 else 1.0)
 
 
 def _grads(x, weight, state, fn, dy, dfinal) -> dict[str, torch.Tensor]:  # noqa: ANN001
@@ -84,7 +79,7 @@ def check_case(
     before = _grads(x, weight, state, short_conv_reference, dy, dfinal)
     rows = []
     for name in ref:
-        err, err_before = rel_rms(ours[name], ref[name]), rel_rms(before[name], ref[name])
+        err, err_before = rel_rms(ref[name], ours[name]), rel_rms(ref[name], before[name])
         rows.append({
             "dtype": str(dtype).removeprefix("torch."), "B": B, "T": T, "C": C, "W": W, "state": with_state,
             "tensor": name, "ours": err, "before": err_before, "bound": BOUNDS[dtype][name],

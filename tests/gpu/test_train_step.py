@@ -15,6 +15,8 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.helpers import rel_rms  # noqa: E402
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
@@ -68,10 +70,6 @@ def _loss_and_grads(train, model, features, params, batch, autocast):
     return loss.float(), [g.float() for g in torch.autograd.grad(loss, params)]
 
 
-def _rel(ref: torch.Tensor, out: torch.Tensor) -> float:
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-12))
-
-
 @pytest.mark.parametrize("mixer", ["kda", "gdn", "mamba2", "attention"])
 def test_compiled_body_equals_eager(mixer: str) -> None:
     train, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer)
@@ -85,12 +83,12 @@ def test_compiled_body_equals_eager(mixer: str) -> None:
     # 5e-3: a per-head parameter's gradient (A_log, dt_bias: two numbers) sums every position's term, with
     # cancellation, so rounding differences of 1e-7 in the fused glue show up at ~1e-3 there
     for ref, ours in zip(ref_grads, grads, strict=True):
-        assert _rel(ref, ours) < 5e-3
+        assert rel_rms(ref, ours) < 5e-3
     # under bf16 autocast each path rounds differently; compiled must be as close to fp32 as eager is
     _, eager_bf16 = _loss_and_grads(train, model, model.features, params, batch, autocast)
     _, compiled_bf16 = _loss_and_grads(train, model, compiled, params, batch, autocast)
     for ref, eager, ours in zip(ref_grads, eager_bf16, compiled_bf16, strict=True):
-        assert _rel(ref, ours) <= 2 * _rel(ref, eager) + 1e-2
+        assert rel_rms(ref, ours) <= 2 * rel_rms(ref, eager) + 1e-2
 
 
 def test_non_finite_step_is_skipped_on_the_device() -> None:
@@ -121,4 +119,4 @@ def test_fused_softmax_kernel_equals_torch_chain(V: int) -> None:
     (ref, ref_hits, ref_dh, ref_dw), (loss, hits, dh, dw) = results
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-3)
     assert (hits != ref_hits).float().mean() < 1e-3  # an exact tie may round either way under TF32
-    assert _rel(ref_dh, dh) < 1e-4 and _rel(ref_dw, dw) < 1e-4
+    assert rel_rms(ref_dh, dh) < 1e-4 and rel_rms(ref_dw, dw) < 1e-4
