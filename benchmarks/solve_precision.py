@@ -14,8 +14,14 @@ keys, per-channel bounded log-decays) and of the delta rule (no decay).
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.helpers import rel_rms  # noqa: E402
 
 BC = 16
 
@@ -84,19 +90,15 @@ def delta_chunk(gen: torch.Generator, K: int, chunk: int = 64) -> torch.Tensor:
     return beta[:, None] * (k @ k.T).tril(-1)
 
 
-def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
-
-
 def errors(make, gen: torch.Generator, n: int) -> dict[str, float]:
     """The largest relative RMS error of L over n chunks, per way of computing or storing it."""
     worst: dict[str, float] = {}
     for _ in range(n):
         a = make(gen)
         exact = torch.linalg.inv(torch.eye(a.shape[0], dtype=torch.float64) + a)
-        found = {"bf16 store": rel_rms(exact.to(torch.bfloat16), exact)}
+        found = {"bf16 store": rel_rms(exact, exact.to(torch.bfloat16))}
         for precision in ("ieee", "tf32x3", "tf32"):
-            found[precision] = rel_rms(blocked_inverse(a, precision), exact)
+            found[precision] = rel_rms(exact, blocked_inverse(a, precision))
         for key, value in found.items():
             worst[key] = max(worst.get(key, 0.0), value)
     return worst
