@@ -41,7 +41,7 @@ step bench 300 python benchmarks/bench_train.py --out "$OUT/bench"
 step compile 200 python benchmarks/bench_train.py --out "$OUT/compile" --lengths 1024 --tasks mqar \
   --mixers kda gdn mamba2 attention --impls ours --compile
 step packing 400 python benchmarks/sweep_packing.py --preset paper --jobs 8 --out "$OUT/packing"
-step pilot 500 python train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu hydra.launcher.n_jobs=8 \
+step pilot 500 python train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu hydra.launcher.n_jobs=3 \
   task.seq_len=512 trainer.max_steps=1000 "hydra.sweep.dir=$OUT/pilot"
 tar czf "$OUT/session.tgz" -C "$OUT" --exclude='*.pt' --exclude='session.tgz' --exclude='site' . 2>/dev/null
 echo "results: $OUT (session.tgz: everything but checkpoints)"

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
@@ -59,9 +60,14 @@ def _run_dir(sweep_config: DictConfig) -> Path:
 
 
 def _job(conn: multiprocessing.connection.Connection, parent: int, hydra_context: HydraContext,
-         sweep_config: DictConfig, task_function: TaskFunction, singleton_state: dict[Any, Any]) -> None:
+         sweep_config: DictConfig, task_function: TaskFunction, singleton_state: dict[Any, Any],
+         threads: int) -> None:
     """One job, in its own process: its result goes back through `conn`."""
     _die_with_parent(parent)
+    # the machine's cores shared among the jobs running at once (trainer.cpu_threads, if set, overrides):
+    # torch's default of one thread per core in every job oversubscribes the CPU n_jobs-fold, and a GPU
+    # run of a small model waits on its Python thread to launch kernels
+    torch.set_num_threads(threads)
     setup_globals()
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(sweep_config)
@@ -148,7 +154,7 @@ class LocalLauncher(Launcher):
                     process = context.Process(
                         target=_job, name=f"job {initial_job_idx + index}",
                         args=(send, os.getpid(), self.hydra_context, configs[index], self.task_function,
-                              singleton_state))
+                              singleton_state, max(1, (os.cpu_count() or 1) // self.n_jobs)))
                     process.start()
                     send.close()
                     running[index] = (process, receive)
