@@ -313,11 +313,12 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
         frame, failed = best[best["task"] == task], unscored[unscored["task"] == task]
         lengths = sorted({int(v) for v in frame_all[frame_all["task"] == task]["seq_len"]})
         series_names = _series_order(frame_all[frame_all["task"] == task])
-        for series in series_names:
+        for index, series in enumerate(series_names):
             # Reindexed on every length of the panel: a length without a completed run breaks the line.
             line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
             if line["acc_mean"].notna().any():
-                x = np.array(lengths, dtype=float)
+                # dodged: series that reach the same accuracy at a length stay visible side by side
+                x = _dodge(np.array(lengths, dtype=float), index, len(series_names), log=True)
                 mean, std = line["acc_mean"].to_numpy(float), line["acc_std"].to_numpy(float)
                 n = line["n_seeds"].fillna(0).to_numpy(int)
                 ax.plot(x, mean, label=series, **styles[series])
@@ -755,11 +756,16 @@ def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: 
     for ax, task in zip(axes, tasks, strict=True):
         frame = data[data["task"] == task]
         lengths = sorted({int(v) for v in frame["seq_len"]})
-        for series in _series_order(frame):
+        names = _series_order(frame)
+        for index, series in enumerate(names):
             line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
             colour, marker = styles[series]["color"], styles[series]["marker"]
-            ax.plot(lengths, line["acc_at_L"], color=colour, marker=marker, label=series)
-            ax.plot(lengths, line["acc_at_2L"], color=colour, marker=marker, linestyle="--", alpha=0.7)
+            x = _dodge(np.array(lengths, dtype=float), index, len(names), log=True)
+            # 2L as a larger hollow marker beneath L's filled one: a single length has no line to be dashed,
+            # and where both accuracies are equal the ring still shows around the dot
+            ax.plot(x, line["acc_at_2L"], color=colour, marker=marker, linestyle="--", alpha=0.8,
+                    markerfacecolor="white", markersize=10, zorder=2)
+            ax.plot(x, line["acc_at_L"], color=colour, marker=marker, markersize=5, label=series, zorder=3)
         ax.set_ylim(-2, 102)
         ax.set_yticks(ACC_TICKS)
         ax.set_ylabel("final eval accuracy (%)")
@@ -769,8 +775,9 @@ def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: 
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=styles[s]["color"], marker=styles[s]["marker"], label=s)
                for s in series_all]
-    handles += [Line2D([], [], color="0.35", label="evaluated at L"),
-                Line2D([], [], color="0.35", linestyle="--", label="evaluated at 2L")]
+    handles += [Line2D([], [], color="0.35", marker="o", markersize=5, label="evaluated at L"),
+                Line2D([], [], color="0.35", marker="o", markerfacecolor="white", markersize=10,
+                       linestyle="--", label="evaluated at 2L")]
     fig.legend(handles=handles, loc="outside right upper", fontsize="small")
     if note:
         fig.suptitle(note, fontsize="small")
