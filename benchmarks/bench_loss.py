@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_train import _commit, _versions  # noqa: E402
 from mixers.loss import linear_cross_entropy  # noqa: E402
 from tests.helpers import rel_rms  # noqa: E402
 
@@ -107,14 +107,6 @@ def measure(impl: str, task: str, rows: int, d_model: int, args: argparse.Namesp
                   "err_dweight": f"{rel_rms(ref[2], out[2]):.1e}"}
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -152,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows(results)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    lines = [f"# LM head + cross-entropy, forward and backward\n\n{datetime.date.today()}, {gpu}, torch "
-             f"{torch.__version__}, commit {_commit()}; `python benchmarks/bench_loss.py "
+    lines = [f"# LM head + cross-entropy, forward and backward\n\n{datetime.date.today()}, {gpu}, "
+             f"{_versions()}, commit {_commit()}; `python benchmarks/bench_loss.py "
              f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n",
              "| task | impl | N | ms | vs full | extra peak GiB | err loss / dh / dw |",
              "|---|---|---:|---:|---:|---:|---|"]
