@@ -8,12 +8,14 @@ and analysis.plot, checked against the run directories. The SLURM tests start a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -80,6 +82,38 @@ def run_sweep(
     return result
 
 
+def run_sweeps(
+    sweep_dir: Path, *launches: tuple[str, ...], timeout: float = 300
+) -> list[subprocess.CompletedProcess[str]]:
+    """Several sweeps into one sweep dir at once, each `(experiment, *overrides)`; their results in order.
+    They may share the directory: each sweep reports only its own jobs, and each run has its own."""
+    with contextlib.ExitStack() as stack:
+        # files, not pipes: a sweep never waits for the test to read its output
+        outputs = [(stack.enter_context(tempfile.TemporaryFile("w+")), stack.enter_context(
+            tempfile.TemporaryFile("w+"))) for _ in launches]
+        processes = [
+            subprocess.Popen(_command(experiment, sweep_dir, *overrides), cwd=ROOT, env=_env(),
+                             stdout=stdout, stderr=stderr, text=True)
+            for (experiment, *overrides), (stdout, stderr) in zip(launches, outputs, strict=True)
+        ]
+        try:
+            deadline = time.monotonic() + timeout
+            for process in processes:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        results = []
+        for process, (stdout, stderr) in zip(processes, outputs, strict=True):
+            stdout.seek(0)
+            stderr.seek(0)
+            results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout.read(),
+                                                       stderr.read()))
+        return results
+
+
 def _ok(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, (
         f"sweep failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -94,16 +128,21 @@ def _log_start(run_dir: Path) -> datetime:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The smoke sweep through the local launcher (2 at once) plus the failing and the diverging job, in one
-    sweep dir."""
+    sweep dir, the three sweeps launched together."""
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "smoke"
-    _ok(run_sweep("smoke", sweep_dir, "hydra/launcher=local", "hydra.launcher.n_jobs=2"))
-    # The failing job is recorded, and its sweep ends with the status lines and exit 1. It goes through
-    # submitit_local, the SLURM launcher's code path without a cluster.
-    failing = run_sweep("smoke_fail", sweep_dir, "hydra/launcher=submitit_local")
+    # The failing job goes through submitit_local, the SLURM launcher's code path without a cluster.
+    done, failing, diverging = run_sweeps(
+        sweep_dir,
+        ("smoke", "hydra/launcher=local", "hydra.launcher.n_jobs=2"),
+        ("smoke_fail", "hydra/launcher=submitit_local"),
+        ("smoke_diverge",),
+    )
+    _ok(done)
+    # The failing job is recorded, and its sweep ends with the status lines and exit 1.
     said = failing.stdout + failing.stderr
     assert failing.returncode == 1 and "1 of 1 jobs did not finish" in said, said[-3000:]
     assert re.search(r"failed +1: mixer=kda/optim.lr=0.003/task.params.num_pairs=20 \(ValueError", said)
-    _ok(run_sweep("smoke_diverge", sweep_dir))
+    _ok(diverging)
     return sweep_dir
 
 
@@ -213,14 +252,12 @@ def test_relaunch_skips_completed_runs(smoke: Path) -> None:
     done = [p for p in smoke.rglob("summary.json") if json.loads(p.read_text())["status"] != "failed"]
     before = {p: (p.stat().st_mtime_ns, p.read_text()) for p in done}
     metrics = {p: (p.parent / "metrics.jsonl").read_text() for p in done}
-    result = run_sweep("smoke", smoke)
+    # Both sweeps again (at once): completed and diverged runs are final.
+    result, again = run_sweeps(smoke, ("smoke",), ("smoke_diverge",))
     _ok(result)
-    assert {p: (p.stat().st_mtime_ns, p.read_text()) for p in done} == before
-    assert {p: (p.parent / "metrics.jsonl").read_text() for p in done} == metrics
-    # Both sweeps again: completed and diverged runs are final.
-    again = run_sweep("smoke_diverge", smoke)
     _ok(again)
     assert {p: (p.stat().st_mtime_ns, p.read_text()) for p in done} == before
+    assert {p: (p.parent / "metrics.jsonl").read_text() for p in done} == metrics
     output = result.stdout + result.stderr + again.stdout + again.stderr
     assert output.count("already completed") == len(done) - 1 and output.count("already diverged") == 1
     # No new run directories: the re-launch landed in the same ones.
