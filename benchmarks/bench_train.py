@@ -204,6 +204,44 @@ def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch
     return fla_step
 
 
+SAVED = ["mixer", "mlp", "norms", "rest"]
+
+
+def _saved_part(path: str) -> str:
+    # a module path of LanguageModel: blocks.<i>.mixer..., blocks.<i>.mlp..., *norm*; the rest (embedding,
+    # the scored positions' gather, the head + loss) outside any of them
+    parts = path.split(".")
+    if len(parts) >= 3 and parts[0] == "blocks":
+        return "norms" if "norm" in parts[2] else parts[2] if parts[2] in ("mixer", "mlp") else "rest"
+    return "norms" if parts[0] == "norm" else "rest"
+
+
+def saved_split(model: nn.Module, step: Callable[[], None]) -> dict[str, float]:
+    """GiB of tensors one step keeps for its backward, by the module that saved them (each storage once):
+    what the activation memory is made of. Buffers an op keeps outside autograd's saved tensors (ctx
+    attributes) are not seen; the peak includes them."""
+    stack: list[str] = []
+    storages: dict[str, dict[int, int]] = {part: {} for part in SAVED}
+    handles = []
+    for name, module in model.named_modules():
+        if name:
+            handles.append(module.register_forward_pre_hook(lambda m, a, n=name: stack.append(n) and None))
+            handles.append(module.register_forward_hook(lambda m, a, o, n=name: stack.pop() and None))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        storages[_saved_part(stack[-1]) if stack else "rest"][storage.data_ptr()] = storage.nbytes()
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {part: sum(sizes.values()) / 2**30 for part, sizes in storages.items()}
+
+
 def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
             compiled: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"impl": impl + ("+compile" if compiled else ""), "task": task,
@@ -241,6 +279,8 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
         row["peak_gib"] = None
     row["step_ms"] = round(ms, 2)
     row["tokens_per_s_M"] = round(args.batch * T / ms / 1000, 3)
+    if not compiled:  # a compiled body saves what its graph decides, outside these modules' hooks
+        row.update({f"saved {k} GiB": float(f"{v:.4g}") for k, v in saved_split(model, step).items()})
     if args.profile:
         split = profile_split(step, device)
         total = sum(split.values()) or math.nan
@@ -266,13 +306,13 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
     base = _baseline()
     lines = [f"# Training step, whole model\n\n{header}\n",
              "| task | mixer | T | impl | step ms | tokens/s (M) | peak GiB | vs a359d38 step | vs FLA step "
-             "| mixer op / loss / conv / matmul / rest (ms) |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
+             "| mixer op / loss / conv / matmul / rest (ms) | saved GiB: mixer / mlp / norms / rest |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
     fla = {(r["task"], r["mixer"], r["T"]): r for r in rows if r["impl"].startswith("fla") and "step_ms" in r}
     for r in rows:
         if "step_ms" not in r:
             lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {r['impl']} | {r.get('error', '?')} "
-                         "| | | | | |")
+                         "| | | | | | |")
             continue
         old = base.get((r["mixer"], r["T"])) if r["task"] == "mqar" and r["impl"].startswith("ours") else None
         ratio = f"{r['step_ms'] / float(old['step_ms']):.2f}x" if old else ""
@@ -280,8 +320,10 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         vs_fla = f"{r['step_ms'] / other['step_ms']:.2f}x" if other and r["impl"].startswith("ours") else ""
         split = " / ".join(f"{r[f'{c} ms']:.1f}" for c in CATEGORIES) if f"{CATEGORIES[0]} ms" in r else ""
         peak = r["peak_gib"] if r["peak_gib"] is not None else "–"
+        saved = " / ".join(f"{r[f'saved {k} GiB']:.2f}" for k in SAVED) \
+            if f"saved {SAVED[0]} GiB" in r else ""
         lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {r['impl']} | {r['step_ms']:.1f} | "
-                     f"{r['tokens_per_s_M']:.2f} | {peak} | {ratio} | {vs_fla} | {split} |")
+                     f"{r['tokens_per_s_M']:.2f} | {peak} | {ratio} | {vs_fla} | {split} | {saved} |")
     if base:
         lines += ["", "a359d38 (MQAR, B=256, from the training-step issue): " + ", ".join(
             f"{m} T={t}: {r['step_ms']} ms, {r['peak_gib']} GiB" for (m, t), r in sorted(base.items()))]

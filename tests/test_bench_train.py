@@ -27,6 +27,12 @@ def test_bench_train_smoke(tmp_path: Path) -> None:
         assert float(row["lm head+loss ms"]) > 0
     kda = rows[0]
     assert float(kda["mixer op ms"]) > 0 and float(kda["short conv ms"]) > 0
+    # saved for the backward, by module: each SwiGLU keeps at least its up projection's output, fp32 here
+    # ([B*T, 2 * hidden], hidden = 4 * d_model), and 2 layers of it
+    up_output = 2 * 32 * (2 * 4 * 32) * 4 / 2**30
+    for row in rows:
+        assert float(row["saved mlp GiB"]) >= 2 * up_output
+        assert float(row["saved mixer GiB"]) > 0 and float(row["saved norms GiB"]) > 0
     report = (tmp_path / "bench_train.md").read_text()
     assert "| palindrome | kda | 32 | ours |" in report and "commit" in report
 
