@@ -41,14 +41,9 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
 IMPLS = ("auto", "torch", "triton")
 
 
-def _softmax_block(logits: torch.Tensor, target: torch.Tensor, acc: torch.dtype, wants_grad: bool,
-                   triton_kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(summed loss, hits, softmax - onehot in the logits' dtype or None) of one block of logits."""
-    if triton_kernel:
-        from kernels.triton.cross_entropy import ce_rows
-
-        lse, picked, argmax = ce_rows(logits, target, wants_grad)
-        return (lse - picked).sum().to(acc), argmax == target, logits if wants_grad else None
+def _softmax_block(logits: torch.Tensor, target: torch.Tensor, acc: torch.dtype,
+                   wants_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The torch chain: (summed loss, hits, softmax - onehot in the logits' dtype or None) of one block."""
     dtype = logits.dtype
     logits = logits.to(acc)
     lse = torch.logsumexp(logits, dim=-1)  # [n]
@@ -74,22 +69,38 @@ class _LinearCrossEntropy(torch.autograd.Function):
         acc = torch.promote_types(dtype, torch.float32)
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
+            n = hidden.shape[0]
             loss = hidden.new_zeros((), dtype=acc)
-            hits = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+            hits = torch.empty(n, dtype=torch.bool, device=hidden.device)
             grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
             grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
                 if ctx.needs_input_grad[1] else None
-            for start in range(0, hidden.shape[0], block_rows):
+            if triton_kernel:
+                from kernels.triton.cross_entropy import ce_rows
+
+                # the kernel writes each row's lse, target logit and argmax here: one sum at the end
+                rowwise = (torch.empty(n, dtype=torch.float32, device=hidden.device),
+                           torch.empty(n, dtype=torch.float32, device=hidden.device),
+                           torch.empty(n, dtype=torch.int32, device=hidden.device))
+            for start in range(0, n, block_rows):
                 rows = slice(start, start + block_rows)
                 h = hidden[rows].to(dtype)  # [n, D]
-                block_loss, hits[rows], grad = _softmax_block(h @ w.T, targets[rows], acc, wants_grad,
-                                                              triton_kernel)
-                loss += block_loss
+                logits = h @ w.T
+                if triton_kernel:
+                    ce_rows(logits, targets[rows], wants_grad, out=tuple(t[rows] for t in rowwise))
+                    grad = logits if wants_grad else None
+                else:
+                    block_loss, hits[rows], grad = _softmax_block(logits, targets[rows], acc, wants_grad)
+                    loss += block_loss
                 if grad is not None:
                     if grad_hidden is not None:
                         grad_hidden[rows] = (grad @ w).to(hidden.dtype)
                     if grad_weight is not None:
                         grad_weight += (grad.T @ h).to(acc)
+            if triton_kernel:
+                lse, picked, argmax = rowwise
+                loss = (lse - picked).sum().to(acc)
+                hits = argmax == targets
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(hits)

@@ -170,3 +170,14 @@ def test_bench_loss_smoke(tmp_path) -> None:
     rows = list(csv.DictReader(open(tmp_path / "bench_loss.csv")))
     assert [r["impl"] for r in rows] == ["full", "torch", "triton"]
     assert all(float(r["err_loss"]) < 1e-3 and float(r["ms"]) > 0 for r in rows)
+
+
+def test_softmax_kernel_out_buffers_are_checked() -> None:
+    from kernels.triton.cross_entropy import ce_rows
+
+    logits, targets = torch.randn(6, 20), torch.randint(0, 20, (6,))
+    good = (torch.empty(6), torch.empty(6), torch.empty(6, dtype=torch.int32))
+    ce_rows(logits.clone(), targets, want_grad=False, out=good)
+    torch.testing.assert_close(good[0], torch.logsumexp(logits, -1))
+    with pytest.raises(ValueError, match=r"contiguous \[6\] of torch.int32"):
+        ce_rows(logits.clone(), targets, want_grad=False, out=(good[0], good[1], torch.empty(6)))

@@ -66,16 +66,24 @@ def _ce_rows_kernel(
             tl.store(base + cols, grad.to(logits.dtype.element_ty), mask=mask)
 
 
-def ce_rows(logits: torch.Tensor, targets: torch.Tensor,
-            want_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ce_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool,
+            out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(lse [n] fp32, target logit [n] fp32, argmax [n] int32) of `logits` [n, V]; with `want_grad`, the
-    logits are overwritten with softmax - onehot(targets) in their own dtype."""
+    logits are overwritten with softmax - onehot(targets) in their own dtype. `out`: three contiguous [n]
+    tensors of those dtypes to write into (slices of whole-batch buffers: no per-block reductions)."""
     n, V = logits.shape
     if logits.stride(1) != 1:
         raise ValueError(f"ce_rows: logits of stride {tuple(logits.stride())} must be contiguous along V")
-    lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-    picked = torch.empty_like(lse)
-    argmax = torch.empty(n, dtype=torch.int32, device=logits.device)
+    if out is None:
+        out = (torch.empty(n, dtype=torch.float32, device=logits.device),
+               torch.empty(n, dtype=torch.float32, device=logits.device),
+               torch.empty(n, dtype=torch.int32, device=logits.device))
+    lse, picked, argmax = out
+    for t, dtype in zip(out, (torch.float32, torch.float32, torch.int32), strict=True):
+        if t.shape != (n,) or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"ce_rows: out tensors must be contiguous [{n}] of {dtype}, got "
+                             f"{list(t.shape)} {t.dtype}")
     if n == 0:
         return lse, picked, argmax
     # 2,048 columns a pass: 8 KiB fp32 a row in registers over 8 warps; small vocabularies in one pass
