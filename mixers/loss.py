@@ -70,18 +70,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
             n = hidden.shape[0]
-            loss = hidden.new_zeros((), dtype=acc)
-            hits = torch.empty(n, dtype=torch.bool, device=hidden.device)
             grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
             grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
                 if ctx.needs_input_grad[1] else None
             if triton_kernel:
-                from kernels.triton.cross_entropy import ce_rows
+                from kernels.triton.cross_entropy import ce_rows, row_buffers
 
                 # the kernel writes each row's lse, target logit and argmax here: one sum at the end
-                rowwise = (torch.empty(n, dtype=torch.float32, device=hidden.device),
-                           torch.empty(n, dtype=torch.float32, device=hidden.device),
-                           torch.empty(n, dtype=torch.int32, device=hidden.device))
+                rowwise = row_buffers(n, hidden.device)
+            else:
+                loss = hidden.new_zeros((), dtype=acc)
+                hits = torch.empty(n, dtype=torch.bool, device=hidden.device)
             for start in range(0, n, block_rows):
                 rows = slice(start, start + block_rows)
                 h = hidden[rows].to(dtype)  # [n, D]

@@ -66,6 +66,13 @@ def _ce_rows_kernel(
             tl.store(base + cols, grad.to(logits.dtype.element_ty), mask=mask)
 
 
+def row_buffers(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty (lse, target logit, argmax) buffers for n rows, in the dtypes ce_rows writes."""
+    return (torch.empty(n, dtype=torch.float32, device=device),
+            torch.empty(n, dtype=torch.float32, device=device),
+            torch.empty(n, dtype=torch.int32, device=device))
+
+
 def ce_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool,
             out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -76,9 +83,7 @@ def ce_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool,
     if logits.stride(1) != 1:
         raise ValueError(f"ce_rows: logits of stride {tuple(logits.stride())} must be contiguous along V")
     if out is None:
-        out = (torch.empty(n, dtype=torch.float32, device=logits.device),
-               torch.empty(n, dtype=torch.float32, device=logits.device),
-               torch.empty(n, dtype=torch.int32, device=logits.device))
+        out = row_buffers(n, logits.device)
     lse, picked, argmax = out
     for t, dtype in zip(out, (torch.float32, torch.float32, torch.int32), strict=True):
         if t.shape != (n,) or t.dtype != dtype or not t.is_contiguous():
