@@ -22,6 +22,7 @@ import argparse
 import csv
 import datetime
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_train import _commit, _versions  # noqa: E402
+from benchmarks.bench_train import _commit, _versions, indexed_device  # noqa: E402
 from mixers.loss import linear_cross_entropy  # noqa: E402
 from tests.helpers import rel_rms  # noqa: E402
 
@@ -88,8 +89,6 @@ def measure(impl: str, task: str, rows: int, d_model: int, args: argparse.Namesp
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     else:
-        import time
-
         t0 = time.perf_counter()
     for _ in range(args.steps):
         out = run(True)
@@ -120,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        device = torch.device("cuda", index)
+    device = indexed_device(args.device)
     results = []
     for task in args.tasks:
         rows = args.rows or args.batch * SHAPES[task][0]

@@ -98,6 +98,15 @@ def _commit() -> str:
         return "unknown"
 
 
+def indexed_device(spec: str) -> torch.device:
+    """--device as a torch.device; "cuda" names no index, and set_device and the peak-memory counters
+    need one."""
+    device = torch.device(spec)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _versions() -> str:
     parts = [f"torch {torch.__version__}"]
     for name in ("triton", "fla"):
@@ -347,11 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    device = indexed_device(args.device)
     if device.type == "cuda":
-        # "cuda" names no index; set_device and the peak-memory counters need one
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     unknown = sorted(set(args.mixers) - set(MIXERS))
     if unknown:
