@@ -20,7 +20,8 @@ timed steps. One more step runs under torch.profiler and its GPU time is split i
 with their short convolutions and fused norms) and FLA's fused linear cross-entropy over all positions
 (ignore_index -100), where FLA has the layer. `--compile` adds rows with `torch.compile` of the body.
 `benchmarks/anchors/train_a359d38_h200.csv` (the step before this benchmark existed) is printed beside.
-Writes DIR/bench_train.csv and DIR/bench_train.md (date, GPU, versions, commit on top).
+Writes DIR/bench_train.csv and DIR/bench_train.md (date, GPU, versions, commit on top), and
+DIR/bench_train_rest.csv: the "rest" of each step's GPU time by launching op and kernel, largest first.
 """
 
 from __future__ import annotations
@@ -161,8 +162,10 @@ def _category(names: list[str], kernel: str) -> str:
     return "rest"
 
 
-def profile_split(step: Callable[[], None], device: torch.device) -> dict[str, float]:
-    """GPU time (ms) of one step per category; on the CPU, the ops' own CPU time instead."""
+def profile_split(step: Callable[[], None], device: torch.device,
+                  rest: dict[tuple[str, str], list[float]] | None = None) -> dict[str, float]:
+    """GPU time (ms) of one step per category; on the CPU, the ops' own CPU time instead. `rest`, if given,
+    collects the "rest" category by (op that launched it, kernel): [ms, launches], to say what it is."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -181,7 +184,12 @@ def profile_split(step: Callable[[], None], device: torch.device) -> dict[str, f
             names.append(parent.name)
             parent = parent.cpu_parent
         for kernel, duration in items:
-            split[_category(names, kernel)] += duration / 1000
+            category = _category(names, kernel)
+            split[category] += duration / 1000
+            if rest is not None and category == "rest":
+                entry = rest.setdefault((event.name, kernel[:120]), [0.0, 0])
+                entry[0] += duration / 1000
+                entry[1] += 1
     return split
 
 
@@ -291,7 +299,9 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
     if not compiled:  # a compiled body saves what its graph decides, outside these modules' hooks
         row.update({f"saved {k} GiB": float(f"{v:.4g}") for k, v in saved_split(model, step).items()})
     if args.profile:
-        split = profile_split(step, device)
+        rest: dict[tuple[str, str], list[float]] = {}
+        split = profile_split(step, device, rest)
+        row["_rest"] = sorted(((ms, n, op, kernel) for (op, kernel), (ms, n) in rest.items()), reverse=True)
         total = sum(split.values()) or math.nan
         row.update({f"{k} ms": round(v, 2) for k, v in split.items()})
         row["mixer op share"] = round(split["mixer op"] / total, 3)
@@ -307,9 +317,16 @@ def _baseline() -> dict[tuple[str, int], dict[str, str]]:
 
 def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    keys = list(dict.fromkeys(k for r in rows for k in r))
+    keys = list(dict.fromkeys(k for r in rows for k in r if k != "_rest"))
+    # what the "rest" of each step's GPU time is made of, largest first
+    with open(out / "bench_train_rest.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["impl", "task", "mixer", "T", "ms", "launches", "op", "kernel"])
+        for r in rows:
+            for ms, n, op, kernel in r.get("_rest", []):
+                writer.writerow([r["impl"], r["task"], r["mixer"], r["T"], f"{ms:.4f}", n, op, kernel])
     with open(out / "bench_train.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     base = _baseline()
@@ -380,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                             row = {"impl": impl + ("+compile" if compiled else ""), "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,
                                    "error": f"{type(error).__name__}: {str(error).splitlines()[0][-160:]}"}
-                        print(row, flush=True)
+                        print({k: v for k, v in row.items() if k != "_rest"}, flush=True)
                         rows.append(row)
                         # written after every row: a run cut off by a time limit keeps what it measured
                         write(rows, args.out, header, echo=False)

@@ -33,6 +33,12 @@ def test_bench_train_smoke(tmp_path: Path) -> None:
     for row in rows:
         assert float(row["saved mlp GiB"]) >= 2 * up_output
         assert float(row["saved mixer GiB"]) > 0 and float(row["saved norms GiB"]) > 0
+    # the "rest" listing sums to the rest column of its row (rounding apart) and names real ops
+    listing = list(csv.DictReader(open(tmp_path / "bench_train_rest.csv")))
+    for row in rows:
+        mine = [r for r in listing if r["mixer"] == row["mixer"]]
+        assert mine and all(r["op"] and int(r["launches"]) > 0 for r in mine)
+        assert sum(float(r["ms"]) for r in mine) == pytest.approx(float(row["rest ms"]), abs=0.01)
     report = (tmp_path / "bench_train.md").read_text()
     assert "| palindrome | kda | 32 | ours |" in report and "commit" in report
 
