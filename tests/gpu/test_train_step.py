@@ -120,3 +120,26 @@ def test_fused_softmax_kernel_equals_torch_chain(V: int) -> None:
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-3)
     assert (hits != ref_hits).float().mean() < 1e-3  # an exact tie may round either way under TF32
     assert rel_rms(ref_dh, dh) < 1e-4 and rel_rms(ref_dw, dw) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_kernel_equals_reference(dtype: torch.dtype) -> None:
+    from kernels.swiglu import swiglu, swiglu_reference
+
+    # the MLP's shape at d_model 256 (hidden 704), an odd row count; both against the fp32 reference
+    generator = torch.Generator().manual_seed(0)
+    h32 = (torch.randn(4099, 2 * 704, generator=generator) * 2).cuda()
+    dout = torch.randn(4099, 704, generator=generator).cuda()
+    exact = h32.clone().requires_grad_()
+    ref_out = swiglu_reference(exact)
+    (ref_dh,) = torch.autograd.grad(ref_out, exact, dout)
+    errors = []
+    for impl in ("torch", "triton"):
+        h = h32.to(dtype).requires_grad_()
+        out = swiglu(h, impl=impl)
+        (dh,) = torch.autograd.grad(out, h, dout.to(dtype))
+        errors.append((rel_rms(ref_out, out.float()), rel_rms(ref_dh, dh.float())))
+    (torch_out, torch_dh), (out_err, dh_err) = errors
+    bound = 1e-6 if dtype == torch.float32 else 2e-2
+    assert out_err < bound and dh_err < bound
+    assert out_err <= 2 * torch_out + 1e-6 and dh_err <= 2 * torch_dh + 1e-6
