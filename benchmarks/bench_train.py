@@ -7,8 +7,9 @@
 The model of Kimi Linear's synthetic setting (2 layers, d_model 256, the mixers' yamls: 2 heads x 128), one
 fixed batch of the task (B=256 by default), bf16 autocast on CUDA, and the step train.py takes: the body, the
 LM head + cross-entropy at the labelled positions only, backward, gradient clipping, fused AdamW. After
-`--warmup` steps, `--steps` steps are timed with CUDA events; peak memory is the largest allocation of the
-timed steps. One more step runs under torch.profiler and its GPU time is split into
+`--warmup` steps (the first, timed on its own, is what compilation costs a run), `--steps` steps are timed
+with CUDA events; peak memory is the largest allocation of the timed steps. One more step runs under
+torch.profiler and its GPU time is split into
 
     mixer op      our Triton chunk kernels (or FLA's, or SDPA's for attention), forward and backward
     lm head+loss  the head's matmuls, softmax and their gradients
@@ -275,7 +276,13 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else (
         lambda: torch.autocast(device.type, enabled=False))
     step = make_step(impl, model, batch, labels, compiled, autocast)
-    for _ in range(args.warmup):
+    # the first step pays Triton's and (compiled) inductor's compilation: what a run pays once
+    t0 = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    row["first_step_s"] = round(time.perf_counter() - t0, 2)
+    for _ in range(args.warmup - 1):
         step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -331,14 +338,15 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         writer.writerows(rows)
     base = _baseline()
     lines = [f"# Training step, whole model\n\n{header}\n",
-             "| task | mixer | T | impl | step ms | tokens/s (M) | peak GiB | vs a359d38 step | vs FLA step "
-             "| mixer op / loss / conv / matmul / rest (ms) | saved GiB: mixer / mlp / norms / rest |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
+             "| task | mixer | T | impl | step ms | tokens/s (M) | peak GiB | first step s | vs a359d38 step "
+             "| vs FLA step | mixer op / loss / conv / matmul / rest (ms) "
+             "| saved GiB: mixer / mlp / norms / rest |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
     fla = {(r["task"], r["mixer"], r["T"]): r for r in rows if r["impl"].startswith("fla") and "step_ms" in r}
     for r in rows:
         if "step_ms" not in r:
             lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {r['impl']} | {r.get('error', '?')} "
-                         "| | | | | | |")
+                         "| | | | | | | |")
             continue
         old = base.get((r["mixer"], r["T"])) if r["task"] == "mqar" and r["impl"].startswith("ours") else None
         ratio = f"{r['step_ms'] / float(old['step_ms']):.2f}x" if old else ""
@@ -349,7 +357,8 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         saved = " / ".join(f"{r[f'saved {k} GiB']:.2f}" for k in SAVED) \
             if f"saved {SAVED[0]} GiB" in r else ""
         lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {r['impl']} | {r['step_ms']:.1f} | "
-                     f"{r['tokens_per_s_M']:.2f} | {peak} | {ratio} | {vs_fla} | {split} | {saved} |")
+                     f"{r['tokens_per_s_M']:.2f} | {peak} | {r['first_step_s']} | {ratio} | {vs_fla} "
+                     f"| {split} | {saved} |")
     if base:
         lines += ["", "a359d38 (MQAR, B=256, from the training-step issue): " + ", ".join(
             f"{m} T={t}: {r['step_ms']} ms, {r['peak_gib']} GiB" for (m, t), r in sorted(base.items()))]

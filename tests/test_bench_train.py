@@ -22,7 +22,7 @@ def test_bench_train_smoke(tmp_path: Path) -> None:
     rows = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
     assert [(r["mixer"], r["impl"]) for r in rows] == [("kda", "ours"), ("attention", "ours")]
     for row in rows:
-        assert float(row["step_ms"]) > 0
+        assert float(row["step_ms"]) > 0 and float(row["first_step_s"]) > 0
         # the loss and the mixer op are found by their profiler ranges, not left in "rest"
         assert float(row["lm head+loss ms"]) > 0
     kda = rows[0]
