@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mixers.linear_base import BetaProjection, LinearMixer, inverse_softplus, log_uniform
+from mixers.recompute import kda_gate, wide
 
 GATES = ("softplus", "bounded")
 
@@ -83,9 +84,13 @@ class KDA(LinearMixer):
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> g [B, T, H, K] float32
         B, T, _ = x.shape
-        z = self.decay_up(self.decay_down(x)).float() + self.decay_bias  # [B, T, H*K]
+        if self.lean_backward:
+            # saves the logits in their autocast dtype, not the fp32 pre-activation and sigmoid
+            z = self.decay_up(self.decay_down(x))  # [B, T, H*K]
+            return kda_gate(z, self.decay_bias, self.A_log, self.gate == "bounded", self.g_min)
+        z = wide(self.decay_up(self.decay_down(x))) + self.decay_bias  # [B, T, H*K]
         z = z.view(B, T, self.num_heads, self.head_dim)
-        A = self.A_log.float().exp()[:, None]  # [H, 1]
+        A = wide(self.A_log).exp()[:, None]  # [H, 1]
         if self.gate == "softplus":
             return -A * F.softplus(z)
         return self.g_min * torch.sigmoid(A * z)

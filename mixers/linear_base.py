@@ -34,6 +34,7 @@ import kernels
 from kernels import family
 from kernels.conv import short_conv
 from mixers.base import Mixer
+from mixers.recompute import gated_rms_norm, l2_norm, wide
 
 Decay = Literal["none", "head", "channel"]
 
@@ -150,7 +151,14 @@ class BetaProjection(nn.Module):
 
 class LinearMixer(Mixer):
     """The skeleton; see the module docstring. Subclasses set `decay`, `delta_rule`, `paper_defaults`
-    and implement `gates`."""
+    and implement `gates`.
+
+    `lean_backward` (True; an attribute, not a switch: the result is the same) runs the input's autocast
+    cast once for all projections and the L2 norm, the gates and the output norm as the Functions of
+    mixers/recompute.py, which save their inputs instead of their fp32 intermediates; False runs the
+    plain torch expressions, the reference."""
+
+    lean_backward: bool = True
 
     decay: ClassVar[Decay] = "none"
     delta_rule: ClassVar[bool] = False
@@ -267,7 +275,11 @@ class LinearMixer(Mixer):
             q, k = F.relu(q), F.relu(k)
         if self.qk_norm:
             # unit keys keep the eigenvalues of I - beta k k^T in [1 - beta, 1]: the recurrence cannot blow up
-            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+            if self.lean_backward:
+                # in q's dtype: under CUDA's autocast F.normalize returns (and the op then saves) fp32
+                q, k = l2_norm(q), l2_norm(k)
+            else:
+                q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         return q, k, v
 
     def _op_kwargs(self, op: Callable[..., Any]) -> dict[str, Any]:
@@ -277,17 +289,33 @@ class LinearMixer(Mixer):
 
     def _output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:  # o: [B, T, H, V]
         B, T = x.shape[:2]
+        if self.lean_backward and self.o_norm is not None:
+            gate = None
+            if self.output_gate != "none":
+                gate = self.o_gate_proj(x).view(B, T, self.num_heads, self.value_dim)
+            # nn.RMSNorm's eps=None: the machine epsilon of the (fp32) computation
+            eps = torch.finfo(torch.float32).eps if self.o_norm.eps is None else self.o_norm.eps
+            o = gated_rms_norm(o, gate, self.o_norm.weight, eps, self.output_gate)
+            return self.o_proj(o.reshape(B, T, self.num_heads * self.value_dim))
         if self.o_norm is not None:
-            # in float32: under bf16 autocast o arrives in bf16 while the norm's weight stays float32
-            o = self.o_norm(o.float())
+            # in float32 (float64 stays): under bf16 autocast o arrives in bf16, the norm's weight in fp32
+            o = self.o_norm(wide(o))
         if self.output_gate != "none":
             gate = self.o_gate_proj(x).view(B, T, self.num_heads, self.value_dim)
             o = o * (torch.sigmoid(gate) if self.output_gate == "sigmoid" else F.silu(gate))
         return self.o_proj(o.reshape(B, T, self.num_heads * self.value_dim))
 
+    def _cast_once(self, x: torch.Tensor) -> torch.Tensor:
+        # under autocast every projection of x would cast (and save) its own low-precision copy of it
+        device = x.device.type
+        if self.lean_backward and x.dtype == torch.float32 and torch.is_autocast_enabled(device):
+            return x.to(torch.get_autocast_dtype(device))
+        return x
+
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]. With a `cache` (from init_cache) this is a prefill: it starts from the
         cache and leaves the state after x in it, so `step` can continue."""
+        x = self._cast_once(x)
         q, k, v = self._qkv(x, cache)
         v, g, beta = self.gates(x, k, v)
         args = (q, k, v) + ((g,) if g is not None else ()) + ((beta,) if beta is not None else ())
@@ -316,7 +344,7 @@ class LinearMixer(Mixer):
         return cache
 
     def step(self, x: torch.Tensor, cache: dict[str, Any]) -> torch.Tensor:  # [B, D] -> [B, D]
-        x = x[:, None]  # [B, 1, D]
+        x = self._cast_once(x[:, None])  # [B, 1, D]
         q, k, v = self._qkv(x, cache)
         v, g, beta = self.gates(x, k, v)
         args = (q[:, 0], k[:, 0], v[:, 0])  # [B, H, K], [B, H, K], [B, H, V]
