@@ -34,7 +34,7 @@ import kernels
 from kernels import family
 from kernels.conv import short_conv
 from mixers.base import Mixer
-from mixers.recompute import gated_rms_norm, l2_norm, wide
+from mixers.recompute import gated_rms_norm_projection, l2_norm, shared_cast, wide
 
 Decay = Literal["none", "head", "channel"]
 
@@ -255,10 +255,14 @@ class LinearMixer(Mixer):
         raise NotImplementedError
 
     def _qkv(
-        self, x: torch.Tensor, cache: dict[str, Any] | None
+        self,
+        x: torch.Tensor,
+        cache: dict[str, Any] | None,
+        inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # x for each projection
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*K], [B, T, H*K], [B, T, H*V]
+        x_q, x_k, x_v = (x, x, x) if inputs is None else inputs
+        q, k, v = self.q_proj(x_q), self.k_proj(x_k), self.v_proj(x_v)  # [B, T, H*K] (q, k), [B, T, H*V]
         if self.use_short_conv:
             get = (lambda name: None) if cache is None else cache.get
             q, conv_q = self.q_conv(q, get("conv_q"))
@@ -295,8 +299,8 @@ class LinearMixer(Mixer):
                 gate = self.o_gate_proj(x).view(B, T, self.num_heads, self.value_dim)
             # nn.RMSNorm's eps=None: the machine epsilon of the (fp32) computation
             eps = torch.finfo(torch.float32).eps if self.o_norm.eps is None else self.o_norm.eps
-            o = gated_rms_norm(o, gate, self.o_norm.weight, eps, self.output_gate)
-            return self.o_proj(o.reshape(B, T, self.num_heads * self.value_dim))
+            return gated_rms_norm_projection(o, gate, self.o_norm.weight, eps, self.output_gate,
+                                             self.o_proj.weight)
         if self.o_norm is not None:
             # in float32 (float64 stays): under bf16 autocast o arrives in bf16, the norm's weight in fp32
             o = self.o_norm(wide(o))
@@ -305,19 +309,21 @@ class LinearMixer(Mixer):
             o = o * (torch.sigmoid(gate) if self.output_gate == "sigmoid" else F.silu(gate))
         return self.o_proj(o.reshape(B, T, self.num_heads * self.value_dim))
 
-    def _cast_once(self, x: torch.Tensor) -> torch.Tensor:
-        # under autocast every projection of x would cast (and save) its own low-precision copy of it
+    def _inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x for (q_proj, k_proj, v_proj, gates, output gate). Under autocast each projection would cast
+        (and save) its own low-precision copy of x: with lean_backward they share one (views of one cast,
+        their gradients summed in fp32 as the separate casts' were)."""
         device = x.device.type
         if self.lean_backward and x.dtype == torch.float32 and torch.is_autocast_enabled(device):
-            return x.to(torch.get_autocast_dtype(device))
-        return x
+            return shared_cast(x, torch.get_autocast_dtype(device), 5)
+        return (x,) * 5
 
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None) -> torch.Tensor:
         """x [B, T, D] -> [B, T, D]. With a `cache` (from init_cache) this is a prefill: it starts from the
         cache and leaves the state after x in it, so `step` can continue."""
-        x = self._cast_once(x)
-        q, k, v = self._qkv(x, cache)
-        v, g, beta = self.gates(x, k, v)
+        x_q, x_k, x_v, x_gates, x_out = self._inputs(x)
+        q, k, v = self._qkv(x, cache, (x_q, x_k, x_v))
+        v, g, beta = self.gates(x_gates, k, v)
         args = (q, k, v) + ((g,) if g is not None else ()) + ((beta,) if beta is not None else ())
         o, state = self.chunk_op(
             *args,
@@ -329,7 +335,7 @@ class LinearMixer(Mixer):
         )  # o: [B, T, H, V]
         if cache is not None:
             cache["state"] = state
-        return self._output(x, o)
+        return self._output(x_out, o)
 
     def init_cache(self, batch_size: int, device: torch.device | str, dtype: torch.dtype) -> dict[str, Any]:
         """The recurrent state [B, H, K, V] (float32) and, with the short conv, the last conv_size - 1
@@ -344,15 +350,15 @@ class LinearMixer(Mixer):
         return cache
 
     def step(self, x: torch.Tensor, cache: dict[str, Any]) -> torch.Tensor:  # [B, D] -> [B, D]
-        x = self._cast_once(x[:, None])  # [B, 1, D]
-        q, k, v = self._qkv(x, cache)
-        v, g, beta = self.gates(x, k, v)
+        x_q, x_k, x_v, x_gates, x_out = self._inputs(x[:, None])  # [B, 1, D] each
+        q, k, v = self._qkv(x_q, cache, (x_q, x_k, x_v))
+        v, g, beta = self.gates(x_gates, k, v)
         args = (q[:, 0], k[:, 0], v[:, 0])  # [B, H, K], [B, H, K], [B, H, V]
         args += ((g[:, 0],) if g is not None else ()) + ((beta[:, 0],) if beta is not None else ())
         o, cache["state"] = self.step_op(
             *args, cache["state"], backend=self.backend, **self._op_kwargs(self.step_op)
         )
-        return self._output(x, o[:, None])[:, 0]
+        return self._output(x_out, o[:, None])[:, 0]
 
     def state_size(self, seq_len: int | None = None) -> int:
         """Numbers held per sequence while decoding, independent of seq_len:

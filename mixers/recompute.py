@@ -2,12 +2,12 @@
 
 Autograd, left to itself, keeps every intermediate of an elementwise chain: for KDA's gate
 `g_min * sigmoid(exp(A_log) * (z + b))` the fp32 `z + b` and the fp32 sigmoid; for the output
-`RMSNorm(o.float()) * sigmoid(gate)` the fp32 copy of `o`, its normalised value and the product's two
-factors; for `F.normalize` under CUDA's autocast an fp32 copy of q and an fp32 output. At B=256 T=1024
-each [B, T, 256] fp32 tensor is 256 MiB a layer. Each Function here saves only what the backward cannot
-cheaply recompute (the inputs, already in the autocast dtype, or the output another op saves anyway) and
-recomputes the rest in fp32 in its backward: a few elementwise passes over tensors the backward reads
-anyway.
+`W_o (RMSNorm(o.float()) * sigmoid(gate))` the fp32 copy of `o`, its normalised value, the product's two
+factors and the projection's bf16 input; for `F.normalize` under CUDA's autocast an fp32 copy of q and an
+fp32 output. At B=256 T=1024 each [B, T, 256] fp32 tensor is 256 MiB a layer. Each Function here saves
+only what the backward cannot cheaply recompute (the inputs, already in the autocast dtype, or the output
+another op saves anyway) and recomputes the rest in fp32 in its backward: a few elementwise passes over
+tensors the backward reads anyway.
 
 The layer (linear_base.LinearMixer, `lean_backward`) uses them; with `lean_backward = False` it runs the
 plain torch expressions they replace, the reference the tests compare them with.
@@ -26,6 +26,31 @@ ACTIVATIONS = ("none", "sigmoid", "swish")
 def wide(t: torch.Tensor) -> torch.Tensor:
     # the precision the pieces compute in: fp32, or float64 for float64 inputs (references, gradchecks)
     return t if t.dtype == torch.float64 else t.float()
+
+
+class SharedCast(torch.autograd.Function):
+    """n views of one cast of x to `dtype`: one copy for autograd to save however many ops read it. The
+    backward sums the n gradients in fp32 (the precision n separate casts' gradients meet in), not in
+    `dtype`, as autograd would for n uses of one tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dtype: torch.dtype, n: int) -> tuple[torch.Tensor, ...]:
+        low = x.to(dtype)
+        ctx.dtype = x.dtype
+        return tuple(low.view_as(low) for _ in range(n))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None, None]:
+        total = None
+        for grad in grads:
+            if grad is not None:
+                total = wide(grad) if total is None else total + wide(grad)
+        return (None if total is None else total.to(ctx.dtype)), None, None
+
+
+def shared_cast(x: torch.Tensor, dtype: torch.dtype, n: int) -> tuple[torch.Tensor, ...]:
+    """SharedCast: n views of x.to(dtype) whose gradients are summed in fp32."""
+    return SharedCast.apply(x, dtype, n)
 
 
 class L2Norm(torch.autograd.Function):
@@ -112,52 +137,64 @@ def _activate(gate: torch.Tensor, activation: str) -> torch.Tensor:
     return torch.sigmoid(gate) if activation == "sigmoid" else F.silu(gate)
 
 
-class GatedRMSNorm(torch.autograd.Function):
-    """out = RMSNorm(o) * act(gate) in fp32 (per head, over the last dim, with weight w), act in
-    ACTIVATIONS ("none": no gate). Saves o and the gate logits as they come (the op's output and the gate
-    projection's, in the autocast dtype), w and the fp32 1/rms [..., 1]; the backward recomputes the
-    normalised o and the activation."""
+def _gated_norm(o: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, r: torch.Tensor,
+                activation: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    # (out, the normalised o, act(gate) or None), in the computation's precision
+    n = wide(o) * r
+    out = n * wide(weight)
+    a = None if activation == "none" else _activate(wide(gate), activation)
+    return (out if a is None else out * a), n, a
+
+
+class GatedRMSNormProjection(torch.autograd.Function):
+    """y = W_o flatten_heads(RMSNorm(o) * act(gate)): the per-head RMSNorm (weight w, over the last dim) and
+    gate in fp32, act in ACTIVATIONS ("none": no gate), then the output projection W_o [D, H*V] in the
+    dtype the enclosing autocast gives F.linear (its input is cast to it, as nn.Linear's would be).
+
+    Saves o and the gate logits as they come (the op's output and the gate projection's, in the autocast
+    dtype), w, W_o and the fp32 1/rms [..., 1]; the backward recomputes the normalised, gated o (the
+    projection's input, which autograd would keep as well)."""
 
     @staticmethod
     def forward(ctx: Any, o: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                activation: str) -> torch.Tensor:
-        of = wide(o)
-        r = torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
-        out = of * r * wide(weight)
-        if activation != "none":
-            out = out * _activate(wide(gate), activation)
-        ctx.save_for_backward(o, gate, weight, r)
+                activation: str, proj: torch.Tensor) -> torch.Tensor:
+        r = torch.rsqrt(wide(o).pow(2).mean(-1, keepdim=True) + eps)  # [B, T, H, 1]
+        out, _, _ = _gated_norm(o, gate, weight, r, activation)  # [B, T, H, V]
+        y = F.linear(out.flatten(-2), proj)  # [B, T, D]
+        ctx.save_for_backward(o, gate, weight, r, proj)
         ctx.activation = activation
-        return out
+        return y
 
     @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
-        o, gate, weight, r = ctx.saved_tensors
-        n = wide(o) * r  # the normalised o
-        y = n * wide(weight)
-        dout = wide(dout)
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        o, gate, weight, r, proj = ctx.saved_tensors
+        out, n, a = _gated_norm(o, gate, weight, r, ctx.activation)
+        # the projection's backward in its forward's dtype (dy's), as autograd's for nn.Linear under autocast
+        flat = out.flatten(-2).to(dy.dtype)  # [B, T, H*V]
+        dproj = (dy.flatten(0, -2).T @ flat.flatten(0, -2)).to(proj.dtype)  # [D, H*V]
+        dout = wide(dy @ proj.to(dy.dtype)).unflatten(-1, o.shape[-2:])  # [B, T, H, V]
         dgate = None
-        if ctx.activation != "none":
+        if a is not None:
             gf = wide(gate)
             s = torch.sigmoid(gf)
-            a = s if ctx.activation == "sigmoid" else gf * s
             # sigmoid' = s (1 - s); silu' = s (1 + x (1 - s))
             da = s * (1 - s) if ctx.activation == "sigmoid" else s * (1 + gf * (1 - s))
-            dgate = (dout * y * da).to(gate.dtype)
-            dy = dout * a
-        else:
-            dy = dout
-        dweight = (dy * n).sum(dim=tuple(range(dy.dim() - 1))).to(weight.dtype)
-        dn = dy * wide(weight)
+            dgate = (dout * n * wide(weight) * da).to(gate.dtype)
+            dout = dout * a
+        dweight = (dout * n).sum(dim=tuple(range(dout.dim() - 1))).to(weight.dtype)
+        dn = dout * wide(weight)
         do = r * (dn - n * (dn * n).mean(-1, keepdim=True))
-        return do.to(o.dtype), dgate, dweight, None, None
+        return do.to(o.dtype), dgate, dweight, None, None, dproj
 
 
-def gated_rms_norm(o: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                   activation: str) -> torch.Tensor:
-    """GatedRMSNorm: RMSNorm(o) * act(gate) [..., V] in fp32."""
+def gated_rms_norm_projection(o: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                              activation: str, proj: torch.Tensor) -> torch.Tensor:
+    """GatedRMSNormProjection: o [B, T, H, V], gate [B, T, H, V] or None -> [B, T, D]."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation={activation!r} is unknown; use one of {ACTIVATIONS}")
     if activation != "none" and gate is None:
         raise ValueError(f"activation={activation!r} needs the gate logits; pass gate or activation='none'")
-    return GatedRMSNorm.apply(o, gate, weight, eps, activation)
+    if proj.dim() != 2 or proj.shape[1] != o.shape[-2] * o.shape[-1]:
+        width = o.shape[-2] * o.shape[-1]
+        raise ValueError(f"proj has shape {list(proj.shape)}; expected [D, H*V] = [D, {width}]")
+    return GatedRMSNormProjection.apply(o, gate, weight, eps, activation, proj)
