@@ -34,7 +34,7 @@ import kernels
 from kernels import family
 from kernels.conv import short_conv
 from mixers.base import Mixer
-from mixers.recompute import gated_rms_norm_projection, l2_norm, shared_cast, wide
+from mixers.recompute import gated_rms_norm_projection, l2_norm, recomputed, shared_cast, wide
 
 Decay = Literal["none", "head", "channel"]
 
@@ -147,6 +147,12 @@ class BetaProjection(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, T, H] float32
         beta = torch.sigmoid(self.proj(x).float())
         return 2 * beta if self.allow_neg_eigval else beta
+
+
+def _conv_of_projection(x: torch.Tensor, proj: nn.Linear, conv: ShortConvolution) -> torch.Tensor:
+    # conv(W x), recomputed in the backward from x (which the projections share) instead of keeping W x, the
+    # conv's only saved tensor: one more GEMM
+    return recomputed(lambda x, *_: conv(proj(x))[0], x, proj.weight, conv.weight)
 
 
 class LinearMixer(Mixer):
@@ -262,14 +268,20 @@ class LinearMixer(Mixer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         x_q, x_k, x_v = (x, x, x) if inputs is None else inputs
-        q, k, v = self.q_proj(x_q), self.k_proj(x_k), self.v_proj(x_v)  # [B, T, H*K] (q, k), [B, T, H*V]
-        if self.use_short_conv:
+        if self.use_short_conv and cache is None and self.lean_backward and not torch.compiler.is_compiling():
+            q = _conv_of_projection(x_q, self.q_proj, self.q_conv)
+            k = _conv_of_projection(x_k, self.k_proj, self.k_conv)
+            v = _conv_of_projection(x_v, self.v_proj, self.v_conv)
+        elif self.use_short_conv:
+            q, k, v = self.q_proj(x_q), self.k_proj(x_k), self.v_proj(x_v)  # [B, T, H*K] (q, k), [B, T, H*V]
             get = (lambda name: None) if cache is None else cache.get
             q, conv_q = self.q_conv(q, get("conv_q"))
             k, conv_k = self.k_conv(k, get("conv_k"))
             v, conv_v = self.v_conv(v, get("conv_v"))
             if cache is not None:
                 cache.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v)
+        else:
+            q, k, v = self.q_proj(x_q), self.k_proj(x_k), self.v_proj(x_v)
         q = q.view(B, T, self.num_heads, self.head_dim)
         k = k.view(B, T, self.num_heads, self.head_dim)
         v = v.view(B, T, self.num_heads, self.value_dim)

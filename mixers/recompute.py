@@ -28,6 +28,43 @@ def wide(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
+class Recomputed(torch.autograd.Function):
+    """y = fn(*inputs), keeping only `inputs` for the backward, which runs fn again (under the forward's
+    autocast) and differentiates that. For a cheap fn whose intermediates are large: the short conv's
+    input, W x, is the conv's only saved tensor, and recomputing it is one GEMM.
+
+    fn must be deterministic and read every tensor it needs gradients for from `inputs` (a module's
+    parameters may be passed as they are: the backward takes their gradients with autograd.grad, which
+    does not accumulate them, and returns them as these inputs' gradients)."""
+
+    @staticmethod
+    def forward(ctx: Any, fn: Any, *inputs: torch.Tensor) -> torch.Tensor:
+        device = inputs[0].device.type
+        ctx.fn, ctx.device = fn, device
+        ctx.autocast = torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+        ctx.save_for_backward(*inputs)
+        return fn(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inputs = ctx.saved_tensors
+        # parameters (leaves) as they are; other inputs cut from the outer graph
+        inputs = [t if t.is_leaf else t.detach().requires_grad_(t.requires_grad) for t in inputs]
+        wanted = [t for t in inputs if t.requires_grad]
+        enabled, dtype = ctx.autocast
+        with torch.enable_grad(), torch.autocast(ctx.device, dtype=dtype, enabled=enabled):
+            y = ctx.fn(*inputs)
+        grads = iter(torch.autograd.grad(y, wanted, dy, allow_unused=True))
+        return (None, *(next(grads) if t.requires_grad else None for t in inputs))
+
+
+def recomputed(fn: Any, *inputs: torch.Tensor) -> torch.Tensor:
+    """Recomputed: fn(*inputs) that saves only `inputs` (a plain call without a gradient to take)."""
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return fn(*inputs)
+    return Recomputed.apply(fn, *inputs)
+
+
 class SharedCast(torch.autograd.Function):
     """n views of one cast of x to `dtype`: one copy for autograd to save however many ops read it. The
     backward sums the n gradients in fp32 (the precision n separate casts' gradients meet in), not in
