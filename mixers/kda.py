@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mixers.linear_base import BetaProjection, LinearMixer, inverse_softplus, log_uniform
-from mixers.recompute import kda_gate, wide
+from mixers.recompute import kda_gate, recomputed, wide
 
 GATES = ("softplus", "bounded")
 
@@ -85,15 +85,21 @@ class KDA(LinearMixer):
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> g [B, T, H, K] float32
         B, T, _ = x.shape
         if self.lean_backward:
-            # saves the logits in their autocast dtype, not the fp32 pre-activation and sigmoid
-            z = self.decay_up(self.decay_down(x))  # [B, T, H*K]
-            return kda_gate(z, self.decay_bias, self.A_log, self.gate == "bounded", self.g_min)
+            # from x alone (which the projections share), recomputed in the backward: not the low-rank
+            # logits, nor the fp32 pre-activation and sigmoid autograd would keep
+            return recomputed(self._gate_of_input, x, self.decay_down.weight, self.decay_up.weight,
+                              self.decay_bias, self.A_log)
         z = wide(self.decay_up(self.decay_down(x))) + self.decay_bias  # [B, T, H*K]
         z = z.view(B, T, self.num_heads, self.head_dim)
         A = wide(self.A_log).exp()[:, None]  # [H, 1]
         if self.gate == "softplus":
             return -A * F.softplus(z)
         return self.g_min * torch.sigmoid(A * z)
+
+    def _gate_of_input(self, x: torch.Tensor, *parameters: torch.Tensor) -> torch.Tensor:
+        # (the parameters are Recomputed's inputs; they are read through the modules)
+        z = self.decay_up(self.decay_down(x))  # [B, T, H*K]
+        return kda_gate(z, self.decay_bias, self.A_log, self.gate == "bounded", self.g_min)
 
     def gates(
         self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor

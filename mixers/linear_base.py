@@ -268,7 +268,7 @@ class LinearMixer(Mixer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         x_q, x_k, x_v = (x, x, x) if inputs is None else inputs
-        if self.use_short_conv and cache is None and self.lean_backward and not torch.compiler.is_compiling():
+        if self.use_short_conv and cache is None and self.lean_backward:
             q = _conv_of_projection(x_q, self.q_proj, self.q_conv)
             k = _conv_of_projection(x_k, self.k_proj, self.k_conv)
             v = _conv_of_projection(x_v, self.v_proj, self.v_conv)

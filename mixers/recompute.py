@@ -28,6 +28,10 @@ def wide(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 class Recomputed(torch.autograd.Function):
     """y = fn(*inputs), keeping only `inputs` for the backward, which runs fn again (under the forward's
     autocast) and differentiates that. For a cheap fn whose intermediates are large: the short conv's
@@ -52,15 +56,20 @@ class Recomputed(torch.autograd.Function):
         inputs = [t if t.is_leaf else t.detach().requires_grad_(t.requires_grad) for t in inputs]
         wanted = [t for t in inputs if t.requires_grad]
         enabled, dtype = ctx.autocast
-        with torch.enable_grad(), torch.autocast(ctx.device, dtype=dtype, enabled=enabled):
+        # the recomputed graph lives only for this backward: an enclosing saved-tensor hook (a memory
+        # count, an offload) sees what the forward kept, not these
+        with torch.enable_grad(), torch.autocast(ctx.device, dtype=dtype, enabled=enabled), \
+                torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
             y = ctx.fn(*inputs)
         grads = iter(torch.autograd.grad(y, wanted, dy, allow_unused=True))
         return (None, *(next(grads) if t.requires_grad else None for t in inputs))
 
 
 def recomputed(fn: Any, *inputs: torch.Tensor) -> torch.Tensor:
-    """Recomputed: fn(*inputs) that saves only `inputs` (a plain call without a gradient to take)."""
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+    """Recomputed: fn(*inputs) that saves only `inputs` (a plain call without a gradient to take, and under
+    torch.compile, whose partitioner chooses what to recompute itself)."""
+    wanted = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    if torch.compiler.is_compiling() or not wanted:
         return fn(*inputs)
     return Recomputed.apply(fn, *inputs)
 

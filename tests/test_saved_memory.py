@@ -174,9 +174,9 @@ def _glue_bytes_per_token(name: str, lean: bool) -> float:
 
 
 # bytes per token the glue of one layer saves at d_model 64, H*K = H*V = 32, under the CPU's bf16 autocast:
-# measured with the lean path kda 512, gdn 432, mamba2 348; the plain path 2121, 1913, 1701. (The L2 norm's
+# measured with the lean path kda 416, gdn 432, mamba2 348; the plain path 2121, 1913, 1701. (The L2 norm's
 # fp32 output is CUDA's autocast only: on the CPU both paths save the same for it.)
-GLUE_BOUND = {"kda": 540, "gdn": 460, "mamba2": 370}
+GLUE_BOUND = {"kda": 440, "gdn": 460, "mamba2": 370}
 
 
 @pytest.mark.parametrize("name", sorted(GLUE_BOUND))
@@ -215,3 +215,17 @@ def test_lean_backward_on_the_triton_ops_gives_the_plain_gradients(name: str) ->
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
     for key, ref in ref_grads.items():
         assert rel_rms(ref, grads[key]) < 5e-5, key
+
+
+def test_the_recompute_is_invisible_to_an_enclosing_saved_tensor_hook() -> None:
+    # bench_train's saved_split counts what a whole step packs: the backward's recomputed graphs are
+    # transient and must not add to it
+    model = _model("kda", {}, lean=True)
+    tokens = torch.randint(0, 11, (2, 37), generator=_generator())
+    with torch.autocast("cpu", torch.bfloat16):
+        loss = model(tokens).float().mean()
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.shape) or t, lambda t: t):
+        loss.backward()
+    assert packed == []
+    assert all(p.grad is not None for p in model.parameters())
