@@ -303,16 +303,26 @@ class LinearMixer(Mixer):
             return {"lower_bound": self.g_lower_bound}
         return {}
 
+    def _normed_output(self, o: torch.Tensor, x: torch.Tensor, *parameters: torch.Tensor) -> torch.Tensor:
+        # W_o (RMSNorm(o) * act(W_g x)) as one Function (the parameters, Recomputed's inputs, are read through
+        # the modules)
+        B, T = x.shape[:2]
+        gate = None
+        if self.output_gate != "none":
+            gate = self.o_gate_proj(x).view(B, T, self.num_heads, self.value_dim)
+        # nn.RMSNorm's eps=None: the machine epsilon of the (fp32) computation
+        eps = torch.finfo(torch.float32).eps if self.o_norm.eps is None else self.o_norm.eps
+        return gated_rms_norm_projection(o, gate, self.o_norm.weight, eps, self.output_gate,
+                                         self.o_proj.weight)
+
     def _output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:  # o: [B, T, H, V]
         B, T = x.shape[:2]
         if self.lean_backward and self.o_norm is not None:
-            gate = None
-            if self.output_gate != "none":
-                gate = self.o_gate_proj(x).view(B, T, self.num_heads, self.value_dim)
-            # nn.RMSNorm's eps=None: the machine epsilon of the (fp32) computation
-            eps = torch.finfo(torch.float32).eps if self.o_norm.eps is None else self.o_norm.eps
-            return gated_rms_norm_projection(o, gate, self.o_norm.weight, eps, self.output_gate,
-                                             self.o_proj.weight)
+            if self.output_gate == "none":
+                return self._normed_output(o, x)
+            # the gate's logits recomputed in the backward from x (which the projections share): one GEMM
+            parameters = (self.o_norm.weight, self.o_proj.weight, *self.o_gate_proj.parameters())
+            return recomputed(self._normed_output, o, x, *parameters)
         if self.o_norm is not None:
             # in float32 (float64 stays): under bf16 autocast o arrives in bf16, the norm's weight in fp32
             o = self.o_norm(wide(o))
