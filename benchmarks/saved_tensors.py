@@ -1,6 +1,7 @@
 """What one training step saves for its backward: every saved tensor by module, autograd node, shape, dtype.
 
     python benchmarks/saved_tensors.py --device cuda                      # B=256 T=1024 as measured
+    python benchmarks/saved_tensors.py --device cuda --plain              # the layers' plain autograd
     TRITON_INTERPRET=1 python benchmarks/saved_tensors.py --device cpu --batch 3 --seq-len 128 --bf16
 
 bench_train.py's model (2 layers, d_model 256, the mixers' yamls) on one MQAR batch, its loss (LM head +
@@ -96,6 +97,9 @@ def saved_tensors(mixer: str, args: argparse.Namespace, device: torch.device) ->
     batch = train.make_batch(inputs, labels, device)
     torch.manual_seed(0)
     model = build(mixer, vocab, args.d_model, args.backend).to(device)
+    for module in model.modules():
+        if hasattr(module, "lean_backward"):
+            module.lean_backward = not args.plain
     bf16 = device.type == "cuda" or args.bf16
     stack: list[str] = []
     packed: dict[int, dict[str, Any]] = {}
@@ -141,7 +145,8 @@ def _layer0(module: str) -> str:
 
 def table(mixer: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     split = {part: sum(r["scaled_bytes"] for r in rows if r["part"] == part) / GIB for part in SAVED}
-    out = [f"## {mixer}: saved GiB at B={args.scale_batch} T={args.scale_len} (measured at B={args.batch} "
+    name = mixer + (" (plain)" if args.plain else "")
+    out = [f"## {name}: saved GiB at B={args.scale_batch} T={args.scale_len} (measured at B={args.batch} "
            f"T={args.seq_len}): " + " / ".join(f"{p} {split[p]:.2f}" for p in SAVED)
            + f", total {sum(split.values()):.2f}", "",
            "layer 0 (blocks.0.*; layer 1 saves the same), every saved storage:", "",
@@ -165,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--backend", default="triton", help="the mixers' op backend (default: triton)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on the CPU too (always on CUDA)")
+    parser.add_argument("--plain", action="store_true",
+                        help="the layers' plain autograd (lean_backward off), to compare")
     args = parser.parse_args(argv)
     device = indexed_device(args.device)
     splits = {}
