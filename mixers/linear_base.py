@@ -159,10 +159,11 @@ class LinearMixer(Mixer):
     """The skeleton; see the module docstring. Subclasses set `decay`, `delta_rule`, `paper_defaults`
     and implement `gates`.
 
-    `lean_backward` (True; an attribute, not a switch: the result is the same) runs the input's autocast
-    cast once for all projections and the L2 norm, the gates and the output norm as the Functions of
-    mixers/recompute.py, which save their inputs instead of their fp32 intermediates; False runs the
-    plain torch expressions, the reference."""
+    `lean_backward` (True; an attribute, not a switch: the result is the same) keeps less for the backward
+    (mixers/README.md): one autocast cast of x for all projections; the short convs, KDA's gate and the
+    output gate recomputed from it; the L2 norm and the output norm as the Functions of mixers/recompute.py,
+    which save their inputs instead of their fp32 intermediates. False runs the plain torch expressions,
+    the reference."""
 
     lean_backward: bool = True
 
@@ -268,6 +269,7 @@ class LinearMixer(Mixer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         x_q, x_k, x_v = (x, x, x) if inputs is None else inputs
+        # (a cache wants the convs' final states: the modules' own path)
         if self.use_short_conv and cache is None and self.lean_backward:
             q = _conv_of_projection(x_q, self.q_proj, self.q_conv)
             k = _conv_of_projection(x_k, self.k_proj, self.k_conv)
