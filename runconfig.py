@@ -72,6 +72,8 @@ class ModelConfig:
     mlp_ratio: float = 4.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    # keep less for the backward (recompute in it): mixers/README.md says what and at what cost
+    lean_backward: bool = False
 
 
 @dataclass

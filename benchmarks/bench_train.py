@@ -120,10 +120,10 @@ def _versions() -> str:
     return ", ".join(parts)
 
 
-def build(impl: str, mixer: str, vocab: int, d_model: int) -> LanguageModel:
+def build(impl: str, mixer: str, vocab: int, d_model: int, lean: bool = False) -> LanguageModel:
     if impl == "ours":
         cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml")
-        return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer)
+        return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer, lean_backward=lean)
     cfg = {"_target_": f"{__name__}.FlaMixer", "layer": FLA_LAYERS[mixer]}
     return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=f"fla.{mixer}")
 
@@ -260,9 +260,13 @@ def saved_split(model: nn.Module, step: Callable[[], None]) -> dict[str, float]:
     return {part: sum(sizes.values()) / 2**30 for part, sizes in storages.items()}
 
 
+def _label(impl: str, lean: bool, compiled: bool) -> str:
+    return impl + ("+lean" if lean else "") + ("+compile" if compiled else "")
+
+
 def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
-            compiled: bool) -> dict[str, Any]:
-    row: dict[str, Any] = {"impl": impl + ("+compile" if compiled else ""), "task": task,
+            compiled: bool, lean: bool = False) -> dict[str, Any]:
+    row: dict[str, Any] = {"impl": _label(impl, lean, compiled), "task": task,
                            "mixer": mixer, "T": T, "B": args.batch}
     task_cfg = OmegaConf.load(ROOT / "conf" / "task" / f"{TASKS[task]}.yaml")
     task_cfg.seq_len = T
@@ -270,7 +274,7 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
     inputs, labels = generate(args.batch, T, seed=0)
     batch = train.make_batch(inputs, labels, device)
     torch.manual_seed(0)
-    model = build(impl, mixer, vocab, args.d_model).to(device)
+    model = build(impl, mixer, vocab, args.d_model, lean).to(device)
     label_ranges(model)
     use_bf16 = device.type == "cuda"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else (
@@ -379,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the body")
+    parser.add_argument("--lean", action="store_true",
+                        help="also time our layers with model.lean_backward=true (keep less, recompute)")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -399,11 +405,14 @@ def main(argv: list[str] | None = None) -> int:
                 for impl in args.impls:
                     if impl == "fla" and mixer not in FLA_LAYERS:
                         continue
-                    for compiled in ([False, True] if args.compile else [False]):
+                    leans = [False, True] if args.lean and impl == "ours" else [False]
+                    compiles = [False, True] if args.compile else [False]
+                    variants = [(c, lean) for lean in leans for c in compiles]
+                    for compiled, lean in variants:
                         try:
-                            row = measure(impl, task, mixer, T, args, device, compiled)
+                            row = measure(impl, task, mixer, T, args, device, compiled, lean)
                         except Exception as error:  # an OOM or an FLA layer that will not build: recorded
-                            row = {"impl": impl + ("+compile" if compiled else ""), "task": task,
+                            row = {"impl": _label(impl, lean, compiled), "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,
                                    "error": f"{type(error).__name__}: {str(error).splitlines()[0][-160:]}"}
                         print({k: v for k, v in row.items() if k != "_rest"}, flush=True)

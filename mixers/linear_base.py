@@ -159,13 +159,13 @@ class LinearMixer(Mixer):
     """The skeleton; see the module docstring. Subclasses set `decay`, `delta_rule`, `paper_defaults`
     and implement `gates`.
 
-    `lean_backward` (True; an attribute, not a switch: the result is the same) keeps less for the backward
+    `lean_backward` (False; `model.lean_backward` sets it on every layer) keeps less for the backward
     (mixers/README.md): one autocast cast of x for all projections; the short convs, KDA's gate and the
     output gate recomputed from it; the L2 norm and the output norm as the Functions of mixers/recompute.py,
     which save their inputs instead of their fp32 intermediates. False runs the plain torch expressions,
     the reference."""
 
-    lean_backward: bool = True
+    lean_backward: bool = False
 
     decay: ClassVar[Decay] = "none"
     delta_rule: ClassVar[bool] = False

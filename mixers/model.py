@@ -83,18 +83,20 @@ def _accepted_kwargs(factory: Any) -> tuple[list[str], bool]:
 class MLP(nn.Module):
     """The channel mixer of a block: SwiGLU (gated, the default) or a plain GELU MLP."""
 
-    def __init__(self, d_model: int, hidden: int, kind: str = "swiglu") -> None:
+    def __init__(self, d_model: int, hidden: int, kind: str = "swiglu", fused: bool = False) -> None:
         super().__init__()
         if kind not in ("swiglu", "gelu"):
             raise ValueError(f"model.mlp={kind!r}: choose 'swiglu' or 'gelu'")
         self.kind = kind
+        self.fused = fused
         self.up = nn.Linear(d_model, 2 * hidden if kind == "swiglu" else hidden, bias=False)
         self.down = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., D]
         h = self.up(x)
         if self.kind == "swiglu":
-            h = swiglu(h)  # fused on CUDA: keeps only h for the backward
+            # fused: the Triton kernels on CUDA, which keep only h for the backward
+            h = swiglu(h, impl="auto" if self.fused else "torch")
         else:
             h = F.gelu(h)
         return self.down(h)
@@ -132,6 +134,9 @@ class LanguageModel(nn.Module):
             32) so both kinds have about the same parameter count.
         norm_eps: RMSNorm epsilon.
         tie_embeddings: share the embedding matrix with the LM head.
+        lean_backward: keep less for the backward (mixers/README.md): the mixers' recomputing Functions
+            (`LinearMixer.lean_backward`) and the fused SwiGLU kernels on CUDA. Off: the plain torch
+            expressions, the reference.
         mixer_name: the mixer's yaml name, for error messages.
     """
 
@@ -146,6 +151,7 @@ class LanguageModel(nn.Module):
         mlp_ratio: float = 4.0,
         norm_eps: float = 1e-5,
         tie_embeddings: bool = False,
+        lean_backward: bool = False,
         mixer_name: str | None = None,
     ) -> None:
         super().__init__()
@@ -157,9 +163,13 @@ class LanguageModel(nn.Module):
             hidden = 32 * -(-int(2 * hidden / 3) // 32)
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(
-            Block(d_model, build_mixer(mixer, d_model, i, mixer_name), MLP(d_model, hidden, mlp), norm_eps)
+            Block(d_model, build_mixer(mixer, d_model, i, mixer_name),
+                  MLP(d_model, hidden, mlp, fused=lean_backward), norm_eps)
             for i in range(num_layers)
         )
+        for block in self.blocks:
+            if hasattr(block.mixer, "lean_backward"):
+                block.mixer.lean_backward = lean_backward
         self.norm = nn.RMSNorm(d_model, eps=norm_eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         # The mixers initialise themselves (their gates need specific ranges); the backbone's own

@@ -16,11 +16,15 @@ import bench_train  # noqa: E402
 @pytest.mark.slow
 def test_bench_train_smoke(tmp_path: Path) -> None:
     code = bench_train.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "32",
-                             "--d-model", "32", "--mixers", "kda", "attention", "--impls", "ours",
+                             "--d-model", "32", "--mixers", "kda", "attention", "--impls", "ours", "--lean",
                              "--warmup", "1", "--steps", "1", "--tasks", "palindrome"])
     assert code == 0
     rows = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
-    assert [(r["mixer"], r["impl"]) for r in rows] == [("kda", "ours"), ("attention", "ours")]
+    assert [(r["mixer"], r["impl"]) for r in rows] == [("kda", "ours"), ("kda", "ours+lean"),
+                                                       ("attention", "ours"), ("attention", "ours+lean")]
+    # the lean KDA layer keeps less for its backward than the plain one (attention has no lean path)
+    assert float(rows[1]["saved mixer GiB"]) < float(rows[0]["saved mixer GiB"])
+    assert float(rows[3]["saved mixer GiB"]) == float(rows[2]["saved mixer GiB"])
     for row in rows:
         assert float(row["step_ms"]) > 0 and float(row["first_step_s"]) > 0
         # the loss and the mixer op are found by their profiler ranges, not left in "rest"
@@ -36,7 +40,7 @@ def test_bench_train_smoke(tmp_path: Path) -> None:
     # the "rest" listing sums to the rest column of its row (rounding apart) and names real ops
     listing = list(csv.DictReader(open(tmp_path / "bench_train_rest.csv")))
     for row in rows:
-        mine = [r for r in listing if r["mixer"] == row["mixer"]]
+        mine = [r for r in listing if (r["mixer"], r["impl"]) == (row["mixer"], row["impl"])]
         assert mine and all(r["op"] and int(r["launches"]) > 0 for r in mine)
         assert sum(float(r["ms"]) for r in mine) == pytest.approx(float(row["rest ms"]), abs=0.01)
     report = (tmp_path / "bench_train.md").read_text()

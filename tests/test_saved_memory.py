@@ -229,3 +229,21 @@ def test_the_recompute_is_invisible_to_an_enclosing_saved_tensor_hook() -> None:
         loss.backward()
     assert packed == []
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_model_lean_backward_switch_reaches_every_layer_and_the_mlp() -> None:
+    cfg = OmegaConf.load(CONF / "kda.yaml")
+    for key, value in SMALL.items():
+        if key in cfg:
+            cfg[key] = value
+    plain = LanguageModel(11, cfg, d_model=32, num_layers=2, mixer_name="kda")
+    lean = LanguageModel(11, cfg, d_model=32, num_layers=2, mixer_name="kda", lean_backward=True)
+    assert [m.lean_backward for m in plain.mixers] == [False, False]
+    assert [b.mlp.fused for b in plain.blocks] == [False, False]
+    assert [m.lean_backward for m in lean.mixers] == [True, True]
+    assert [b.mlp.fused for b in lean.blocks] == [True, True]
+    # the switch is a model config key, typed by runconfig and passed to the model by train.py
+    import runconfig
+
+    assert runconfig.ModelConfig().lean_backward is False
+    assert OmegaConf.load(CONF.parent / "model" / "default.yaml").lean_backward is False

@@ -28,7 +28,7 @@ pytestmark = [
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
 
 
-def _setup(mixer: str, B: int = 8, T: int = 256):
+def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
     import train
     from mixers.model import LanguageModel
 
@@ -38,16 +38,18 @@ def _setup(mixer: str, B: int = 8, T: int = 256):
     generate, vocab = train.load_task(task)
     inputs, labels = generate(B, T, seed=0)
     torch.manual_seed(0)
-    model = LanguageModel(vocab, OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml")).to(device)
+    model = LanguageModel(vocab, OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml"),
+                          lean_backward=lean).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
     autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
     return train, model, params, optimizer, autocast, inputs.to(device), labels, device
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["plain", "lean"])
 @pytest.mark.parametrize("mixer", MIXERS)
-def test_no_sync_between_log_steps(mixer: str) -> None:
-    train, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer)
+def test_no_sync_between_log_steps(mixer: str, lean: bool) -> None:
+    train, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
     batch = train.make_batch(inputs, labels, device)
     for step in range(4):
         # the first step compiles and autotunes (which may read back); the later ones must not sync
@@ -70,9 +72,10 @@ def _loss_and_grads(train, model, features, params, batch, autocast):
     return loss.float(), [g.float() for g in torch.autograd.grad(loss, params)]
 
 
-@pytest.mark.parametrize("mixer", ["kda", "gdn", "mamba2", "attention"])
-def test_compiled_body_equals_eager(mixer: str) -> None:
-    train, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer)
+@pytest.mark.parametrize(("mixer", "lean"), [("kda", False), ("gdn", False), ("mamba2", False),
+                                             ("attention", False), ("kda", True), ("mamba2", True)])
+def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
+    train, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
     batch = train.make_batch(inputs, labels, device)
     compiled = torch.compile(model.features)
     fp32 = contextlib.nullcontext
@@ -140,6 +143,7 @@ def test_swiglu_kernel_equals_reference(dtype: torch.dtype) -> None:
         (dh,) = torch.autograd.grad(out, h, dout.to(dtype))
         errors.append((rel_rms(ref_out, out.float()), rel_rms(ref_dh, dh.float())))
     (torch_out, torch_dh), (out_err, dh_err) = errors
-    bound = 1e-6 if dtype == torch.float32 else 2e-2
+    # fp32: Triton's exp on the GPU is the approximate ex2 instruction, a few ulp from torch's expf
+    bound = 1e-5 if dtype == torch.float32 else 2e-2
     assert out_err < bound and dh_err < bound
-    assert out_err <= 2 * torch_out + 1e-6 and dh_err <= 2 * torch_dh + 1e-6
+    assert out_err <= 2 * torch_out + 1e-5 and dh_err <= 2 * torch_dh + 1e-5
