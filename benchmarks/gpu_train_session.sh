@@ -6,11 +6,13 @@
 #
 #   bash benchmarks/gpu_train_session.sh OUT [STEPS]     STEPS: a subset of the names below, in any order
 #
-#   check    150  the GPU tests of the step (tests/gpu/test_train_step.py: no host sync between log steps,
-#                 compiled = eager, the fused softmax kernel = the torch chain, a non-finite step skipped)
+#   check    240  the GPU tests of the step (tests/gpu/test_train_step.py: no host sync between log steps,
+#                 compiled = eager, each plain and with model.lean_backward; the fused softmax and SwiGLU
+#                 kernels against their references; a non-finite step skipped)
 #   conv      60  the short-conv kernels against their reference, and timed (tests/gpu/check_conv.py)
 #   loss      60  benchmarks/bench_loss.py: the LM head + loss alone, full logits / torch / fused / FLA
-#   bench    300  benchmarks/bench_train.py: every mixer, MQAR + Palindrome, T 256/1024/2048, ours and FLA
+#   bench    300  benchmarks/bench_train.py: every mixer, MQAR + Palindrome, T 256/1024/2048, ours (plain and
+#                 lean) and FLA
 #   compile  200  the same at T=1024 with torch.compile of the body beside eager
 #   packing  400  benchmarks/sweep_packing.py --preset paper --jobs 3: paper-size runs packed vs serial
 #   pilot    500  experiment=kimi_fig4_h200 at L=512 for 1,000 steps, lr 1e-3, 3 runs at a time
@@ -48,10 +50,10 @@ step() {  # step NAME LIMIT COMMAND...: run one step under its limit, its log be
   pack
 }
 
-step check 150 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py
+step check 240 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py
 step conv 60 python3 tests/gpu/check_conv.py --out "$WORK/conv"
 step loss 60 python3 benchmarks/bench_loss.py --out "$WORK/loss"
-step bench 300 python3 benchmarks/bench_train.py --out "$WORK/bench"
+step bench 300 python3 benchmarks/bench_train.py --out "$WORK/bench" --lean
 step compile 200 python3 benchmarks/bench_train.py --out "$WORK/compile" --lengths 1024 --tasks mqar \
   --mixers kda gdn mamba2 attention --impls ours --compile
 step packing 400 python3 benchmarks/sweep_packing.py --preset paper --jobs 3 --out "$WORK/packing"
