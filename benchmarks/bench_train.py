@@ -28,6 +28,7 @@ DIR/bench_train_rest.csv: the "rest" of each step's GPU time by launching op and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import inspect
@@ -35,7 +36,7 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -234,29 +235,37 @@ def _saved_part(path: str) -> str:
     return "norms" if parts[0] == "norm" else "rest"
 
 
-def saved_split(model: nn.Module, step: Callable[[], None]) -> dict[str, float]:
-    """GiB of tensors one step keeps for its backward, by the module that saved them (each storage once):
-    what the activation memory is made of. Buffers an op keeps outside autograd's saved tensors (ctx
-    attributes) are not seen; the peak includes them."""
+@contextlib.contextmanager
+def module_stack(model: nn.Module) -> Iterator[list[str]]:
+    """The path of the module running now, innermost last (empty outside every module), kept by forward
+    hooks on every submodule for as long as the context lasts."""
     stack: list[str] = []
-    storages: dict[str, dict[int, int]] = {part: {} for part in SAVED}
     handles = []
     for name, module in model.named_modules():
         if name:
             handles.append(module.register_forward_pre_hook(lambda m, a, n=name: stack.append(n) and None))
             handles.append(module.register_forward_hook(lambda m, a, o, n=name: stack.pop() and None))
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        storages[_saved_part(stack[-1]) if stack else "rest"][storage.data_ptr()] = storage.nbytes()
-        return t
-
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            step()
+        yield stack
     finally:
         for handle in handles:
             handle.remove()
+
+
+def saved_split(model: nn.Module, step: Callable[[], None]) -> dict[str, float]:
+    """GiB of tensors one step keeps for its backward, by the module that saved them (each storage once):
+    what the activation memory is made of. Buffers an op keeps outside autograd's saved tensors (ctx
+    attributes) are not seen; the peak includes them."""
+    storages: dict[str, dict[int, int]] = {part: {} for part in SAVED}
+    with module_stack(model) as stack:
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            storages[_saved_part(stack[-1]) if stack else "rest"][storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step()
     return {part: sum(sizes.values()) / 2**30 for part, sizes in storages.items()}
 
 

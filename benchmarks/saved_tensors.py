@@ -39,17 +39,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
-from benchmarks.bench_train import SAVED, _saved_part, indexed_device  # noqa: E402
+from benchmarks.bench_train import SAVED, _saved_part, indexed_device, module_stack  # noqa: E402
 from mixers.model import LanguageModel  # noqa: E402
 
 GIB = 2**30
 
 
-def build(mixer: str, vocab: int, d_model: int, backend: str) -> LanguageModel:
+def build(mixer: str, vocab: int, d_model: int, backend: str, lean: bool) -> LanguageModel:
     cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml")
     if "backend" in cfg:
         cfg.backend = backend
-    return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer)
+    return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer, lean_backward=lean)
 
 
 def _node_tensors(node: Any) -> list[torch.Tensor]:
@@ -96,36 +96,24 @@ def saved_tensors(mixer: str, args: argparse.Namespace, device: torch.device) ->
     inputs, labels = generate(args.batch, args.seq_len, seed=0)
     batch = train.make_batch(inputs, labels, device)
     torch.manual_seed(0)
-    model = build(mixer, vocab, args.d_model, args.backend).to(device)
-    for module in model.modules():
-        if hasattr(module, "lean_backward"):
-            module.lean_backward = not args.plain
+    model = build(mixer, vocab, args.d_model, args.backend, lean=not args.plain).to(device)
     bf16 = device.type == "cuda" or args.bf16
-    stack: list[str] = []
     packed: dict[int, dict[str, Any]] = {}
-    handles = []
-    for name, module in model.named_modules():
-        if name:
-            handles.append(module.register_forward_pre_hook(lambda m, a, n=name: stack.append(n) and None))
-            handles.append(module.register_forward_hook(lambda m, a, o, n=name: stack.pop() and None))
+    with module_stack(model) as stack:
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in packed:
-            module = stack[-1] if stack else "(top)"
-            packed[ptr] = {"module": module, "part": _saved_part(module) if stack else "rest",
-                           "shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-                           "bytes": storage.nbytes()}
-        return t
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr not in packed:
+                module = stack[-1] if stack else "(top)"
+                packed[ptr] = {"module": module, "part": _saved_part(module) if stack else "rest",
+                               "shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                               "bytes": storage.nbytes()}
+            return t
 
-    try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(
                 device.type, dtype=torch.bfloat16, enabled=bf16):
             loss_sum, _ = train.batch_loss(model, model.features, batch)
-    finally:
-        for handle in handles:
-            handle.remove()
     nodes = node_names(loss_sum)
     tokens = args.batch * args.seq_len
     factor = args.scale_batch * args.scale_len / tokens
@@ -171,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--backend", default="triton", help="the mixers' op backend (default: triton)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on the CPU too (always on CUDA)")
     parser.add_argument("--plain", action="store_true",
-                        help="the layers' plain autograd (lean_backward off), to compare")
+                        help="the plain layers (model.lean_backward off, the training default), to compare")
     args = parser.parse_args(argv)
     device = indexed_device(args.device)
     splits = {}

@@ -61,3 +61,16 @@ def test_fla_layer_missing_is_recorded_not_raised(tmp_path: Path) -> None:
     assert code == 0
     (row,) = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
     assert "flash-linear-attention" in row["error"]
+
+
+def test_saved_tensors_lists_less_for_the_lean_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    import saved_tensors
+
+    common = ["--device", "cpu", "--batch", "3", "--seq-len", "32", "--d-model", "64", "--mixers", "kda",
+              "--backend", "torch"]
+    lean = saved_tensors.main(common)["kda"]
+    plain = saved_tensors.main([*common, "--plain"])["kda"]
+    assert 0 < lean["mixer"] < plain["mixer"]
+    assert lean["mlp"] == plain["mlp"] > 0
+    printed = capsys.readouterr().out
+    assert "## kda: saved GiB" in printed and "## kda (plain): saved GiB" in printed
