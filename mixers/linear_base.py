@@ -274,16 +274,15 @@ class LinearMixer(Mixer):
             q = _conv_of_projection(x_q, self.q_proj, self.q_conv)
             k = _conv_of_projection(x_k, self.k_proj, self.k_conv)
             v = _conv_of_projection(x_v, self.v_proj, self.v_conv)
-        elif self.use_short_conv:
-            q, k, v = self.q_proj(x_q), self.k_proj(x_k), self.v_proj(x_v)  # [B, T, H*K] (q, k), [B, T, H*V]
-            get = (lambda name: None) if cache is None else cache.get
-            q, conv_q = self.q_conv(q, get("conv_q"))
-            k, conv_k = self.k_conv(k, get("conv_k"))
-            v, conv_v = self.v_conv(v, get("conv_v"))
-            if cache is not None:
-                cache.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v)
         else:
-            q, k, v = self.q_proj(x_q), self.k_proj(x_k), self.v_proj(x_v)
+            q, k, v = self.q_proj(x_q), self.k_proj(x_k), self.v_proj(x_v)  # [B, T, H*K] (q, k), [B, T, H*V]
+            if self.use_short_conv:
+                get = (lambda name: None) if cache is None else cache.get
+                q, conv_q = self.q_conv(q, get("conv_q"))
+                k, conv_k = self.k_conv(k, get("conv_k"))
+                v, conv_v = self.v_conv(v, get("conv_v"))
+                if cache is not None:
+                    cache.update(conv_q=conv_q, conv_k=conv_k, conv_v=conv_v)
         q = q.view(B, T, self.num_heads, self.head_dim)
         k = k.view(B, T, self.num_heads, self.head_dim)
         v = v.view(B, T, self.num_heads, self.value_dim)
