@@ -36,6 +36,7 @@ import math
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -252,21 +253,59 @@ def module_stack(model: nn.Module) -> Iterator[list[str]]:
             handle.remove()
 
 
+@contextlib.contextmanager
+def saved_storages(model: nn.Module) -> Iterator[list[dict[str, Any]]]:
+    """Every storage autograd keeps for the backward of the graph built inside the context, once each, with
+    the module that saved it first: the list yielded is filled when the backward starts (its first unpack)
+    or, if none runs, when the context exits. Only tensors still held then count: a temporary that a
+    freed node saved is dropped, and a later tensor given its address is neither lost nor counted twice."""
+    entries: list[tuple[weakref.ref[torch.Tensor], str]] = []
+    live: list[dict[str, Any]] = []
+    done = False
+
+    def snapshot() -> None:
+        nonlocal done
+        done = True
+        seen: set[int] = set()
+        for ref, module in entries:
+            t = ref()
+            if t is None:
+                continue
+            storage = t.untyped_storage()
+            if storage.data_ptr() in seen:
+                continue
+            seen.add(storage.data_ptr())
+            live.append({"module": module or "(top)", "part": _saved_part(module) if module else "rest",
+                         "ptr": storage.data_ptr(), "shape": tuple(t.shape),
+                         "dtype": str(t.dtype).removeprefix("torch."), "bytes": storage.nbytes()})
+
+    with module_stack(model) as stack:
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            # a detached alias: a node saving its own output, packed as itself, would be a reference cycle
+            # through its grad_fn that nothing frees, so every temporary would look held
+            alias = t.detach()
+            entries.append((weakref.ref(alias), stack[-1] if stack else ""))
+            return alias
+
+        def unpack(t: torch.Tensor) -> torch.Tensor:
+            if not done:
+                snapshot()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield live
+    if not done:
+        snapshot()
+
+
 def saved_split(model: nn.Module, step: Callable[[], None]) -> dict[str, float]:
     """GiB of tensors one step keeps for its backward, by the module that saved them (each storage once):
     what the activation memory is made of. Buffers an op keeps outside autograd's saved tensors (ctx
     attributes) are not seen; the peak includes them."""
-    storages: dict[str, dict[int, int]] = {part: {} for part in SAVED}
-    with module_stack(model) as stack:
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            storages[_saved_part(stack[-1]) if stack else "rest"][storage.data_ptr()] = storage.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            step()
-    return {part: sum(sizes.values()) / 2**30 for part, sizes in storages.items()}
+    with saved_storages(model) as live:
+        step()
+    return {part: sum(r["bytes"] for r in live if r["part"] == part) / 2**30 for part in SAVED}
 
 
 def _label(impl: str, lean: bool, compiled: bool) -> str:

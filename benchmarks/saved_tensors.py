@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
-from benchmarks.bench_train import SAVED, _saved_part, indexed_device, module_stack  # noqa: E402
+from benchmarks.bench_train import SAVED, indexed_device, saved_storages  # noqa: E402
 from mixers.model import LanguageModel  # noqa: E402
 
 GIB = 2**30
@@ -98,30 +98,16 @@ def saved_tensors(mixer: str, args: argparse.Namespace, device: torch.device) ->
     torch.manual_seed(0)
     model = build(mixer, vocab, args.d_model, args.backend, lean=not args.plain).to(device)
     bf16 = device.type == "cuda" or args.bf16
-    packed: dict[int, dict[str, Any]] = {}
-    with module_stack(model) as stack:
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            if ptr not in packed:
-                module = stack[-1] if stack else "(top)"
-                packed[ptr] = {"module": module, "part": _saved_part(module) if stack else "rest",
-                               "shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-                               "bytes": storage.nbytes()}
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(
-                device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss_sum, _ = train.batch_loss(model, model.features, batch)
+    with saved_storages(model) as live, torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss_sum, _ = train.batch_loss(model, model.features, batch)
     nodes = node_names(loss_sum)
     tokens = args.batch * args.seq_len
     factor = args.scale_batch * args.scale_len / tokens
     rows = []
-    for ptr, row in packed.items():
+    for row in live:
         shape = row["shape"]
         scales = bool(shape) and shape[0] in (args.batch, tokens)
-        row["nodes"] = ",".join(sorted(nodes.get(ptr, {"?"})))
+        row["nodes"] = ",".join(sorted(nodes.get(row["ptr"], {"?"})))
         row["scaled_bytes"] = row["bytes"] * (factor if scales else 1)
         rows.append(row)
     return rows

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -74,3 +76,24 @@ def test_saved_tensors_lists_less_for_the_lean_layers(capsys: pytest.CaptureFixt
     assert lean["mlp"] == plain["mlp"] > 0
     printed = capsys.readouterr().out
     assert "## kda: saved GiB" in printed and "## kda (plain): saved GiB" in printed
+
+
+def test_saved_storages_counts_what_the_backward_holds_under_the_module_that_saved_it() -> None:
+    class Temporary(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            torch.sigmoid(x * 2.0).sum()  # a graph dropped at once: its saved sigmoid output is freed
+            return x
+
+    class Keeps(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sigmoid(x * 3.0)  # saves its output for the backward
+
+    model = nn.Sequential(Temporary(), Keeps())
+    x = torch.randn(64, 64, requires_grad=True)
+    with bench_train.saved_storages(model) as live:
+        model(x).sum().backward()
+        # freed by the backward, but counted as they were when it started
+        assert [(r["module"], r["shape"], r["bytes"]) for r in live] == [("1", (64, 64), 64 * 64 * 4)]
+    with bench_train.saved_storages(model) as live:
+        loss = model(x).sum()  # no backward: counted at the context's exit, while the graph is held
+    assert [r["module"] for r in live] == ["1"] and loss.grad_fn is not None
