@@ -21,6 +21,9 @@ from matplotlib.text import Text
 from analysis import collect, plot
 from analysis.colours import mixer_colour
 
+# Under `pytest -n`: one worker runs this file, so its module fixtures draw each figure once.
+pytestmark = pytest.mark.xdist_group("figures")
+
 TASKS = ["palindrome", "mqar", "stack"]
 LENGTHS = [256, 512, 1024, 2048]
 MIXERS = ["kda", "gdn", "mamba2", "attention"]

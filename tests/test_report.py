@@ -11,6 +11,9 @@ import pytest
 from analysis.collect import collect_dirs
 from analysis.report import cell_table, cost, judge, main
 
+# Under `pytest -n`: one worker runs this file, so its module fixture is built once.
+pytestmark = pytest.mark.xdist_group("report")
+
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "fig4_h200"
 
 

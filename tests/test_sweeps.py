@@ -35,6 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The session's SLURM cluster fixture (`slurm_cluster`), started only when a SLURM test runs.
 pytest_plugins = ["slurm.fixture"]
 
+# Under `pytest -n`: one worker runs this file, so its module fixture (the smoke sweep) runs once and
+# only one SLURM test cluster starts (two would contend for its ports).
+pytestmark = pytest.mark.xdist_group("sweeps")
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 SMOKE_MIXERS = {"gdn", "kda"}
