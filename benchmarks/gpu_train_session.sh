@@ -47,6 +47,8 @@ step() {  # step NAME LIMIT COMMAND...: run one step under its limit, its log be
   echo "== $name (limit ${limit}s): $*"
   timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
   echo "   exit $? ($(tail -n 1 "$WORK/$name.log"))"
+  # the failing tests' names on the console too, which returns even when the archive cannot
+  grep -E '^(FAILED|ERROR) ' "$WORK/$name.log" | head -n 20 | sed 's/^/   /'
   pack
 }
 
