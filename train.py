@@ -304,6 +304,17 @@ class Run:
     sampler: EpochSampler
 
 
+def make_optimizer(params: list[torch.nn.Parameter], optim: DictConfig) -> torch.optim.AdamW:
+    """The run's AdamW (optim.*; benchmarks/bench_train.py times the same one)."""
+    return torch.optim.AdamW(
+        # decay matrices only: norms' gains and the mixers' 1-d gate parameters keep their scale
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        # fused: one kernel for the whole update, and it takes `found_inf` (clip_and_guard) to skip a
+        # non-finite step on the device without the host waiting for the GPU
+        lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, fused=True)
+
+
 def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress,
               job_num: int | None) -> Run:
     """Device, data, model, optimizer and schedule from the config, resumed from the run directory's
@@ -333,14 +344,8 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
     model.to(device)
     meta["n_params"] = sum(p.numel() for p in model.parameters())
     meta["state_size"] = model.state_size(task.seq_len)
-    # Decay matrices only: norms' gains and the mixers' 1-d gate parameters keep their scale.
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        # fused: one kernel for the whole update, and it takes `found_inf` (clip_and_guard) to skip a
-        # non-finite step on the device without the host waiting for the GPU
-        lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, fused=True)
+    optimizer = make_optimizer(params, optim)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, optim.warmup_steps, trainer.max_steps, optim.min_lr_ratio))
 

@@ -199,7 +199,7 @@ def profile_split(step: Callable[[], None], device: torch.device,
 def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch.Tensor, compiled: bool,
               autocast: Callable[[], Any]) -> Callable[[], None]:
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
+    optimizer = train.make_optimizer(params, OmegaConf.load(ROOT / "conf" / "optim" / "adamw.yaml"))
     features = torch.compile(model.features) if compiled else model.features
     if impl == "ours":
         def step() -> None:
