@@ -117,8 +117,13 @@ def _layer0(module: str) -> str:
     return module.removeprefix("blocks.0.")
 
 
+def split_gib(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Scaled GiB saved by each part (mixer / mlp / norms / rest)."""
+    return {part: sum(r["scaled_bytes"] for r in rows if r["part"] == part) / GIB for part in SAVED}
+
+
 def table(mixer: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    split = {part: sum(r["scaled_bytes"] for r in rows if r["part"] == part) / GIB for part in SAVED}
+    split = split_gib(rows)
     name = mixer + (" (plain)" if args.plain else "")
     out = [f"## {name}: saved GiB at B={args.scale_batch} T={args.scale_len} (measured at B={args.batch} "
            f"T={args.seq_len}): " + " / ".join(f"{p} {split[p]:.2f}" for p in SAVED)
@@ -152,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     for mixer in args.mixers:
         rows = saved_tensors(mixer, args, device)
         print(table(mixer, rows, args))
-        splits[mixer] = {p: sum(r["scaled_bytes"] for r in rows if r["part"] == p) / GIB for p in SAVED}
+        splits[mixer] = split_gib(rows)
     return splits
 
 
