@@ -41,7 +41,7 @@ def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
     model = LanguageModel(vocab, OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml"),
                           lean_backward=lean).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    optimizer = train.make_optimizer(params, OmegaConf.load(ROOT / "conf" / "optim" / "adamw.yaml"))
     autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
     return train, model, params, optimizer, autocast, inputs.to(device), labels, device
 
