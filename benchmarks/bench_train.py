@@ -254,11 +254,14 @@ def module_stack(model: nn.Module) -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def saved_storages(model: nn.Module) -> Iterator[list[dict[str, Any]]]:
+def saved_storages(model: nn.Module | None = None,
+                   keep: Callable[[torch.Tensor], bool] | None = None) -> Iterator[list[dict[str, Any]]]:
     """Every storage autograd keeps for the backward of the graph built inside the context, once each, with
-    the module that saved it first: the list yielded is filled when the backward starts (its first unpack)
-    or, if none runs, when the context exits. Only tensors still held then count: a temporary that a
-    freed node saved is dropped, and a later tensor given its address is neither lost nor counted twice."""
+    the module of `model` that saved it first ("(top)" outside them, or without a model); `keep`, if given,
+    chooses at pack time which saved tensors count. The list yielded is filled when the backward starts
+    (its first unpack) or, if none runs, when the context exits. Only tensors still held then count: a
+    temporary that a freed node saved is dropped, and a later tensor given its address is neither lost nor
+    counted twice."""
     entries: list[tuple[weakref.ref[torch.Tensor], str]] = []
     live: list[dict[str, Any]] = []
     done = False
@@ -279,13 +282,14 @@ def saved_storages(model: nn.Module) -> Iterator[list[dict[str, Any]]]:
                          "ptr": storage.data_ptr(), "shape": tuple(t.shape),
                          "dtype": str(t.dtype).removeprefix("torch."), "bytes": storage.nbytes()})
 
-    with module_stack(model) as stack:
+    with module_stack(model) if model is not None else contextlib.nullcontext([]) as stack:
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             # a detached alias: a node saving its own output, packed as itself, would be a reference cycle
             # through its grad_fn that nothing frees, so every temporary would look held
             alias = t.detach()
-            entries.append((weakref.ref(alias), stack[-1] if stack else ""))
+            if keep is None or keep(t):
+                entries.append((weakref.ref(alias), stack[-1] if stack else ""))
             return alias
 
         def unpack(t: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from benchmarks.bench_train import saved_storages
 from mixers.linear_base import LinearMixer
 from mixers.model import LanguageModel
 from mixers.recompute import gated_rms_norm_projection, kda_gate, l2_norm, shared_cast
@@ -153,24 +154,21 @@ def _glue_bytes_per_token(name: str, lean: bool) -> float:
             in_op.pop()
 
     mixer.chunk_op = marked
-    storages: dict[int, int] = {}
     B, T = 3, 64
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def glue(t: torch.Tensor) -> bool:
         # per-token tensors only (their first dim the batch or its tokens), not the weights' casts
-        if not in_op and t.dim() and t.shape[0] in (B, B * T):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
+        return not in_op and t.dim() > 0 and t.shape[0] in (B, B * T)
 
     leaf = torch.randn(B, T, 64, generator=_generator(), requires_grad=True)
     # not a leaf, as the block's norm output: autocast caches its casts of leaves (weights) only
     x = leaf * 1
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
+    with saved_storages(keep=glue) as live, torch.autocast("cpu", torch.bfloat16):
         out = mixer(x)
     # the mixer's input itself (the residual stream's norm output) belongs to the block, not to the mixer
-    storages.pop(x.untyped_storage().data_ptr(), None)
+    saved = sum(r["bytes"] for r in live if r["ptr"] != x.untyped_storage().data_ptr())
     del out
-    return sum(storages.values()) / (B * T)
+    return saved / (B * T)
 
 
 # bytes per token the glue of one layer saves at d_model 64, H*K = H*V = 32, under the CPU's bf16 autocast:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.bench_train import saved_storages
 from kernels.swiglu import swiglu, swiglu_reference
 from tests.helpers import rel_rms
 
@@ -56,15 +57,10 @@ def test_strided_input() -> None:
 
 
 def _saved_bytes(fn, h: torch.Tensor) -> int:  # noqa: ANN001
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(h)
-    return sum(storages.values())
+    with saved_storages() as live:
+        out = fn(h)  # held until the count, at the context's exit
+    del out
+    return sum(r["bytes"] for r in live)
 
 
 def test_backward_keeps_only_h() -> None:
