@@ -72,8 +72,9 @@ class ModelConfig:
     mlp_ratio: float = 4.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
-    # keep less for the backward (recompute in it): mixers/README.md says what and at what cost
-    lean_backward: bool = False
+    # keep less for the backward (recompute in it): mixers/README.md says what and at what cost.
+    # auto | true | false; auto: on where it is the faster step, i.e. on CUDA with trainer.compile on.
+    lean_backward: Any = "auto"
 
 
 @dataclass
@@ -112,8 +113,9 @@ class TrainerConfig:
     device: str = "auto"
     precision: Precision = Precision.auto
     # torch.compile the model's body (embedding to final norm; the scored loss stays eager). Our Triton
-    # ops are opaque custom ops to the compiler, so the glue between them fuses.
-    compile: bool = False
+    # ops are opaque custom ops to the compiler, so the glue between them fuses. auto | true | false;
+    # auto: on CUDA (half the step time there), off on the CPU (where compiling costs more than it saves).
+    compile: Any = "auto"
     # steps_to_threshold = first eval step with eval/acc >= acc_threshold
     acc_threshold: float = 0.9
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
@@ -229,12 +231,24 @@ def validate(cfg: DictConfig) -> None:
             raise ValueError(f"{key}={value}: {rule}")
     if cfg.seed < 0:
         raise ValueError(f"seed={cfg.seed}: must be >= 0")
+    for key, value in (("trainer.compile", tr.compile), ("model.lean_backward", m.lean_backward)):
+        if not (isinstance(value, bool) or value == "auto"):
+            raise ValueError(f"{key}={value!r}: choose auto, true or false")
+
+
+def fast_step(cfg: DictConfig, device_type: str) -> tuple[bool, bool]:
+    """(compile, lean_backward) as this run takes them: `auto` turns both on on CUDA, where together they
+    give the fastest measured step, and off elsewhere; true/false force either."""
+    compile_ = device_type == "cuda" if cfg.trainer.compile == "auto" else bool(cfg.trainer.compile)
+    lean = compile_ and device_type == "cuda" if cfg.model.lean_backward == "auto" \
+        else bool(cfg.model.lean_backward)
+    return compile_, lean
 
 
 # What a resumed run may change: where and how it runs, not what it computes. A change here is applied from
 # the resume step on and recorded in the summary (`config_changes`); any other change refuses the resume.
 RESUME_MAY_CHANGE = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoint_every", "trainer.compile",
-                     "logger.")
+                     "model.lean_backward", "logger.")
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any], step: int,

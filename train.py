@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import kernels
 from mixers.model import LanguageModel
-from runconfig import config_changes, validate
+from runconfig import config_changes, fast_step, validate
 from rundata import Batch, EpochSampler, load_task, make_batch, to_device
 from rundir import FINISHED, FileUnreadable, RunDir, RunDirError, flatten
 from runlog import (
@@ -329,7 +329,10 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
         torch.set_num_threads(trainer.cpu_threads)
     use_bf16 = trainer.precision == "bf16" or (trainer.precision == "auto" and device.type == "cuda")
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
-    log.info("run dir %s | device %s | %s", run_dir, device, "bf16 autocast" if use_bf16 else "fp32")
+    compiled, lean = fast_step(cfg, device.type)
+    meta["compile"], meta["lean_backward"] = compiled, lean
+    log.info("run dir %s | device %s | %s | %s | %s", run_dir, device, "bf16 autocast" if use_bf16 else "fp32",
+             "compiled" if compiled else "eager", "lean backward" if lean else "plain backward")
 
     generate, vocab_size = load_task(task)
     train_inputs, train_labels = generate(task.num_train, task.seq_len, seed=cfg.seed)  # [N, T]
@@ -339,8 +342,8 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
     # A scoped seed: the model's init is reproducible without touching the caller's global RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = LanguageModel(vocab_size, cfg.mixer, **OmegaConf.to_container(cfg.model, enum_to_str=True),
-                              mixer_name=meta["mixer"])
+        model_kwargs = {**OmegaConf.to_container(cfg.model, enum_to_str=True), "lean_backward": lean}
+        model = LanguageModel(vocab_size, cfg.mixer, **model_kwargs, mixer_name=meta["mixer"])
     model.to(device)
     meta["n_params"] = sum(p.numel() for p in model.parameters())
     meta["state_size"] = model.state_size(task.seq_len)
@@ -358,7 +361,7 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
     log.info("%s on %s: %d parameters, state %d numbers at length %d, vocab %d", meta["mixer"], task.name,
              meta["n_params"], meta["state_size"], task.seq_len, vocab_size)
     model.train()
-    features = torch.compile(model.features) if trainer.compile else model.features
+    features = torch.compile(model.features) if compiled else model.features
     return Run(cfg=cfg, rundir=rundir, device=device, autocast=autocast, model=model, features=features,
                params=params, optimizer=optimizer, scheduler=scheduler, inputs=train_inputs.to(device),
                labels=train_labels, eval_sets=eval_sets,
@@ -482,6 +485,8 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                     torch.cuda.synchronize(device)  # so that train_time_s counts the GPU's time
                 progress.step = step
                 progress.train_time_s += time.perf_counter() - step_start
+                # this launch's first step pays the one-time costs (compiling): the summary shows them
+                meta.setdefault("first_step_s", round(time.perf_counter() - step_start, 3))
                 progress.train_tokens += result.batch.inputs.numel()
                 progress.wall_time_s = wall_before + time.perf_counter() - segment_start
 

@@ -243,5 +243,5 @@ def test_model_lean_backward_switch_reaches_every_layer_and_the_mlp() -> None:
     # the switch is a model config key, typed by runconfig and passed to the model by train.py
     import runconfig
 
-    assert runconfig.ModelConfig().lean_backward is False
-    assert OmegaConf.load(CONF.parent / "model" / "default.yaml").lean_backward is False
+    assert runconfig.ModelConfig().lean_backward == "auto"
+    assert OmegaConf.load(CONF.parent / "model" / "default.yaml").lean_backward == "auto"

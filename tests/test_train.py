@@ -368,3 +368,27 @@ def test_schedule_and_batch_order() -> None:
     assert sorted(order[:10].tolist()) == sorted(order[10:].tolist()) == list(range(10))
     assert not torch.equal(order[:10], order[10:])
     assert torch.equal(train.EpochSampler(10, 4, seed=0).indices(3), sampler.indices(3))
+
+
+def test_fast_step_is_on_by_default_on_cuda_only_and_either_switch_forces(make_cfg: MakeCfg,
+                                                                            tmp_path: Path) -> None:
+    from runconfig import fast_step, validate
+
+    default = make_cfg()
+    assert (default.trainer.compile, default.model.lean_backward) == ("auto", "auto")
+    assert fast_step(default, "cuda") == (True, True)
+    assert fast_step(default, "cpu") == (False, False)
+    # lean's auto follows the compile: the lean layers alone are slower eager on the H200
+    assert fast_step(make_cfg("trainer.compile=false"), "cuda") == (False, False)
+    assert fast_step(make_cfg("trainer.compile=true"), "cpu") == (True, False)
+    assert fast_step(make_cfg("model.lean_backward=true"), "cpu") == (False, True)
+    assert fast_step(make_cfg("trainer.compile=true", "model.lean_backward=false"), "cuda") == (True, False)
+    for override, key in (("trainer.compile=yes", "trainer.compile"), ("model.lean_backward=1", "model.lean")):
+        with pytest.raises(ValueError, match=rf"^{re.escape(key)}.*choose auto, true or false$"):
+            validate(make_cfg(override))
+    # a CPU run takes the eager, plain step and says so in its summary
+    summary = train.train(make_cfg("trainer.max_steps=3", "trainer.eval_every=3"), tmp_path,
+                          mixer_name="attention")
+    assert (summary["compile"], summary["lean_backward"]) == (False, False)
+    assert summary["first_step_s"] > 0
+    assert "| eager | plain backward" in (tmp_path / "train.log").read_text()
