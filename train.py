@@ -331,8 +331,9 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
     compiled, lean = fast_step(cfg, device.type)
     meta["compile"], meta["lean_backward"] = compiled, lean
-    log.info("run dir %s | device %s | %s | %s | %s", run_dir, device, "bf16 autocast" if use_bf16 else "fp32",
-             "compiled" if compiled else "eager", "lean backward" if lean else "plain backward")
+    log.info("run dir %s | device %s | %s | %s | %s", run_dir, device,
+             "bf16 autocast" if use_bf16 else "fp32", "compiled" if compiled else "eager",
+             "lean backward" if lean else "plain backward")
 
     generate, vocab_size = load_task(task)
     train_inputs, train_labels = generate(task.num_train, task.seq_len, seed=cfg.seed)  # [N, T]

@@ -383,7 +383,8 @@ def test_fast_step_is_on_by_default_on_cuda_only_and_either_switch_forces(make_c
     assert fast_step(make_cfg("trainer.compile=true"), "cpu") == (True, False)
     assert fast_step(make_cfg("model.lean_backward=true"), "cpu") == (False, True)
     assert fast_step(make_cfg("trainer.compile=true", "model.lean_backward=false"), "cuda") == (True, False)
-    for override, key in (("trainer.compile=yes", "trainer.compile"), ("model.lean_backward=1", "model.lean")):
+    for override, key in (("trainer.compile=yes", "trainer.compile"),
+                          ("model.lean_backward=1", "model.lean_backward")):
         with pytest.raises(ValueError, match=rf"^{re.escape(key)}.*choose auto, true or false$"):
             validate(make_cfg(override))
     # a CPU run takes the eager, plain step and says so in its summary
