@@ -10,6 +10,7 @@ added with `+`, non-finite numbers and value ranges.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import logging
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -157,6 +158,45 @@ ConfigStore.instance().store(name="base_config", node=Config)
 # `${mul:${task.seq_len},2}`: lengths relative to the training length (e.g. evaluating at 2L)
 OmegaConf.register_new_resolver("mul", lambda a, b: int(a) * int(b), replace=True)
 
+# A file name holds at most 255 bytes; a longer override keeps a readable head and a hash of the whole.
+NAME_MAX = 255
+
+
+def _path_part(line: str) -> str:
+    """One override as one path component: `/` and `%` percent-encoded (so no value can add a level, climb
+    out with `..`, or equal another value), shortened with a hash past NAME_MAX bytes."""
+    part = line.replace("%", "%25").replace("/", "%2F")
+    if len(part.encode()) <= NAME_MAX:
+        return part
+    digest = hashlib.sha256(line.encode()).hexdigest()[:16]
+    head = part.encode()[:NAME_MAX - len(digest) - 1].decode(errors="ignore")
+    return f"{head}~{digest}"
+
+
+def override_path(overrides: list[str], exclude_keys: list[str] = (), kv_sep: str = "=") -> str:
+    """A sweep job's subdirectory: one level per override that changes what the run computes (sorted, as
+    Hydra's override_dirname with item_sep `/`), leaving out `exclude_keys` and the RUN_ONLY keys; a job
+    without such overrides gets `default`."""
+    lines = []
+    for line in overrides:
+        key = line.lstrip("+~").split("=", 1)[0]
+        if key not in exclude_keys and not run_only(key):
+            lines.append(line)
+    parts = [_path_part(line.replace("=", kv_sep)) for line in sorted(lines)]
+    return "/".join(parts) or "default"
+
+
+def _override_path_resolver(*, _root_: DictConfig) -> str:
+    """`${override_path:}` in hydra.sweep.subdir: the job's overrides and its override_dirname settings
+    (exclude_keys, kv_sep) read from the job's own config."""
+    hydra_node = _root_.hydra
+    settings = hydra_node.job.config.override_dirname
+    return override_path(list(hydra_node.overrides.task), list(settings.exclude_keys or []),
+                         str(settings.kv_sep))
+
+
+OmegaConf.register_new_resolver("override_path", _override_path_resolver, replace=True)
+
 
 def _schema_problems(node: Any, schema: type, prefix: str = "") -> list[str]:
     """Keys of `node` that the dataclass `schema` lacks (a `+key=value` override adds them past Hydra's typed
@@ -202,6 +242,10 @@ def validate(cfg: DictConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"{key}={value}: must be >= 1")
+    if tr.batch_size > t.num_train:
+        raise ValueError(f"trainer.batch_size={tr.batch_size} > task.num_train={t.num_train}: every batch "
+                         "would hold each training sequence several times over; lower trainer.batch_size "
+                         "or raise task.num_train")
     if any(length < 1 for length in t.eval_seq_lens or []):
         raise ValueError(f"task.eval_seq_lens={list(t.eval_seq_lens)}: lengths must be >= 1")
     ranges = [
@@ -245,28 +289,93 @@ def fast_step(cfg: DictConfig, device_type: str) -> tuple[bool, bool]:
     return compile_, lean
 
 
-# What a resumed run may change: where and how it runs, not what it computes. A change here is applied from
-# the resume step on and recorded in the summary (`config_changes`); any other change refuses the resume.
-RESUME_MAY_CHANGE = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoint_every", "trainer.compile",
-                     "model.lean_backward", "logger.")
+# What a run computes is every key of its config but these, which say only where and how fast it runs: a
+# change to one of them moves its numbers by rounding at most, never by what it trains on or how. The one
+# definition for comparing a relaunch with what a run directory holds (a change here is applied from the
+# resume step on and recorded in the summary's `config_changes`) and for naming sweep directories.
+# eval_batch_size is here: it splits the eval set into batches, so it changes memory and the eval loss's
+# last bits, never the weights. trainer.precision is not: bf16 autocast and fp32 train different numbers
+# (compared as the precision the run took, `auto` resolved on its device).
+RUN_ONLY = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoint_every", "trainer.compile",
+            "model.lean_backward", "trainer.eval_batch_size", "logger.")
+# The one key of what a run computes that a relaunch may raise: the run is trained on from its checkpoint.
+EXTENDABLE = "trainer.max_steps"
 
 
-def config_changes(old: dict[str, Any], new: dict[str, Any], step: int,
-                   checkpoint: Path) -> list[dict[str, Any]]:
-    """The changes from the checkpoint's flattened config `old` to this launch's `new` that a resume may
-    apply (as records with the step they take effect at); `ResumeRefused` for any other change."""
+def run_only(key: str) -> bool:
+    """True for a (dotted) config key that says where or how fast a run executes, not what it computes."""
+    return any(key == k or key.startswith(k if k.endswith(".") else k + ".") for k in RUN_ONLY)
+
+
+def effective_precision(precision: str, device_type: str) -> str:
+    """trainer.precision as a run on `device_type` takes it: bf16 or fp32 (auto: bf16 on CUDA)."""
+    precision = str(getattr(precision, "value", precision))
+    if precision == "auto":
+        return "bf16" if device_type == "cuda" else "fp32"
+    return precision
+
+
+def computed(flat: dict[str, Any], precision: str | None = None) -> dict[str, Any]:
+    """What a run computes, from its flattened config: the keys of RUN_ONLY dropped, and trainer.precision
+    replaced by the precision the run took when it is known (`precision`)."""
+    kept = {k: v for k, v in flat.items() if not run_only(k)}
+    if precision is not None and "trainer.precision" in kept:
+        kept["trainer.precision"] = precision
+    return kept
+
+
+@dataclass
+class Comparison:
+    """A relaunch's config against what a run directory recorded."""
+
+    computed: list[str]  # keys whose change alters what the run computes
+    run_only: list[str]  # keys that only change where and how fast it runs
+    unknown: list[str]  # keys that one side lacks (another version of train.py): taken as unchanged
+    old: dict[str, Any]
+    new: dict[str, Any]
+
+    def extends(self) -> bool:
+        """True when the only change to what the run computes is a raised trainer.max_steps."""
+        return self.computed == [EXTENDABLE] and self.new[EXTENDABLE] > self.old[EXTENDABLE]
+
+    def listed(self, keys: list[str]) -> str:
+        return ", ".join(f"{k}={self.old.get(k)!r} -> {self.new.get(k)!r}" for k in keys)
+
+    def records(self, step: int) -> list[dict[str, Any]]:
+        """config_changes records of every applied change, taking effect at `step`."""
+        return [{"step": step, "key": k, "old": self.old[k], "new": self.new[k]}
+                for k in sorted(self.computed + self.run_only)]
+
+
+def compare(old: dict[str, Any], new: dict[str, Any], old_precision: str | None = None,
+            new_precision: str | None = None) -> Comparison:
+    """Compare two flattened configs (`old` as a run directory recorded it, `new` this launch's), with the
+    precision each took where known (an old record may lack it: then trainer.precision is compared as
+    written)."""
+    if old_precision is None or new_precision is None:
+        old_precision = new_precision = None
+    old_c, new_c = computed(old, old_precision), computed(new, new_precision)
     changed = sorted(k for k in old.keys() & new.keys() if old[k] != new[k])
-    for key in sorted(old.keys() ^ new.keys()):
-        log.warning("resume: the checkpoint's config and this launch's differ in having %s (another version "
-                    "of train.py); taken as unchanged", key)
-    refused = [k for k in changed if not k.startswith(RESUME_MAY_CHANGE)]
-    if refused:
-        listed = ", ".join(f"{k}={old[k]!r} -> {new[k]!r}" for k in refused)
+    computed_changed = sorted(k for k in old_c.keys() & new_c.keys() if old_c[k] != new_c[k])
+    old_shown = {**old, **({"trainer.precision": old_precision} if old_precision else {})}
+    new_shown = {**new, **({"trainer.precision": new_precision} if new_precision else {})}
+    return Comparison(computed=computed_changed, run_only=[k for k in changed if run_only(k)],
+                      unknown=sorted(old.keys() ^ new.keys()), old=old_shown, new=new_shown)
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any], step: int, checkpoint: Path,
+                   old_precision: str | None = None,
+                   new_precision: str | None = None) -> list[dict[str, Any]]:
+    """The changes from the checkpoint's flattened config `old` to this launch's `new` that a resume
+    applies (as records with the step they take effect at): where and how it runs, and a raised
+    trainer.max_steps; `ResumeRefused` for any other change."""
+    comparison = compare(old, new, old_precision, new_precision)
+    if comparison.computed and not comparison.extends():
         raise ResumeRefused(
-            f"resume refused: {checkpoint} (step {step}) was trained with another config ({listed}). Its "
-            "optimizer state, schedule and data order are those of the old values, so the run would go on "
-            "under the old config while recording the new one. Launch with the checkpoint's values to "
-            "resume; give the new config its own run directory (hydra.run.dir=..., or another sweep dir); "
-            "or, to train this directory again from step 0, delete its checkpoint.pt, metrics.jsonl and "
-            "summary.json")
-    return [{"step": step, "key": k, "old": old[k], "new": new[k]} for k in changed]
+            f"resume refused: {checkpoint} (step {step}) was trained with another config "
+            f"({comparison.listed(comparison.computed)}). Its optimizer state, schedule and data order are "
+            "those of the old values, so the run would go on under the old config while recording the new "
+            "one. Launch with the checkpoint's values to resume; give the new config its own run directory "
+            "(hydra.run.dir=..., or another sweep dir); or, to train this directory again from step 0, "
+            "delete its checkpoint.pt, metrics.jsonl and summary.json")
+    return comparison.records(step)

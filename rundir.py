@@ -1,6 +1,7 @@
 """A run directory: the one place that reads and writes its files, and the lock every writer takes.
 
     .lock           held (flock) by the one process that writes here; names it (pid, host, start time)
+    .hydra/         the config of the launch that last trained here (written once the launch is accepted)
     summary.json    the run's outcome, written whole (temporary file + rename)
     checkpoint.pt   model + optimizer + scheduler + progress, written whole (temporary file + rename)
     metrics.jsonl   one JSON object per logged step, appended; cut back to the checkpoint's step on resume
@@ -60,7 +61,8 @@ class RunDirBusy(RunDirError):
 
 
 class ResumeRefused(RunDirError):
-    """The checkpoint was made with a config that this launch would change."""
+    """The run directory holds a run (its checkpoint, or a finished run's summary) of a config that this
+    launch would change."""
 
 
 class FileUnreadable(RuntimeError):
@@ -75,11 +77,16 @@ def _atomic_write(path: Path, write: Any) -> None:
     """Write via path.tmp (flushed to disk) and a rename, so that a kill or a full disk mid-write leaves the
     old file whole."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # a partial file of a full disk holds the space the run's `failed` summary then needs
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_metrics(path: Path | str) -> tuple[list[dict[str, Any]], list[str]]:
@@ -237,8 +244,19 @@ class RunDir:
                         "lost (written by another process, or the file was edited); the run goes on from "
                         "step %d", self.metrics, _ranges(missing), last_step, last_step)
         text = "".join(json.dumps(record) + "\n" for record in kept)
-        if problems or len(kept) < len(records):
+        # a last line without its newline (cut just before it) would fuse with the next appended record
+        unterminated = not self.metrics.read_bytes().endswith(b"\n") and self.metrics.stat().st_size > 0
+        if problems or len(kept) < len(records) or unterminated:
             _atomic_write(self.metrics, lambda handle: handle.write(text.encode()))
+
+    def write_hydra(self, files: dict[str, str]) -> None:
+        """Write `.hydra/<name>` for each (name, text), each file whole: the record of the config this
+        launch runs, written once the launch is accepted (Hydra's own writing is off, `hydra.output_subdir:
+        null`, so that a refused launch leaves the old record as it was)."""
+        folder = self.path / ".hydra"
+        folder.mkdir(exist_ok=True)
+        for name, text in files.items():
+            _atomic_write(folder / name, lambda handle, text=text: handle.write(text.encode()))
 
     def existing(self, names: Iterable[str] = ("metrics.jsonl", "summary.json", "checkpoint.pt",
                                                 "train.log")) -> list[str]:

@@ -17,11 +17,14 @@ against its constructor). Every run writes into its Hydra run directory:
 
 from __future__ import annotations
 
+import copy
+import ctypes
 import json
 import logging
 import math
-import re
+import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -35,13 +38,14 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 import kernels
 from mixers.model import LanguageModel
-from runconfig import config_changes, fast_step, validate
+from runcheck import ConfigError, Decision, Preflight, accept, one_line_error, preflight, resolve_device
+from runconfig import EXTENDABLE, effective_precision, fast_step, validate
 from rundata import Batch, EpochSampler, load_task, make_batch, to_device
-from rundir import FINISHED, FileUnreadable, RunDir, RunDirError, flatten
+from rundir import FileUnreadable, RunDir, RunDirError, flatten
 from runlog import (
     ProgressLog,
     attach_log_file,
@@ -79,11 +83,12 @@ class Progress:
     wandb_id: str | None = None
 
 
-def _resume(rundir: RunDir, state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            scheduler: Any, progress: Progress, meta: dict[str, Any]) -> None:
-    """Load a checkpoint's state into the run, after checking that its config is this launch's."""
+def _resume(decision: Decision, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+            progress: Progress, meta: dict[str, Any], rundir: RunDir) -> None:
+    """Load the accepted checkpoint's state into the run (runcheck.accept compared its config)."""
+    state, changes = decision.state, decision.changes
+    assert state is not None
     step = int(state["progress"].get("step", 0))
-    changes = config_changes(state["config"], meta["config"], step, rundir.checkpoint)
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -92,6 +97,13 @@ def _resume(rundir: RunDir, state: dict[str, Any], model: torch.nn.Module, optim
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         reason = f"does not fit this model and optimizer ({type(error).__name__}: {first})"
         raise FileUnreadable(rundir.checkpoint, reason, "delete it to train the run from step 0") from None
+    if any(change["key"] == EXTENDABLE for change in changes):
+        # "Extended" means: the schedule of the new max_steps from this step on (the lr jumps to the value
+        # that schedule has here), not a replay of the steps before it
+        for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
+                                       strict=True):
+            group["lr"] = base * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     progress.__dict__.update(state["progress"])
     meta["config_changes"] = state.get("config_changes", []) + changes
     if changes:
@@ -135,22 +147,6 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def resolve_device(spec: str, job_num: int | None = None) -> torch.device:
-    """trainer.device -> a torch.device; `auto` packs multirun jobs round-robin over the visible GPUs."""
-    if spec == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        return torch.device("cuda", (job_num or 0) % torch.cuda.device_count())
-    if spec != "cpu" and not re.fullmatch(r"cuda(:\d+)?", spec):
-        raise ValueError(f"trainer.device={spec!r}: choose auto, cpu, cuda or cuda:N")
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"trainer.device={spec!r} but CUDA is not available: use trainer.device=cpu or auto")
-    device = torch.device(spec)
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"trainer.device={spec!r} but only {torch.cuda.device_count()} GPU(s) are visible")
-    return device
 
 
 def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
@@ -316,9 +312,9 @@ def make_optimizer(params: list[torch.nn.Parameter], optim: DictConfig) -> torch
 
 
 def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress,
-              job_num: int | None) -> Run:
-    """Device, data, model, optimizer and schedule from the config, resumed from the run directory's
-    checkpoint if it has one (filling `progress`); fills `meta`'s sizes."""
+              job_num: int | None, decision: Decision) -> Run:
+    """Device, data, model, optimizer and schedule from the config, resumed from the checkpoint that
+    `decision` accepted, if any (filling `progress`); fills `meta`'s sizes."""
     validate(cfg)
     task, trainer, optim = cfg.task, cfg.trainer, cfg.optim
     device = resolve_device(trainer.device, job_num)
@@ -327,7 +323,7 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
         torch.cuda.set_device(device)
     if trainer.cpu_threads is not None:
         torch.set_num_threads(trainer.cpu_threads)
-    use_bf16 = trainer.precision == "bf16" or (trainer.precision == "auto" and device.type == "cuda")
+    use_bf16 = effective_precision(trainer.precision, device.type) == "bf16"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
     compiled, lean = fast_step(cfg, device.type)
     meta["compile"], meta["lean_backward"] = compiled, lean
@@ -354,9 +350,10 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
         optimizer, lambda s: lr_factor(s, optim.warmup_steps, trainer.max_steps, optim.min_lr_ratio))
 
     rundir = RunDir(run_dir)
-    state = rundir.load_checkpoint(device)
-    if state is not None:
-        _resume(rundir, state, model, optimizer, scheduler, progress, meta)
+    if decision.state_error is not None:
+        raise decision.state_error
+    if decision.state is not None:
+        _resume(decision, model, optimizer, scheduler, progress, meta, rundir)
         log.info("resumed from %s at step %d", rundir.checkpoint, progress.step)
     rundir.cut_metrics(progress.step, logged_steps(trainer, progress.step))
     log.info("%s on %s: %d parameters, state %d numbers at length %d, vocab %d", meta["mixer"], task.name,
@@ -439,13 +436,13 @@ def _save_checkpoint(run: Run, progress: Progress, meta: dict[str, Any]) -> None
         "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
         "scheduler": run.scheduler.state_dict(), "progress": asdict(progress),
         "data_position": progress.step * run.cfg.trainer.batch_size, "config": meta["config"],
-        "config_changes": meta.get("config_changes", [])})
+        "precision": meta.get("precision"), "config_changes": meta.get("config_changes", [])})
 
 
 def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress, job_num: int | None,
-         sweep_dir: str | None) -> str:
+         sweep_dir: str | None, decision: Decision) -> str:
     """The training loop. Fills `meta` (sizes) and `progress` as it goes; returns the final status."""
-    run = build_run(cfg, run_dir, meta, progress, job_num)
+    run = build_run(cfg, run_dir, meta, progress, job_num, decision)
     trainer, device = cfg.trainer, run.device
     # The step the checkpoint on disk holds (None: no checkpoint yet), for what an interrupt says.
     saved = progress.step if run.rundir.checkpoint.exists() else None
@@ -549,66 +546,71 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
 
 
 def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None, job_num: int | None = None,
-          sweep_dir: str | None = None) -> dict[str, Any]:
-    """Train (or resume, or skip if finished) the run in `run_dir`; returns its summary.
+          sweep_dir: str | None = None, hydra_files: dict[str, str] | None = None) -> dict[str, Any]:
+    """Train (or resume, extend, or leave alone if finished) the run in `run_dir`; returns its summary.
 
-    On an exception the summary says `failed` with the error, the traceback goes to train.log, and the
-    exception is re-raised (the caller decides whether a sweep goes on). An interrupt (KeyboardInterrupt,
-    SystemExit, SIGTERM) checkpoints the last finished step, leaves status `incomplete` and is re-raised.
-    A `RunDirError` (another process writes into `run_dir`; a resume with a changed config) refuses the
-    launch and leaves the directory as it was.
+    Nothing is written before the launch is accepted: a `ConfigError` (runcheck.preflight: the config
+    cannot train) and a `RunDirError` (another process writes into `run_dir`; the directory holds a run of
+    another config, runcheck.accept) leave the directory as it was. Once accepted, `hydra_files` (Hydra's
+    record of the config) go to `.hydra/`. On an exception the summary says `failed` with the error, the
+    traceback goes to train.log, and the exception is re-raised (the caller decides whether a sweep goes
+    on). An interrupt (KeyboardInterrupt, SystemExit, SIGTERM) checkpoints the last finished step, leaves
+    status `incomplete` and is re-raised.
     """
-    rundir = RunDir(run_dir)
-    try:
-        with rundir.lock(), _sigterm_interrupts():
-            return _train(cfg, rundir, mixer_name, job_num, sweep_dir)
-    except RunDirError as error:
-        log.error("%s", error)
-        raise
-
-
-def _previous_summary(rundir: RunDir) -> dict[str, Any] | None:
-    """The run directory's summary; an unreadable one is set aside (the run resumes from its checkpoint and
-    writes a new one), with a warning in train.log."""
-    try:
-        return rundir.read_summary()
-    except FileUnreadable as error:
-        attach_log_file(rundir.log)
-        moved = rundir.set_aside_summary()
-        resume = "resumes from checkpoint.pt" if rundir.checkpoint.exists() else "starts over (no checkpoint)"
-        log.warning("%s: %s; moved to %s, the run %s and writes a new summary", rundir.summary, error.reason,
-                    moved.name, resume)
-        return None
-
-
-def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str | None, job_num: int | None,
-           sweep_dir: str | None) -> dict[str, Any]:
-    run_dir = rundir.path
-    previous = _previous_summary(rundir)
-    if previous is not None:
-        if previous.get("status") in FINISHED:
-            print(f"{run_dir}: already {previous['status']} (final eval acc "
-                  f"{format_acc(previous.get('final_eval_acc'))}); nothing to do. Delete summary.json to "
-                  "train it again.")
-            return previous
-    attach_log_file(run_dir / "train.log")
     mixer_name = mixer_name or str(cfg.mixer.get("_target_", "mixer")).rsplit(".", 1)[-1]
+    checked = preflight(cfg, job_num, mixer_name)
+    rundir = RunDir(run_dir)
+    with rundir.lock(), _sigterm_interrupts():
+        return _train(cfg, rundir, mixer_name, job_num, sweep_dir, checked, hydra_files)
+
+
+def _set_aside_summary(rundir: RunDir, error: FileUnreadable) -> None:
+    """An unreadable summary is set aside (the run resumes from its checkpoint and writes a new one), with
+    a warning in train.log."""
+    moved = rundir.set_aside_summary()
+    resume = "resumes from checkpoint.pt" if rundir.checkpoint.exists() else "starts over (no checkpoint)"
+    log.warning("%s: %s; moved to %s, the run %s and writes a new summary", rundir.summary, error.reason,
+                moved.name, resume)
+
+
+def run_meta(cfg: DictConfig, run_dir: Path, mixer_name: str) -> dict[str, Any]:
+    """The summary's identifying fields and the whole resolved config, flattened."""
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    meta: dict[str, Any] = {"state_size": None, "n_params": None, "task": cfg.task.name, "mixer": mixer_name,
-                            "seq_len": cfg.task.seq_len, "lr": cfg.optim.lr, "seed": cfg.seed,
-                            "run_dir": str(run_dir), "config": flatten(config)}
+    return {"state_size": None, "n_params": None, "task": cfg.task.name, "mixer": mixer_name,
+            "seq_len": cfg.task.seq_len, "lr": cfg.optim.lr, "seed": cfg.seed, "run_dir": str(run_dir),
+            "config": flatten(config)}
+
+
+def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str, job_num: int | None, sweep_dir: str | None,
+           checked: Preflight, hydra_files: dict[str, str] | None) -> dict[str, Any]:
+    run_dir = rundir.path
+    meta = run_meta(cfg, run_dir, mixer_name)
+    decision = accept(rundir, meta["config"], checked.precision)
+    if decision.action == "skip":
+        print(decision.message, flush=True)
+        assert decision.previous is not None
+        return decision.previous
+    # Accepted: from here on the directory records this launch.
+    if hydra_files:
+        rundir.write_hydra(hydra_files)
+    attach_log_file(rundir.log)
+    if decision.summary_error is not None:
+        _set_aside_summary(rundir, decision.summary_error)
+    for note in decision.notes:
+        log.warning("relaunch: %s", note)
+    if decision.message:
+        log.info("%s", decision.message)
+    meta["precision"] = checked.precision
     # In a sweep every line names its run: parallel jobs share one console.
     name_log_lines(run_name(cfg.task.name, mixer_name, cfg.task.seq_len, cfg.optim.lr, cfg.seed,
                              _ablation()) if sweep_dir is not None else None)
     progress = Progress()
     try:
-        status = _run(cfg, run_dir, meta, progress, job_num, sweep_dir)
+        status = _run(cfg, run_dir, meta, progress, job_num, sweep_dir, decision)
     except (KeyboardInterrupt, SystemExit) as interrupt:
         # Not a failure: analysis/collect.py counts `incomplete` runs as resumable, not broken.
         extra = {"error": f"{type(interrupt).__name__}: {interrupt}"}
         rundir.write_summary(_summary("incomplete", progress, meta, extra))
-        raise
-    except RunDirError:
         raise
     except BaseException as error:
         # The traceback once on the console: Hydra prints a single run's; a sweep's is in train.log.
@@ -638,13 +640,33 @@ def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the final eval accuracy (NaN if the run failed) for sweepers."""
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    run_dir, mixer_name = Path(hydra_cfg.runtime.output_dir), hydra_cfg.runtime.choices.get("mixer")
+    if multirun:
+        die_with_sweep()
     try:
-        summary = train(cfg, hydra_cfg.runtime.output_dir, mixer_name=hydra_cfg.runtime.choices.get("mixer"),
-                        job_num=hydra_cfg.job.num if multirun else None,
-                        sweep_dir=hydra_cfg.sweep.dir if multirun else None)
-    except RunDirError:
-        # Nothing was recorded in the run directory (it belongs to another process, or to another config):
-        # the job fails, and the sweep's summary lists it.
+        summary = train(cfg, run_dir, mixer_name=mixer_name, job_num=hydra_cfg.job.num if multirun else None,
+                        sweep_dir=hydra_cfg.sweep.dir if multirun else None, hydra_files=hydra_files(cfg))
+    except ConfigError as error:
+        # found before training: one line, nothing written (the hydra.callbacks check catches it for a
+        # single run before its directory is even made)
+        if not multirun:
+            raise SystemExit(one_line_error(error)) from None
+        print(one_line_error(error), file=sys.stderr, flush=True)
+        if record_config_error(cfg, run_dir, mixer_name, error):
+            return float("nan")
+        raise
+    except RunDirError as error:
+        # Nothing was written in the run directory (it belongs to another process, or to another config):
+        # a single run ends with the reason; a sweep lists the job as refused.
+        if not multirun:
+            raise SystemExit(f"{type(error).__name__}: {error}") from None
+        print(f"{run_dir}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        raise
+    except Terminated:
+        if multirun and _sweep_gone():
+            # the sweep that launched this worker is gone (its SIGTERM came through PDEATHSIG): the run
+            # checkpointed; nobody waits for this process, so it ends rather than wait for the next job
+            os._exit(128 + signal.SIGTERM)
         raise
     except Exception:
         # Recorded in summary.json and train.log already; a sweep goes on to its next job.
@@ -653,6 +675,67 @@ def main(cfg: DictConfig) -> float:
         raise
     accuracy = summary.get("final_eval_acc")
     return float(accuracy) if accuracy is not None else 0.0
+
+
+def hydra_files(cfg: DictConfig) -> dict[str, str]:
+    """Hydra's record of this job's config (`.hydra/`: config.yaml, hydra.yaml, overrides.yaml), as Hydra
+    writes it; train() writes it once the launch is accepted (conf/config.yaml turns Hydra's own writing,
+    which comes before any check, off)."""
+    hydra_node = copy.deepcopy(HydraConfig.instance().cfg)
+    with read_write(hydra_node.hydra):
+        hydra_node.hydra.output_subdir = ".hydra"
+    return {"config.yaml": OmegaConf.to_yaml(cfg), "hydra.yaml": OmegaConf.to_yaml(hydra_node),
+            "overrides.yaml": OmegaConf.to_yaml(hydra_node.hydra.overrides.task)}
+
+
+def record_config_error(cfg: DictConfig, run_dir: Path, mixer_name: str | None, error: ConfigError) -> bool:
+    """A sweep's job whose config cannot train is recorded `failed` (summary, .hydra/, train.log), so that
+    the grid's tables and figures show the cell, but only in a directory that holds no run yet: an earlier
+    run's files are never overwritten by a launch that was not accepted. False when nothing was recorded."""
+    rundir = RunDir(run_dir)
+    if any((run_dir / name).exists() for name in ("summary.json", "checkpoint.pt", "metrics.jsonl")):
+        return False
+    cause = error.__cause__ or error
+    try:
+        meta = run_meta(cfg, run_dir, mixer_name or "mixer")
+        with rundir.lock():
+            rundir.write_hydra(hydra_files(cfg))
+            message = f"{type(cause).__name__}: {error}"
+            log_file = logging.FileHandler(rundir.log, delay=True)
+            log_file.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+            log_file.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "config error, found before "
+                                           "training:\n" + "".join(traceback.format_exception(cause)),
+                                           None, None))
+            log_file.close()
+            rundir.write_summary(_summary("failed", Progress(), meta, {"error": message}))
+    except Exception:  # noqa: BLE001 - a config too broken to record (or a busy dir) is reported only
+        return False
+    return True
+
+
+def _sweep_gone() -> bool:
+    parent = os.environ.get(SWEEP_PID)
+    return parent is not None and os.getppid() != int(parent)
+
+
+# The pid of the sweep's own process, set by the hydra.callbacks entry (RunDirLock.on_multirun_start) for
+# the workers it starts.
+SWEEP_PID = "KDA_HARNESS_SWEEP_PID"
+
+
+def die_with_sweep() -> None:
+    """In a worker process of a sweep (joblib's loky pool, the local launcher), ask the kernel for SIGTERM
+    when the sweep's process ends: a killed sweep's workers then checkpoint and stop, instead of training on
+    (and idling for the pool's timeout) with nobody to report to. Linux only; elsewhere nothing."""
+    parent = os.environ.get(SWEEP_PID)
+    if parent is None or os.getpid() == int(parent) or os.getppid() != int(parent):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the sweep ended before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rundir import FileUnreadable, RunDir, RunDirError
+from rundir import FileUnreadable, ResumeRefused, RunDir, RunDirBusy, RunDirError
 
 log = logging.getLogger("kda_harness.launcher")
 
@@ -59,6 +59,18 @@ def _run_dir(sweep_config: DictConfig) -> Path:
         OmegaConf.select(sweep_config, "hydra.sweep.subdir"))
 
 
+def inside_sweep(run_dir: Path, sweep_dir: Path) -> bool:
+    """True when `run_dir` (`..` resolved) lies inside `sweep_dir`: a subdir pattern that interpolates an
+    override's value must not place a job's files elsewhere."""
+    run, sweep = Path(os.path.abspath(run_dir)), Path(os.path.abspath(sweep_dir))
+    return run != sweep and sweep in run.parents
+
+
+# What a refused job's message names, back to its class in the sweep's process (the report tells a
+# directory in use by another process from one that holds a run of another config).
+_REFUSALS = {cls.__name__: cls for cls in (RunDirBusy, ResumeRefused, RunDirError)}
+
+
 def _job(conn: multiprocessing.connection.Connection, parent: int, hydra_context: HydraContext,
          sweep_config: DictConfig, task_function: TaskFunction, singleton_state: dict[Any, Any],
          threads: int) -> None:
@@ -72,12 +84,25 @@ def _job(conn: multiprocessing.connection.Connection, parent: int, hydra_context
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(sweep_config)
     try:
-        with RunDir(_run_dir(sweep_config)).lock():
+        run_dir = _run_dir(sweep_config)
+        if not inside_sweep(run_dir, Path(str(sweep_config.hydra.sweep.dir))):
+            raise ValueError(f"the job's directory {run_dir} is not inside the sweep directory "
+                             f"{sweep_config.hydra.sweep.dir}: an override value in hydra.sweep.subdir holds "
+                             "`..` or `/`; name the subdir with ${override_path:}")
+        with RunDir(run_dir).lock():
             result = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
                              job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
     except RunDirError as error:
-        conn.send(("refused", f"{type(error).__name__}: {error}"))
+        conn.send(("refused", (type(error).__name__, str(error))))
         return
+    except (KeyboardInterrupt, SystemExit) as interrupt:
+        # train.py recorded the run `incomplete` (or it never started); the exit status says which signal
+        conn.send(("interrupted", f"{type(interrupt).__name__}: {interrupt}"))
+        raise
+    except BaseException as error:
+        # outside the task function (Hydra making the directory, its logging): nothing recorded it
+        conn.send(("error", f"{type(error).__name__}: {error}"))
+        raise
     try:
         conn.send(("done", result))
     except Exception:  # noqa: BLE001 - a return value that does not pickle: its status is in the run dir
@@ -191,9 +216,18 @@ class LocalLauncher(Launcher):
         hydra_cfg = OmegaConf.create({"hydra": OmegaConf.to_container(sweep_config.hydra, resolve=False)})
         with open_dict(hydra_cfg):
             hydra_cfg.hydra.runtime.output_dir = str(run_dir)
-        if message is not None:  # ("refused", why): the run directory is another process's
-            error: Exception = RunDirError(message[1])
-            log.error("job %s refused: %s", sweep_config.hydra.job.num, message[1])
+        if message is not None and message[0] == "refused":  # the directory is another process's or config's
+            kind, why = message[1]
+            error: Exception = _REFUSALS.get(kind, RunDirError)(why)
+            log.error("job %s refused: %s: %s", sweep_config.hydra.job.num, kind, why)
+        elif message is not None and message[0] == "error":
+            num = sweep_config.hydra.job.num
+            error = WorkerDied(f"job {num} failed before its run started: {message[1]}")
+            log.error("%s", error)
+        elif message is not None and message[0] == "interrupted":
+            # it stopped on an interrupt (train.py recorded `incomplete`): the run directory says so
+            return JobReturn(overrides=list(overrides), hydra_cfg=hydra_cfg, status=JobStatus.COMPLETED,
+                             _return_value=float("nan"))
         elif exitcode is not None and exitcode < 0:
             cause = (f"the job's process (job {sweep_config.hydra.job.num}) was killed by "
                      f"{_signal_name(-exitcode)}" + (" (the out-of-memory killer sends it)"
@@ -203,9 +237,9 @@ class LocalLauncher(Launcher):
             log.error("%s%s", cause, "" if recorded else f" (not recorded: {run_dir} is in use)")
             error = WorkerDied(cause)
         else:
-            # it exited on its own (an interrupt: train.py recorded `incomplete`), without a result
-            return JobReturn(overrides=list(overrides), hydra_cfg=hydra_cfg, status=JobStatus.COMPLETED,
-                             _return_value=float("nan"))
+            error = WorkerDied(f"the job's process (job {sweep_config.hydra.job.num}) exited with status "
+                               f"{exitcode} without reporting a result")
+            log.error("%s", error)
         return JobReturn(overrides=list(overrides), hydra_cfg=hydra_cfg, status=JobStatus.FAILED,
                          _return_value=error)
 

@@ -2,8 +2,12 @@
 job failed or did not finish.
 
 A job's status is its run directory's summary.json (train.py writes it, or the local launcher for a job
-killed from outside), or `failed` when the job raised (a run directory that refused the launch records
-nothing). The report goes to the console after the last job; `SweepFailed` makes Hydra exit 1.
+killed from outside); `refused` when its run directory refused the launch (it records nothing: another
+process is writing there, or the directory holds a run of another config); `failed` when the job raised.
+The report goes to the console after the last job; `SweepFailed` makes Hydra exit 1 when a job failed, is
+incomplete, or was refused because its directory holds another config (the requested run did not happen).
+A job refused only because another live process is training it (the same sweep launched twice) is not a
+failure: that process records its outcome, and the sweep exits 0 if nothing else went wrong.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn, JobStatus, configure_log
 from hydra.errors import CompactHydraException
 
-from rundir import FINISHED, STATUSES, FileUnreadable, RunDir
+from rundir import FINISHED, STATUSES, FileUnreadable, RunDir, RunDirBusy, RunDirError
 
 log = logging.getLogger("kda_harness.sweep")
 
-# The report lists the statuses in rundir's order; any but the FINISHED ones makes the sweep exit non-zero.
-ORDER = STATUSES
+# The report lists the statuses in rundir's order, then the refused jobs; any but the FINISHED ones (and a
+# refusal because another process runs the job: `busy`) makes the sweep exit non-zero.
+REFUSED = "refused"
+ORDER = (*STATUSES, REFUSED)
 
 
 class SweepFailed(CompactHydraException):
@@ -38,12 +44,13 @@ def job_status(job: JobReturn) -> tuple[str, str, str | None]:
     name = str(hydra_cfg.job.override_dirname or hydra_cfg.job.num) if hydra_cfg is not None else "?"
     if job.status == JobStatus.FAILED:
         error = job._return_value
-        return name, "failed", f"{type(error).__name__}: {error}"
+        status = REFUSED if isinstance(error, RunDirError) else "failed"
+        return name, status, f"{type(error).__name__}: {error}"
     if run_dir is None:
         return name, "failed", "no run directory"
     try:
         summary = RunDir(run_dir).read_summary()
-    except FileUnreadable as error:
+    except (FileUnreadable, OSError) as error:  # OSError: a name the file system cannot hold, ...
         return name, "failed", str(error)
     if summary is None:
         return name, "failed", f"no summary.json in {run_dir}"
@@ -52,12 +59,20 @@ def job_status(job: JobReturn) -> tuple[str, str, str | None]:
     return name, status, None if status == "completed" else str(summary.get("error") or status)
 
 
+def _busy(job: JobReturn) -> bool:
+    """The job was refused because another live process trains in its run directory."""
+    return job.status == JobStatus.FAILED and isinstance(job._return_value, RunDirBusy)
+
+
 def report(jobs: Sequence[JobReturn], sweep_dir: str) -> tuple[list[str], int]:
-    """The report's lines (a header, then one per status) and how many jobs did not finish."""
+    """The report's lines (a header, then one per status) and how many jobs did not finish (a job refused
+    because another process trains it is not counted: that process records it)."""
     by_status: dict[str, list[tuple[str, str | None]]] = {}
+    busy = 0
     for job in jobs:
         name, status, reason = job_status(job)
         by_status.setdefault(status, []).append((name, reason))
+        busy += _busy(job)
     lines = [f"sweep {sweep_dir}: {len(jobs)} jobs"]
     for status in sorted(by_status, key=lambda s: ORDER.index(s) if s in ORDER else len(ORDER)):
         runs = by_status[status]
@@ -66,7 +81,9 @@ def report(jobs: Sequence[JobReturn], sweep_dir: str) -> tuple[list[str], int]:
             shown = [f"{name} ({(reason or '')[:160]})" for name, reason in runs[:5]]
             line += ": " + "; ".join(shown) + (f"; and {len(runs) - 5} more" if len(runs) > 5 else "")
         lines.append(line)
-    unfinished = sum(len(runs) for status, runs in by_status.items() if status not in FINISHED)
+    unfinished = sum(len(runs) for status, runs in by_status.items() if status not in FINISHED) - busy
+    if busy:
+        lines.append(f"  ({busy} refused: another process is training them; it records their outcome)")
     return lines, unfinished
 
 
@@ -104,6 +121,7 @@ class ReportingSweeper(BasicSweeper):
         if unfinished:
             raise SweepFailed(
                 f"{unfinished} of {len(jobs)} jobs did not finish (see above): summary.json and train.log in "
-                "each run directory say why; launching the same command again retries them and skips the "
+                "each run directory say why, a refused job's line the keys its directory's run differs in; "
+                "launching the same command again retries the failed and incomplete ones and skips the "
                 "finished ones")
         return returns

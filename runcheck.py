@@ -1,0 +1,192 @@
+"""What a launch is checked against before anything is written: its config (`preflight`), and what its run
+directory already holds (`accept`).
+
+    preflight   the config's values, the task's generator at every length, the mixer's switches (a model
+                built on the meta device: no memory, no time) and the device: a `ConfigError` naming the
+                value and the fix, before the run directory is even made
+    accept      a relaunch against the run directory's finished run or checkpoint, compared by what the run
+                computes (runconfig.compare): nothing to do, resume, extend (trainer.max_steps raised), or
+                `ResumeRefused` listing the keys old -> new; nothing is written either way
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from runconfig import EXTENDABLE, compare, effective_precision, validate
+from rundata import load_task
+from rundir import FINISHED, FileUnreadable, ResumeRefused, RunDir
+
+
+class ConfigError(ValueError):
+    """A config that cannot train, found before anything was written (the message names the value and the
+    fix)."""
+
+
+def one_line_error(error: ConfigError) -> str:
+    """The console's line for a config error; its traceback too with HYDRA_FULL_ERROR=1."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        traceback.print_exception(error.__cause__ or error)
+    return f"config error: {error}"
+
+
+def resolve_device(spec: str, job_num: int | None = None) -> torch.device:
+    """trainer.device -> a torch.device; `auto` packs multirun jobs round-robin over the visible GPUs."""
+    if spec == "auto":
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", (job_num or 0) % torch.cuda.device_count())
+    if spec != "cpu" and not re.fullmatch(r"cuda(:\d+)?", spec):
+        raise ValueError(f"trainer.device={spec!r}: choose auto, cpu, cuda or cuda:N")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"trainer.device={spec!r} but CUDA is not available: use trainer.device=cpu or auto")
+    device = torch.device(spec)
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"trainer.device={spec!r} but only {torch.cuda.device_count()} GPU(s) are visible")
+    return device
+
+
+@dataclass
+class Preflight:
+    """What the checks found: where the run computes, and at which precision."""
+
+    device: torch.device
+    precision: str  # bf16 | fp32
+
+
+def preflight(cfg: DictConfig, job_num: int | None = None, mixer_name: str | None = None) -> Preflight:
+    """Every check that needs no training: `ConfigError` (one line: the value and the fix) if the config
+    cannot train. Writes nothing."""
+    from mixers.model import LanguageModel
+
+    try:
+        validate(cfg)
+        task = cfg.task
+        # the task's name is a module of tasks/ and a level of the single run's directory
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(task.name)):
+            raise ValueError(f"task.name={task.name!r}: not a task; use the name of a module in tasks/ "
+                             "(e.g. task=mqar)")
+        device = resolve_device(cfg.trainer.device, job_num)
+        generate, vocab_size = load_task(task)
+        # one sequence at every length the run generates: a length too short for the task's params fails
+        # here, in milliseconds, instead of after the data of the other lengths was drawn
+        for length in dict.fromkeys([task.seq_len, *(task.eval_seq_lens or [])]):
+            generate(1, int(length), seed=cfg.seed)
+        model_kwargs = {**OmegaConf.to_container(cfg.model, enum_to_str=True), "lean_backward": False}
+        with torch.device("meta"):
+            LanguageModel(vocab_size, cfg.mixer, **model_kwargs, mixer_name=mixer_name)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+    return Preflight(device=device, precision=effective_precision(cfg.trainer.precision, device.type))
+
+
+@dataclass
+class Decision:
+    """What a launch does in its run directory."""
+
+    action: str  # new | resume | extend | skip
+    message: str | None = None  # for skip and extend: what the console and train.log say
+    state: dict[str, Any] | None = None  # the checkpoint, loaded (resume, extend)
+    state_error: FileUnreadable | None = None  # a checkpoint that cannot be read (the run fails on it)
+    changes: list[dict[str, Any]] = field(default_factory=list)  # config_changes, applied from the resume
+    previous: dict[str, Any] | None = None  # the summary found
+    summary_error: FileUnreadable | None = None  # an unreadable summary.json (set aside once accepted)
+    notes: list[str] = field(default_factory=list)  # warnings for train.log once accepted
+
+
+def _refuse(where: str, what: str, listed: str) -> ResumeRefused:
+    return ResumeRefused(
+        f"relaunch refused: {where} holds {what} of another config ({listed}); the directory would record "
+        "one config and hold the numbers of the other. Launch with its values to keep it; give the new "
+        "config its own directory (hydra.run.dir=..., another sweep dir, or an override that names it); or, "
+        "to train it again from step 0, delete its checkpoint.pt, metrics.jsonl and summary.json")
+
+
+def _fmt(value: Any) -> str:
+    return "none" if value is None else f"{value:.4f}"
+
+
+def accept(rundir: RunDir, config: dict[str, Any], precision: str) -> Decision:
+    """Compare this launch (its flattened resolved `config`, at `precision`) with what `rundir` holds, by
+    what the run computes; `ResumeRefused` (nothing written) when they differ in more than a raised
+    trainer.max_steps."""
+    summary_error = None
+    try:
+        previous = rundir.read_summary()
+    except FileUnreadable as error:
+        previous, summary_error = None, error
+    if previous is not None and previous.get("status") in FINISHED:
+        return _accept_finished(rundir, previous, config, precision)
+    try:
+        state = rundir.load_checkpoint("cpu")
+    except FileUnreadable as error:
+        # the run fails on it once accepted, naming the file and the fix (as a resume always did)
+        return Decision("resume", state_error=error, previous=previous, summary_error=summary_error)
+    if state is None:
+        return Decision("new", previous=previous, summary_error=summary_error)
+    step = int(state["progress"].get("step", 0))
+    comparison = compare(state["config"], config, state.get("precision"), precision)
+    if comparison.computed and not comparison.extends():
+        raise _refuse(f"{rundir.checkpoint} (step {step})", "the checkpoint of a run",
+                      comparison.listed(comparison.computed))
+    return Decision("resume", state=state, changes=comparison.records(step), previous=previous,
+                    summary_error=summary_error, notes=_unknown(comparison.unknown))
+
+
+def _unknown(keys: list[str]) -> list[str]:
+    return [f"the recorded config and this launch's differ in having {key} (another version of train.py); "
+            "taken as unchanged" for key in keys]
+
+
+def _accept_finished(rundir: RunDir, previous: dict[str, Any], config: dict[str, Any],
+                     precision: str) -> Decision:
+    status, steps = previous["status"], previous.get("steps")
+    done = f"{rundir.path}: already {status} (final eval acc {_fmt(previous.get('final_eval_acc'))})"
+    recorded = previous.get("config")
+    if not isinstance(recorded, dict):
+        raise ResumeRefused(f"relaunch refused: {rundir.summary} records no config to compare this launch "
+                            "with; delete summary.json to train the run again (it resumes from checkpoint.pt "
+                            "if the checkpoint's config is this launch's)")
+    comparison = compare(recorded, config, previous.get("precision"), precision)
+    if not comparison.computed:
+        also = (f"; it differs from this launch only in where and how fast it runs "
+                f"({comparison.listed(comparison.run_only)})" if comparison.run_only else "")
+        return Decision("skip", message=f"{done}; nothing to do{also}. Delete summary.json to train it "
+                                        "again.", previous=previous)
+    if not comparison.extends():
+        raise _refuse(str(rundir.path), f"a {status} run", comparison.listed(comparison.computed))
+    old_max, new_max = comparison.old[EXTENDABLE], comparison.new[EXTENDABLE]
+    if status != "completed" or previous.get("early_stopped_at") is not None:
+        why = ("a diverged run is final" if status != "completed"
+               else f"it stopped early at step {previous['early_stopped_at']}, its task solved")
+        return Decision("skip", message=f"{done}; {EXTENDABLE} raised {old_max} -> {new_max}, but {why}: "
+                                        "not trained on. Delete summary.json to train it again.",
+                        previous=previous)
+    try:
+        state = rundir.load_checkpoint("cpu")
+    except FileUnreadable as error:
+        raise ResumeRefused(f"relaunch refused: {EXTENDABLE} raised {old_max} -> {new_max}, but {error}") \
+            from None
+    if state is None or int(state["progress"].get("step", -1)) != steps:
+        raise ResumeRefused(
+            f"relaunch refused: {rundir.path} holds a completed run of {steps} steps and {EXTENDABLE} was "
+            f"raised {old_max} -> {new_max}, but it has no checkpoint of step {steps} to extend it from; "
+            f"launch with {EXTENDABLE}={old_max}, or delete its summary.json and metrics.jsonl to train it "
+            "again from step 0")
+    from_checkpoint = compare(state["config"], config, state.get("precision"), precision)
+    if from_checkpoint.computed != [EXTENDABLE]:
+        raise _refuse(str(rundir.checkpoint), "the checkpoint of a run",
+                      from_checkpoint.listed(from_checkpoint.computed))
+    message = (f"{rundir.path}: extending the completed run from its checkpoint at step {steps} to "
+               f"{EXTENDABLE}={new_max} (was {old_max}): the cosine schedule is recomputed for {new_max} "
+               f"steps from step {steps} on, so the run differs from one trained for {new_max} steps from "
+               "the start; the summary's config_changes records it")
+    return Decision("extend", message=message, state=state, changes=from_checkpoint.records(steps),
+                    previous=previous, notes=_unknown(from_checkpoint.unknown))
