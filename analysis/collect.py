@@ -84,8 +84,16 @@ def find_run_dirs(root: Path) -> list[Path]:
     return sorted(set(found))
 
 
+# The resolvers a run's config may be resolved with here: `${hydra:...}` (read from the run's own
+# hydra.yaml) and the harness's arithmetic. A run's files are data, whoever wrote them: any other resolver
+# (`${oc.env:...}` would copy an environment variable, a key or a token, into the table) stays text.
+_SAFE_RESOLVERS = frozenset({"hydra", "mul"})
+_RESOLVER = re.compile(r"\$\{\s*([\w.-]+)\s*:")
+
+
 def _resolve(node: Any) -> Any:
-    """A plain container of `node`, each interpolation resolved where it can be, else kept as text."""
+    """A plain container of `node`, each interpolation resolved where it can be (and may be: only config
+    references and _SAFE_RESOLVERS), else kept as text."""
     from omegaconf import DictConfig, ListConfig
 
     if isinstance(node, DictConfig):
@@ -100,10 +108,14 @@ def _resolve(node: Any) -> Any:
         if isinstance(child, (DictConfig, ListConfig)):
             out.append(_resolve(child))
             continue
+        raw = child._value()
+        if isinstance(raw, str) and any(name not in _SAFE_RESOLVERS for name in _RESOLVER.findall(raw)):
+            out.append(raw)
+            continue
         try:
             out.append(node[key])
-        except Exception:  # noqa: BLE001 - an interpolation that needs what the run had (e.g. an env var)
-            out.append(child._value())
+        except Exception:  # noqa: BLE001 - an interpolation that needs what the run had
+            out.append(raw)
     return dict(zip(keys, out, strict=True)) if isinstance(node, DictConfig) else out
 
 
