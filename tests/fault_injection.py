@@ -17,13 +17,21 @@ Cases, each on the CPU with a tiny model, as a user runs it (train.py in subproc
   the checkpoint (a warning in train.log) and the sweep exits 0.
 - bad files in analysis: a cut summary.json and a cut metrics.jsonl line; analysis.collect and
   analysis.plot exit 0 and name both files.
+- relaunch, on the finished sweep: the grid in another order (every run found again and left alone, no
+  file changed); one run relaunched with trainer.max_steps raised (extended from its checkpoint to the new
+  step count, the change in its summary); one whose summary was lost after its last checkpoint, resumed
+  with trainer.precision changed (refused, naming it; no file changed, .hydra/ included). A finished
+  run relaunched with another config is tests/test_faults.py's (in one process).
 
-The fast form runs the kill storm (3 kills, one of each kind) and the corrupt summary: what only a sweep
-shows. Two writers and bad files in analysis are left to tests/test_faults.py, which asserts the same in one
-process (a launch refused while another process holds the lock, from Python and from the command line; a
-cut summary.json and a cut metrics.jsonl line in collect and plot).
+The fast form runs the kill storm (3 kills, one of each kind), the corrupt summary and the relaunch cases:
+what only a sweep shows. Two writers and bad files in analysis are left to tests/test_faults.py, which
+asserts the same in one process (a launch refused while another process holds the lock, from Python and
+from the command line; a cut summary.json and a cut metrics.jsonl line in collect and plot).
 
-Prints one line per case, `<case>: nothing lost` or `<case>: LOST <what>`, and exits 1 if anything was lost.
+Every run directory is checked at the end: its summary, checkpoint, metrics and `.hydra/` record of the
+config must agree (same step count, the last eval in metrics is the summary's, the config .hydra/ holds is
+what the summary and the checkpoint say the run computed). Prints one line per case, `<case>: nothing lost,
+nothing mislabelled` or `<case>: LOST <what>`, and exits 1 if anything was lost or mislabelled.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from analysis.collect import _load_config  # noqa: E402
+from runconfig import computed  # noqa: E402
 from rundir import read_metrics  # noqa: E402
 
 # The smoke experiment with softmax attention (the fastest mixer on a CPU: the faults are the point) at two
@@ -149,7 +159,27 @@ def check_run(run_dir: Path, max_steps: int) -> list[str]:
     state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     if state["progress"]["step"] != max_steps:
         lost.append(f"{run_dir.name}: checkpoint at step {state['progress']['step']}")
-    return lost
+    return lost + mislabelled(run_dir, summary, state)
+
+
+def mislabelled(run_dir: Path, summary: dict, state: dict) -> list[str]:
+    """Where a run directory's record of its config disagrees with what it computed: .hydra/config.yaml,
+    the summary's config and the checkpoint's, compared on what a run computes (runconfig.computed)."""
+    name = run_dir.name
+    try:
+        recorded = computed(_load_config(run_dir))
+    except Exception as error:  # noqa: BLE001 - any unreadable record is a finding
+        return [f"{name}: .hydra/config.yaml unreadable ({error})"]
+    found = []
+    for what, config in (("summary.json", summary.get("config") or {}), ("checkpoint.pt", state["config"])):
+        # lists as .hydra/'s reading writes them (JSON text)
+        config = {k: json.dumps(list(v)) if isinstance(v, (list, tuple)) else v
+                  for k, v in computed(config).items()}
+        differ = sorted(k for k in recorded.keys() | config.keys() if recorded.get(k) != config.get(k))
+        if differ:
+            found.append(f"{name}: .hydra/ and {what} disagree on " + ", ".join(
+                f"{k} ({recorded.get(k)!r} vs {config.get(k)!r})" for k in differ[:4]))
+    return found
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -325,6 +355,72 @@ def case_bad_files_in_analysis(out: Path) -> list[str]:
     return lost
 
 
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file of the run directories under `root` with its bytes (lock files, empty while nobody holds
+    them, aside; the sweep's own multirun.yaml, the record of its last launch, too)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock" and p.parent != root}
+
+
+def _job_args(run_dir: Path, sweep_dir: Path) -> list[str]:
+    """The overrides of a storm job, for launching it alone into its own directory."""
+    args = [a for a in SWEEP if not a.startswith(("optim.lr=", "hydra/launcher", "hydra.launcher"))]
+    lr = next(part for part in run_dir.relative_to(sweep_dir).parts if part.startswith("optim.lr="))
+    return [*args, lr, f"hydra.run.dir='{run_dir}'"]  # quoted: the path holds `=`
+
+
+def _said(log: Path) -> str:
+    return log.read_text(errors="replace")
+
+
+def _changed(before: dict[str, bytes], after: dict[str, bytes]) -> list[str]:
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+def case_relaunch(out: Path) -> tuple[list[str], str]:
+    """Relaunches of the finished storm sweep: reordered, max_steps raised, a resume with the precision
+    changed. What each must (and must not) change: see the module's docstring."""
+    sweep_dir = out / "storm"
+    runs = _run_dirs(sweep_dir)
+    lost: list[str] = []
+    before = _snapshot(sweep_dir)
+    grid = [a if not a.startswith("optim.lr=") else "optim.lr=1e-2,3e-3" for a in SWEEP]
+    process = _train("-m", *grid, f"hydra.sweep.dir={sweep_dir}", log=out / "relaunch.reorder.log")
+    process.wait(300)
+    said = (out / "relaunch.reorder.log").read_text(errors="replace")
+    if process.returncode != 0 or said.count("already completed") != len(runs):
+        found = said.count("already completed")
+        lost.append(f"reordered grid: exit {process.returncode}, {found} runs found")
+    changed = _changed(before, _snapshot(sweep_dir))
+    if changed:
+        lost.append(f"reordered grid changed {changed[:3]}")
+
+    extended, interrupted = runs[0], runs[1]
+    log = out / "relaunch.max_steps.log"
+    process = _train(*_job_args(extended, sweep_dir), f"trainer.max_steps={MAX_STEPS + 40}", log=log)
+    if process.wait(300) != 0 or "extending the completed run from its checkpoint" not in _said(log):
+        lost.append(f"max_steps raised: exit {process.returncode}, not extended")
+    changes = _summary_of(extended).get("config_changes") or []
+    change = {"step": MAX_STEPS, "key": "trainer.max_steps", "old": MAX_STEPS, "new": MAX_STEPS + 40}
+    if change not in changes:
+        lost.append(f"max_steps raised: config_changes {changes}")
+
+    # killed after its last checkpoint, before its summary: a resume with the precision changed is refused
+    summary = (interrupted / "summary.json").read_bytes()
+    (interrupted / "summary.json").unlink()
+    before = _snapshot(sweep_dir)
+    log = out / "relaunch.precision.log"
+    process = _train(*_job_args(interrupted, sweep_dir), "trainer.precision=bf16", log=log)
+    refused = "holds the checkpoint of a run of another config (trainer.precision='fp32' -> 'bf16')"
+    if process.wait(300) != 1 or refused not in _said(log):
+        lost.append(f"precision changed on resume: exit {process.returncode}, not refused with the key named")
+    if _changed(before, _snapshot(sweep_dir)):
+        lost.append(f"a refused resume changed {_changed(before, _snapshot(sweep_dir))[:3]}")
+    (interrupted / "summary.json").write_bytes(summary)
+    lost += check_run(extended, MAX_STEPS + 40) + check_run(interrupted, MAX_STEPS)
+    return lost, "reordered, max_steps extended, precision refused on resume"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="a folder for the runs (emptied first)")
@@ -347,14 +443,20 @@ def main(argv: list[str] | None = None) -> int:
     results: list[tuple[str, list[str], str]] = []
     start = time.monotonic()
     storm, note = case_kill_storm(args.out, kills, rng, reference)
-    results.append(("kill storm", storm, note))
-    results.append(("corrupt summary in a sweep", case_corrupt_summary_in_sweep(args.out), ""))
+    results.append(("kill storm", storm, f"{note}, {time.monotonic() - start:.0f} s"))
+    began = time.monotonic()
+    results.append(("corrupt summary in a sweep", case_corrupt_summary_in_sweep(args.out),
+                    f"{time.monotonic() - began:.0f} s"))
+    began = time.monotonic()
+    relaunch, note = case_relaunch(args.out)
+    results.append(("relaunch", relaunch, f"{note}, {time.monotonic() - began:.0f} s"))
     if not args.fast:
         results.append(("bad files in analysis", case_bad_files_in_analysis(args.out), ""))
         results.append(("two writers", case_two_writers(args.out), ""))
     for case, lost, note in results:
         extra = f" ({note})" if note else ""
-        print(f"{case}: nothing lost{extra}" if not lost else f"{case}: LOST {'; '.join(lost)}{extra}")
+        print(f"{case}: nothing lost, nothing mislabelled{extra}" if not lost
+              else f"{case}: LOST {'; '.join(lost)}{extra}")
     print(f"{time.monotonic() - start:.0f} s; logs in {args.out}")
     return 1 if any(lost for _, lost, _ in results) else 0
 
