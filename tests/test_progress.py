@@ -179,16 +179,34 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_failing_run_prints_its_traceback_once(tmp_path: Path) -> None:
-    """A failing single run from the command line exits non-zero, is recorded `failed`, and its traceback
-    is printed once (Hydra's, on stderr) and written once to train.log."""
-    single = _cli(*CLI_TINY, "trainer.max_steps=0", f"hydra.run.dir={tmp_path / 'single'}")
+    """A single run that fails once training has started (here on an unreadable checkpoint) exits non-zero,
+    is recorded `failed`, and its traceback is printed once (Hydra's, on stderr) and written once to
+    train.log."""
+    run_dir = tmp_path / "single"
+    run_dir.mkdir()
+    (run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    single = _cli(*CLI_TINY, "trainer.max_steps=2", f"hydra.run.dir={run_dir}")
     output = single.stdout + single.stderr
     assert single.returncode != 0 and output.count("Traceback (most recent call last)") == 1, output
-    assert "trainer.max_steps=0" in single.stderr
-    assert json.loads((tmp_path / "single" / "summary.json").read_text())["status"] == "failed"
-    assert "run failed: ValueError: trainer.max_steps=0: must be >= 1 (traceback in" in output
-    log = (tmp_path / "single" / "train.log").read_text()
-    assert log.count("Traceback (most recent call last)") == 1 and "trainer.max_steps=0" in log
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+    assert "run failed: FileUnreadable: " in output and "checkpoint.pt: cannot be read" in output
+    log = (run_dir / "train.log").read_text()
+    assert log.count("Traceback (most recent call last)") == 1 and "checkpoint.pt: cannot be read" in log
+
+
+def test_a_config_error_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """A config error found before training prints one line and leaves no run directory; its traceback
+    comes with HYDRA_FULL_ERROR=1 only."""
+    for full in ("0", "1"):
+        run_dir = tmp_path / full
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": full}
+        bad = subprocess.run([sys.executable, "train.py", *CLI_TINY, "mixer.head_dimm=8",
+                              f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert bad.returncode == 1 and not run_dir.exists()
+        last = bad.stderr.strip().splitlines()[-1]
+        assert last.startswith("config error: mixer 'attention'") and "['head_dimm']" in last
+        assert bad.stderr.count("Traceback (most recent call last)") == (full == "1"), bad.stderr
 
 
 def test_help_lists_the_launchers() -> None:

@@ -176,8 +176,8 @@ def test_misspelt_keys_are_errors(make_cfg: MakeCfg, tmp_path: Path) -> None:
     # The mixer group is free-form, so its keys are checked against the mixer's constructor instead.
     cfg = make_cfg("+mixer.num_head=4")
     with pytest.raises(ValueError, match=r"'attention'.*num_head"):
-        train.train(cfg, tmp_path, mixer_name="attention")
-    assert _summary(tmp_path)["status"] == "failed" and "num_head" in _summary(tmp_path)["error"]
+        train.train(cfg, tmp_path / "run", mixer_name="attention")
+    assert not (tmp_path / "run").exists()  # found before anything was written
 
 
 def test_bad_values_fail_with_the_key_named(make_cfg: MakeCfg, tmp_path: Path) -> None:
@@ -190,9 +190,7 @@ def test_bad_values_fail_with_the_key_named(make_cfg: MakeCfg, tmp_path: Path) -
     for name, (override, expected) in cases.items():
         with pytest.raises(ValueError, match=expected):
             train.train(make_cfg(override), tmp_path / name, mixer_name="attention")
-        summary = _summary(tmp_path / name)
-        assert summary["status"] == "failed" and expected in summary["error"]
-        assert "Traceback" in (tmp_path / name / "train.log").read_text()
+        assert not (tmp_path / name).exists()  # found before anything was written
 
 
 def test_nan_loss_stops_with_status_diverged(make_cfg: MakeCfg, tmp_path: Path) -> None:
@@ -333,10 +331,14 @@ def test_command_line_multirun_goes_on_after_a_failing_job(tmp_path: Path) -> No
     assert sweep.returncode == 1 and "1 of 2 jobs did not finish" in said, said[-2000:]
     assert re.search(r"completed +1\n", said)
     assert re.search(r"failed +1: \S*trainer.max_steps=0\S* \(ValueError: trainer.max_steps=0", said), said
-    assert _summary(tmp_path / "sweep" / "0")["status"] == "completed"
-    assert _summary(tmp_path / "sweep" / "0")["mixer"] == "attention"
-    assert _summary(tmp_path / "sweep" / "1")["status"] == "failed"
-    assert (tmp_path / "sweep" / "0" / "train.log").exists()
+    # each job in its directory, named by its overrides; the config error recorded in its own, new one
+    runs = {p.parent.name: p.parent for p in (tmp_path / "sweep").rglob("summary.json")}
+    assert set(runs) == {"trainer.max_steps=3", "trainer.max_steps=0"}
+    assert _summary(runs["trainer.max_steps=3"])["status"] == "completed"
+    assert _summary(runs["trainer.max_steps=3"])["mixer"] == "attention"
+    assert _summary(runs["trainer.max_steps=0"])["status"] == "failed"
+    assert (runs["trainer.max_steps=3"] / "train.log").exists()
+    assert (runs["trainer.max_steps=0"] / ".hydra" / "config.yaml").exists()
 
 
 def test_device_auto_packs_multirun_jobs_round_robin(monkeypatch: pytest.MonkeyPatch) -> None:
