@@ -402,15 +402,16 @@ def test_plot_leaves_out_a_cut_metrics_file(tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.slow
 def test_fault_injection_fast(tmp_path: Path) -> None:
     """A kill storm on a small sweep (a job SIGKILLed as by the OOM killer: the sweep records it failed,
-    finishes the other job and exits 1; a job SIGTERMed; the sweep's own process SIGKILLed) and a corrupt
-    summary in the sweep: nothing lost. (Two writers and bad files in analysis: the tests above.)"""
+    finishes the other job and exits 1; a job SIGTERMed; the sweep's own process SIGKILLed), a corrupt
+    summary in the sweep, and relaunches of it (reordered, max_steps raised, precision changed on resume):
+    nothing lost, nothing mislabelled. (Two writers and bad files in analysis: the tests above.)"""
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "fault_injection.py"), "--fast", "--out",
                              str(tmp_path / "faults")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     report = result.stdout
     assert result.returncode == 0, report + result.stderr[-3000:]
-    for case in ("kill storm", "corrupt summary in a sweep"):
-        assert f"{case}: nothing lost" in report, report
-    assert "kill storm: nothing lost (3 kills" in report
+    for case in ("kill storm", "corrupt summary in a sweep", "relaunch"):
+        assert f"{case}: nothing lost, nothing mislabelled" in report, report
+    assert "kill storm: nothing lost, nothing mislabelled (3 kills" in report
 
 
 def test_a_sweep_job_whose_run_dir_is_in_use_changes_nothing(tmp_path: Path) -> None:
