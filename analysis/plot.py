@@ -136,12 +136,15 @@ def cells(runs: pd.DataFrame, unscored: pd.DataFrame | None = None) -> pd.DataFr
     """One row per (task, series, length, lr): accuracy over the completed seeds (mean, spread, min, max,
     n_seeds) and the diverged and failed runs there (n_diverged, n_failed; a cell may have only those)."""
     grouped = runs.groupby(CELL, dropna=False, sort=True)
+    # A completed run whose summary lacks the metric is no seed of the cell: counted as one, it made a
+    # cell of one measured seed read "n=2, ± 0.0".
     out = grouped.agg(
         acc_mean=("acc", "mean"),
-        acc_std=("acc", lambda a: float(np.std(a, ddof=0))),
+        acc_std=("acc", lambda a: float(np.std(a.dropna().to_numpy(), ddof=0)) if a.notna().any()
+                 else np.nan),
         acc_min=("acc", "min"),
         acc_max=("acc", "max"),
-        n_seeds=("acc", "size"),
+        n_seeds=("acc", "count"),
         steps_to_threshold=("steps_to_threshold", "median"),
         n_reached=("steps_to_threshold", lambda s: int(s.notna().sum())),
         state_size=("state_size", "mean"),

@@ -653,3 +653,17 @@ def test_collect_treats_run_files_as_data(tmp_path: Path, monkeypatch: pytest.Mo
     (run_dir / "summary.json").unlink()
     row = collect.collect_dirs([tmp_path / "sweep"]).iloc[0]
     assert row["extra"] == "${oc.env:KDA_TEST_SECRET}"
+
+
+def test_a_summary_without_the_metric_is_no_seed(tmp_path: Path) -> None:
+    """A completed run whose summary lacks best_eval_acc (written by hand, or by another version) does not
+    count as a seed: the cell is its measured seed alone, not "n=2, ± 0"."""
+    runs = _small_sweep(tmp_path / "sweep")
+    summary = _summary(runs[0])
+    del summary["best_eval_acc"]
+    (runs[0] / "summary.json").write_text(json.dumps(summary))
+    table = collect.collect_dirs([tmp_path / "sweep"])
+    cells = plot.cells(plot.scored_runs(table))
+    kda = cells[cells["series"] == "kda"].iloc[0]
+    assert kda["n_seeds"] == 1 and kda["acc_mean"] == pytest.approx(100 * _summary(runs[1])["best_eval_acc"])
+    assert math.isclose(kda["acc_std"], 0.0) and kda["acc_min"] == kda["acc_max"]
