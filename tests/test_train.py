@@ -376,13 +376,12 @@ def test_fast_step_is_on_by_default_on_cuda_only_and_either_switch_forces(make_c
 
     default = make_cfg()
     assert (default.trainer.compile, default.model.lean_backward) == ("auto", "auto")
-    assert fast_step(default, "cuda") == (True, True)
+    assert fast_step(default, "cuda") == (True, False)
     assert fast_step(default, "cpu") == (False, False)
-    # lean's auto follows the compile: the lean layers alone are slower eager on the H200
     assert fast_step(make_cfg("trainer.compile=false"), "cuda") == (False, False)
     assert fast_step(make_cfg("trainer.compile=true"), "cpu") == (True, False)
     assert fast_step(make_cfg("model.lean_backward=true"), "cpu") == (False, True)
-    assert fast_step(make_cfg("trainer.compile=true", "model.lean_backward=false"), "cuda") == (True, False)
+    assert fast_step(make_cfg("model.lean_backward=true"), "cuda") == (True, True)
     for override, key in (("trainer.compile=yes", "trainer.compile"),
                           ("model.lean_backward=1", "model.lean_backward")):
         with pytest.raises(ValueError, match=rf"^{re.escape(key)}.*choose auto, true or false$"):

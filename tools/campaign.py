@@ -179,9 +179,13 @@ def classify(work: Path) -> dict[str, list[tuple[str, str]]]:
     return groups
 
 
-def pack(work: Path, out: Path | None) -> Path | None:
-    """Archive every run finished since the copy into out/campaign-<time>.tar.gz; print the status table."""
+def pack(work: Path, out: Path | None, running: bool = False) -> Path | None:
+    """Archive every run finished since the copy (with `running`, the unfinished ones too, to look at,
+    never to commit) into out/campaign-<time>.tar.gz; print the status table."""
     groups = classify(work)
+    if running:
+        groups["finished"] += groups.pop("running")
+        groups["running"] = []
     state = _state(work)
     stage = state.get("stage")
     print(f"campaign {work}: stage {stage if stage is not None else '-'} of {len(state.get('stages', []))}, "
@@ -361,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--minutes", type=float, default=0.0, help="wait this long, then pack")
         if name in ("start", "wait", "stop", "status"):
             command.add_argument("--out", type=Path, default=None, help="pack finished runs here ($OUT)")
+            command.add_argument("--with-running", action="store_true",
+                                 help="pack the unfinished runs too (to look at their metrics)")
         if name == "stop":
             command.add_argument("--grace", type=float, default=120.0,
                                  help="seconds the runs get to checkpoint before they are killed")
@@ -381,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             wait(args.work, args.minutes)
         if args.command == "stop":
             stop(args.work, args.grace)
-        pack(args.work, args.out)
+        pack(args.work, args.out, args.with_running)
     except CampaignError as error:
         print(f"campaign: {error}", file=sys.stderr)
         return 2
