@@ -36,8 +36,8 @@ def test_a_mixer_added_as_documented_passes_the_fast_tests(tmp_path: Path) -> No
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:xdist", "-p", "no:cacheprovider",
-         "-m", "not slow", "tests/test_mixers.py", "tests/test_model.py", "tests/test_sweeps.py", "tests/test_train.py",
-         "-k", selection],
+         "-m", "not slow", "-k", selection,
+         "tests/test_mixers.py", "tests/test_model.py", "tests/test_sweeps.py", "tests/test_train.py"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=600,
     )
     said = result.stdout + result.stderr
