@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers import CLI_TINY
 from hydra.errors import ConfigCompositionException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import train
 
@@ -178,6 +178,31 @@ def test_misspelt_keys_are_errors(make_cfg: MakeCfg, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'attention'.*num_head"):
         train.train(cfg, tmp_path, mixer_name="attention")
     assert _summary(tmp_path)["status"] == "failed" and "num_head" in _summary(tmp_path)["error"]
+
+
+def test_task_params_take_generator_parameters_without_plus() -> None:
+    """`task.params.<name>=` needs no `+` for a generator parameter the task's yaml leaves out (mqar_small
+    lists form and vocab_size only); a misspelt one is a one-line error naming the valid parameters."""
+    from hydra import compose, initialize_config_dir
+
+    from rundata import load_task
+
+    with initialize_config_dir(config_dir=str(train.CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["task.params.num_pairs=3"])
+        misspelt = compose("config", overrides=["task.params.num_pair=3"])
+    assert "num_pairs" not in OmegaConf.load(train.CONFIG_DIR / "task" / "mqar_small.yaml").params
+    generate, _ = load_task(cfg.task)
+    inputs, _ = generate(8, cfg.task.seq_len, seed=0)
+    # kimi form: k1 v1 k2 v2 k3 v3 <sep> queries, so <sep> (id 1) first appears at position 2 * 3
+    assert ((inputs == 1).int().argmax(dim=1) == 6).all()
+    with pytest.raises(ValueError) as error:
+        load_task(misspelt.task)
+    message = str(error.value)
+    assert "\n" not in message and "task.params.num_pair=3 (did you mean num_pairs?)" in message
+    assert message.endswith("its parameters: vocab_size, form, num_pairs, num_queries, power_a, noise")
+    with pytest.raises(ValueError, match=r"task.params=5: give the generator's parameters one by one"):
+        with initialize_config_dir(config_dir=str(train.CONFIG_DIR), version_base="1.3"):
+            load_task(compose("config", overrides=["task.params=5"]).task)
 
 
 def test_bad_values_fail_with_the_key_named(make_cfg: MakeCfg, tmp_path: Path) -> None:
