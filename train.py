@@ -545,6 +545,9 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     progress.wall_time_s = wall_before + time.perf_counter() - segment_start
     if wandb_run is not None:
         final = _summary(status, progress, meta, {})
+        # Commit the last step's history row first: committed later, it would overwrite the summary keys
+        # that are also metrics (`lr`: the configured rate, not the last scheduled one).
+        wandb_run.log({}, commit=True)
         wandb_run.summary.update({k: v for k, v in final.items() if k != "config"})
         wandb_run.finish(exit_code=0 if status == "completed" else 1)
     return status
