@@ -444,13 +444,12 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
         # Series side by side around each eval step (markers at one step must not hide one another, as
         # when every run evaluates once): 1.5 % of the axis apart; the CSV keeps the true steps.
         gap = 0.015 * last
-        for index, series in enumerate(series_names):
+        drawn = [name for name in series_names if (frame["series"] == name).any()]
+        for index, series in enumerate(drawn):
             line = frame[frame["series"] == series].sort_values("step")
-            if line.empty:
-                continue
             # a marker at every eval: the line joins measured points only
             style = dict(styles[series], markersize=3)
-            step = line["step"].to_numpy(float) + gap * (index - (len(series_names) - 1) / 2)
+            step = line["step"].to_numpy(float) + gap * (index - (len(drawn) - 1) / 2)
             mean, std = line["acc_mean"].to_numpy(float), line["acc_std"].to_numpy(float)
             label = f"{_seeds_label(series, line['n_seeds'])}, lr {line['lr'].iloc[0]:g}"
             ax.plot(step, mean, label=label, **style)
@@ -459,7 +458,7 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
         _mark_unscored(ax, failed, "steps", ys, series_names, styles, log=False)
         # Steps from 0 to the last one drawn, in whole steps: matplotlib's own limits around a single eval
         # step (19.0 to 21.0 for an eval at 20) read as fractional steps.
-        ax.set_xlim(0, last + gap * ((len(series_names) - 1) / 2 + 2))
+        ax.set_xlim(0, last + gap * ((len(drawn) - 1) / 2 + 2))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
         ax.set_title(f"{task}, length {length}")
         ax.set_xlabel("training steps")
