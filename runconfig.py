@@ -59,7 +59,9 @@ class TaskConfig:
     eval_seq_lens: list[int] | None = None
     num_train: int = MISSING
     num_eval: int = MISSING
-    params: dict[str, Any] = field(default_factory=dict)
+    # The generator's keyword arguments. Open (not struct), so that `task.params.<key>=` needs no `+` for a
+    # parameter the task's yaml leaves out; rundata.check_task_params checks the keys against the generator.
+    params: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
 
 
 @dataclass

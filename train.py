@@ -318,7 +318,7 @@ def make_optimizer(params: list[torch.nn.Parameter], optim: DictConfig) -> torch
 def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress,
               job_num: int | None) -> Run:
     """Device, data, model, optimizer and schedule from the config, resumed from the run directory's
-    checkpoint if it has one (filling `progress`); fills `meta`'s sizes."""
+    checkpoint if it has one (filling `progress`); fills `meta`'s device and sizes."""
     validate(cfg)
     task, trainer, optim = cfg.task, cfg.trainer, cfg.optim
     device = resolve_device(trainer.device, job_num)
@@ -334,6 +334,8 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
     log.info("run dir %s | device %s | %s | %s | %s", run_dir, device,
              "bf16 autocast" if use_bf16 else "fp32", "compiled" if compiled else "eager",
              "lean backward" if lean else "plain backward")
+    # `auto` in the config does not say where the wall time was spent; analysis.report needs to know
+    meta["device"] = str(device)
 
     generate, vocab_size = load_task(task)
     train_inputs, train_labels = generate(task.num_train, task.seq_len, seed=cfg.seed)  # [N, T]
@@ -543,6 +545,9 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     progress.wall_time_s = wall_before + time.perf_counter() - segment_start
     if wandb_run is not None:
         final = _summary(status, progress, meta, {})
+        # Commit the last step's history row first: committed later, it would overwrite the summary keys
+        # that are also metrics (`lr`: the configured rate, not the last scheduled one).
+        wandb_run.log({}, commit=True)
         wandb_run.summary.update({k: v for k, v in final.items() if k != "config"})
         wandb_run.finish(exit_code=0 if status == "completed" else 1)
     return status

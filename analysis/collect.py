@@ -4,11 +4,12 @@
     python -m analysis.collect --wandb my-entity/kda-harness --group kimi_fig4 --out table.parquet
 
 Columns: `status` (completed | diverged | failed | incomplete) and `reason` (why a run failed or is
-incomplete), every field of `summary.json` (`best_eval_acc`, `steps_to_threshold`, `state_size`, ...),
-the run's flattened config with dotted names (`task.seq_len`, `optim.lr`, `mixer.gate`, ...), the
-identifying keys `task`, `mixer`, `seq_len`, `lr`, `seed` (filled from the config when a run died before
-writing its summary), `variant` (the overrides beyond task/mixer/length/lr/seed, e.g. KDA ablation
-switches; empty for plain runs), `sweep` and `run_dir`.
+incomplete), every field of `summary.json` (`best_eval_acc`, `steps_to_threshold`, `state_size`,
+`device` (from train.log for runs that predate it), ...), the run's flattened config with dotted names
+(`task.seq_len`, `optim.lr`, `mixer.gate`, ...), the identifying keys `task`, `mixer`, `seq_len`, `lr`,
+`seed` (filled from the config when a run died before writing its summary), `variant` (the overrides
+beyond task/mixer/length/lr/seed, e.g. KDA ablation switches; empty for plain runs), `sweep` and
+`run_dir`.
 
 A run directory is any folder holding `.hydra/config.yaml` (what Hydra writes before the run starts),
 so runs that crashed early or were killed by SLURM still get a row. A run whose files cannot be read (a
@@ -50,6 +51,7 @@ SUMMARY_FIELDS = (
     "steps_to_threshold",
     "wall_time_s",
     "tokens_per_s",
+    "device",
     "state_size",
     "n_params",
     "task",
@@ -165,6 +167,23 @@ def _failure_from_logs(run_dir: Path, sweep_root: Path, job_id: str | None) -> s
     return None
 
 
+# train.log's first line names the device the run resolved (`run dir ... | device cuda:0 | bf16 autocast`)
+_LOG_DEVICE = re.compile(r"\| device (\S+) \|")
+
+
+def _device_from_log(run_dir: Path) -> str | None:
+    """The device a run that predates summary.json's `device` trained on, from its train.log."""
+    log = run_dir / "train.log"
+    if not log.exists():
+        return None
+    with log.open(errors="replace") as handle:
+        for _, line in zip(range(50), handle, strict=False):
+            match = _LOG_DEVICE.search(line)
+            if match:
+                return match.group(1)
+    return None
+
+
 def _sweep_root(run_dir: Path, roots: list[Path]) -> Path:
     for root in roots:
         if run_dir == root or root in run_dir.parents:
@@ -267,6 +286,8 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
             status, reason = "incomplete", "no summary.json (never finished or still running)"
     row["status"] = status
     row["reason"] = reason
+    if row.get("device") is None:
+        row["device"] = _device_from_log(run_dir)
     row["variant"] = variant_of(overrides)
     row["override_dirname"] = job.get("override_dirname")
     row["job_id"] = job_id
