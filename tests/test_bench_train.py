@@ -97,3 +97,24 @@ def test_saved_storages_counts_what_the_backward_holds_under_the_module_that_sav
     with bench_train.saved_storages(model) as live:
         loss = model(x).sum()  # no backward: counted at the context's exit, while the graph is held
     assert [r["module"] for r in live] == ["1"] and loss.grad_fn is not None
+
+
+@pytest.mark.slow
+def test_bench_train_times_a_hybrid_pattern(tmp_path: Path) -> None:
+    code = bench_train.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "32",
+                             "--d-model", "32", "--mixers", "--patterns", "kda,attention", "--impls", "ours",
+                             "--lean", "--warmup", "1", "--steps", "1", "--tasks", "mqar", "--no-profile"])
+    assert code == 0
+    rows = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
+    assert [(r["mixer"], r["layers"], r["impl"]) for r in rows] == [("kda:attention 1:1", "2", "ours"),
+                                                                    ("kda:attention 1:1", "2", "ours+lean")]
+    assert all(float(r["step_ms"]) > 0 for r in rows)
+    # lean reaches the pattern's KDA layer: its mixers keep less for the backward
+    assert float(rows[1]["saved mixer GiB"]) < float(rows[0]["saved mixer GiB"])
+
+
+def test_bench_train_rejects_a_bad_pattern(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        bench_train.main(["--out", str(tmp_path), "--mixers", "--patterns", "kda*3,atention"])
+    assert "--patterns kda*3,atention: model.pattern=[kda,kda,kda,atention]: 'atention' is not a mixer" in (
+        capsys.readouterr().err)
