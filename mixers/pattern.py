@@ -7,7 +7,9 @@
 Each entry names a `conf/mixer/<name>.yaml`. A layer of kind X is built from that yaml, updated by the
 `mixer.X.*` keys; the `mixer` node itself (the `mixer=` choice with its top-level overrides, such as
 `mixer.use_short_conv=false`) configures the layers of its own class, so every single-mixer override keeps
-its meaning. Without a pattern every layer is the `mixer` node, as it always was.
+its meaning. A section for a kind the pattern lacks is left unused (a sweep over patterns shares its
+overrides); so is the `mixer` node when no layer has its class, with a warning if it was changed. Without a
+pattern every layer is the `mixer` node, as it always was.
 
 No torch here: the analysis names runs with `pattern_name` without importing the model.
 """

@@ -26,7 +26,7 @@ from analysis.colours import MIXER_COLOURS, PATTERN_COLOURS, mixer_colour, mixer
 from mixers.attention import Attention
 from mixers.kda import KDA
 from mixers.model import LanguageModel
-from mixers.pattern import check_pattern, expand, mixer_names, pattern_name, ratio, short_form
+from mixers.pattern import check_pattern, expand, mixer_configs, mixer_names, pattern_name, ratio, short_form
 from runconfig import validate
 from rundir import ResumeRefused
 
@@ -192,6 +192,22 @@ def test_a_bad_pattern_is_one_line_naming_the_value_and_the_fix(pattern: list[st
         assert message.endswith(", ".join(mixer_names()) + " (conf/mixer/<name>.yaml)")
 
 
+def test_the_mixer_node_is_unused_with_a_warning_or_ambiguous_with_an_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    node = _mixer_node("kda", ["kda"])  # changed from kda.yaml: head_dim, chunk_size
+    with caplog.at_level("WARNING", logger="train"):
+        configs = mixer_configs(node, ["attention", "attention"])
+    assert configs["attention"] == OmegaConf.load(CONF / "mixer" / "attention.yaml")
+    assert "has no kda layer, so mixer.chunk_size, mixer.head_dim (the mixer=kda settings) configure " \
+           "nothing" in caplog.text
+    # two yamls of the node's class in one pattern: which one it configures cannot be told
+    for name in ("kda", "attention"):
+        (tmp_path / f"{name}.yaml").write_text((CONF / "mixer" / f"{name}.yaml").read_text())
+    (tmp_path / "kda_small.yaml").write_text((CONF / "mixer" / "kda.yaml").read_text())
+    with pytest.raises(ValueError, match=r"kda, kda_small all build mixers.kda.KDA, the `mixer` node"):
+        mixer_configs(node, ["kda", "kda_small"], conf_dir=tmp_path)
+
+
 # --- through Hydra and train.py --------------------------------------------------------------------------
 
 
@@ -304,6 +320,13 @@ def test_collect_names_a_hybrid_run_by_its_pattern(tmp_path: Path) -> None:
         "mixer": "kda"}}}}))
     (row,) = collect.collect_dirs([tmp_path / "sweep"]).to_dict("records")
     assert (row["mixer"], row["variant"], row["status"]) == ("kda:attention 3:1", "", "incomplete")
+    # the same from W&B: a crashed run has no summary to name it, its config does
+    crashed = types.SimpleNamespace(id="a", name="a", group="kimi_hybrid", state="crashed",
+                                    tags=["task:mqar", "hybrid:kda3_attn1", "pattern:kda*3,attention"],
+                                    config=config, summary=types.SimpleNamespace(_json_dict={}))
+    api = types.SimpleNamespace(runs=lambda path, filters=None: [crashed])
+    (row,) = collect.collect_wandb("team/proj", api=api).to_dict("records")
+    assert (row["mixer"], row["status"]) == ("kda:attention 3:1", "failed")
 
 
 def test_each_kimi_ratio_has_its_own_colour_and_legend_place() -> None:
