@@ -20,6 +20,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from mixers.pattern import check_pattern
 from rundir import ResumeRefused
 
 # train.py's logger: in a sweep, its lines carry the run's name (runlog.name_log_lines).
@@ -70,6 +71,9 @@ class ModelConfig:
 
     d_model: int = 256
     num_layers: int = 2
+    # A hybrid stack: one conf/mixer name per layer ([kda,kda,kda,attention]); null: `mixer` in every layer.
+    # mixers/pattern.py says how each kind's switches are set.
+    pattern: list[str] | None = None
     mlp: MlpKind = MlpKind.swiglu
     mlp_ratio: float = 4.0
     norm_eps: float = 1e-5
@@ -205,6 +209,7 @@ def validate(cfg: DictConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"{key}={value}: must be >= 1")
+    check_pattern(m.pattern, m.num_layers)
     if any(length < 1 for length in t.eval_seq_lens or []):
         raise ValueError(f"task.eval_seq_lens={list(t.eval_seq_lens)}: lengths must be >= 1")
     ranges = [

@@ -39,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import kernels
 from mixers.model import LanguageModel
+from mixers.pattern import pattern_name
 from runconfig import config_changes, fast_step, validate
 from rundata import Batch, EpochSampler, load_task, make_batch, to_device
 from rundir import FINISHED, FileUnreadable, RunDir, RunDirError, flatten
@@ -597,7 +598,7 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str | None, job_num: int
                   "train it again.")
             return previous
     attach_log_file(run_dir / "train.log")
-    mixer_name = mixer_name or str(cfg.mixer.get("_target_", "mixer")).rsplit(".", 1)[-1]
+    mixer_name = _model_name(cfg, mixer_name or str(cfg.mixer.get("_target_", "mixer")).rsplit(".", 1)[-1])
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     meta: dict[str, Any] = {"state_size": None, "n_params": None, "task": cfg.task.name, "mixer": mixer_name,
                             "seq_len": cfg.task.seq_len, "lr": cfg.optim.lr, "seed": cfg.seed,
@@ -629,6 +630,15 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str | None, job_num: int
              format_duration(progress.wall_time_s))
     log.info("outputs: %s (%s)", run_dir.resolve(), ", ".join(rundir.existing()))
     return summary
+
+
+def _model_name(cfg: DictConfig, mixer_name: str) -> str:
+    """The run's `mixer` in its summary, tables and W&B: the mixer= choice, or a hybrid's pattern name
+    (`kda:attention 3:1`, mixers/pattern.py)."""
+    try:
+        return pattern_name(cfg.model.get("pattern")) or mixer_name
+    except ValueError:  # a malformed pattern: validate() makes it the run's error
+        return mixer_name
 
 
 def _ablation() -> str | None:

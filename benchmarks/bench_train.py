@@ -3,6 +3,7 @@
     python benchmarks/bench_train.py --out DIR             # every mixer, MQAR + Palindrome, T 256-2048
     python benchmarks/bench_train.py --out DIR --mixers kda attention --lengths 1024 --impls ours fla
     python benchmarks/bench_train.py --out DIR --device cpu --batch 2 --lengths 32 --d-model 32   # smoke test
+    python benchmarks/bench_train.py --out DIR --mixers --patterns 'kda*3,attention' --lengths 1024  # hybrid
 
 The model of Kimi Linear's synthetic setting (2 layers, d_model 256, the mixers' yamls: 2 heads x 128), one
 fixed batch of the task (B=256 by default), bf16 autocast on CUDA, and the step train.py takes: the body, the
@@ -17,6 +18,8 @@ torch.profiler and its GPU time is split into
     matmuls       every other GEMM (projections, MLP, their gradients)
     rest          elementwise glue, norms, the optimizer
 
+`--patterns` adds hybrid stacks (`model.pattern` in short form, mixers/pattern.py; each kind at its yaml, as
+many layers as the pattern has, our layers only), named as the analysis names them (`kda:attention 3:1`).
 `--impls fla` builds the same backbone around FLA's layers (`fla.layers`, flash-linear-attention >= 0.6,
 with their short convolutions and fused norms) and FLA's fused linear cross-entropy over all positions
 (ignore_index -100), where FLA has the layer. `--variants` picks our step's forms: `default` (what
@@ -56,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
 from mixers.model import LanguageModel  # noqa: E402
+from mixers.pattern import check_pattern, expand, pattern_name  # noqa: E402
 from runconfig import fast_step  # noqa: E402
 
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
@@ -132,7 +136,12 @@ def _versions() -> str:
     return ", ".join(parts)
 
 
-def build(impl: str, mixer: str, vocab: int, d_model: int, lean: bool = False) -> LanguageModel:
+def build(impl: str, mixer: str, vocab: int, d_model: int, lean: bool = False,
+          pattern: list[str] | None = None) -> LanguageModel:
+    if pattern is not None:  # a hybrid: the mixer node is its first kind's yaml, the others' their own
+        cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{pattern[0]}.yaml")
+        return LanguageModel(vocab, cfg, d_model=d_model, num_layers=len(pattern), pattern=pattern,
+                             lean_backward=lean)
     if impl == "ours":
         cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml")
         return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer, lean_backward=lean)
@@ -345,16 +354,17 @@ class RanEager(RuntimeError):
 
 
 def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
-            compiled: bool, lean: bool = False, default: bool = False) -> dict[str, Any]:
+            compiled: bool, lean: bool = False, default: bool = False,
+            pattern: list[str] | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"impl": _label(impl, lean, compiled), "default": default, "task": task,
-                           "mixer": mixer, "T": T, "B": args.batch}
+                           "mixer": mixer, "layers": len(pattern) if pattern else 2, "T": T, "B": args.batch}
     task_cfg = OmegaConf.load(ROOT / "conf" / "task" / f"{TASKS[task]}.yaml")
     task_cfg.seq_len = T
     generate, vocab = train.load_task(task_cfg)
     inputs, labels = generate(args.batch, T, seed=0)
     batch = train.make_batch(inputs, labels, device)
     torch.manual_seed(0)
-    model = build(impl, mixer, vocab, args.d_model, lean).to(device)
+    model = build(impl, mixer, vocab, args.d_model, lean, pattern).to(device)
     label_ranges(model)
     use_bf16 = device.type == "cuda"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else (
@@ -444,8 +454,10 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
     fla = {(r["task"], r["mixer"], r["T"]): r for r in rows if r["impl"].startswith("fla") and "step_ms" in r}
     for r in rows:
+        layers = r.get("layers", 2)
+        name = r["mixer"] if layers == 2 else f"{r['mixer']} ({layers} layers)"
         if "step_ms" not in r:
-            lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {r['impl']} | {r.get('error', '?')} "
+            lines.append(f"| {r['task']} | {name} | {r['T']} | {r['impl']} | {r.get('error', '?')} "
                          "| | | | | | | |")
             continue
         old = last.get((r["impl"], r["task"], r["mixer"], r["T"]))
@@ -457,7 +469,7 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         saved = " / ".join(f"{r[f'saved {k} GiB']:.2f}" for k in SAVED) \
             if f"saved {SAVED[0]} GiB" in r else ""
         impl = r["impl"] + (" (default)" if r.get("default") else "")
-        lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {impl} | {r['step_ms']:.1f} | "
+        lines.append(f"| {r['task']} | {name} | {r['T']} | {impl} | {r['step_ms']:.1f} | "
                      f"{r['tokens_per_s_M']:.2f} | {peak} | {r['first_step_s']} | {ratio} | {vs_fla} "
                      f"| {split} | {saved} |")
     if base:
@@ -471,7 +483,9 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for bench_train.{csv,md}")
-    parser.add_argument("--mixers", nargs="+", default=MIXERS)
+    parser.add_argument("--mixers", nargs="*", default=MIXERS)
+    parser.add_argument("--patterns", nargs="+", default=[], metavar="PATTERN",
+                        help="also time hybrid stacks, e.g. 'kda*3,attention' (Kimi Linear's 3:1, 4 layers)")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 2048])
     parser.add_argument("--impls", nargs="+", default=["ours", "fla"], choices=["ours", "fla"])
@@ -493,9 +507,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.mixers) - set(MIXERS))
     if unknown:
         parser.error(f"unknown mixer(s) {unknown}; choose from {MIXERS}")
+    patterns = [expand(p.split(",")) for p in args.patterns]
+    for text, pattern in zip(args.patterns, patterns, strict=True):
+        try:
+            check_pattern(pattern, len(pattern))
+        except ValueError as error:
+            parser.error(f"--patterns {text}: {error}")
+    models = [(mixer, None) for mixer in args.mixers] + [(pattern_name(p), p) for p in patterns]
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     header = (f"{datetime.date.today()}, {gpu}, {_versions()}, commit {_commit()}; B={args.batch}, "
-              f"d_model {args.d_model}, 2 layers, warmup {args.warmup}, {args.steps} timed steps; "
+              f"d_model {args.d_model}, 2 layers (a pattern: its own), warmup {args.warmup}, {args.steps} "
+              "timed steps; "
               f"`python benchmarks/bench_train.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
     names = list(args.variants) + ["compile"] * args.compile + ["lean"] * args.lean \
         + ["lean+compile"] * (args.compile and args.lean)
@@ -503,15 +525,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for task in args.tasks:
         for T in args.lengths:
-            for mixer in args.mixers:
+            for mixer, pattern in models:
                 for impl in args.impls:
-                    if impl == "fla" and mixer not in FLA_LAYERS:
+                    if impl == "fla" and (pattern is not None or mixer not in FLA_LAYERS):
                         continue
                     # FLA's layers in their own (eager) form: the reference point
                     forms = ours if impl == "ours" else [(False, False, False)]
                     for compiled, lean, default in forms:
                         try:
-                            row = measure(impl, task, mixer, T, args, device, compiled, lean, default)
+                            row = measure(impl, task, mixer, T, args, device, compiled, lean, default,
+                                          pattern)
                         except Exception as error:  # an OOM or an FLA layer that will not build: recorded
                             row = {"impl": _label(impl, lean, compiled), "default": default, "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,

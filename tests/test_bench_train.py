@@ -126,3 +126,24 @@ def test_default_is_the_form_train_py_takes_on_the_device() -> None:
     assert bench_train.variants(["default", "eager"], cuda) == [(True, False, True), (False, False, False)]
     assert bench_train.variants(["eager", "lean+compile"], cuda) == [(False, False, False),
                                                                      (True, True, False)]
+
+
+@pytest.mark.slow
+def test_bench_train_times_a_hybrid_pattern(tmp_path: Path) -> None:
+    code = bench_train.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "32",
+                             "--d-model", "32", "--mixers", "--patterns", "kda,attention", "--impls", "ours",
+                             "--lean", "--warmup", "1", "--steps", "1", "--tasks", "mqar", "--no-profile"])
+    assert code == 0
+    rows = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
+    assert [(r["mixer"], r["layers"], r["impl"]) for r in rows] == [("kda:attention 1:1", "2", "ours"),
+                                                                    ("kda:attention 1:1", "2", "ours+lean")]
+    assert all(float(r["step_ms"]) > 0 for r in rows)
+    # lean reaches the pattern's KDA layer: its mixers keep less for the backward
+    assert float(rows[1]["saved mixer GiB"]) < float(rows[0]["saved mixer GiB"])
+
+
+def test_bench_train_rejects_a_bad_pattern(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        bench_train.main(["--out", str(tmp_path), "--mixers", "--patterns", "kda*3,atention"])
+    assert "--patterns kda*3,atention: model.pattern=[kda,kda,kda,atention]: 'atention' is not a mixer" in (
+        capsys.readouterr().err)
