@@ -65,6 +65,7 @@ def preflight(cfg: DictConfig, job_num: int | None = None, mixer_name: str | Non
     """Every check that needs no training: `ConfigError` (one line: the value and the fix) if the config
     cannot train. Writes nothing."""
     from mixers.model import build_mixer
+    from mixers.pattern import expand, mixer_configs
 
     try:
         validate(cfg)
@@ -79,8 +80,13 @@ def preflight(cfg: DictConfig, job_num: int | None = None, mixer_name: str | Non
         # here, in milliseconds, instead of after the data of the other lengths was drawn
         for length in dict.fromkeys([task.seq_len, *(task.eval_seq_lens or [])]):
             generate(1, int(length), seed=cfg.seed)
-        # one layer's mixer checks its switches (a whole model adds nothing to check, only time)
-        build_mixer(cfg.mixer, cfg.model.d_model, layer_idx=0, name=mixer_name)
+        # one layer of each mixer kind checks its switches (a whole model adds nothing to check, only time)
+        pattern = cfg.model.get("pattern")
+        configs = mixer_configs(cfg.mixer, pattern)
+        kinds = ({mixer_name: configs} if pattern is None
+                 else {name: configs[name] for name in expand(pattern)})
+        for name, mixer_cfg in kinds.items():
+            build_mixer(mixer_cfg, cfg.model.d_model, layer_idx=0, name=name)
     except ValueError as error:
         raise ConfigError(str(error)) from error
     return Preflight(device=device, precision=effective_precision(cfg.trainer.precision, device.type))

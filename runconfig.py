@@ -21,6 +21,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from mixers.pattern import check_pattern
 from rundir import ResumeRefused
 
 # train.py's logger: in a sweep, its lines carry the run's name (runlog.name_log_lines).
@@ -60,7 +61,9 @@ class TaskConfig:
     eval_seq_lens: list[int] | None = None
     num_train: int = MISSING
     num_eval: int = MISSING
-    params: dict[str, Any] = field(default_factory=dict)
+    # The generator's keyword arguments. Open (not struct), so that `task.params.<key>=` needs no `+` for a
+    # parameter the task's yaml leaves out; rundata.check_task_params checks the keys against the generator.
+    params: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
 
 
 @dataclass
@@ -69,12 +72,16 @@ class ModelConfig:
 
     d_model: int = 256
     num_layers: int = 2
+    # A hybrid stack: one conf/mixer name per layer ([kda,kda,kda,attention]); null: `mixer` in every layer.
+    # mixers/pattern.py says how each kind's switches are set.
+    pattern: list[str] | None = None
     mlp: MlpKind = MlpKind.swiglu
     mlp_ratio: float = 4.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     # keep less for the backward (recompute in it): mixers/README.md says what and at what cost.
-    # auto | true | false; auto: on where it is the faster step, i.e. on CUDA with trainer.compile on.
+    # auto | true | false; auto is off: in bf16 on the H200 it makes KDA's and GDN's training go
+    # non-finite (results/fast_step_check/), where the plain backward trains on.
     lean_backward: Any = "auto"
 
 
@@ -242,6 +249,7 @@ def validate(cfg: DictConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"{key}={value}: must be >= 1")
+    check_pattern(m.pattern, m.num_layers)
     if tr.batch_size > t.num_train:
         raise ValueError(f"trainer.batch_size={tr.batch_size} > task.num_train={t.num_train}: every batch "
                          "would hold each training sequence several times over; lower trainer.batch_size "
@@ -281,11 +289,11 @@ def validate(cfg: DictConfig) -> None:
 
 
 def fast_step(cfg: DictConfig, device_type: str) -> tuple[bool, bool]:
-    """(compile, lean_backward) as this run takes them: `auto` turns both on on CUDA, where together they
-    give the fastest measured step, and off elsewhere; true/false force either."""
+    """(compile, lean_backward) as this run takes them; true/false force either. `auto` compiles on CUDA
+    (the step in two thirds of the eager time there) and not on the CPU (where compiling costs more than
+    it saves), and leaves the lean backward off: with it, bf16 training diverges on the GPU."""
     compile_ = device_type == "cuda" if cfg.trainer.compile == "auto" else bool(cfg.trainer.compile)
-    lean = compile_ and device_type == "cuda" if cfg.model.lean_backward == "auto" \
-        else bool(cfg.model.lean_backward)
+    lean = False if cfg.model.lean_backward == "auto" else bool(cfg.model.lean_backward)
     return compile_, lean
 
 

@@ -4,6 +4,7 @@ as a pure function of the step, and a batch on its device with its scored positi
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 from collections.abc import Callable
@@ -15,16 +16,22 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 
-def _check_kwargs(fn: Callable[..., Any], params: dict[str, Any], what: str) -> None:
-    """Raise a ValueError naming the keys of `params` that `fn` does not accept."""
+def _check_kwargs(fn: Callable[..., Any], params: dict[str, Any], task: str) -> None:
+    """Raise a one-line ValueError naming each key of `params` that `fn` does not accept, the closest
+    accepted one, and all of them."""
     signature = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values()):
         return
     accepted = [name for name in signature if name not in ("num_examples", "seq_len", "seed")]
     unknown = sorted(set(params) - set(accepted))
     if unknown:
-        raise ValueError(f"{what}: unknown parameter(s) {unknown} in task.params; "
-                         f"{fn.__name__}() accepts {accepted}")
+        named = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, accepted, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            named.append(f"task.params.{key}={params[key]!r}{hint}")
+        raise ValueError(f"{', '.join(named)}: not a parameter of tasks/{task}.py's {fn.__name__}(); its "
+                         f"parameters: {', '.join(accepted)}")
 
 
 def load_task(task: DictConfig) -> tuple[Callable[..., tuple[torch.Tensor, torch.Tensor]], int]:
@@ -37,9 +44,13 @@ def load_task(task: DictConfig) -> tuple[Callable[..., tuple[torch.Tensor, torch
         available = sorted(p.stem for p in Path(__file__).with_name("tasks").glob("[!_]*.py"))
         raise ValueError(f"task.name={task.name!r}: no module tasks/{task.name}.py; "
                          f"available: {available}") from None
-    params = OmegaConf.to_container(task.params, resolve=True)
+    # task.params is an open node (runconfig.TaskConfig): its keys and its type are checked here
+    if task.params is not None and not OmegaConf.is_dict(task.params):
+        raise ValueError(f"task.params={task.params!r}: give the generator's parameters one by one, "
+                         f"task.params.<name>=<value> (tasks/{task.name}.py)")
+    params = OmegaConf.to_container(task.params, resolve=True) if task.params is not None else {}
     for fn in (module.generate, module.num_tokens):
-        _check_kwargs(fn, params, f"task {task.name!r}")
+        _check_kwargs(fn, params, task.name)
 
     def generate(num_examples: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, labels = module.generate(num_examples, seq_len, seed=seed, **params)

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from mixers.pattern import ratio, short_form
+
 log = logging.getLogger("train")
 
 
@@ -197,10 +199,15 @@ def start_wandb(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], resume_id:
     import wandb
 
     group = wb.group or (Path(sweep_dir).name if sweep_dir else None)
+    tags = {*wb.tags, str(meta["task"]), str(meta["mixer"])}
+    pattern = cfg.model.get("pattern")
+    if pattern is not None:
+        # a hybrid: its layers and its ratio, so that a dashboard can filter either (W&B: <= 64 characters)
+        tags |= {f"pattern:{short_form(pattern)}"[:64], f"ratio:{ratio(pattern)}"[:64]}
     return wandb.init(
         project=wb.project, entity=wb.entity, group=group, mode=wb.mode.value, dir=str(run_dir),
         name=wb.name or f"{meta['task']}/{meta['mixer']}/{run_dir.name}",
-        tags=sorted({*wb.tags, str(meta["task"]), str(meta["mixer"])}),
+        tags=sorted(tags),
         # Top-level copies of what dashboards group by; the mixer's yaml name is not in the config itself.
         config={"mixer_name": meta["mixer"], "task_name": meta["task"], "seq_len": meta["seq_len"],
                 "lr": meta["lr"], **OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)},

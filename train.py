@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 
 import kernels
 from mixers.model import LanguageModel
+from mixers.pattern import pattern_name
 from runcheck import ConfigError, Decision, Preflight, accept, one_line_error, preflight, resolve_device
 from runconfig import EXTENDABLE, effective_precision, fast_step, validate
 from rundata import Batch, EpochSampler, load_task, make_batch, to_device
@@ -314,7 +315,7 @@ def make_optimizer(params: list[torch.nn.Parameter], optim: DictConfig) -> torch
 def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progress,
               job_num: int | None, decision: Decision) -> Run:
     """Device, data, model, optimizer and schedule from the config, resumed from the checkpoint that
-    `decision` accepted, if any (filling `progress`); fills `meta`'s sizes."""
+    `decision` accepted, if any (filling `progress`); fills `meta`'s device and sizes."""
     validate(cfg)
     task, trainer, optim = cfg.task, cfg.trainer, cfg.optim
     device = resolve_device(trainer.device, job_num)
@@ -330,6 +331,8 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
     log.info("run dir %s | device %s | %s | %s | %s", run_dir, device,
              "bf16 autocast" if use_bf16 else "fp32", "compiled" if compiled else "eager",
              "lean backward" if lean else "plain backward")
+    # `auto` in the config does not say where the wall time was spent; analysis.report needs to know
+    meta["device"] = str(device)
 
     generate, vocab_size = load_task(task)
     train_inputs, train_labels = generate(task.num_train, task.seq_len, seed=cfg.seed)  # [N, T]
@@ -540,6 +543,9 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
     progress.wall_time_s = wall_before + time.perf_counter() - segment_start
     if wandb_run is not None:
         final = _summary(status, progress, meta, {})
+        # Commit the last step's history row first: committed later, it would overwrite the summary keys
+        # that are also metrics (`lr`: the configured rate, not the last scheduled one).
+        wandb_run.log({}, commit=True)
         wandb_run.summary.update({k: v for k, v in final.items() if k != "config"})
         wandb_run.finish(exit_code=0 if status == "completed" else 1)
     return status
@@ -584,6 +590,7 @@ def run_meta(cfg: DictConfig, run_dir: Path, mixer_name: str) -> dict[str, Any]:
 def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str, job_num: int | None, sweep_dir: str | None,
            checked: Preflight, hydra_files: dict[str, str] | None) -> dict[str, Any]:
     run_dir = rundir.path
+    mixer_name = _model_name(cfg, mixer_name)
     meta = run_meta(cfg, run_dir, mixer_name)
     decision = accept(rundir, meta["config"], checked.precision)
     if decision.action == "skip":
@@ -626,6 +633,15 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str, job_num: int | None
              format_duration(progress.wall_time_s))
     log.info("outputs: %s (%s)", run_dir.resolve(), ", ".join(rundir.existing()))
     return summary
+
+
+def _model_name(cfg: DictConfig, mixer_name: str) -> str:
+    """The run's `mixer` in its summary, tables and W&B: the mixer= choice, or a hybrid's pattern name
+    (`kda:attention 3:1`, mixers/pattern.py)."""
+    try:
+        return pattern_name(cfg.model.get("pattern")) or mixer_name
+    except ValueError:  # a malformed pattern: validate() makes it the run's error
+        return mixer_name
 
 
 def _ablation() -> str | None:

@@ -4,11 +4,13 @@
     python -m analysis.collect --wandb my-entity/kda-harness --group kimi_fig4 --out table.parquet
 
 Columns: `status` (completed | diverged | failed | incomplete) and `reason` (why a run failed or is
-incomplete), every field of `summary.json` (`best_eval_acc`, `steps_to_threshold`, `state_size`, ...),
-the run's flattened config with dotted names (`task.seq_len`, `optim.lr`, `mixer.gate`, ...), the
-identifying keys `task`, `mixer`, `seq_len`, `lr`, `seed` (filled from the config when a run died before
-writing its summary), `variant` (the overrides beyond task/mixer/length/lr/seed, e.g. KDA ablation
-switches; empty for plain runs), `sweep` and `run_dir`.
+incomplete), every field of `summary.json` (`best_eval_acc`, `steps_to_threshold`, `state_size`,
+`device` (from train.log for runs that predate it), ...), the run's flattened config with dotted names
+(`task.seq_len`, `optim.lr`, `mixer.gate`, ...), the identifying keys `task`, `mixer` (a hybrid's pattern
+name, e.g. `kda:attention 3:1`), `seq_len`, `lr`,
+`seed` (filled from the config when a run died before writing its summary), `variant` (the overrides
+beyond task/mixer/length/lr/seed, e.g. KDA ablation switches; empty for plain runs), `sweep` and
+`run_dir`.
 
 A run directory is any folder holding `.hydra/config.yaml` (what Hydra writes before the run starts),
 so runs that crashed early or were killed by SLURM still get a row. A run whose files cannot be read (a
@@ -31,13 +33,16 @@ import pandas as pd
 import yaml
 
 import rundir
+from mixers.pattern import pattern_name
 from rundir import STATUSES
 
 # Overrides that place a run in the grid or only say where it executes; any other override makes it a
 # variant (an ablation).
 GRID_KEYS = frozenset(
     {"experiment", "task", "mixer", "task.seq_len", "optim.lr", "seed", "trainer.device", "trainer.max_steps",
-     "trainer.cpu_threads"}
+     "trainer.cpu_threads",
+     # a hybrid's layers are its `mixer` name already (kda:attention 3:1), not a variant of it
+     "model.pattern", "experiment/hybrid"}
 )
 _IGNORED_PREFIXES = ("logger.", "hydra.", "hydra/")
 
@@ -50,6 +55,7 @@ SUMMARY_FIELDS = (
     "steps_to_threshold",
     "wall_time_s",
     "tokens_per_s",
+    "device",
     "state_size",
     "n_params",
     "task",
@@ -73,6 +79,23 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """rundir.flatten, with lists as JSON text (so that parquet can hold them)."""
     return {key: json.dumps(list(value)) if isinstance(value, (list, tuple)) else value
             for key, value in rundir.flatten(dict(tree), prefix).items()}
+
+
+def pattern_mixer(config: Mapping[str, Any]) -> str | None:
+    """A hybrid run's `mixer`: the name of its `model.pattern` (a list, or the JSON text `flatten` makes of
+    one); None for a single-mixer run."""
+    pattern = config.get("model.pattern")
+    if isinstance(pattern, str):
+        try:
+            pattern = json.loads(pattern)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(pattern, (list, tuple)) or not pattern:
+        return None
+    try:
+        return pattern_name([str(entry) for entry in pattern])
+    except ValueError:  # a malformed pattern: the run failed on it, under the name it was given
+        return None
 
 
 def find_run_dirs(root: Path) -> list[Path]:
@@ -177,6 +200,23 @@ def _failure_from_logs(run_dir: Path, sweep_root: Path, job_id: str | None) -> s
     return None
 
 
+# train.log's first line names the device the run resolved (`run dir ... | device cuda:0 | bf16 autocast`)
+_LOG_DEVICE = re.compile(r"\| device (\S+) \|")
+
+
+def _device_from_log(run_dir: Path) -> str | None:
+    """The device a run that predates summary.json's `device` trained on, from its train.log."""
+    log = run_dir / "train.log"
+    if not log.exists():
+        return None
+    with log.open(errors="replace") as handle:
+        for _, line in zip(range(50), handle, strict=False):
+            match = _LOG_DEVICE.search(line)
+            if match:
+                return match.group(1)
+    return None
+
+
 def _sweep_root(run_dir: Path, roots: list[Path]) -> Path:
     for root in roots:
         if run_dir == root or root in run_dir.parents:
@@ -233,7 +273,7 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
 
     # Identity from the config, for runs that died before writing their summary.
     row["task"] = config.get("task.name", choices.get("task"))
-    row["mixer"] = choices.get("mixer") or config.get("mixer.name")
+    row["mixer"] = pattern_mixer(config) or choices.get("mixer") or config.get("mixer.name")
     row["seq_len"] = config.get("task.seq_len")
     row["lr"] = config.get("optim.lr")
     row["seed"] = config.get("seed")
@@ -279,6 +319,8 @@ def load_run(run_dir: Path, sweep_root: Path | None = None) -> dict[str, Any]:
             status, reason = "incomplete", "no summary.json (never finished or still running)"
     row["status"] = status
     row["reason"] = reason
+    if row.get("device") is None:
+        row["device"] = _device_from_log(run_dir)
     row["variant"] = variant_of(overrides)
     row["override_dirname"] = job.get("override_dirname")
     row["job_id"] = job_id
@@ -329,7 +371,8 @@ def collect_wandb(path: str, *, group: str | None = None, api: Any | None = None
         # and the summary's `mixer` (below) too once the run finished.
         tagged = [t.split(":", 1)[1] for t in run.tags if t.startswith("mixer:")]
         target = str(row.get("mixer._target_") or "")
-        row["mixer"] = tagged[0] if tagged else (target.rsplit(".", 1)[-1].lower() or None)
+        row["mixer"] = pattern_mixer(row) or (tagged[0] if tagged else (target.rsplit(".", 1)[-1].lower()
+                                                                         or None))
         row["seq_len"] = row.get("task.seq_len")
         row["lr"] = row.get("optim.lr")
         row["seed"] = row.get("seed")

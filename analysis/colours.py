@@ -1,4 +1,4 @@
-"""One fixed colour per mixer, shared by every figure (STYLE.md rule 10).
+"""One fixed colour per mixer and per hybrid pattern, shared by every figure (STYLE.md rule 10).
 
 A mixer keeps its colour whatever subset of mixers a figure shows, so a reader who learnt
 "KDA is red" in one plot can trust it in the next. Mixers not listed here (a user's new mixer)
@@ -21,8 +21,20 @@ MIXER_COLOURS: dict[str, str] = {
     "longhorn": "#882255",  # wine (Tol)
 }
 
-# Fallback palette for mixers without an entry above; none of these repeat a listed colour.
-_FALLBACK = ["#999933", "#44AA99", "#332288", "#AA4499", "#117733", "#88CCEE", "#DDCC77", "#661100"]
+# Kimi Linear's hybrids (KDA with one attention layer in every n + 1; mixers/pattern.py names them), from
+# the least attention to the most: Tol colours that no mixer above uses.
+PATTERN_COLOURS: dict[str, str] = {
+    "kda:attention 15:1": "#AA4499",  # purple
+    "kda:attention 7:1": "#44AA99",  # teal
+    "kda:attention 3:1": "#332288",  # indigo
+    "kda:attention 1:1": "#999933",  # olive
+}
+
+# Fallback palette for mixers and patterns without an entry above; none of these repeat a listed colour.
+_FALLBACK = ["#117733", "#88CCEE", "#DDCC77", "#661100", "#AA3377", "#BBBBBB", "#FFAABB", "#6699CC"]
+
+# Legend order: KDA, its hybrids by growing attention share, then the other mixers (attention among them).
+_ORDER = ["kda", *PATTERN_COLOURS, *(name for name in MIXER_COLOURS if name != "kda")]
 
 # Line styles and markers tell variants of one mixer apart (KDA ablations share KDA's colour).
 VARIANT_STYLES: list[tuple[str, str]] = [
@@ -41,10 +53,13 @@ def mixer_colour(mixer: str) -> str:
     """The colour of `mixer` in every figure (hex string)."""
     if mixer in MIXER_COLOURS:
         return MIXER_COLOURS[mixer]
+    if mixer in PATTERN_COLOURS:
+        return PATTERN_COLOURS[mixer]
     return _FALLBACK[zlib.crc32(mixer.encode()) % len(_FALLBACK)]
 
 
 def mixer_order(mixers: list[str] | set[str]) -> list[str]:
-    """Mixers in the fixed legend order (the order of MIXER_COLOURS, then others alphabetically)."""
-    known = [name for name in MIXER_COLOURS if name in mixers]
-    return known + sorted(set(mixers) - set(MIXER_COLOURS))
+    """Mixers in the fixed legend order (KDA, Kimi's hybrids, the rest of MIXER_COLOURS, then others
+    alphabetically)."""
+    known = [name for name in _ORDER if name in mixers]
+    return known + sorted(set(mixers) - set(_ORDER))

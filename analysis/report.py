@@ -1,4 +1,4 @@
-"""Kimi Linear §5.1's four claims about Fig. 4, judged on a sweep's runs, with the sweep's GPU cost.
+"""Kimi Linear §5.1's four claims about Fig. 4, judged on a sweep's runs, with what the sweep cost.
 
     python -m analysis.report results/kimi_fig4_h200 --out results/kimi_fig4_h200/REPORT.md
 
@@ -10,16 +10,20 @@ Each claim is marked `reproduced`, `not reproduced` (with the cells that contrad
   `best_eval_acc`); both are tabulated, the claims are judged on `--metric` (default: the paper's);
 - convergence = `steps_to_threshold` (first eval step at eval acc >= 0.9) of the cell's best lr.
 
-Cost: the GPU seconds each finished run took (`wall_time_s`), their sum, seconds per step by mixer and
-length, and from those the projected cost of the paper's whole grid (`experiment=kimi_fig4`: 432 runs of
-20,000 steps) on one GPU and on a cluster of 8, serial per GPU.
+Cost: the wall time each finished run took (`wall_time_s`) summed by the kind of device it trained on
+(summary.json's `device`: GPU-hours and CPU-hours apart), seconds per step by mixer, length and device,
+and from the GPU runs only the projected cost of the paper's whole grid (`experiment=kimi_fig4`: 432 runs
+of 20,000 steps) on one GPU and on a cluster of 8, serial per GPU. A CPU sweep projects nothing: its
+seconds per step say nothing about a GPU's.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -33,6 +37,26 @@ PAPER_RUNS_PER_CELL = 4 * 3
 PAPER_STEPS = 20_000
 PAPER_LENGTHS = (256, 512, 1024, 2048)
 SLACK = 0.01  # "KDA >= GDN" holds within one accuracy point (seed noise of a single run)
+DEVICE_KINDS = ("GPU", "CPU", "unknown")
+MISSING = "–"  # a cell with no value (no 2L eval, a metric the run did not record)
+
+
+def device_kind(device: Any, configured: Any = None) -> str:
+    """GPU, CPU or unknown: where a run spent its wall time, from the device it resolved (summary.json's
+    `device`, e.g. cuda:0) or, for a run that predates that field, an explicit `trainer.device`."""
+    for spec in (device, configured):
+        if isinstance(spec, str) and spec.startswith("cuda"):
+            return "GPU"
+        if spec == "cpu":
+            return "CPU"
+    return "unknown"
+
+
+def _fmt(value: Any, spec: str) -> str:
+    """`value` formatted, or a dash where it is missing (None or NaN), never a raw `nan`."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or pd.isna(value):
+        return MISSING
+    return format(value, spec)
 
 
 def _series(frame: pd.DataFrame) -> pd.Series:
@@ -178,20 +202,31 @@ def _verdict(claim: str, against: list[str], missing: list[str], evidence: str) 
 
 
 def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
-    """GPU seconds per step by (mixer, length) from finished runs, and the projected cost of the paper's
-    grid: 3 tasks x 12 runs per (mixer, length) x 20,000 steps each."""
+    """Wall seconds per step by (mixer, length, device kind) from finished runs, hours spent per device kind,
+    and from the GPU runs the projected cost of the paper's grid: 3 tasks x 12 runs per (mixer, length) x
+    20,000 steps each (`paper_grid_gpu_h`, absent when no run trained on a GPU)."""
     done = runs[runs["status"].isin(["completed", "diverged"])].copy()
     done = done[pd.to_numeric(done["steps"], errors="coerce") > 0]
     if done.empty:
-        return pd.DataFrame(columns=["mixer", "seq_len", "runs", "gpu_s", "s_per_step"]), {}
+        return pd.DataFrame(columns=["series", "seq_len", "device", "runs", "wall_s", "s_per_step"]), {}
     done["series"] = _series(done)
+    none = pd.Series(None, index=done.index, dtype=object)
+    done["device"] = [device_kind(d, c) for d, c in
+                      zip(done.get("device", none), done.get("trainer.device", none), strict=True)]
     per = (
-        done.groupby(["series", "seq_len"])
-        .agg(runs=("wall_time_s", "size"), gpu_s=("wall_time_s", "sum"), steps=("steps", "sum"))
+        done.groupby(["series", "seq_len", "device"])
+        .agg(runs=("wall_time_s", "size"), wall_s=("wall_time_s", "sum"), steps=("steps", "sum"))
         .reset_index()
     )
-    per["s_per_step"] = per["gpu_s"] / per["steps"]
-    paper = per[per["series"].isin(MIXERS)]
+    per["s_per_step"] = per["wall_s"] / per["steps"]
+    totals = {f"spent_{kind.lower()}_h": float(done.loc[done["device"] == kind, "wall_time_s"].sum()) / 3600
+              for kind in DEVICE_KINDS}
+    totals.update({f"{kind.lower()}_runs": float((done["device"] == kind).sum()) for kind in DEVICE_KINDS})
+    paper = per[per["series"].isin(MIXERS) & (per["device"] == "GPU")]
+    totals["paper_grid_cells_measured"] = float(len(paper))
+    totals["paper_grid_cells"] = float(len(MIXERS) * len(PAPER_LENGTHS))
+    if paper.empty:
+        return per, totals
     # a cell not measured yet costs its mixer's nearest measured length scaled by length (the step's work
     # is linear in T for the linear mixers; a mixer with no cell at all is left out)
     projected = 0.0
@@ -201,13 +236,7 @@ def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
             near = min(measured, key=lambda m: abs(m - length))
             per_step = measured.get(length, measured[near] * length / near)
             projected += per_step * 3 * PAPER_RUNS_PER_CELL * PAPER_STEPS
-    cells_needed = len(MIXERS) * len(PAPER_LENGTHS)
-    totals = {
-        "spent_gpu_h": float(done["wall_time_s"].sum()) / 3600,
-        "paper_grid_gpu_h": projected / 3600,
-        "paper_grid_cells_measured": float(len(paper)),
-        "paper_grid_cells": float(cells_needed),
-    }
+    totals["paper_grid_gpu_h"] = projected / 3600
     return per, totals
 
 
@@ -240,28 +269,42 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
     for _, c in cells.iterrows():
         steps = "never" if pd.isna(c["steps_to_0.9"]) else int(c["steps_to_0.9"])
         lines.append(
-            f"| {c['task']} | {c['series']} | {c['seq_len']} | {c['train']:.3f} | {c['eval']:.3f} | "
-            f"{c['eval@2L']:.3f} | {c['lr']:g} | {steps} | {c['runs']} |"
+            f"| {c['task']} | {c['series']} | {c['seq_len']} | {_fmt(c['train'], '.3f')} | "
+            f"{_fmt(c['eval'], '.3f')} | {_fmt(c['eval@2L'], '.3f')} | {c['lr']:g} | {steps} | {c['runs']} |"
         )
     if cells.empty:
         lines.append("| (no finished run yet) | | | | | | | | |")
     per, totals = cost(runs)
-    lines += ["", "## GPU time", ""]
+    lines += ["", "## Compute time", ""]
     if totals:
+        where = {"GPU": "on GPUs", "CPU": "on the CPU", "unknown": "on a device not recorded"}
+        spent = []
+        for kind in DEVICE_KINDS:
+            hours, count = totals[f"spent_{kind.lower()}_h"], int(totals[f"{kind.lower()}_runs"])
+            if count:
+                spent.append(f"{hours:.2f} {kind}-hours ({count} runs {where[kind]})")
+        lines += [f"Spent over the finished runs: {', '.join(spent)}; each run's wall time, so runs packed n "
+                  "to a device count it n times over.", ""]
+        if "paper_grid_gpu_h" in totals:
+            hours = totals["paper_grid_gpu_h"]
+            measured, needed = int(totals["paper_grid_cells_measured"]), int(totals["paper_grid_cells"])
+            lines.append(
+                f"The paper's whole grid (432 runs x 20,000 steps) at these GPU runs' speeds: "
+                f"**{hours:.0f} GPU-hours on one GPU, {hours / 8:.0f} hours on a cluster of 8** (runs one "
+                f"at a time per GPU; {measured} of {needed} mixer x length cells measured on a GPU, the "
+                "others scaled by length from the nearest measured one; for a packed sweep these are upper "
+                "bounds).")
+        else:
+            lines.append("No finished run of KDA, GDN or Mamba2 trained on a GPU, so the paper's grid (432 "
+                         "runs x 20,000 steps) is not projected: seconds per step on a CPU say nothing about "
+                         "a GPU's.")
         lines += [
-            f"Spent: {totals['spent_gpu_h']:.2f} GPU-hours over the finished runs. The paper's whole grid "
-            f"(432 runs x 20,000 steps) at these speeds: **{totals['paper_grid_gpu_h']:.0f} GPU-hours on "
-            f"one GPU, {totals['paper_grid_gpu_h'] / 8:.0f} hours on a cluster of 8** (runs one at a time "
-            f"per GPU; {int(totals['paper_grid_cells_measured'])} of {int(totals['paper_grid_cells'])} "
-            "mixer x length cells measured, the others scaled by length from the nearest measured one). "
-            "GPU s is each run's wall time: runs packed n to a GPU count it n times over, so for a packed "
-            "sweep these are upper bounds.",
             "",
-            "| mixer | L | runs | GPU s | s/step |",
-            "|---|---:|---:|---:|---:|",
+            "| mixer | L | device | runs | wall s | s/step |",
+            "|---|---:|---|---:|---:|---:|",
         ]
         lines += [
-            f"| {r['series']} | {int(r['seq_len'])} | {r['runs']} | {r['gpu_s']:.0f} | "
+            f"| {r['series']} | {int(r['seq_len'])} | {r['device']} | {r['runs']} | {r['wall_s']:.0f} | "
             f"{r['s_per_step']:.4f} |"
             for _, r in per.iterrows()
         ]

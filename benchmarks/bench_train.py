@@ -3,6 +3,7 @@
     python benchmarks/bench_train.py --out DIR             # every mixer, MQAR + Palindrome, T 256-2048
     python benchmarks/bench_train.py --out DIR --mixers kda attention --lengths 1024 --impls ours fla
     python benchmarks/bench_train.py --out DIR --device cpu --batch 2 --lengths 32 --d-model 32   # smoke test
+    python benchmarks/bench_train.py --out DIR --mixers --patterns 'kda*3,attention' --lengths 1024  # hybrid
 
 The model of Kimi Linear's synthetic setting (2 layers, d_model 256, the mixers' yamls: 2 heads x 128), one
 fixed batch of the task (B=256 by default), bf16 autocast on CUDA, and the step train.py takes: the body, the
@@ -17,10 +18,17 @@ torch.profiler and its GPU time is split into
     matmuls       every other GEMM (projections, MLP, their gradients)
     rest          elementwise glue, norms, the optimizer
 
+`--patterns` adds hybrid stacks (`model.pattern` in short form, mixers/pattern.py; each kind at its yaml, as
+many layers as the pattern has, our layers only), named as the analysis names them (`kda:attention 3:1`).
 `--impls fla` builds the same backbone around FLA's layers (`fla.layers`, flash-linear-attention >= 0.6,
 with their short convolutions and fused norms) and FLA's fused linear cross-entropy over all positions
-(ignore_index -100), where FLA has the layer. `--compile` adds rows with `torch.compile` of the body.
-`benchmarks/anchors/train_a359d38_h200.csv` (the step before this benchmark existed) is printed beside.
+(ignore_index -100), where FLA has the layer. `--variants` picks our step's forms: `default` (what
+`python train.py` runs on this device: compiled and lean on CUDA, eager on the CPU; the row says which),
+`eager`, `lean`, `compile`, `lean+compile`. A compiled row is measured after `torch._dynamo.reset()`, and
+fails (recorded, with the reason) if the compiler made no graph: a row labelled compiled ran compiled.
+Each row is printed beside the last committed figure of the same form (`benchmarks/anchors/
+train_eaf2b28_h200.csv`, H200) and beside FLA's layers; the step before this benchmark existed
+(`train_a359d38_h200.csv`) closes the report.
 Writes DIR/bench_train.csv and DIR/bench_train.md (date, GPU, versions, commit on top), and
 DIR/bench_train_rest.csv: the "rest" of each step's GPU time by launching op and kernel, largest first.
 """
@@ -33,6 +41,7 @@ import csv
 import datetime
 import inspect
 import math
+import os
 import subprocess
 import sys
 import time
@@ -50,10 +59,14 @@ sys.path.insert(0, str(ROOT))
 
 import train  # noqa: E402
 from mixers.model import LanguageModel  # noqa: E402
+from mixers.pattern import check_pattern, expand, pattern_name  # noqa: E402
+from runconfig import fast_step  # noqa: E402
 
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
 TASKS = {"mqar": "mqar", "palindrome": "palindrome"}
 BASELINE = ROOT / "benchmarks" / "anchors" / "train_a359d38_h200.csv"
+# the last committed step figures, per form (impl label), task, mixer and length
+LAST = ROOT / "benchmarks" / "anchors" / "train_eaf2b28_h200.csv"
 CATEGORIES = ["mixer op", "lm head+loss", "short conv", "matmuls", "rest"]
 
 # our mixer name -> FLA's layer class (the same op; FLA's own gates and defaults)
@@ -95,11 +108,12 @@ class FlaMixer(nn.Module):
 
 
 def _commit() -> str:
+    """The checkout's commit; a copy without .git (a lent GPU machine) can name it in $KDA_COMMIT."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("KDA_COMMIT", "unknown")
 
 
 def indexed_device(spec: str) -> torch.device:
@@ -122,7 +136,12 @@ def _versions() -> str:
     return ", ".join(parts)
 
 
-def build(impl: str, mixer: str, vocab: int, d_model: int, lean: bool = False) -> LanguageModel:
+def build(impl: str, mixer: str, vocab: int, d_model: int, lean: bool = False,
+          pattern: list[str] | None = None) -> LanguageModel:
+    if pattern is not None:  # a hybrid: the mixer node is its first kind's yaml, the others' their own
+        cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{pattern[0]}.yaml")
+        return LanguageModel(vocab, cfg, d_model=d_model, num_layers=len(pattern), pattern=pattern,
+                             lean_backward=lean)
     if impl == "ours":
         cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml")
         return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer, lean_backward=lean)
@@ -197,10 +216,10 @@ def profile_split(step: Callable[[], None], device: torch.device,
 
 
 def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch.Tensor, compiled: bool,
-              autocast: Callable[[], Any]) -> Callable[[], None]:
+              autocast: Callable[[], Any], backend: str = "inductor") -> Callable[[], None]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = train.make_optimizer(params, OmegaConf.load(ROOT / "conf" / "optim" / "adamw.yaml"))
-    features = torch.compile(model.features) if compiled else model.features
+    features = torch.compile(model.features, backend=backend) if compiled else model.features
     if impl == "ours":
         def step() -> None:
             loss, _ = train.forward_backward(model, features, batch, optimizer, autocast, False)
@@ -316,28 +335,58 @@ def _label(impl: str, lean: bool, compiled: bool) -> str:
     return impl + ("+lean" if lean else "") + ("+compile" if compiled else "")
 
 
+# --variants: (compiled, lean) of each form of our step; `default` is resolved per device by fast_step
+VARIANTS = {"eager": (False, False), "lean": (False, True), "compile": (True, False),
+            "lean+compile": (True, True)}
+
+
+def variants(names: list[str], device: torch.device) -> list[tuple[bool, bool, bool]]:
+    """(compiled, lean, is_default) per distinct form asked for, in order; `default` is the form train.py
+    takes on `device` (trainer.compile and model.lean_backward at auto), measured once if also named."""
+    auto = OmegaConf.create({"trainer": {"compile": "auto"}, "model": {"lean_backward": "auto"}})
+    default = fast_step(auto, device.type)
+    forms = [default if name == "default" else VARIANTS[name] for name in names]
+    return [(c, lean, (c, lean) == default and "default" in names) for c, lean in dict.fromkeys(forms)]
+
+
+class RanEager(RuntimeError):
+    """torch.compile made no graph for a row labelled compiled (e.g. its recompile limit was reached)."""
+
+
 def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
-            compiled: bool, lean: bool = False) -> dict[str, Any]:
-    row: dict[str, Any] = {"impl": _label(impl, lean, compiled), "task": task,
-                           "mixer": mixer, "T": T, "B": args.batch}
+            compiled: bool, lean: bool = False, default: bool = False,
+            pattern: list[str] | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {"impl": _label(impl, lean, compiled), "default": default, "task": task,
+                           "mixer": mixer, "layers": len(pattern) if pattern else 2, "T": T, "B": args.batch}
     task_cfg = OmegaConf.load(ROOT / "conf" / "task" / f"{TASKS[task]}.yaml")
     task_cfg.seq_len = T
     generate, vocab = train.load_task(task_cfg)
     inputs, labels = generate(args.batch, T, seed=0)
     batch = train.make_batch(inputs, labels, device)
     torch.manual_seed(0)
-    model = build(impl, mixer, vocab, args.d_model, lean).to(device)
+    model = build(impl, mixer, vocab, args.d_model, lean, pattern).to(device)
     label_ranges(model)
     use_bf16 = device.type == "cuda"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else (
         lambda: torch.autocast(device.type, enabled=False))
-    step = make_step(impl, model, batch, labels, compiled, autocast)
+    if compiled:
+        # each model compiles from a clean slate, as in its own run: a process that has compiled other
+        # models may reach dynamo's recompile limit, and then it runs eager without a word
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+    step = make_step(impl, model, batch, labels, compiled, autocast, getattr(args, "backend", "inductor"))
     # the first step pays Triton's and (compiled) inductor's compilation: what a run pays once
     t0 = time.perf_counter()
     step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     row["first_step_s"] = round(time.perf_counter() - t0, 2)
+    if compiled:
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        if graphs == 0:
+            raise RanEager("torch.compile made no graph: this row would be eager under a compiled label")
+        row["graphs"] = graphs
+        row["graph_breaks"] = sum(torch._dynamo.utils.counters["graph_break"].values())
     for _ in range(args.warmup - 1):
         step()
     if device.type == "cuda":
@@ -378,6 +427,11 @@ def _baseline() -> dict[tuple[str, int], dict[str, str]]:
         return {(r["mixer"], int(r["T"])): r for r in csv.DictReader(f)}
 
 
+def _last() -> dict[tuple[str, str, str, int], dict[str, str]]:
+    with open(LAST) as f:
+        return {(r["impl"], r["task"], r["mixer"], int(r["T"])): r for r in csv.DictReader(f)}
+
+
 def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
     keys = list(dict.fromkeys(k for r in rows for k in r if k != "_rest"))
@@ -392,27 +446,30 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    base = _baseline()
+    base, last = _baseline(), _last()
     lines = [f"# Training step, whole model\n\n{header}\n",
-             "| task | mixer | T | impl | step ms | tokens/s (M) | peak GiB | first step s | vs a359d38 step "
+             "| task | mixer | T | impl | step ms | tokens/s (M) | peak GiB | first step s | vs eaf2b28 "
              "| vs FLA step | mixer op / loss / conv / matmul / rest (ms) "
              "| saved GiB: mixer / mlp / norms / rest |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
     fla = {(r["task"], r["mixer"], r["T"]): r for r in rows if r["impl"].startswith("fla") and "step_ms" in r}
     for r in rows:
+        layers = r.get("layers", 2)
+        name = r["mixer"] if layers == 2 else f"{r['mixer']} ({layers} layers)"
         if "step_ms" not in r:
-            lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {r['impl']} | {r.get('error', '?')} "
+            lines.append(f"| {r['task']} | {name} | {r['T']} | {r['impl']} | {r.get('error', '?')} "
                          "| | | | | | | |")
             continue
-        old = base.get((r["mixer"], r["T"])) if r["task"] == "mqar" and r["impl"].startswith("ours") else None
-        ratio = f"{r['step_ms'] / float(old['step_ms']):.2f}x" if old else ""
+        old = last.get((r["impl"], r["task"], r["mixer"], r["T"]))
+        ratio = f"{r['step_ms'] / float(old['step_ms']):.2f}x of {old['step_ms']}" if old else ""
         other = fla.get((r["task"], r["mixer"], r["T"]))
         vs_fla = f"{r['step_ms'] / other['step_ms']:.2f}x" if other and r["impl"].startswith("ours") else ""
         split = " / ".join(f"{r[f'{c} ms']:.1f}" for c in CATEGORIES) if f"{CATEGORIES[0]} ms" in r else ""
         peak = r["peak_gib"] if r["peak_gib"] is not None else "–"
         saved = " / ".join(f"{r[f'saved {k} GiB']:.2f}" for k in SAVED) \
             if f"saved {SAVED[0]} GiB" in r else ""
-        lines.append(f"| {r['task']} | {r['mixer']} | {r['T']} | {r['impl']} | {r['step_ms']:.1f} | "
+        impl = r["impl"] + (" (default)" if r.get("default") else "")
+        lines.append(f"| {r['task']} | {name} | {r['T']} | {impl} | {r['step_ms']:.1f} | "
                      f"{r['tokens_per_s_M']:.2f} | {peak} | {r['first_step_s']} | {ratio} | {vs_fla} "
                      f"| {split} | {saved} |")
     if base:
@@ -426,7 +483,9 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for bench_train.{csv,md}")
-    parser.add_argument("--mixers", nargs="+", default=MIXERS)
+    parser.add_argument("--mixers", nargs="*", default=MIXERS)
+    parser.add_argument("--patterns", nargs="+", default=[], metavar="PATTERN",
+                        help="also time hybrid stacks, e.g. 'kda*3,attention' (Kimi Linear's 3:1, 4 layers)")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 2048])
     parser.add_argument("--impls", nargs="+", default=["ours", "fla"], choices=["ours", "fla"])
@@ -434,9 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile of the body")
-    parser.add_argument("--lean", action="store_true",
-                        help="also time our layers with model.lean_backward=true (keep less, recompute)")
+    parser.add_argument("--variants", nargs="+", default=["default", "eager"],
+                        choices=["default", *VARIANTS], help="forms of our step to time")
+    parser.add_argument("--compile", action="store_true", help="also time the compiled forms")
+    parser.add_argument("--lean", action="store_true", help="also time the lean forms")
+    parser.add_argument("--backend", default="inductor", help="torch.compile's backend")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -446,25 +507,36 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.mixers) - set(MIXERS))
     if unknown:
         parser.error(f"unknown mixer(s) {unknown}; choose from {MIXERS}")
+    patterns = [expand(p.split(",")) for p in args.patterns]
+    for text, pattern in zip(args.patterns, patterns, strict=True):
+        try:
+            check_pattern(pattern, len(pattern))
+        except ValueError as error:
+            parser.error(f"--patterns {text}: {error}")
+    models = [(mixer, None) for mixer in args.mixers] + [(pattern_name(p), p) for p in patterns]
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     header = (f"{datetime.date.today()}, {gpu}, {_versions()}, commit {_commit()}; B={args.batch}, "
-              f"d_model {args.d_model}, 2 layers, warmup {args.warmup}, {args.steps} timed steps; "
+              f"d_model {args.d_model}, 2 layers (a pattern: its own), warmup {args.warmup}, {args.steps} "
+              "timed steps; "
               f"`python benchmarks/bench_train.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
+    names = list(args.variants) + ["compile"] * args.compile + ["lean"] * args.lean \
+        + ["lean+compile"] * (args.compile and args.lean)
+    ours = variants(names, device)
     rows = []
     for task in args.tasks:
         for T in args.lengths:
-            for mixer in args.mixers:
+            for mixer, pattern in models:
                 for impl in args.impls:
-                    if impl == "fla" and mixer not in FLA_LAYERS:
+                    if impl == "fla" and (pattern is not None or mixer not in FLA_LAYERS):
                         continue
-                    leans = [False, True] if args.lean and impl == "ours" else [False]
-                    compiles = [False, True] if args.compile else [False]
-                    variants = [(c, lean) for lean in leans for c in compiles]
-                    for compiled, lean in variants:
+                    # FLA's layers in their own (eager) form: the reference point
+                    forms = ours if impl == "ours" else [(False, False, False)]
+                    for compiled, lean, default in forms:
                         try:
-                            row = measure(impl, task, mixer, T, args, device, compiled, lean)
+                            row = measure(impl, task, mixer, T, args, device, compiled, lean, default,
+                                          pattern)
                         except Exception as error:  # an OOM or an FLA layer that will not build: recorded
-                            row = {"impl": _label(impl, lean, compiled), "task": task,
+                            row = {"impl": _label(impl, lean, compiled), "default": default, "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,
                                    "error": f"{type(error).__name__}: {str(error).splitlines()[0][-160:]}"}
                         print({k: v for k, v in row.items() if k != "_rest"}, flush=True)

@@ -4,14 +4,15 @@
                   -> norm -> LM head -> logits [B, T, V]
 
 Each layer's mixer is built from its config (`conf/mixer/<name>.yaml`: `_target_` + kwargs) by
-`build_mixer`, so the model knows no mixer by name. `LanguageModel.step` decodes one token at a time
-through each mixer's cache and gives the same logits as the full forward.
+`build_mixer`, so the model knows no mixer by name: every layer the same mixer, or, with a `pattern`, the
+mixer each layer's entry names (a hybrid stack, mixers/pattern.py). `LanguageModel.step` decodes one token
+at a time through each mixer's cache and gives the same logits as the full forward.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import hydra
@@ -23,6 +24,7 @@ from torch import nn
 from kernels.swiglu import swiglu
 from mixers.base import Mixer
 from mixers.loss import linear_cross_entropy
+from mixers.pattern import check_pattern, expand, mixer_configs
 
 # Keys Hydra's instantiate reads itself; they are not constructor arguments.
 _HYDRA_KEYS = {"_target_", "_recursive_", "_convert_", "_partial_", "_args_"}
@@ -126,7 +128,8 @@ class LanguageModel(nn.Module):
 
     Args:
         vocab_size: number of token ids (the task's `num_tokens`).
-        mixer: the mixer config (`_target_` + kwargs); each layer gets its own instance.
+        mixer: the mixer config (`_target_` + kwargs); each layer gets its own instance. With a pattern it
+            configures the layers of its own class, and its `<kind>` sections the others (mixers/pattern.py).
         d_model: width D.
         num_layers: number of blocks.
         mlp: "swiglu" or "gelu".
@@ -138,6 +141,8 @@ class LanguageModel(nn.Module):
             (`LinearMixer.lean_backward`) and the fused SwiGLU kernels on CUDA. Off: the plain torch
             expressions, the reference.
         mixer_name: the mixer's yaml name, for error messages.
+        pattern: one mixer name (a conf/mixer yaml) per layer, `name*n` for n in a row; None: `mixer` in
+            every layer.
     """
 
     def __init__(
@@ -153,19 +158,26 @@ class LanguageModel(nn.Module):
         tie_embeddings: bool = False,
         lean_backward: bool = False,
         mixer_name: str | None = None,
+        pattern: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         if vocab_size < 1 or d_model < 1 or num_layers < 1:
             raise ValueError(f"vocab_size={vocab_size}, d_model={d_model}, num_layers={num_layers}: "
                              "all must be >= 1")
+        check_pattern(pattern, num_layers)
+        configs = mixer_configs(mixer, pattern)
+        # (config, name) per layer; the same config object for every layer of one kind
+        layers = ([(configs, mixer_name)] * num_layers if pattern is None
+                  else [(configs[name], name) for name in expand(pattern)])
+        self.pattern = None if pattern is None else expand(pattern)
         hidden = int(mlp_ratio * d_model)
         if mlp == "swiglu":
             hidden = 32 * -(-int(2 * hidden / 3) // 32)
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(
-            Block(d_model, build_mixer(mixer, d_model, i, mixer_name),
+            Block(d_model, build_mixer(layer_mixer, d_model, i, name),
                   MLP(d_model, hidden, mlp, fused=lean_backward), norm_eps)
-            for i in range(num_layers)
+            for i, (layer_mixer, name) in enumerate(layers)
         )
         for block in self.blocks:
             if hasattr(block.mixer, "lean_backward"):

@@ -97,3 +97,53 @@ def test_saved_storages_counts_what_the_backward_holds_under_the_module_that_sav
     with bench_train.saved_storages(model) as live:
         loss = model(x).sum()  # no backward: counted at the context's exit, while the graph is held
     assert [r["module"] for r in live] == ["1"] and loss.grad_fn is not None
+
+
+def test_a_row_labelled_compiled_ran_compiled_or_is_an_error(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    common = ["--device", "cpu", "--batch", "2", "--lengths", "16", "--d-model", "32", "--mixers",
+              "attention", "--impls", "ours", "--warmup", "1", "--steps", "1", "--no-profile",
+              "--backend", "aot_eager", "--variants", "default", "compile"]
+    # two models compiled in one process: each row's compile starts clean, so the second is compiled too
+    assert bench_train.main(["--out", str(tmp_path / "ok"), *common, "--tasks", "palindrome", "mqar"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "ok" / "bench_train.csv")))
+    assert [(r["task"], r["impl"], r["default"]) for r in rows] == [
+        ("palindrome", "ours", "True"), ("palindrome", "ours+compile", "False"),
+        ("mqar", "ours", "True"), ("mqar", "ours+compile", "False")]
+    assert all(int(r["graphs"]) >= 1 for r in rows if r["impl"] == "ours+compile")
+    assert "| ours (default) |" in (tmp_path / "ok" / "bench_train.md").read_text()
+    # a compiler that silently runs eager gives an error row, not eager figures under a compiled label
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
+    assert bench_train.main(["--out", str(tmp_path / "eager"), *common, "--tasks", "palindrome"]) == 0
+    eager, compiled = list(csv.DictReader(open(tmp_path / "eager" / "bench_train.csv")))
+    assert float(eager["step_ms"]) > 0 and not compiled["step_ms"]
+    assert "RanEager" in compiled["error"] and "eager under a compiled label" in compiled["error"]
+
+
+def test_default_is_the_form_train_py_takes_on_the_device() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert bench_train.variants(["default", "eager"], cpu) == [(False, False, True)]
+    assert bench_train.variants(["default", "eager"], cuda) == [(True, False, True), (False, False, False)]
+    assert bench_train.variants(["eager", "lean+compile"], cuda) == [(False, False, False),
+                                                                     (True, True, False)]
+
+
+@pytest.mark.slow
+def test_bench_train_times_a_hybrid_pattern(tmp_path: Path) -> None:
+    code = bench_train.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "32",
+                             "--d-model", "32", "--mixers", "--patterns", "kda,attention", "--impls", "ours",
+                             "--lean", "--warmup", "1", "--steps", "1", "--tasks", "mqar", "--no-profile"])
+    assert code == 0
+    rows = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
+    assert [(r["mixer"], r["layers"], r["impl"]) for r in rows] == [("kda:attention 1:1", "2", "ours"),
+                                                                    ("kda:attention 1:1", "2", "ours+lean")]
+    assert all(float(r["step_ms"]) > 0 for r in rows)
+    # lean reaches the pattern's KDA layer: its mixers keep less for the backward
+    assert float(rows[1]["saved mixer GiB"]) < float(rows[0]["saved mixer GiB"])
+
+
+def test_bench_train_rejects_a_bad_pattern(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        bench_train.main(["--out", str(tmp_path), "--mixers", "--patterns", "kda*3,atention"])
+    assert "--patterns kda*3,atention: model.pattern=[kda,kda,kda,atention]: 'atention' is not a mixer" in (
+        capsys.readouterr().err)

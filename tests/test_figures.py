@@ -169,23 +169,31 @@ def text_problems(fig: Figure) -> list[str]:
     return problems
 
 
+def _describe(fig: Figure) -> dict[str, object]:
+    """What a figure draws, as the tests check it."""
+    return {
+        "problems": text_problems(fig),
+        "texts": [t.get_text() for t in _drawn_texts(fig)],
+        "lines": [{"panel": ax.get_title(), "label": line.get_label(), "xy": line.get_xydata().copy(),
+                   "marker": line.get_marker(), "colour": line.get_color()}
+                  for ax in fig.axes for line in ax.get_lines()],
+        "bands": [(ax.get_title(), len(c.get_paths())) for ax in fig.axes for c in ax.collections
+                  if isinstance(c, PolyCollection)],
+        "legends": [t.get_text() for legend in fig.legends + [ax.get_legend() for ax in fig.axes]
+                    if legend is not None for t in legend.get_texts()],
+        "x_axes": [{"panel": ax.get_title(), "limits": ax.get_xlim(),
+                    "ticks": [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]}
+                   for ax in fig.axes if ax.get_title()],
+    }
+
+
 def _render(sweep: Path, out: Path, *args: str) -> dict[str, object]:
     """plot.main on `sweep`, with every figure checked and described as it is saved."""
     figures: dict[str, object] = {"out": out}
     save = plot.save_figure
 
     def checked_save(fig: Figure, data: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
-        figures[name] = {
-            "problems": text_problems(fig),
-            "texts": [t.get_text() for t in _drawn_texts(fig)],
-            "lines": [{"panel": ax.get_title(), "label": line.get_label(), "xy": line.get_xydata().copy(),
-                       "marker": line.get_marker(), "colour": line.get_color()}
-                      for ax in fig.axes for line in ax.get_lines()],
-            "bands": [(ax.get_title(), len(c.get_paths())) for ax in fig.axes for c in ax.collections
-                      if isinstance(c, PolyCollection)],
-            "legends": [t.get_text() for legend in fig.legends + [ax.get_legend() for ax in fig.axes]
-                        if legend is not None for t in legend.get_texts()],
-        }
+        figures[name] = _describe(fig)
         return save(fig, data, out_dir, name)
 
     mp = pytest.MonkeyPatch()
@@ -348,6 +356,34 @@ def test_series_at_one_length_are_drawn_side_by_side(rendered_committed: dict, n
             assert not a & b, f"{name} {panel}: two series share an x position"
     data = pd.read_csv(rendered_committed["out"] / f"{name}.csv")
     assert set(data["seq_len"]) <= {256, 512, 1024, 2048}
+
+
+def test_steps_axis_of_a_sweep_with_one_eval_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run evaluated once, at step 20: the axis runs from 0 past 20 in whole steps, and the series,
+    all at that step, sit side by side rather than on one point."""
+    sweep = tmp_path / "one_eval"
+    for mixer, lr in itertools.product(["kda", "gdn", "mamba2"], [3e-3, 1e-2]):
+        _write_run(sweep, "mqar", mixer, 32, lr, 0, "completed", [20])
+    drawn, save = {}, plot.save_figure
+
+    def described_save(fig: Figure, *args: object) -> list[Path]:
+        drawn["figure"] = _describe(fig)
+        return save(fig, *args)
+
+    monkeypatch.setattr(plot, "save_figure", described_save)
+    table = collect.collect_dirs([sweep])
+    runs, unscored = plot.scored_runs(table), plot.unscored_runs(table)
+    plot.plot_acc_vs_steps(runs, plot.best_lr(plot.cells(runs, unscored)), unscored, 32, tmp_path / "figs")
+    figure = drawn["figure"]
+    assert figure["problems"] == []
+    (axis,) = figure["x_axes"]
+    low, high = axis["limits"]
+    assert low == 0 and 20 < high <= 22, axis["limits"]
+    assert len(axis["ticks"]) >= 3 and all(float(t).is_integer() for t in axis["ticks"]), axis["ticks"]
+    xs = [line["xy"][0, 0] for line in figure["lines"] if not line["label"].startswith("_")]
+    assert len(xs) == 3 and len(set(xs)) == 3 and all(abs(x - 20) < 1 for x in xs), xs
+    steps = pd.read_csv(tmp_path / "figs" / "acc_vs_steps_len32.csv")["step"]
+    assert set(steps) == {20}  # the data keeps the true step
 
 
 def test_heat_map_names_the_runs_not_scored(rendered: dict) -> None:

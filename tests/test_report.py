@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -101,6 +103,42 @@ def test_report_cli_writes_markdown_and_rejects_a_missing_path(tmp_path: Path) -
     assert "## The claims" in text and "**not reproduced**" in text and "GPU-hours" in text
     with pytest.raises(SystemExit):
         main([str(tmp_path / "nowhere"), "--out", str(out)])
+
+
+def test_report_on_a_cpu_sweep_counts_cpu_hours_and_dashes_what_is_missing(tmp_path: Path) -> None:
+    """The fixture's runs as a CPU sweep without evals at 2L: half say their device in summary.json, half
+    only in train.log's first line (runs that predate the field)."""
+    sweep = tmp_path / "cpu_sweep"
+    shutil.copytree(FIXTURE, sweep)
+    wall = 0.0
+    for index, path in enumerate(sorted(sweep.rglob("summary.json"))):
+        summary = json.loads(path.read_text())
+        del summary["device"]
+        if index % 2:
+            summary["device"] = "cpu"
+        else:
+            (path.parent / "train.log").write_text(
+                f"[2026-01-01 00:00:00,000][train][INFO] - run dir {path.parent} | device cpu | fp32\n")
+        for key in [k for k in summary if k.startswith("final_eval/") and f"@{summary['seq_len']}" not in k]:
+            del summary[key]
+        path.write_text(json.dumps(summary))
+        wall += summary["wall_time_s"]
+    runs = collect_dirs([sweep])
+    assert set(runs["device"]) == {"cpu"}
+    _, totals = cost(runs)
+    assert totals["spent_cpu_h"] == pytest.approx(wall / 3600) and totals["spent_gpu_h"] == 0
+    assert "paper_grid_gpu_h" not in totals
+
+    out = tmp_path / "REPORT.md"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert f"{wall / 3600:.2f} CPU-hours ({len(runs)} runs on the CPU)" in text
+    assert "GPU-hours" not in text and "is not projected" in text
+    assert not re.search(r"\bnan\b", text, flags=re.IGNORECASE)
+    header = next(line for line in text.splitlines() if line.startswith("| task | mixer |"))
+    column = [c.strip() for c in header.split("|")].index("eval acc at 2L")
+    rows = [line for line in text.splitlines() if line.startswith(("| palindrome |", "| stack |"))]
+    assert rows and all([c.strip() for c in row.split("|")][column] == "–" for row in rows)
 
 
 def test_plot_draws_the_three_fig4_figures_from_the_right_data(tmp_path: Path) -> None:

@@ -1,0 +1,398 @@
+"""Fill a long sweep over short stretches of machine time: start it detached, poll, bring back what finished.
+
+A lent GPU machine runs one command at most ten minutes, keeps a detached process alive between commands
+while it is held, and starts bare the next time. So a grid that needs hours fills a stretch at a time:
+
+    python tools/campaign.py start PLAN... --minutes 8 --out $OUT   # first command on a machine
+    python tools/campaign.py wait --minutes 9 --out $OUT         # each following one
+    python tools/campaign.py stop --out $OUT                     # the last one of the stretch
+    python tools/campaign.py unpack /path/to/campaign-*.tar.gz   # here, then commit the run directories
+
+`start` copies this checkout (its committed runs included) to `--work`, then runs the plan's stages there,
+one `python train.py -m <overrides>` after another, in a new process session that outlives the command.
+Every run the checkout already holds finished is skipped by train.py itself, so a fresh machine goes on
+where the committed results end. `wait`, `stop` and `start` end by packing every run directory that
+finished since the copy (summary.json, metrics.jsonl, train.log, .hydra/; never checkpoints) into one
+archive under `--out`, with a status table on the console. `stop` ends the stages with SIGTERM, so the
+runs in flight checkpoint and stay `incomplete` there; they are not packed, and the next stretch trains
+them again from step 0 (a checkpoint does not travel).
+
+A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
+(`#` starts a comment). Only the standard library is used here, so `wait` and `stop` need no Hydra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
+RUN_FILES = ("summary.json", "metrics.jsonl", "train.log")
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+# Where run directories live in a checkout: archives unpack only below these.
+RUN_ROOTS = ("results", "runs")
+# Not copied to the work directory: version control, carried wheels, caches.
+SKIP = {".git", ".whl", ".device", ".gl", "__pycache__", ".pytest_cache", ".ruff_cache", "wandb",
+        "outputs", "multirun", ".scratch"}
+
+
+class CampaignError(RuntimeError):
+    """A command cannot go on; the message says why and what to do."""
+
+
+def read_plan(path: Path) -> list[list[str]]:
+    """The stages of a plan file: one list of overrides per non-empty line, comments dropped."""
+    if not path.is_file():
+        raise CampaignError(f"plan {path} does not exist: give a text file with one stage's overrides a line")
+    stages = [shlex.split(line, comments=True) for line in path.read_text().splitlines()]
+    stages = [stage for stage in stages if stage]
+    if not stages:
+        raise CampaignError(f"plan {path} has no stage: write one line of train.py overrides per stage")
+    for stage in stages:
+        if any(arg in ("-m", "--multirun") or not arg or "=" not in arg for arg in stage):
+            raise CampaignError(f"plan {path}: stage {' '.join(stage)!r} must be key=value overrides only "
+                                "(the -m is added)")
+    return stages
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (ended, not yet reaped by its parent) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _state(work: Path) -> dict[str, Any]:
+    try:
+        return json.loads((work / "state.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _write_state(work: Path, state: dict[str, Any]) -> None:
+    tmp = work / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=1) + "\n")
+    os.replace(tmp, work / "state.json")
+
+
+def run_dirs(src: Path) -> list[Path]:
+    """Every run directory (one holding a summary.json or a metrics.jsonl) under the checkout's run roots."""
+    found = set()
+    for root in RUN_ROOTS:
+        for name in ("summary.json", "metrics.jsonl"):
+            found.update(path.parent for path in (src / root).rglob(name))
+    return sorted(found)
+
+
+def _summary(run: Path) -> dict[str, Any] | None:
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def _last_step(run: Path) -> int | None:
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _fingerprint(run: Path) -> str:
+    """What a run directory's summary says, to tell a run finished here from one the checkout brought."""
+    try:
+        return (run / "summary.json").read_text()
+    except OSError:
+        return ""
+
+
+def snapshot(work: Path, source: Path) -> Path:
+    """Copy the checkout `source` to work/src and record which run directories it already holds. The
+    stages run from the copy, so a later sync of the checkout cannot change code under a running sweep."""
+    src = work / "src"
+    if src.exists():
+        shutil.rmtree(src)
+
+    def ignore(directory: str, names: list[str]) -> list[str]:
+        # runs/ holds only this machine's scratch runs (it is not committed); the rest is caches
+        top = Path(directory).resolve() == source.resolve()
+        return [n for n in names if n in SKIP or (top and n == "runs")]
+
+    shutil.copytree(source, src, symlinks=True, ignore=ignore)
+    brought = {str(run.relative_to(src)): _fingerprint(run) for run in run_dirs(src)}
+    (work / "brought.json").write_text(json.dumps(brought, indent=0) + "\n")
+    return src
+
+
+def classify(work: Path) -> dict[str, list[tuple[str, str]]]:
+    """Run directories of the work copy by what happened to them since the copy: `finished` (a final or
+    failed summary written here), `running` (no summary yet, or `incomplete`) and `brought` (untouched)."""
+    src = work / "src"
+    try:
+        brought = json.loads((work / "brought.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        brought = {}
+    groups: dict[str, list[tuple[str, str]]] = {"finished": [], "running": [], "brought": []}
+    for run in run_dirs(src):
+        name = str(run.relative_to(src))
+        if brought.get(name) == _fingerprint(run) and (run / "summary.json").exists():
+            groups["brought"].append((name, ""))
+            continue
+        summary = _summary(run) or {}
+        status = summary.get("status")
+        if status in ("completed", "diverged", "failed"):
+            acc = summary.get("best_train_acc")
+            detail = f"{status} at step {summary.get('steps')}" + (
+                f", peak train acc {acc:.3f}" if isinstance(acc, (int, float)) else "")
+            groups["finished"].append((name, detail))
+        else:
+            step = _last_step(run)
+            groups["running"].append((name, f"{status or 'training'}, step {step if step else 0}"))
+    return groups
+
+
+def pack(work: Path, out: Path | None, running: bool = False) -> Path | None:
+    """Archive every run finished since the copy (with `running`, the unfinished ones too, to look at,
+    never to commit) into out/campaign-<time>.tar.gz; print the status table."""
+    groups = classify(work)
+    if running:
+        groups["finished"] += groups.pop("running")
+        groups["running"] = []
+    state = _state(work)
+    stage = state.get("stage")
+    print(f"campaign {work}: stage {stage if stage is not None else '-'} of {len(state.get('stages', []))}, "
+          f"supervisor {'running' if _alive(state.get('pid')) else 'stopped'}; finished here "
+          f"{len(groups['finished'])}, in flight {len(groups['running'])}, brought {len(groups['brought'])}")
+    for kind in ("finished", "running"):
+        for name, detail in groups[kind]:
+            print(f"  {kind:8s} {name}: {detail}")
+    if out is None or not groups["finished"]:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / f"campaign-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz"
+    src = work / "src"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, _ in groups["finished"]:
+            run = src / name
+            paths = [run / f for f in RUN_FILES] + [run / ".hydra" / f for f in HYDRA_FILES]
+            for path in paths:
+                if path.is_file():
+                    tar.add(path, arcname=str(path.relative_to(src)))
+        for log in sorted(work.glob("stage-*.log")) + [work / "campaign.log"]:
+            if log.is_file():
+                data = log.read_bytes()[-2_000_000:]
+                info = tarfile.TarInfo(f"campaign-logs/{log.name}")
+                info.size, info.mtime = len(data), int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+    print(f"packed {len(groups['finished'])} finished run(s) into {archive} ({archive.stat().st_size} bytes)")
+    return archive
+
+
+def supervise(work: Path) -> int:
+    """Run the stages one after another (each a multirun in its own process group); SIGTERM stops the one in
+    flight the way a killed sweep stops (its runs checkpoint) and ends the campaign."""
+    state = _state(work)
+    src = work / "src"
+    child: subprocess.Popen | None = None
+    stopping: list[int] = []
+
+    def on_term(signum: int, _frame: Any) -> None:
+        stopping.append(signum)
+        if child is not None and child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    for index, overrides in enumerate(state["stages"]):
+        if stopping:
+            break
+        state.update(stage=index + 1, stage_started=time.time())
+        _write_state(work, state)
+        command = [sys.executable, "train.py", "-m", *overrides]
+        print(f"[{time.strftime('%H:%M:%S')}] stage {index + 1}/{len(state['stages'])}: "
+              f"{shlex.join(command[1:])}", flush=True)
+        with open(work / f"stage-{index + 1:02d}.log", "ab") as log:
+            child = subprocess.Popen(command, cwd=src, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+            rc = child.wait()
+        print(f"[{time.strftime('%H:%M:%S')}] stage {index + 1} exited {rc}", flush=True)
+        state.setdefault("exits", []).append(rc)
+        _write_state(work, state)
+    state.update(done=time.time(), stopped=bool(stopping))
+    _write_state(work, state)
+    print(f"[{time.strftime('%H:%M:%S')}] campaign {'stopped' if stopping else 'done'}", flush=True)
+    return 0
+
+
+def wait(work: Path, minutes: float) -> None:
+    """Sleep up to `minutes`, or until the stages are done, printing progress once a minute."""
+    deadline = time.monotonic() + 60 * minutes
+    last_print = time.monotonic()
+    while time.monotonic() < deadline and _alive(_state(work).get("pid")):
+        time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+        if time.monotonic() - last_print >= 60:
+            groups = classify(work)
+            print(f"[{time.strftime('%H:%M:%S')}] finished {len(groups['finished'])}, in flight: "
+                  + "; ".join(f"{n} ({d})" for n, d in groups["running"]), flush=True)
+            last_print = time.monotonic()
+
+
+def start(plans: list[Path], work: Path, source: Path) -> None:
+    state = _state(work)
+    if _alive(state.get("pid")):
+        print(f"campaign already running in {work} (pid {state['pid']}, stage {state.get('stage')}): "
+              "not started again")
+        return
+    if work.resolve().is_relative_to(source.resolve()):
+        raise CampaignError(f"--work {work} is inside the checkout {source}: give a directory outside it "
+                            "(e.g. /tmp/campaign), where a sync of the checkout cannot reach the runs")
+    stages = [stage for plan in plans for stage in read_plan(plan)]
+    work.mkdir(parents=True, exist_ok=True)
+    snapshot(work, source)
+    state = {"plans": [str(plan) for plan in plans], "stages": stages, "started": time.time(), "stage": None}
+    _write_state(work, state)
+    log = open(work / "campaign.log", "ab")
+    supervisor = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_supervise", "--work",
+                                   str(work)], cwd=work / "src", stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+    state["pid"] = supervisor.pid
+    _write_state(work, state)
+    print(f"campaign started in {work}: {len(stages)} stage(s) of {', '.join(map(str, plans))}, supervisor "
+          f"pid {supervisor.pid}")
+
+
+def stop(work: Path, grace_s: float) -> None:
+    pid = _state(work).get("pid")
+    if not _alive(pid):
+        print("campaign: no supervisor running")
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(1)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        print(f"campaign: the supervisor did not end within {grace_s:.0f} s; killed")
+    else:
+        print("campaign: stopped; runs in flight checkpointed there and stay incomplete")
+
+
+def _safe_member(member: tarfile.TarInfo) -> bool:
+    parts = Path(member.name).parts
+    return (member.isfile() and not Path(member.name).is_absolute() and ".." not in parts and len(parts) > 1
+            and parts[0] in RUN_ROOTS + ("campaign-logs",))
+
+
+def unpack(archive: Path, into: Path) -> None:
+    """Extract an archive's run directories into the checkout `into`; a finished run already there with
+    another summary is left as it is and named (delete it first to take the new one)."""
+    with tarfile.open(archive, "r:gz") as tar:
+        members = tar.getmembers()
+        bad = [m.name for m in members if not _safe_member(m)]
+        if bad:
+            raise CampaignError(f"{archive}: refuses to unpack {bad[:3]}: only files under {RUN_ROOTS} "
+                                "travel")
+        runs: dict[Path, list[tarfile.TarInfo]] = {}
+        for member in members:
+            if member.name.startswith("campaign-logs/"):
+                continue
+            path = Path(member.name)
+            run = path.parent.parent if path.parent.name == ".hydra" else path.parent
+            runs.setdefault(run, []).append(member)
+        new, same, kept = 0, 0, []
+        for run, files in sorted(runs.items()):
+            target = into / run
+            incoming = next((m for m in files if Path(m.name).name == "summary.json"), None)
+            present = target / "summary.json"
+            if present.exists() and incoming is not None:
+                data = tar.extractfile(incoming).read()
+                if present.read_bytes() == data:
+                    same += 1
+                    continue
+                if (_summary(target) or {}).get("status") in ("completed", "diverged"):
+                    kept.append(str(run))
+                    continue
+            for member in files:
+                destination = into / member.name
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                destination.write_bytes(tar.extractfile(member).read())
+            new += 1
+    print(f"{archive.name}: {new} run(s) unpacked into {into}, {same} already there")
+    for run in kept:
+        print(f"  kept {run}: a finished run with another summary is already there (delete it to replace)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    default_work = Path(os.environ.get("CAMPAIGN_WORK", "/tmp/campaign"))
+    for name in ("start", "wait", "stop", "status", "_supervise"):
+        command = sub.add_parser(name)
+        command.add_argument("--work", type=Path, default=default_work,
+                             help="where the copy runs (outside the checkout: a sync of it cannot touch it)")
+        if name == "start":
+            command.add_argument("plans", type=Path, nargs="+", help="plan files, run in this order")
+            command.add_argument("--source", type=Path, default=ROOT, help="the checkout to run (this one)")
+        if name in ("start", "wait"):
+            command.add_argument("--minutes", type=float, default=0.0, help="wait this long, then pack")
+        if name in ("start", "wait", "stop", "status"):
+            command.add_argument("--out", type=Path, default=None, help="pack finished runs here ($OUT)")
+            command.add_argument("--with-running", action="store_true",
+                                 help="pack the unfinished runs too (to look at their metrics)")
+        if name == "stop":
+            command.add_argument("--grace", type=float, default=120.0,
+                                 help="seconds the runs get to checkpoint before they are killed")
+    command = sub.add_parser("unpack")
+    command.add_argument("archives", type=Path, nargs="+")
+    command.add_argument("--into", type=Path, default=ROOT)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "_supervise":
+            return supervise(args.work)
+        if args.command == "unpack":
+            for archive in args.archives:
+                unpack(archive, args.into)
+            return 0
+        if args.command == "start":
+            start(args.plans, args.work, args.source)
+        if args.command in ("start", "wait"):
+            wait(args.work, args.minutes)
+        if args.command == "stop":
+            stop(args.work, args.grace)
+        pack(args.work, args.out, args.with_running)
+    except CampaignError as error:
+        print(f"campaign: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
