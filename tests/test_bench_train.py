@@ -46,7 +46,7 @@ def test_bench_train_smoke(tmp_path: Path) -> None:
         assert mine and all(r["op"] and int(r["launches"]) > 0 for r in mine)
         assert sum(float(r["ms"]) for r in mine) == pytest.approx(float(row["rest ms"]), abs=0.01)
     report = (tmp_path / "bench_train.md").read_text()
-    assert "| palindrome | kda | 32 | ours |" in report and "commit" in report
+    assert "| palindrome | kda | 32 | ours (default) |" in report and "commit" in report
 
 
 def test_fla_layer_missing_is_recorded_not_raised(tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_a_row_labelled_compiled_ran_compiled_or_is_an_error(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     common = ["--device", "cpu", "--batch", "2", "--lengths", "16", "--d-model", "32", "--mixers",
               "attention", "--impls", "ours", "--warmup", "1", "--steps", "1", "--no-profile",
-              "--backend", "aot_eager", "--variants", "default", "compile"]
+              "--backend", "eager", "--variants", "default", "compile"]
     # two models compiled in one process: each row's compile starts clean, so the second is compiled too
     assert bench_train.main(["--out", str(tmp_path / "ok"), *common, "--tasks", "palindrome", "mqar"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "ok" / "bench_train.csv")))

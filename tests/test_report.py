@@ -118,7 +118,7 @@ def test_report_on_a_cpu_sweep_counts_cpu_hours_and_dashes_what_is_missing(tmp_p
             summary["device"] = "cpu"
         else:
             (path.parent / "train.log").write_text(
-                f"[2026-01-01 00:00:00,000][train][INFO] - run dir {path.parent} | device cpu | fp32\n")
+                f"[1970-01-01 00:00:00,000][train][INFO] - run dir {path.parent} | device cpu | fp32\n")
         for key in [k for k in summary if k.startswith("final_eval/") and f"@{summary['seq_len']}" not in k]:
             del summary[key]
         path.write_text(json.dumps(summary))
