@@ -45,7 +45,24 @@ TRITON_FAST: dict[str, Callable[[dict], bool]] = {
 }
 
 
+# The longest single tests (tens of seconds each on CI's two cores). pytest-xdist hands out the groups first,
+# then single tests in collection order: these go first, so that the workers end together rather than one
+# finishing a long test alone.
+LONGEST = ("test_faults.py::test_fault_injection_fast", "test_campaign.py::test_a_campaign",
+           "test_saved_memory.py::test_lean_backward_under_bf16", "test_hybrid.py::test_kimi_hybrid_smoke",
+           "test_triton.py::test_bounded_no_grad_g16[200",
+           "test_triton.py::test_bounded_intra_forward_unmasked",
+           "test_occupancy.py::test_forward_kernels_wait",
+           "test_triton.py::test_bounded_no_grad_log2_both_ways[200",
+           "test_compile.py::test_inductor_compiled_model_matches_eager", "test_campaign.py::test_stop")
+
+
+def _cost_rank(item: pytest.Item) -> int:
+    return next((i for i, prefix in enumerate(LONGEST) if prefix in item.nodeid), len(LONGEST))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_cost_rank)  # stable: the rest keep their order
     for item in items:
         if item.path.name != "test_triton.py":
             continue

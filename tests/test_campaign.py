@@ -17,8 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = ROOT / "tools" / "campaign.py"
-TINY = ("experiment=smoke hydra/launcher=local hydra.sweep.dir=results/campaign_test trainer.max_steps=20 "
-        "trainer.eval_every=10 trainer.log_every=10")
+TINY = ("experiment=smoke hydra/launcher=local hydra.sweep.dir=results/campaign_test trainer.max_steps=6 "
+        "trainer.eval_every=3 trainer.log_every=3")
 
 
 def _campaign(*args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -74,15 +74,17 @@ def test_stop_ends_the_runs_in_flight_which_checkpoint_and_are_not_packed(tmp_pa
     checkout = _checkout(tmp_path)
     plan = tmp_path / "plan.txt"
     plan.write_text(f"{TINY} hydra.launcher.n_jobs=1 mixer=gdn trainer.max_steps=100000 "
-                    "trainer.checkpoint_every=100000\n")
+                    "trainer.checkpoint_every=2\n")
     work = tmp_path / "work"
     _campaign("start", plan, "--source", checkout, "--work", work)
     deadline = time.monotonic() + 120
-    metrics: list[Path] = []
-    while not metrics and time.monotonic() < deadline:
-        time.sleep(1)
-        metrics = list((work / "src" / "results" / "campaign_test").rglob("metrics.jsonl"))
-    assert metrics, "the run never started"
+    # stopped once it has a checkpoint: a stop inside the first steps leaves none, and says so
+    checkpoints: list[Path] = []
+    while not checkpoints and time.monotonic() < deadline:
+        time.sleep(0.5)
+        checkpoints = list((work / "src" / "results" / "campaign_test").rglob("checkpoint.pt"))
+    assert checkpoints, "the run never checkpointed"
+    metrics = [checkpoints[0].parent / "metrics.jsonl"]
     status = _campaign("status", "--work", work)
     assert "supervisor running" in status.stdout and "in flight 1" in status.stdout
     stopped = _campaign("stop", "--work", work, "--out", tmp_path / "out")
