@@ -18,7 +18,8 @@ runs in flight checkpoint and stay `incomplete` there; they are not packed, and 
 them again from step 0 (a checkpoint does not travel).
 
 A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
-(`#` starts a comment). Only the standard library is used here, so `wait` and `stop` need no Hydra.
+(`#` starts a comment). Only the standard library and rundir.py are used here, so `wait` and `stop`
+need no Hydra.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
+
 # A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
 RUN_FILES = ("summary.json", "metrics.jsonl", "train.log")
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
@@ -107,23 +112,17 @@ def run_dirs(src: Path) -> list[Path]:
 
 def _summary(run: Path) -> dict[str, Any] | None:
     try:
-        summary = json.loads((run / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        return RunDir(run).read_summary()
+    except (OSError, FileUnreadable):
         return None
-    return summary if isinstance(summary, dict) else None
 
 
 def _last_step(run: Path) -> int | None:
     try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
+        records, _ = read_metrics(run / "metrics.jsonl")
     except OSError:
         return None
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return None
+    return records[-1]["step"] if records else None
 
 
 def _fingerprint(run: Path) -> str:
