@@ -487,7 +487,8 @@ def _run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Progres
                 progress.step = step
                 progress.train_time_s += time.perf_counter() - step_start
                 # this launch's first step pays the one-time costs (compiling): the summary shows them
-                meta.setdefault("first_step_s", round(time.perf_counter() - step_start, 3))
+                if "first_step_s" not in meta:
+                    meta["first_step_s"] = round(time.perf_counter() - step_start, 3)
                 progress.train_tokens += result.batch.inputs.numel()
                 progress.wall_time_s = wall_before + time.perf_counter() - segment_start
 
