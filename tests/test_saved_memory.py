@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from benchmarks.bench_train import saved_storages
+from benchmarks.common import rel_rms
+from benchmarks.memory import saved_storages
 from mixers.linear_base import LinearMixer
 from mixers.model import LanguageModel
 from mixers.recompute import gated_rms_norm_projection, kda_gate, l2_norm, shared_cast
-from tests.helpers import rel_rms
 from tests.test_mixers import CONF
 
 SMALL = {"num_heads": 2, "head_dim": 16, "chunk_size": 16, "backend": "torch"}
