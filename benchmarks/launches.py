@@ -62,6 +62,7 @@ from benchmarks.common import (
     checkout,
     in_tree,
     kernel_homes,
+    provenance,
     record_launches,
     write_csv,
 )
@@ -490,8 +491,6 @@ def ptx(argv: list[str]) -> None:
 
 
 def occupancy(argv: list[str]) -> None:
-    import triton
-
     from kernels.triton import VARIANTS, plan
 
     ap = _parser("occupancy")
@@ -502,11 +501,10 @@ def occupancy(argv: list[str]) -> None:
     ap.add_argument("--no-grad", action="store_true", help="the no-grad forward's launches alone")
     plan.add_override_argument(ap)
     args = ap.parse_args(argv)
-    changed = plan.overrides_from_args(args)
+    plan.overrides_from_args(args)
     options = parse_options(args.options)
-    tuned = f", settings {changed}" if changed else ""
-    print(f"# sm_90 resource usage, Triton {triton.__version__} (this machine's compiler), "
-          f"B{args.B} T{args.T} H{args.H} K=V={args.D} bf16{tuned}")
+    print(f"# sm_90 resource usage by this machine's compiler, B{args.B} T{args.T} H{args.H} K=V={args.D} "
+          f"bf16: {provenance()}")
     rows = []
     for name in [v[0] for v in VARIANTS if v[0] in args.ops]:
         phases = record_launches(name, args.B, args.T, args.H, args.D)

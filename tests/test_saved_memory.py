@@ -216,7 +216,7 @@ def test_lean_backward_on_the_triton_ops_gives_the_plain_gradients(name: str) ->
 
 
 def test_the_recompute_is_invisible_to_an_enclosing_saved_tensor_hook() -> None:
-    # bench_train's saved_split counts what a whole step packs: the backward's recomputed graphs are
+    # benchmarks.memory's saved_split counts what a whole step packs: the backward's recomputed graphs are
     # transient and must not add to it
     model = _model("kda", {}, lean=True)
     tokens = torch.randint(0, 11, (2, 37), generator=_generator())
