@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import rel_rms, token_loop_inputs
 
 import kernels
+from benchmarks.common import rel_rms, token_loop_inputs
 
 
 @dataclass(frozen=True)
