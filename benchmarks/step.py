@@ -49,12 +49,12 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-import train
 from benchmarks.common import ROOT, indexed_device, provenance, write_csv
 from benchmarks.memory import SAVED, saved_split
+from harness import step as train
+from harness.config import fast_step
 from mixers.model import LanguageModel
 from mixers.pattern import check_pattern, expand, pattern_name
-from runconfig import fast_step
 
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
 TASKS = {"mqar": "mqar", "palindrome": "palindrome"}

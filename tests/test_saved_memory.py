@@ -240,8 +240,8 @@ def test_model_lean_backward_switch_reaches_every_layer_and_the_mlp() -> None:
     assert [b.mlp.fused for b in plain.blocks] == [False, False]
     assert [m.lean_backward for m in lean.mixers] == [True, True]
     assert [b.mlp.fused for b in lean.blocks] == [True, True]
-    # the switch is a model config key, typed by runconfig and passed to the model by train.py
-    import runconfig
+    # the switch is a model config key, typed by harness.config and passed to the model by harness.run
+    import harness.config
 
-    assert runconfig.ModelConfig().lean_backward == "auto"
+    assert harness.config.ModelConfig().lean_backward == "auto"
     assert OmegaConf.load(CONF.parent / "model" / "default.yaml").lean_backward == "auto"

@@ -21,10 +21,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from harness.rundir import ResumeRefused
 from mixers.pattern import check_pattern
-from rundir import ResumeRefused
 
-# train.py's logger: in a sweep, its lines carry the run's name (runlog.name_log_lines).
+# The `train` logger: in a sweep, its lines carry the run's name (harness.log.name_log_lines).
 log = logging.getLogger("train")
 
 
@@ -62,7 +62,7 @@ class TaskConfig:
     num_train: int = MISSING
     num_eval: int = MISSING
     # The generator's keyword arguments. Open (not struct), so that `task.params.<key>=` needs no `+` for a
-    # parameter the task's yaml leaves out; rundata.check_task_params checks the keys against the generator.
+    # parameter the task's yaml leaves out; harness.data.load_task checks the keys against the generator.
     params: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
 
 
@@ -157,7 +157,8 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    # Seeds the data (train: seed, eval: seed + train.EVAL_SEED_OFFSET), the model's init and the batch order.
+    # Seeds the data (train: seed, eval: seed + harness.run.EVAL_SEED_OFFSET), the model's init and the
+    # batch order.
     seed: int = 0
 
 
