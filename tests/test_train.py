@@ -146,6 +146,28 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
     assert _summary(parts)["status"] == "completed"
 
 
+def test_the_trunk_values_are_stated_in_the_yaml_alone() -> None:
+    """The dataclasses type the trunk and leave every value to conf/<group>/*.yaml (MISSING): one place."""
+    from dataclasses import fields, is_dataclass
+
+    from omegaconf import MISSING
+
+    from harness.config import Config
+
+    def values(schema: type, prefix: str = "") -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for f in fields(schema):
+            if is_dataclass(f.default_factory):
+                found.update(values(f.default_factory, f"{prefix}{f.name}."))
+            elif f.name not in ("mixer", "params"):  # free-form nodes: their keys are the yaml's own
+                found[prefix + f.name] = f.default
+        return found
+
+    stated = values(Config)
+    assert "trainer.max_steps" in stated and "logger.wandb.mode" in stated
+    assert {key: value for key, value in stated.items() if value != MISSING} == {}
+
+
 def test_main_job_and_experiments_compose() -> None:
     """`python train.py` composes the main job from conf/ alone; `experiment=` needs no `+`."""
     from hydra import compose, initialize_config_dir
