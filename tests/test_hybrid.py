@@ -28,7 +28,16 @@ from harness.trainer import train
 from mixers.attention import Attention
 from mixers.kda import KDA
 from mixers.model import LanguageModel
-from mixers.pattern import check_pattern, expand, mixer_configs, mixer_names, pattern_name, ratio, short_form
+from mixers.pattern import (
+    check_pattern,
+    expand,
+    mixer_configs,
+    mixer_names,
+    mixer_yaml,
+    pattern_name,
+    ratio,
+    short_form,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -40,13 +49,13 @@ HYBRIDS = [["kda", "kda", "kda", "attention"], ["attention", "gdn"]]
 
 def _mixer_node(primary: str, pattern: list[str]) -> DictConfig:
     """The `mixer` node as Hydra composes it: the primary's yaml, plus a small section per other kind."""
-    node = OmegaConf.load(CONF / "mixer" / f"{primary}.yaml")
+    node = mixer_yaml(primary)
     for key, value in SMALL.items():
         if key in node:
             node[key] = value
     for kind in dict.fromkeys(pattern):
         if kind != primary:
-            yaml_keys = OmegaConf.load(CONF / "mixer" / f"{kind}.yaml")
+            yaml_keys = mixer_yaml(kind)
             node[kind] = {k: v for k, v in SMALL.items() if k in yaml_keys}
     return node
 
@@ -201,11 +210,14 @@ def test_the_mixer_node_is_unused_with_a_warning_or_ambiguous_with_an_error(
     assert "has no kda layer, so mixer.chunk_size, mixer.head_dim (the mixer=kda settings) configure " \
            "nothing" in caplog.text
     # two yamls of the node's class in one pattern: which one it configures cannot be told
+    mixers = tmp_path / "mixer"
+    mixers.mkdir()
+    (tmp_path / "linear_mixer.yaml").write_text((CONF / "linear_mixer.yaml").read_text())
     for name in ("kda", "attention"):
-        (tmp_path / f"{name}.yaml").write_text((CONF / "mixer" / f"{name}.yaml").read_text())
-    (tmp_path / "kda_small.yaml").write_text((CONF / "mixer" / "kda.yaml").read_text())
+        (mixers / f"{name}.yaml").write_text((CONF / "mixer" / f"{name}.yaml").read_text())
+    (mixers / "kda_small.yaml").write_text((CONF / "mixer" / "kda.yaml").read_text())
     with pytest.raises(ValueError, match=r"kda, kda_small all build mixers.kda.KDA, the `mixer` node"):
-        mixer_configs(node, ["kda", "kda_small"], conf_dir=tmp_path)
+        mixer_configs(node, ["kda", "kda_small"], conf_dir=mixers)
 
 
 # --- through Hydra and train.py --------------------------------------------------------------------------

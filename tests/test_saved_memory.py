@@ -20,6 +20,7 @@ from benchmarks.common import rel_rms
 from benchmarks.memory import saved_storages
 from mixers.linear_base import LinearMixer
 from mixers.model import LanguageModel
+from mixers.pattern import mixer_yaml
 from mixers.recompute import gated_rms_norm_projection, kda_gate, l2_norm, shared_cast
 from tests.test_mixers import CONF
 
@@ -103,7 +104,7 @@ def test_gated_rms_norm_projection_matches_autograd(activation: str) -> None:
 
 
 def _model(name: str, overrides: dict[str, Any], lean: bool, d_model: int = 32) -> LanguageModel:
-    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    cfg = mixer_yaml(name, CONF)
     for key, value in {**SMALL, **overrides}.items():
         if key in cfg:
             cfg[key] = value
@@ -230,7 +231,7 @@ def test_the_recompute_is_invisible_to_an_enclosing_saved_tensor_hook() -> None:
 
 
 def test_model_lean_backward_switch_reaches_every_layer_and_the_mlp() -> None:
-    cfg = OmegaConf.load(CONF / "kda.yaml")
+    cfg = mixer_yaml("kda", CONF)
     for key, value in SMALL.items():
         if key in cfg:
             cfg[key] = value

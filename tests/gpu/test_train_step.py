@@ -29,6 +29,7 @@ MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
 def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
     from harness import step as steps
     from mixers.model import LanguageModel
+    from mixers.pattern import mixer_yaml
 
     device = torch.device("cuda")
     task = OmegaConf.load(ROOT / "conf" / "task" / "mqar.yaml")
@@ -36,7 +37,7 @@ def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
     generate, vocab = steps.load_task(task)
     inputs, labels = generate(B, T, seed=0)
     torch.manual_seed(0)
-    model = LanguageModel(vocab, OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml"),
+    model = LanguageModel(vocab, mixer_yaml(mixer),
                           lean_backward=lean).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = steps.make_optimizer(params, OmegaConf.load(ROOT / "conf" / "optim" / "adamw.yaml"))
