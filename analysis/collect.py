@@ -32,9 +32,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-import rundir
+from harness import rundir
+from harness.rundir import STATUSES
 from mixers.pattern import pattern_name
-from rundir import STATUSES
 
 # Overrides that place a run in the grid or only say where it executes; any other override makes it a
 # variant (an ablation).

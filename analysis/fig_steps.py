@@ -10,7 +10,7 @@ from matplotlib.ticker import MaxNLocator
 
 from analysis import draw
 from analysis.cells import UNSCORED, series_order, task_order
-from rundir import read_metrics
+from harness.rundir import read_metrics
 
 
 def _read_curve(run_dir: str) -> tuple[pd.DataFrame, str | None]:

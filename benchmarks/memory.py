@@ -39,8 +39,8 @@ if __name__ == "__main__" and (
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-import train  # noqa: E402
 from benchmarks.common import indexed_device  # noqa: E402
+from harness import step as train  # noqa: E402
 
 GIB = 2**30
 SAVED = ["mixer", "mlp", "norms", "rest"]

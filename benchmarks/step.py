@@ -49,12 +49,12 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-import train
 from benchmarks.common import ROOT, indexed_device, provenance, write_csv
 from benchmarks.memory import SAVED, saved_split
+from harness import step as train
+from harness.config import fast_step
 from mixers.model import LanguageModel
-from mixers.pattern import check_pattern, expand, pattern_name
-from runconfig import fast_step
+from mixers.pattern import check_pattern, expand, mixer_yaml, pattern_name
 
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
 TASKS = {"mqar": "mqar", "palindrome": "palindrome"}
@@ -105,11 +105,11 @@ def build(impl: str, mixer: str, vocab: int, d_model: int, lean: bool = False,
           pattern: list[str] | None = None, backend: str | None = None) -> LanguageModel:
     """The model of one row; `backend` replaces the yaml's op backend (ours, a single mixer)."""
     if pattern is not None:  # a hybrid: the mixer node is its first kind's yaml, the others' their own
-        cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{pattern[0]}.yaml")
+        cfg = mixer_yaml(pattern[0])
         return LanguageModel(vocab, cfg, d_model=d_model, num_layers=len(pattern), pattern=pattern,
                              lean_backward=lean)
     if impl == "ours":
-        cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml")
+        cfg = mixer_yaml(mixer)
         if backend is not None and "backend" in cfg:
             cfg.backend = backend
         return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer, lean_backward=lean)

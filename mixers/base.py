@@ -13,7 +13,8 @@ for attention), counted honestly from the shapes actually allocated by `init_cac
 
 Constructor: `__init__(self, d_model, *, layer_idx=0, **typed_kwargs)`; common kwargs are
 `num_heads`, `head_dim` (key size K) and, where it differs, `value_dim` (V). A mixer is registered by
-its yaml `conf/mixer/<name>.yaml` (`_target_: mixers.<module>.<Class>` + kwargs), nothing else.
+its yaml `conf/mixer/<name>.yaml` (`_target_: mixers.<module>.<Class>` + kwargs, with the class's
+defaults; a linear mixer's names `conf/linear_mixer.yaml` in its `defaults`), nothing else.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 MIXER_CONF = Path(__file__).resolve().parents[1] / "conf" / "mixer"
+# A yaml's `defaults` entry this module composes as Hydra does: a config of conf/ merged into the mixer node.
+_HERE = re.compile(r"/(?P<name>[\w/]+)@_here_")
 
 # train.py's logger: a warning here lands in the run's train.log
 log = logging.getLogger("train")
@@ -73,16 +75,43 @@ def check_pattern(pattern: Sequence[Any] | None, num_layers: int, conf_dir: Path
                          f"{num_layers}: give one mixer per layer, or set model.num_layers={len(layers)}")
 
 
-def _load(name: str, conf_dir: Path) -> DictConfig:
+def mixer_yaml(name: str, conf_dir: Path = MIXER_CONF) -> DictConfig:
+    """conf/mixer/<name>.yaml as Hydra composes it into the `mixer` node: the config of a `name` layer."""
     cfg = OmegaConf.load(conf_dir / f"{name}.yaml")
     assert isinstance(cfg, DictConfig)
-    return cfg
+    return with_defaults(cfg, conf_dir)
+
+
+def with_defaults(node: DictConfig, conf_dir: Path = MIXER_CONF) -> DictConfig:
+    """A mixer node with its yaml's `defaults` list applied as Hydra applies it: each config it names
+    (`/<name>@_here_`, conf/<name>.yaml) merged in turn, the node's own keys at `_self_` (last if not
+    listed). Hydra consumes the list when it composes; a yaml read from its file (OmegaConf.load) keeps it.
+    A node without one is returned as it is."""
+    if "defaults" not in node:
+        return node
+    own = OmegaConf.masked_copy(node, [str(k) for k in node if k != "defaults"])
+    entries = [str(entry) for entry in node.defaults]
+    parts = []
+    for entry in entries if "_self_" in entries else [*entries, "_self_"]:
+        match = _HERE.fullmatch(entry)
+        if entry == "_self_":
+            parts.append(own)
+        elif match is None:
+            raise ValueError(f"mixer config {node.get('_target_')}: defaults entry {entry!r}; a mixer yaml "
+                             "names the configs it starts from as /<config>@_here_ (conf/<config>.yaml)")
+        else:
+            base = OmegaConf.load(conf_dir.parent / f"{match['name']}.yaml")
+            assert isinstance(base, DictConfig)
+            parts.append(with_defaults(base, conf_dir))
+    merged = OmegaConf.merge(*parts)
+    assert isinstance(merged, DictConfig)
+    return merged
 
 
 def split_kinds(mixer: Mapping[str, Any] | DictConfig,
                 conf_dir: Path = MIXER_CONF) -> tuple[DictConfig, dict[str, DictConfig]]:
     """(the `mixer` node without its per-kind sections, {kind: its `mixer.<kind>.*` section})."""
-    node = mixer if isinstance(mixer, DictConfig) else OmegaConf.create(dict(mixer))
+    node = with_defaults(mixer if isinstance(mixer, DictConfig) else OmegaConf.create(dict(mixer)), conf_dir)
     names = set(mixer_names(conf_dir))
     kinds = {str(k): node[k] for k in node if k in names and isinstance(node[k], DictConfig)}
     own = OmegaConf.masked_copy(node, [str(k) for k in node if k not in kinds])
@@ -92,7 +121,8 @@ def split_kinds(mixer: Mapping[str, Any] | DictConfig,
 def _own_kinds(node: DictConfig, candidates: Sequence[str], conf_dir: Path) -> list[str]:
     """The kinds among `candidates` whose yaml builds the node's class (`_target_`)."""
     target = node.get("_target_")
-    return [name for name in dict.fromkeys(candidates) if _load(name, conf_dir).get("_target_") == target]
+    return [name for name in dict.fromkeys(candidates)
+            if mixer_yaml(name, conf_dir).get("_target_") == target]
 
 
 def mixer_configs(mixer: Mapping[str, Any] | DictConfig, pattern: Sequence[Any] | None,
@@ -103,7 +133,8 @@ def mixer_configs(mixer: Mapping[str, Any] | DictConfig, pattern: Sequence[Any] 
     own, kinds = split_kinds(mixer, conf_dir)
     if pattern is None:
         if not kinds:
-            return mixer if isinstance(mixer, DictConfig) else OmegaConf.create(dict(mixer))
+            return with_defaults(mixer if isinstance(mixer, DictConfig) else OmegaConf.create(dict(mixer)),
+                                 conf_dir)
         mine = _own_kinds(own, mixer_names(conf_dir), conf_dir)
         strays = [kind for kind in kinds if kind not in mine]
         if strays:
@@ -121,7 +152,7 @@ def mixer_configs(mixer: Mapping[str, Any] | DictConfig, pattern: Sequence[Any] 
         _warn_unused(own, layers, conf_dir)
     configs: dict[str, DictConfig] = {}
     for kind in dict.fromkeys(layers):
-        cfg = own if kind in mine else _load(kind, conf_dir)
+        cfg = own if kind in mine else mixer_yaml(kind, conf_dir)
         configs[kind] = OmegaConf.merge(cfg, kinds[kind]) if kind in kinds else cfg
     return configs
 
@@ -129,7 +160,7 @@ def mixer_configs(mixer: Mapping[str, Any] | DictConfig, pattern: Sequence[Any] 
 def _warn_unused(own: DictConfig, layers: list[str], conf_dir: Path) -> None:
     """The `mixer` node configures no layer of the pattern: say so when it holds more than its yaml."""
     for name in mixer_names(conf_dir):
-        yaml = _load(name, conf_dir)
+        yaml = mixer_yaml(name, conf_dir)
         if yaml.get("_target_") != own.get("_target_"):
             continue
         changed = sorted(str(k) for k in own if k not in yaml or own[k] != yaml[k])

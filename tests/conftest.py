@@ -128,7 +128,7 @@ def stand_in_task() -> Iterator[str]:
 @pytest.fixture
 def make_cfg() -> Iterator[Callable[..., DictConfig]]:
     """Compose the real config (conf/config.yaml) with the stand-in task, the tiny model and overrides."""
-    import train  # noqa: F401  (registers the structured schema `base_config`)
+    import harness.config  # noqa: F401  (registers the structured schema `base_config`)
 
     def make(*overrides: str, tiny: bool = True) -> DictConfig:
         # One CPU thread: tiny models on a busy 2-core machine run many times faster without OpenMP workers.

@@ -53,8 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.collect import _load_config  # noqa: E402
-from runconfig import computed  # noqa: E402
-from rundir import read_metrics  # noqa: E402
+from harness.config import computed  # noqa: E402
+from harness.rundir import read_metrics  # noqa: E402
 
 # The smoke experiment with softmax attention (the fastest mixer on a CPU: the faults are the point) at two
 # learning rates; short runs, a checkpoint every few steps.
@@ -164,7 +164,7 @@ def check_run(run_dir: Path, max_steps: int) -> list[str]:
 
 def mislabelled(run_dir: Path, summary: dict, state: dict) -> list[str]:
     """Where a run directory's record of its config disagrees with what it computed: .hydra/config.yaml,
-    the summary's config and the checkpoint's, compared on what a run computes (runconfig.computed)."""
+    the summary's config and the checkpoint's, compared on what a run computes (harness.config.computed)."""
     name = run_dir.name
     try:
         recorded = computed(_load_config(run_dir))

@@ -115,11 +115,10 @@ def test_compiled_function_calls_the_op_opaquely_and_matches_eager() -> None:
 @pytest.mark.parametrize("mixer", ["kda"])  # ~1 min of inductor compilation per mixer on 2 cores
 def test_inductor_compiled_model_matches_eager(mixer: str) -> None:
     # the path train.py takes with trainer.compile=true: the body compiled by inductor, the loss eager
-    from omegaconf import OmegaConf
-
     from mixers.model import LanguageModel
+    from mixers.pattern import mixer_yaml
 
-    cfg = OmegaConf.load(f"conf/mixer/{mixer}.yaml")
+    cfg = mixer_yaml(mixer)
     cfg.num_heads, cfg.head_dim = 2, 16
     if "backend" in cfg:
         cfg.backend, cfg.chunk_size = "triton", 16

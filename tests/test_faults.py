@@ -30,11 +30,13 @@ from test_analysis import write_run
 
 import kernels
 import kernels.ops
-import train
 from analysis import collect, plot
 from benchmarks.common import rel_rms
-from runcheck import ConfigError
-from rundir import FileUnreadable, ResumeRefused, RunDirBusy
+from harness.check import ConfigError
+from harness.data import EpochSampler
+from harness.rundir import FileUnreadable, ResumeRefused, RunDirBusy
+from harness.step import lr_factor
+from harness.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 MakeCfg = Callable[..., DictConfig]
@@ -131,23 +133,23 @@ def _interrupted_run(
     make_cfg: MakeCfg, run_dir: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str
 ) -> None:
     """A run stopped by Ctrl-C as step 13 starts: checkpoint of step 12, summary `incomplete`."""
-    indices = train.EpochSampler.indices
+    indices = EpochSampler.indices
 
-    def stop_at_13(self: train.EpochSampler, step: int) -> torch.Tensor:
+    def stop_at_13(self: EpochSampler, step: int) -> torch.Tensor:
         if step == 12:
             raise KeyboardInterrupt
         return indices(self, step)
 
     with monkeypatch.context() as patch:
-        patch.setattr(train.EpochSampler, "indices", stop_at_13)
+        patch.setattr(EpochSampler, "indices", stop_at_13)
         with pytest.raises(KeyboardInterrupt):
-            train.train(make_cfg(*SHORT, *overrides), run_dir, mixer_name="attention")
+            train(make_cfg(*SHORT, *overrides), run_dir, mixer_name="attention")
     assert _summary(run_dir)["status"] == "incomplete"
 
 
 def _hold_lock(run_dir: Path) -> subprocess.Popen[str]:
     """Another process that holds the run directory's lock until killed."""
-    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from rundir import RunDir\n"
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from harness.rundir import RunDir\n"
             f"with RunDir({str(run_dir)!r}).lock():\n    print('held', flush=True); time.sleep(120)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -158,13 +160,13 @@ def test_a_second_writer_is_refused_and_a_killed_one_holds_no_lock(make_cfg: Mak
     holder = _hold_lock(tmp_path)
     try:
         with pytest.raises(RunDirBusy, match=rf"in use by pid {holder.pid} .*wait for that run to end"):
-            train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+            train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
         # refused before it touched anything
         assert not (tmp_path / "summary.json").exists() and not (tmp_path / "metrics.jsonl").exists()
     finally:
         holder.kill()  # SIGKILL: no chance to release anything
         holder.wait()
-    assert train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")["status"] == "completed"
+    assert train(make_cfg(*SHORT), tmp_path, mixer_name="attention")["status"] == "completed"
 
 
 def test_a_refused_command_line_run_writes_nothing_into_the_directory(tmp_path: Path) -> None:
@@ -209,7 +211,7 @@ def test_impossible_values_and_added_keys_are_refused(
     with pytest.raises(ConfigError, match=named):
         mqar = ("task=mqar", "task.seq_len=32", "task.num_train=64", "task.num_eval=16",
                 "task.params.vocab_size=64")
-        train.train(make_cfg(*SHORT, override, *mqar), run_dir, mixer_name="attention")
+        train(make_cfg(*SHORT, override, *mqar), run_dir, mixer_name="attention")
     # found before anything is written: not even the directory
     assert not run_dir.exists()
 
@@ -222,19 +224,19 @@ def test_resume_with_a_changed_config_is_refused_or_recorded(
     # the checkpoint's optimizer and schedule hold lr 1e-3: resuming at 1e-2 would record a value not used
     with pytest.raises(ResumeRefused, match=r"checkpoint.pt \(step 12\) holds the checkpoint of a run of "
                                             r"another config \(optim.lr=0.001 -> 0.01\). .*Launch with its"):
-        train.train(make_cfg(*SHORT, "optim.lr=1e-2"), tmp_path, mixer_name="attention")
+        train(make_cfg(*SHORT, "optim.lr=1e-2"), tmp_path, mixer_name="attention")
     # refused before anything was written: every file as it was, train.log included
     assert _files(tmp_path) == before
     # where it runs may change; the summary records the change and the step it took effect at
-    summary = train.train(make_cfg(*SHORT, "trainer.checkpoint_every=4"), tmp_path, mixer_name="attention")
+    summary = train(make_cfg(*SHORT, "trainer.checkpoint_every=4"), tmp_path, mixer_name="attention")
     assert summary["status"] == "completed" and summary["steps"] == 20
     assert summary["config_changes"] == [{"step": 12, "key": "trainer.checkpoint_every", "old": 5, "new": 4}]
 
 
 def test_a_corrupt_summary_is_rebuilt_from_the_checkpoint(make_cfg: MakeCfg, tmp_path: Path) -> None:
-    first = train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+    first = train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
     (tmp_path / "summary.json").write_text('{"status": "compl')
-    again = train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+    again = train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
     log = (tmp_path / "train.log").read_text()
     assert "summary.json: not valid JSON" in log and "resumes from checkpoint.pt" in log
     assert (tmp_path / "summary.json.corrupt").read_text() == '{"status": "compl'
@@ -249,7 +251,7 @@ def test_a_corrupt_checkpoint_is_named_with_the_fix(
     checkpoint = tmp_path / "checkpoint.pt"
     checkpoint.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
     with pytest.raises(FileUnreadable, match=r"checkpoint.pt: cannot be read .*delete it to train the run"):
-        train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+        train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
     summary = _summary(tmp_path)
     assert summary["status"] == "failed" and "checkpoint.pt" in summary["error"]
 
@@ -264,7 +266,7 @@ def test_gaps_and_cut_lines_in_metrics_are_reported(
     # steps 4 and 6 lost, and a line cut mid-write in the middle
     kept = [lines[0], lines[1], lines[4][:20], *lines[4:]]
     (tmp_path / "metrics.jsonl").write_text("\n".join(kept) + "\n")
-    summary = train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+    summary = train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
     log = (tmp_path / "train.log").read_text()
     assert "metrics.jsonl line 3 is not JSON" in log
     assert "has no record of step(s) 4, 6, before the checkpoint's step 12" in log
@@ -280,14 +282,14 @@ def test_a_normal_resume_warns_about_nothing(
     """The metrics check knows the logging schedule: an ordinary resume has no gap to report."""
     schedule = ("trainer.log_every=3", "trainer.eval_every=7")
     _interrupted_run(make_cfg, tmp_path, monkeypatch, *schedule)
-    train.train(make_cfg(*SHORT, *schedule), tmp_path, mixer_name="attention")
+    train(make_cfg(*SHORT, *schedule), tmp_path, mixer_name="attention")
     log = (tmp_path / "train.log").read_text()
     assert "resumed from" in log and "train.rundir" not in log
 
 
 def test_a_diverged_run_lists_only_the_files_it_wrote(make_cfg: MakeCfg, tmp_path: Path) -> None:
     cfg = make_cfg("optim.lr=1e30", "optim.warmup_steps=0", "trainer.max_steps=20")
-    assert train.train(cfg, tmp_path, mixer_name="attention")["status"] == "diverged"
+    assert train(cfg, tmp_path, mixer_name="attention")["status"] == "diverged"
     assert not (tmp_path / "checkpoint.pt").exists()
     last = (tmp_path / "train.log").read_text().strip().splitlines()[-1]
     assert "outputs:" in last and "summary.json" in last and "checkpoint.pt" not in last
@@ -446,20 +448,20 @@ def test_a_finished_run_is_compared_with_the_relaunch_not_skipped(make_cfg: Make
     """A finished run relaunched with another config is refused with the keys old -> new (precision
     included) and its files stay as they were; a change of where and how fast it runs leaves it alone;
     trainer.max_steps raised extends it from its checkpoint under the schedule of the new max_steps."""
-    first = train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+    first = train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
     before = _files(tmp_path)
     for override, listed in (("optim.lr=1e-2", "optim.lr=0.001 -> 0.01"),
                              ("trainer.precision=bf16", "trainer.precision='fp32' -> 'bf16'"),
                              ("trainer.max_steps=10", "trainer.max_steps=20 -> 10")):
         refused = rf"holds a completed run of another config \({re.escape(listed)}\)"
         with pytest.raises(ResumeRefused, match=refused):
-            train.train(make_cfg(*SHORT, override), tmp_path, mixer_name="attention")
+            train(make_cfg(*SHORT, override), tmp_path, mixer_name="attention")
         assert _files(tmp_path) == before, override
-    again = train.train(make_cfg(*SHORT, "trainer.eval_batch_size=7", "trainer.checkpoint_every=3"), tmp_path,
+    again = train(make_cfg(*SHORT, "trainer.eval_batch_size=7", "trainer.checkpoint_every=3"), tmp_path,
                         mixer_name="attention")
     assert again == first and _files(tmp_path) == before
 
-    extended = train.train(make_cfg(*SHORT, "trainer.max_steps=30"), tmp_path, mixer_name="attention")
+    extended = train(make_cfg(*SHORT, "trainer.max_steps=30"), tmp_path, mixer_name="attention")
     assert extended["status"] == "completed" and extended["steps"] == 30
     assert {"step": 20, "key": "trainer.max_steps", "old": 20, "new": 30} in extended["config_changes"]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -467,7 +469,7 @@ def test_a_finished_run_is_compared_with_the_relaunch_not_skipped(make_cfg: Make
     assert extended["final_eval_acc"] == records[-1]["eval/acc"]
     # from step 20 on, the cosine of 30 steps (not the old schedule's floor of 0.1 x lr)
     lr_22 = next(r["lr"] for r in records if r["step"] == 22)
-    assert lr_22 == pytest.approx(1e-3 * train.lr_factor(21, 5, 30, 0.1)) and lr_22 > 2e-4
+    assert lr_22 == pytest.approx(1e-3 * lr_factor(21, 5, 30, 0.1)) and lr_22 > 2e-4
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["progress"]["step"] == 30
 
 
@@ -499,7 +501,7 @@ def test_sweep_subdirectories_are_named_by_what_the_run_computes() -> None:
     """One level per override, sorted (a reordered grid lands in the same directories), where-it-runs keys
     left out; `..` and `/` cannot climb out or make two values share a directory; a name past 255 bytes is
     shortened with a hash of the whole."""
-    from runconfig import override_path
+    from harness.config import override_path
 
     assert override_path(["optim.lr=0.01", "mixer=kda"]) == override_path(["mixer=kda", "optim.lr=0.01"]) \
         == "mixer=kda/optim.lr=0.01"
@@ -522,7 +524,7 @@ def test_results_directories_keep_their_names() -> None:
     command that made it finds it again."""
     import yaml
 
-    from runconfig import override_path
+    from harness.config import override_path
 
     root = ROOT / "results" / "kimi_fig4_h200_pilot"
     runs = sorted(p.parent.parent for p in root.rglob(".hydra/overrides.yaml"))
@@ -547,7 +549,7 @@ def test_a_full_disk_leaves_no_partial_checkpoint(
 
     monkeypatch.setattr(torch, "save", disk_full)
     with pytest.raises(OSError, match="No space left"):
-        train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
+        train(make_cfg(*SHORT), tmp_path, mixer_name="attention")
     assert not (tmp_path / "checkpoint.pt.tmp").exists() and not (tmp_path / "checkpoint.pt").exists()
     summary = _summary(tmp_path)
     assert summary["status"] == "failed" and "No space left" in summary["error"] and summary["steps"] == 5
@@ -559,7 +561,7 @@ def test_a_metrics_line_cut_before_its_newline_does_not_fuse_with_the_next(
     _interrupted_run(make_cfg, tmp_path, monkeypatch)
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_bytes(metrics.read_bytes().rstrip(b"\n"))
-    assert train.train(make_cfg(*SHORT), tmp_path, mixer_name="attention")["status"] == "completed"
+    assert train(make_cfg(*SHORT), tmp_path, mixer_name="attention")["status"] == "completed"
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == [1, *range(2, 21, 2)]
 
@@ -613,8 +615,8 @@ import multiprocessing, os, sys, time
 sys.path.insert(0, {str(ROOT)!r})
 os.environ["KDA_HARNESS_SWEEP_PID"] = str(os.getpid())
 def worker():
-    import train
-    train.die_with_sweep()
+    from harness.signals import die_with_sweep
+    die_with_sweep()
     open({str(armed)!r}, "w").close()
     time.sleep(120)
 child = multiprocessing.get_context("fork").Process(target=worker)

@@ -9,7 +9,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import train
+from harness.trainer import train
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -41,7 +41,7 @@ def test_early_stop_ends_a_solved_run_and_is_recorded(make_cfg, tmp_path: Path) 
     cfg = make_cfg("trainer.max_steps=400", "trainer.eval_every=10", "trainer.log_every=5", "optim.lr=3e-3",
                    "trainer.early_stop.enabled=true", "trainer.early_stop.acc=0.9",
                    "trainer.early_stop.evals=2")
-    summary = train.train(cfg, tmp_path, mixer_name="attention")
+    summary = train(cfg, tmp_path, mixer_name="attention")
     assert summary["status"] == "completed"
     stopped = summary["early_stopped_at"]
     assert stopped is not None and stopped < 400 and summary["steps"] == stopped
@@ -54,10 +54,10 @@ def test_early_stop_ends_a_solved_run_and_is_recorded(make_cfg, tmp_path: Path) 
     # the paper's metric beside ours: the peak of the logged training accuracies
     assert summary["best_train_acc"] == max(r["train/acc"] for r in records)
     # a finished run is not trained again
-    assert train.train(cfg, tmp_path, mixer_name="attention")["steps"] == stopped
+    assert train(cfg, tmp_path, mixer_name="attention")["steps"] == stopped
 
 
 def test_without_early_stop_the_run_goes_to_max_steps(make_cfg, tmp_path: Path) -> None:
     cfg = make_cfg("trainer.max_steps=30", "trainer.eval_every=10", "optim.lr=3e-3")
-    summary = train.train(cfg, tmp_path, mixer_name="attention")
+    summary = train(cfg, tmp_path, mixer_name="attention")
     assert summary["steps"] == 30 and summary["early_stopped_at"] is None

@@ -20,15 +20,24 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-import train
 from analysis import collect, plot
 from analysis.colours import MIXER_COLOURS, PATTERN_COLOURS, mixer_colour, mixer_order
+from harness.config import validate
+from harness.rundir import ResumeRefused
+from harness.trainer import train
 from mixers.attention import Attention
 from mixers.kda import KDA
 from mixers.model import LanguageModel
-from mixers.pattern import check_pattern, expand, mixer_configs, mixer_names, pattern_name, ratio, short_form
-from runconfig import validate
-from rundir import ResumeRefused
+from mixers.pattern import (
+    check_pattern,
+    expand,
+    mixer_configs,
+    mixer_names,
+    mixer_yaml,
+    pattern_name,
+    ratio,
+    short_form,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -40,13 +49,13 @@ HYBRIDS = [["kda", "kda", "kda", "attention"], ["attention", "gdn"]]
 
 def _mixer_node(primary: str, pattern: list[str]) -> DictConfig:
     """The `mixer` node as Hydra composes it: the primary's yaml, plus a small section per other kind."""
-    node = OmegaConf.load(CONF / "mixer" / f"{primary}.yaml")
+    node = mixer_yaml(primary)
     for key, value in SMALL.items():
         if key in node:
             node[key] = value
     for kind in dict.fromkeys(pattern):
         if kind != primary:
-            yaml_keys = OmegaConf.load(CONF / "mixer" / f"{kind}.yaml")
+            yaml_keys = mixer_yaml(kind)
             node[kind] = {k: v for k, v in SMALL.items() if k in yaml_keys}
     return node
 
@@ -201,11 +210,14 @@ def test_the_mixer_node_is_unused_with_a_warning_or_ambiguous_with_an_error(
     assert "has no kda layer, so mixer.chunk_size, mixer.head_dim (the mixer=kda settings) configure " \
            "nothing" in caplog.text
     # two yamls of the node's class in one pattern: which one it configures cannot be told
+    mixers = tmp_path / "mixer"
+    mixers.mkdir()
+    (tmp_path / "linear_mixer.yaml").write_text((CONF / "linear_mixer.yaml").read_text())
     for name in ("kda", "attention"):
-        (tmp_path / f"{name}.yaml").write_text((CONF / "mixer" / f"{name}.yaml").read_text())
-    (tmp_path / "kda_small.yaml").write_text((CONF / "mixer" / "kda.yaml").read_text())
+        (mixers / f"{name}.yaml").write_text((CONF / "mixer" / f"{name}.yaml").read_text())
+    (mixers / "kda_small.yaml").write_text((CONF / "mixer" / "kda.yaml").read_text())
     with pytest.raises(ValueError, match=r"kda, kda_small all build mixers.kda.KDA, the `mixer` node"):
-        mixer_configs(node, ["kda", "kda_small"], conf_dir=tmp_path)
+        mixer_configs(node, ["kda", "kda_small"], conf_dir=mixers)
 
 
 # --- through Hydra and train.py --------------------------------------------------------------------------
@@ -243,7 +255,7 @@ def test_one_mixer_pattern_trains_as_the_single_mixer_run(make_cfg: MakeCfg, tmp
     steps = ["trainer.max_steps=6", "trainer.eval_every=3", "trainer.log_every=1"]
     runs = {}
     for name, extra in (("single", ()), ("pattern", ("model.pattern=[attention,attention]",))):
-        summary = train.train(make_cfg(*steps, *extra), tmp_path / name, mixer_name="attention")
+        summary = train(make_cfg(*steps, *extra), tmp_path / name, mixer_name="attention")
         metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         runs[name] = summary, [{k: v for k, v in m.items() if k != "time_s"} for m in metrics]
     (single, single_metrics), (pattern, pattern_metrics) = runs["single"], runs["pattern"]
@@ -268,7 +280,7 @@ def test_hybrid_run_resumes_exactly_and_tags_its_pattern(make_cfg: MakeCfg, tmp_
 
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(
         init=lambda **kwargs: seen.update(kwargs) or FakeRun()))
-    summary = train.train(cfg, tmp_path / "whole", mixer_name="attention")
+    summary = train(cfg, tmp_path / "whole", mixer_name="attention")
     assert summary["mixer"] == "attention:kda 1:1" and summary["status"] == "completed"
     assert {"attention:kda 1:1", "pattern:attention,kda", "ratio:1:1"} <= set(seen["tags"])
     kda_layer = 2 * 16 * 16 + 3 * (2 * 2 * 16 + 2 * 16)
@@ -286,8 +298,8 @@ def test_hybrid_run_resumes_exactly_and_tags_its_pattern(make_cfg: MakeCfg, tmp_
     with monkeypatch.context() as patch:
         patch.setattr(torch.optim.AdamW, "step", interrupt_after_update_6)
         with pytest.raises(KeyboardInterrupt):
-            train.train(cfg, tmp_path / "parts", mixer_name="attention")
-    resumed = train.train(cfg, tmp_path / "parts", mixer_name="attention")
+            train(cfg, tmp_path / "parts", mixer_name="attention")
+    resumed = train(cfg, tmp_path / "parts", mixer_name="attention")
 
     def losses(run: str) -> list[tuple[int, float]]:
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
@@ -299,7 +311,7 @@ def test_hybrid_run_resumes_exactly_and_tags_its_pattern(make_cfg: MakeCfg, tmp_
                      "trainer.checkpoint_every=4")
     (tmp_path / "parts" / "summary.json").unlink()
     with pytest.raises(ResumeRefused, match=r"model.pattern=\['attention', 'kda'\] -> \['kda', 'att"):
-        train.train(other, tmp_path / "parts", mixer_name="attention")
+        train(other, tmp_path / "parts", mixer_name="attention")
 
 
 # --- analysis --------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Every mixer of conf/mixer/*.yaml against the contract of mixers/base.py (docs/design.md §4).
 
 Mixers are discovered from their yaml, so a new `conf/mixer/<name>.yaml` is tested with no edit here. Each
-is built by `hydra.utils.instantiate` at a small size (the keys of SMALL that its yaml has).
+is built by `hydra.utils.instantiate` at a small size (the keys of SMALL that its yaml has). A mixer's
+defaults live in its class; its yaml (composed as Hydra composes it) and mixers/README.md are checked
+against the class's signature.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import kernels
 from mixers.kda import KDA
 from mixers.linear_base import LinearMixer
 from mixers.longhorn import Longhorn
+from mixers.pattern import mixer_yaml
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "mixer"
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf" / "mixer"
 YAMLS = sorted(CONF.glob("*.yaml"))
 NAMES = [p.stem for p in YAMLS]
 D = 32
@@ -56,7 +60,7 @@ CASES: list[dict[str, Any]] = [
 
 
 def load(name: str) -> Any:
-    return OmegaConf.load(CONF / f"{name}.yaml")
+    return mixer_yaml(name, CONF)
 
 
 def build(name: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
@@ -270,10 +274,50 @@ def test_longhorn_beta(qk_norm: bool) -> None:
     torch.testing.assert_close(m(x), m._output(x, o), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if isinstance(build(n), LinearMixer)])
-def test_yaml_states_the_python_defaults(name: str) -> None:
-    # the yaml is the readable list of switches; it must agree with what the class does when called directly
-    cfg = OmegaConf.to_container(load(name))
-    factory = hydra.utils.get_object(cfg.pop("_target_"))
+def _defaults(name: str) -> dict[str, Any]:
+    """The class's default of every keyword its yaml may set: its signature, the paper defaults applied."""
+    factory = hydra.utils.get_object(load(name)["_target_"])
     params = inspect.signature(factory).parameters
-    assert {k: params[k].default for k in cfg} == cfg
+    return {k: p.default for k, p in params.items() if k not in ("d_model", "layer_idx")}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_yaml_states_the_class_defaults(name: str) -> None:
+    # the class holds the defaults; the yaml is the readable list of switches, with the class's values
+    cfg = OmegaConf.to_container(load(name))
+    cfg.pop("_target_")
+    defaults = _defaults(name)
+    assert {k: defaults.get(k, f"<not a parameter of {name}>") for k in cfg} == cfg
+
+
+LINEAR = [n for n in NAMES if isinstance(build(n), LinearMixer)]
+SHARED = OmegaConf.load(ROOT / "conf" / "linear_mixer.yaml")
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_a_linear_yaml_states_its_switches_and_takes_the_rest_from_the_shared_file(name: str) -> None:
+    # conf/linear_mixer.yaml holds the skeleton's values once; a linear mixer's yaml names it and states
+    # only the keys left to each mixer (???) and its own
+    raw = OmegaConf.load(CONF / f"{name}.yaml")
+    assert list(raw.defaults) == ["/linear_mixer@_here_", "_self_"]
+    left = {k for k in SHARED if OmegaConf.is_missing(SHARED, k)}
+    assert left <= set(raw) and not (set(SHARED) - left) & set(raw)
+
+
+def _readme_table(title: str) -> dict[str, list[str]]:
+    """mixers/README.md's table after `title`: {mixer: its cells}."""
+    text = (ROOT / "mixers" / "README.md").read_text()
+    rows = text[text.index(title):].split("\n\n")[1].splitlines()[2:]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    return {row[0].strip("`"): row[1:] for row in cells}
+
+
+def test_readme_states_each_mixers_paper_defaults_as_its_class_does() -> None:
+    table = _readme_table("Paper defaults per mixer:")
+    assert {"linear_attn", "mamba2", "gla", "deltanet", "gdn", "kda", "longhorn"} <= set(table) <= set(LINEAR)
+    for name in table:
+        d = _defaults(name)
+        gate = "none" if d["output_gate"] == "none" else f"{d['output_gate']}, {d['output_gate_rank']}"
+        on = {True: "on", False: "off"}
+        expected = [on[d["use_short_conv"]], d["feature_map"], on[d["qk_norm"]], gate]
+        assert table[name][:4] == expected, name

@@ -120,7 +120,7 @@ def test_model_rejects_unknown_mlp() -> None:
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "mixer").glob("*.yaml")))
 def test_every_mixer_yaml_builds_in_the_backbone(name: str) -> None:
     """Each conf/mixer/<name>.yaml composes with the trunk config and its model runs forward."""
-    import train  # noqa: F401  (registers the structured schema)
+    import harness.config  # noqa: F401  (registers the structured schema)
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(

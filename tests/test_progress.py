@@ -17,8 +17,8 @@ import torch
 from helpers import CLI_TINY
 from omegaconf import DictConfig
 
-import runlog
-import train
+from harness.log import ProgressLog, format_duration, run_name
+from harness.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 MakeCfg = Callable[..., DictConfig]
@@ -35,7 +35,7 @@ def test_a_line_every_log_every_steps_without_a_terminal(
     cfg = make_cfg("trainer.max_steps=20", "trainer.log_every=5", "trainer.eval_every=10",
                    "task.eval_seq_lens=[32]")
     with caplog.at_level(logging.INFO, logger="train"):
-        train.train(cfg, tmp_path, mixer_name="attention")
+        train(cfg, tmp_path, mixer_name="attention")
     lines = [m for m in _messages(caplog) if m.startswith("step ")]
     assert [int(re.match(r"step (\d+)/20 ", m).group(1)) for m in lines] == [1, 5, 10, 15, 20]
     pattern = (r"step \d+/20 \| loss \d+\.\d{4} acc \d\.\d{4} \| [\d.]+ steps/s [\d.]+k? tok/s"
@@ -65,7 +65,7 @@ class FakeClock:
 def _simulate(device: str, seconds_per_step: float, max_steps: int, steps: int,
               caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     clock = FakeClock()
-    progress = runlog.ProgressLog(start_step=0, max_steps=max_steps, batch_size=256, seq_len=1024,
+    progress = ProgressLog(start_step=0, max_steps=max_steps, batch_size=256, seq_len=1024,
                                   device=torch.device(device), clock=clock)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="train"):
@@ -97,7 +97,7 @@ def test_a_run_sized_for_a_gpu_says_so_early_on_a_cpu(caplog: pytest.LogCaptureF
 
 def test_progress_line_rates_and_eta(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
-    progress = runlog.ProgressLog(start_step=100, max_steps=300, batch_size=4, seq_len=250,
+    progress = ProgressLog(start_step=100, max_steps=300, batch_size=4, seq_len=250,
                                   device=torch.device("cpu"), train_time_s=7.0, clock=clock)
     clock.now = 1.0
     with caplog.at_level(logging.INFO, logger="train"):
@@ -113,19 +113,19 @@ def test_progress_line_rates_and_eta(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_format_helpers() -> None:
-    assert [runlog.format_duration(s) for s in (0.4, 42, 185, 7620, 3 * 86400 + 4 * 3600 + 59)] == [
+    assert [format_duration(s) for s in (0.4, 42, 185, 7620, 3 * 86400 + 4 * 3600 + 59)] == [
         "0s", "42s", "3m 05s", "2h 07m", "3d 04h"]
-    assert runlog.run_name("mqar", "kda", 1024, 1e-3, 0) == "mqar/kda/L1024/lr1e-3/s0"
-    ablation = runlog.run_name("stack", "kda", 256, 1.5e-4, 2, "gate_softplus")
+    assert run_name("mqar", "kda", 1024, 1e-3, 0) == "mqar/kda/L1024/lr1e-3/s0"
+    ablation = run_name("stack", "kda", 256, 1.5e-4, 2, "gate_softplus")
     assert ablation == "stack/kda:gate_softplus/L256/lr1.5e-4/s2"
-    assert runlog.run_name("mqar", "attention", 32, 1e4, 1) == "mqar/attention/L32/lr1e4/s1"
+    assert run_name("mqar", "attention", 32, 1e4, 1) == "mqar/attention/L32/lr1e4/s1"
 
 
 def test_sweep_lines_carry_the_run_name(make_cfg: MakeCfg, tmp_path: Path,
                                         caplog: pytest.LogCaptureFixture) -> None:
     cfg = make_cfg("trainer.max_steps=4", "trainer.log_every=2", "optim.lr=3e-3", "seed=1")
     with caplog.at_level(logging.INFO, logger="train"):
-        train.train(cfg, tmp_path / "job", mixer_name="attention", job_num=0, sweep_dir=str(tmp_path))
+        train(cfg, tmp_path / "job", mixer_name="attention", job_num=0, sweep_dir=str(tmp_path))
     messages = _messages(caplog)
     name = f"[stand_in/attention/L{cfg.task.seq_len}/lr3e-3/s1] "
     assert len(messages) > 5 and all(m.startswith(name) for m in messages), messages
@@ -134,7 +134,7 @@ def test_sweep_lines_carry_the_run_name(make_cfg: MakeCfg, tmp_path: Path,
     # A single run after it (the basic launcher reuses the process): no stale name.
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="train"):
-        train.train(make_cfg("trainer.max_steps=2"), tmp_path / "single", mixer_name="attention")
+        train(make_cfg("trainer.max_steps=2"), tmp_path / "single", mixer_name="attention")
     assert _messages(caplog) and not any(m.startswith("[") for m in _messages(caplog))
 
 
@@ -155,7 +155,7 @@ def test_an_interrupt_says_where_a_relaunch_resumes(
 
     monkeypatch.setattr(torch.optim.AdamW, "step", interrupt_after_update_15)
     with caplog.at_level(logging.WARNING, logger="train"), pytest.raises(KeyboardInterrupt):
-        train.train(cfg, tmp_path, mixer_name="attention")
+        train(cfg, tmp_path, mixer_name="attention")
     warning = [m for m in _messages(caplog) if m.startswith("interrupted")][0]
     if checkpoint_every == 100:
         assert warning.endswith("no checkpoint was saved yet: re-launching starts again from step 0")
@@ -169,7 +169,7 @@ def test_misspelt_mixer_key_without_plus_lists_the_valid_keys(make_cfg: MakeCfg,
     # Without `+`: composed (the mixer group is open), then rejected by the check against the constructor.
     cfg = make_cfg("mixer.num_head=4")
     with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['num_head'\]; it accepts \[.*'num_heads"):
-        train.train(cfg, tmp_path, mixer_name="attention")
+        train(cfg, tmp_path, mixer_name="attention")
 
 
 def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

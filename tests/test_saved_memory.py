@@ -20,6 +20,7 @@ from benchmarks.common import rel_rms
 from benchmarks.memory import saved_storages
 from mixers.linear_base import LinearMixer
 from mixers.model import LanguageModel
+from mixers.pattern import mixer_yaml
 from mixers.recompute import gated_rms_norm_projection, kda_gate, l2_norm, shared_cast
 from tests.test_mixers import CONF
 
@@ -103,7 +104,7 @@ def test_gated_rms_norm_projection_matches_autograd(activation: str) -> None:
 
 
 def _model(name: str, overrides: dict[str, Any], lean: bool, d_model: int = 32) -> LanguageModel:
-    cfg = OmegaConf.load(CONF / f"{name}.yaml")
+    cfg = mixer_yaml(name, CONF)
     for key, value in {**SMALL, **overrides}.items():
         if key in cfg:
             cfg[key] = value
@@ -230,7 +231,7 @@ def test_the_recompute_is_invisible_to_an_enclosing_saved_tensor_hook() -> None:
 
 
 def test_model_lean_backward_switch_reaches_every_layer_and_the_mlp() -> None:
-    cfg = OmegaConf.load(CONF / "kda.yaml")
+    cfg = mixer_yaml("kda", CONF)
     for key, value in SMALL.items():
         if key in cfg:
             cfg[key] = value
@@ -240,8 +241,10 @@ def test_model_lean_backward_switch_reaches_every_layer_and_the_mlp() -> None:
     assert [b.mlp.fused for b in plain.blocks] == [False, False]
     assert [m.lean_backward for m in lean.mixers] == [True, True]
     assert [b.mlp.fused for b in lean.blocks] == [True, True]
-    # the switch is a model config key, typed by runconfig and passed to the model by train.py
-    import runconfig
+    # the switch is a model config key, typed by harness.config and passed to the model by harness.run
+    from dataclasses import fields
 
-    assert runconfig.ModelConfig().lean_backward == "auto"
+    from harness.config import ModelConfig
+
+    assert "lean_backward" in {f.name for f in fields(ModelConfig)}
     assert OmegaConf.load(CONF.parent / "model" / "default.yaml").lean_backward == "auto"

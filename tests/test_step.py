@@ -1,11 +1,11 @@
-"""train.py's step pieces on the CPU: a non-finite gradient skips the fused update on the device, and a
-finite one does not."""
+"""The training step's pieces (harness/step.py) on the CPU: a non-finite gradient skips the fused update on
+the device, and a finite one does not."""
 
 from __future__ import annotations
 
 import torch
 
-import train
+from harness import step
 
 
 def _model_and_optimizer():
@@ -22,7 +22,7 @@ def _step(model, params, optimizer, poison: bool) -> torch.Tensor:
     loss.backward()
     if poison:
         params[0].grad[0, 0] = float("nan")
-    _, finite = train.clip_and_guard(params, 1.0, loss.detach(), optimizer)
+    _, finite = step.clip_and_guard(params, 1.0, loss.detach(), optimizer)
     optimizer.step()
     return finite
 
@@ -43,7 +43,7 @@ def test_non_finite_update_is_skipped_and_not_counted() -> None:
 def test_make_batch_finds_the_scored_positions() -> None:
     labels = torch.tensor([[-100, 3, -100, 5], [-100, -100, -100, -100], [1, 2, -100, 4]])
     inputs = torch.arange(12).view(3, 4)
-    batch = train.make_batch(inputs, labels, torch.device("cpu"))
+    batch = step.make_batch(inputs, labels, torch.device("cpu"))
     assert batch.positions.tolist() == [1, 3, 8, 9, 11]
     assert batch.targets.tolist() == [3, 5, 1, 2, 4]
     assert batch.sequence.tolist() == [0, 0, 2, 2, 2]
@@ -66,7 +66,7 @@ def test_evaluate_equals_the_full_logits_computation() -> None:
     labels = torch.randint(0, 11, (7, 9))
     labels[torch.rand(7, 9) < 0.5] = -100
     labels[3] = -100  # a sequence with nothing to score counts in neither sum
-    result = train.evaluate(model, inputs, labels, 3, torch.device("cpu"), nullcontext)
+    result = step.evaluate(model, inputs, labels, 3, torch.device("cpu"), nullcontext)
     with torch.no_grad():
         logits = model(inputs)
     mask = labels != -100
@@ -85,6 +85,8 @@ def test_enum_keys_are_validated_by_hydra_with_the_choices_named() -> None:
     import pytest
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
+
+    import harness.config  # noqa: F401  (registers the structured schema `base_config`)
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):

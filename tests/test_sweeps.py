@@ -30,8 +30,6 @@ from analysis import collect, plot
 if TYPE_CHECKING:
     from slurm.fixture import SlurmCluster
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 # The session's SLURM cluster fixture (`slurm_cluster`), started only when a SLURM test runs.
 pytest_plugins = ["slurm.fixture"]
 
@@ -335,8 +333,7 @@ def test_experiment_grids_compose() -> None:
     """Every experiment composes against the real config tree, with the grid it documents."""
     from hydra import compose, initialize_config_dir
 
-    sys.path.insert(0, str(ROOT))
-    import train  # noqa: F401  (registers the structured base config)
+    import harness.config  # noqa: F401  (registers the structured base config)
 
     mixers = {p.stem for p in (CONF / "mixer").glob("*.yaml")}
     variants = {p.stem for p in (CONF / "experiment" / "ablation").glob("*.yaml")}

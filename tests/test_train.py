@@ -18,7 +18,11 @@ from helpers import CLI_TINY, read_wandb_records
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
-import train
+from harness.check import resolve_device
+from harness.cli import CONFIG_DIR
+from harness.data import EpochSampler
+from harness.step import lr_factor
+from harness.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 MakeCfg = Callable[..., DictConfig]
@@ -41,7 +45,7 @@ def test_short_run_learns_and_writes_the_run_directory(make_cfg: MakeCfg, tmp_pa
         "optim.lr=3e-3",
         "task.eval_seq_lens=[16,32]",
     )
-    summary = train.train(cfg, tmp_path, mixer_name="attention")
+    summary = train(cfg, tmp_path, mixer_name="attention")
     metrics = _metrics(tmp_path)
     steps = [m["step"] for m in metrics]
     assert steps == [1, *range(10, 121, 10)]
@@ -73,7 +77,7 @@ def test_short_run_learns_and_writes_the_run_directory(make_cfg: MakeCfg, tmp_pa
     assert (tmp_path / "checkpoint.pt").exists() and "eval acc" in (tmp_path / "train.log").read_text()
     # Re-running a completed directory does nothing.
     before = (tmp_path / "metrics.jsonl").read_text()
-    assert train.train(cfg, tmp_path, mixer_name="attention") == summary
+    assert train(cfg, tmp_path, mixer_name="attention") == summary
     assert (tmp_path / "metrics.jsonl").read_text() == before
 
 
@@ -94,14 +98,14 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
         "task.num_train=200",
     )  # 200 / 16: batches cross epochs
     whole = tmp_path / "whole"
-    train.train(cfg, whole, mixer_name="attention")
+    train(cfg, whole, mixer_name="attention")
 
     # Ctrl-C or submitit's requeue (SystemExit) during step 25: either as it starts, or just after its
     # weight update, before its bookkeeping (then the weights are ahead of the step count).
-    indices, adamw_step = train.EpochSampler.indices, torch.optim.AdamW.step
+    indices, adamw_step = EpochSampler.indices, torch.optim.AdamW.step
     calls = []
 
-    def interrupt_step_25(self: train.EpochSampler, step: int) -> torch.Tensor:
+    def interrupt_step_25(self: EpochSampler, step: int) -> torch.Tensor:
         if step == 24:
             raise interrupt("killed")
         return indices(self, step)
@@ -115,18 +119,18 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
 
     parts = tmp_path / "parts"
     if where == "step_start":
-        monkeypatch.setattr(train.EpochSampler, "indices", interrupt_step_25)
+        monkeypatch.setattr(EpochSampler, "indices", interrupt_step_25)
     else:
         monkeypatch.setattr(torch.optim.AdamW, "step", interrupt_after_update_25)
     with pytest.raises(interrupt):
-        train.train(cfg, parts, mixer_name="attention")
+        train(cfg, parts, mixer_name="attention")
     # Not a failure: incomplete, and at a step boundary checkpointed so no finished step is lost.
     assert _summary(parts)["status"] == "incomplete" and interrupt.__name__ in _summary(parts)["error"]
     assert _metrics(parts)[-1]["step"] == 24
     checkpointed = torch.load(parts / "checkpoint.pt", weights_only=True)["progress"]["step"]
     assert checkpointed == (24 if where == "step_start" else 20)
     monkeypatch.undo()
-    resumed = train.train(cfg, parts, mixer_name="attention")
+    resumed = train(cfg, parts, mixer_name="attention")
     log = (parts / "train.log").read_text()
     assert f"resumed from {parts / 'checkpoint.pt'} at step {checkpointed}" in log
 
@@ -142,11 +146,33 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
     assert _summary(parts)["status"] == "completed"
 
 
+def test_the_trunk_values_are_stated_in_the_yaml_alone() -> None:
+    """The dataclasses type the trunk and leave every value to conf/<group>/*.yaml (MISSING): one place."""
+    from dataclasses import fields, is_dataclass
+
+    from omegaconf import MISSING
+
+    from harness.config import Config
+
+    def values(schema: type, prefix: str = "") -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for f in fields(schema):
+            if is_dataclass(f.default_factory):
+                found.update(values(f.default_factory, f"{prefix}{f.name}."))
+            elif f.name not in ("mixer", "params"):  # free-form nodes: their keys are the yaml's own
+                found[prefix + f.name] = f.default
+        return found
+
+    stated = values(Config)
+    assert "trainer.max_steps" in stated and "logger.wandb.mode" in stated
+    assert {key: value for key, value in stated.items() if value != MISSING} == {}
+
+
 def test_main_job_and_experiments_compose() -> None:
     """`python train.py` composes the main job from conf/ alone; `experiment=` needs no `+`."""
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(train.CONFIG_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         main_job = compose("config", return_hydra_config=True)
         smoke = compose("config", overrides=["experiment=smoke"], return_hydra_config=True)
     assert main_job.hydra.runtime.choices["task"] == "mqar_small"
@@ -177,7 +203,7 @@ def test_misspelt_keys_are_errors(make_cfg: MakeCfg, tmp_path: Path) -> None:
     # The mixer group is free-form, so its keys are checked against the mixer's constructor instead.
     cfg = make_cfg("+mixer.num_head=4")
     with pytest.raises(ValueError, match=r"'attention'.*num_head"):
-        train.train(cfg, tmp_path / "run", mixer_name="attention")
+        train(cfg, tmp_path / "run", mixer_name="attention")
     assert not (tmp_path / "run").exists()  # found before anything was written
 
 
@@ -186,12 +212,12 @@ def test_task_params_take_generator_parameters_without_plus() -> None:
     lists form and vocab_size only); a misspelt one is a one-line error naming the valid parameters."""
     from hydra import compose, initialize_config_dir
 
-    from rundata import load_task
+    from harness.data import load_task
 
-    with initialize_config_dir(config_dir=str(train.CONFIG_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["task.params.num_pairs=3"])
         misspelt = compose("config", overrides=["task.params.num_pair=3"])
-    assert "num_pairs" not in OmegaConf.load(train.CONFIG_DIR / "task" / "mqar_small.yaml").params
+    assert "num_pairs" not in OmegaConf.load(CONFIG_DIR / "task" / "mqar_small.yaml").params
     generate, _ = load_task(cfg.task)
     inputs, _ = generate(8, cfg.task.seq_len, seed=0)
     # kimi form: k1 v1 k2 v2 k3 v3 <sep> queries, so <sep> (id 1) first appears at position 2 * 3
@@ -202,7 +228,7 @@ def test_task_params_take_generator_parameters_without_plus() -> None:
     assert "\n" not in message and "task.params.num_pair=3 (did you mean num_pairs?)" in message
     assert message.endswith("its parameters: vocab_size, form, num_pairs, num_queries, power_a, noise")
     with pytest.raises(ValueError, match=r"task.params=5: give the generator's parameters one by one"):
-        with initialize_config_dir(config_dir=str(train.CONFIG_DIR), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             load_task(compose("config", overrides=["task.params=5"]).task)
 
 
@@ -215,19 +241,19 @@ def test_bad_values_fail_with_the_key_named(make_cfg: MakeCfg, tmp_path: Path) -
     }
     for name, (override, expected) in cases.items():
         with pytest.raises(ValueError, match=expected):
-            train.train(make_cfg(override), tmp_path / name, mixer_name="attention")
+            train(make_cfg(override), tmp_path / name, mixer_name="attention")
         assert not (tmp_path / name).exists()  # found before anything was written
 
 
 def test_nan_loss_stops_with_status_diverged(make_cfg: MakeCfg, tmp_path: Path) -> None:
     # AdamW's first steps move every weight by about lr: at 1e30 the next forward overflows.
     cfg = make_cfg("optim.lr=1e30", "optim.warmup_steps=0", "trainer.max_steps=20")
-    summary = train.train(cfg, tmp_path, mixer_name="attention")
+    summary = train(cfg, tmp_path, mixer_name="attention")
     assert summary["status"] == "diverged" and "non-finite" in summary["error"]
     assert 0 < summary["steps"] < 20
     assert all(m["step"] <= summary["steps"] for m in _metrics(tmp_path))
     # A diverged run is finished: launching it again does not train.
-    assert train.train(cfg, tmp_path, mixer_name="attention")["steps"] == summary["steps"]
+    assert train(cfg, tmp_path, mixer_name="attention")["steps"] == summary["steps"]
 
 
 def test_diverging_linear_mixer_is_diverged_not_failed(make_cfg: MakeCfg, tmp_path: Path) -> None:
@@ -244,7 +270,7 @@ def test_diverging_linear_mixer_is_diverged_not_failed(make_cfg: MakeCfg, tmp_pa
         "task.num_train=256",
         "task.num_eval=32",
     )
-    summary = train.train(cfg, tmp_path, mixer_name="gdn")
+    summary = train(cfg, tmp_path, mixer_name="gdn")
     assert summary["status"] == "diverged", summary.get("error")
     assert "mixer" in summary["error"] and "non-finite" in summary["error"]
     assert 0 < summary["steps"] < 10
@@ -268,7 +294,7 @@ def test_forward_error_with_finite_values_is_a_failure(
 
     monkeypatch.setattr(Attention, "forward", broken_after_3)
     with pytest.raises(ValueError, match="a bug"):
-        train.train(make_cfg("trainer.max_steps=10"), tmp_path, mixer_name="attention")
+        train(make_cfg("trainer.max_steps=10"), tmp_path, mixer_name="attention")
     assert _summary(tmp_path)["status"] == "failed" and "a bug" in _summary(tmp_path)["error"]
 
 
@@ -292,7 +318,7 @@ def test_wandb_config_names_the_mixer_and_task(
 
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
     cfg = make_cfg("logger.wandb.mode=offline", "trainer.max_steps=2", "optim.lr=2e-3")
-    train.train(cfg, tmp_path, mixer_name="attention")
+    train(cfg, tmp_path, mixer_name="attention")
     config = seen["config"]
     assert (config["mixer_name"], config["task_name"], config["seq_len"], config["lr"]) == (
         "attention",
@@ -327,7 +353,7 @@ def test_wandb_offline_run_holds_the_metrics_config_group_tags_and_summary(
         "task.eval_seq_lens=[16,32]",
     )
     run_dir = tmp_path / "run"
-    train.train(cfg, run_dir, mixer_name="attention")
+    train(cfg, run_dir, mixer_name="attention")
     (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     records = read_wandb_records(path)
     kinds = [r.WhichOneof("record_type") for r in records]
@@ -371,7 +397,7 @@ def test_disabled_wandb_is_never_imported(
 ) -> None:
     # A None entry in sys.modules makes any `import wandb` raise ImportError.
     monkeypatch.setitem(sys.modules, "wandb", None)
-    summary = train.train(make_cfg("trainer.max_steps=2"), tmp_path, mixer_name="attention")
+    summary = train(make_cfg("trainer.max_steps=2"), tmp_path, mixer_name="attention")
     assert summary["status"] == "completed"
 
 
@@ -412,37 +438,37 @@ def test_command_line_multirun_goes_on_after_a_failing_job(tmp_path: Path) -> No
 def test_device_auto_packs_multirun_jobs_round_robin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    packed = [train.resolve_device("auto", job_num) for job_num in range(6)]
+    packed = [resolve_device("auto", job_num) for job_num in range(6)]
     assert packed == [torch.device("cuda", i) for i in (0, 1, 2, 3, 0, 1)]
-    assert train.resolve_device("auto") == torch.device("cuda", 0)
-    assert train.resolve_device("cuda:3") == torch.device("cuda", 3)
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    assert resolve_device("cuda:3") == torch.device("cuda", 3)
     with pytest.raises(ValueError, match="cuda:4"):
-        train.resolve_device("cuda:4")
+        resolve_device("cuda:4")
     with pytest.raises(ValueError, match="trainer.device='gpu'"):
-        train.resolve_device("gpu")
+        resolve_device("gpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert train.resolve_device("auto", 3) == torch.device("cpu")
+    assert resolve_device("auto", 3) == torch.device("cpu")
     with pytest.raises(ValueError, match="CUDA is not available"):
-        train.resolve_device("cuda")
+        resolve_device("cuda")
 
 
 def test_schedule_and_batch_order() -> None:
-    factors = [train.lr_factor(s, warmup_steps=10, max_steps=100, min_lr_ratio=0.1) for s in range(101)]
+    factors = [lr_factor(s, warmup_steps=10, max_steps=100, min_lr_ratio=0.1) for s in range(101)]
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert all(a < b for a, b in zip(factors[:9], factors[1:10], strict=True))  # warmup rises
     assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))  # cosine falls
     assert factors[100] == pytest.approx(0.1)
     # Batches walk a fresh permutation per epoch: every sequence once per epoch, across batch borders.
-    sampler = train.EpochSampler(num_train=10, batch_size=4, seed=0)
+    sampler = EpochSampler(num_train=10, batch_size=4, seed=0)
     order = torch.cat([sampler.indices(step) for step in range(5)])  # 20 draws = 2 epochs
     assert sorted(order[:10].tolist()) == sorted(order[10:].tolist()) == list(range(10))
     assert not torch.equal(order[:10], order[10:])
-    assert torch.equal(train.EpochSampler(10, 4, seed=0).indices(3), sampler.indices(3))
+    assert torch.equal(EpochSampler(10, 4, seed=0).indices(3), sampler.indices(3))
 
 
 def test_fast_step_is_on_by_default_on_cuda_only_and_either_switch_forces(make_cfg: MakeCfg,
                                                                             tmp_path: Path) -> None:
-    from runconfig import fast_step, validate
+    from harness.config import fast_step, validate
 
     default = make_cfg()
     assert (default.trainer.compile, default.model.lean_backward) == ("auto", "auto")
@@ -457,7 +483,7 @@ def test_fast_step_is_on_by_default_on_cuda_only_and_either_switch_forces(make_c
         with pytest.raises(ValueError, match=rf"^{re.escape(key)}.*choose auto, true or false$"):
             validate(make_cfg(override))
     # a CPU run takes the eager, plain step and says so in its summary
-    summary = train.train(make_cfg("trainer.max_steps=3", "trainer.eval_every=3"), tmp_path,
+    summary = train(make_cfg("trainer.max_steps=3", "trainer.eval_every=3"), tmp_path,
                           mixer_name="attention")
     assert (summary["compile"], summary["lean_backward"]) == (False, False)
     assert summary["first_step_s"] > 0

@@ -18,7 +18,7 @@ runs in flight checkpoint and stay `incomplete` there; they are not packed, and 
 them again from step 0 (a checkpoint does not travel).
 
 A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
-(`#` starts a comment). Only the standard library and rundir.py are used here, so `wait` and `stop`
+(`#` starts a comment). Only the standard library and harness/rundir.py are used here, so `wait` and `stop`
 need no Hydra.
 """
 
@@ -41,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
+from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
 
 # A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
 RUN_FILES = ("summary.json", "metrics.jsonl", "train.log")

@@ -2,12 +2,12 @@
 makes the directory; a sweep tells its workers its pid.
 
 Hydra makes the run directory (and, with its default `hydra.output_subdir`, writes `.hydra/` into it) before
-it calls train.py. So for a single run this callback first checks the config (runcheck.preflight): a config
-that cannot train ends the launch with one line and leaves no directory behind. Then it takes the lock
-(rundir.RunDir) and holds it for the process's life, so that a second launch into a directory a live run
-is using changes nothing; train.py takes it again (the lock is re-entrant within a process). Sweeps: the
-`local` launcher takes each job's lock itself; for every launcher the sweep's pid goes to the environment
-of the workers it starts, so that they stop when it dies (train.die_with_sweep).
+it calls train.py. So for a single run this callback first checks the config (harness.check.preflight): a
+config that cannot train ends the launch with one line and leaves no directory behind. Then it takes the
+lock (harness.rundir.RunDir) and holds it for the process's life, so that a second launch into a directory
+a live run is using changes nothing; train.py takes it again (the lock is re-entrant within a process).
+Sweeps: the `local` launcher takes each job's lock itself; for every launcher the sweep's pid goes to the
+environment of the workers it starts, so that they stop when it dies (harness.signals.die_with_sweep).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from rundir import RunDir, RunDirError
-
-SWEEP_PID = "KDA_HARNESS_SWEEP_PID"  # train.SWEEP_PID
+from harness.rundir import RunDir, RunDirError
+from harness.signals import SWEEP_PID
 
 
 class RunDirLock(Callback):
@@ -35,7 +34,7 @@ class RunDirLock(Callback):
         os.environ[SWEEP_PID] = str(os.getpid())
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from runcheck import ConfigError, one_line_error, preflight
+        from harness.check import ConfigError, one_line_error, preflight
 
         # resolved as run_job will resolve it: ${now:} caches its value, ${hydra:} needs the config set
         HydraConfig.instance().set_config(config)

@@ -32,7 +32,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rundir import FileUnreadable, ResumeRefused, RunDir, RunDirBusy, RunDirError
+from harness.rundir import FileUnreadable, ResumeRefused, RunDir, RunDirBusy, RunDirError
 
 log = logging.getLogger("kda_harness.launcher")
 

@@ -23,7 +23,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn, JobStatus, configure_log
 from hydra.errors import CompactHydraException
 
-from rundir import FINISHED, STATUSES, FileUnreadable, RunDir, RunDirBusy, RunDirError
+from harness.rundir import FINISHED, STATUSES, FileUnreadable, RunDir, RunDirBusy, RunDirError
 
 log = logging.getLogger("kda_harness.sweep")
 

@@ -4,8 +4,6 @@ turns on unless told otherwise: `TRITON_INTERPRET=0 python -m pytest -m gpu test
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +18,6 @@ pytestmark = [
 
 
 def test_bf16_kernels_within_bounds() -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
     from check_kernels import run
 
     assert run([63, 1000, 2048, 8192], [2, 16], None), (

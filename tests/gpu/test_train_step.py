@@ -27,78 +27,79 @@ MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
 
 
 def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
-    import train
+    from harness import step as steps
     from mixers.model import LanguageModel
+    from mixers.pattern import mixer_yaml
 
     device = torch.device("cuda")
     task = OmegaConf.load(ROOT / "conf" / "task" / "mqar.yaml")
     task.seq_len = T
-    generate, vocab = train.load_task(task)
+    generate, vocab = steps.load_task(task)
     inputs, labels = generate(B, T, seed=0)
     torch.manual_seed(0)
-    model = LanguageModel(vocab, OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml"),
+    model = LanguageModel(vocab, mixer_yaml(mixer),
                           lean_backward=lean).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = train.make_optimizer(params, OmegaConf.load(ROOT / "conf" / "optim" / "adamw.yaml"))
+    optimizer = steps.make_optimizer(params, OmegaConf.load(ROOT / "conf" / "optim" / "adamw.yaml"))
     autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
-    return train, model, params, optimizer, autocast, inputs.to(device), labels, device
+    return steps, model, params, optimizer, autocast, inputs.to(device), labels, device
 
 
 @pytest.mark.parametrize("lean", [False, True], ids=["plain", "lean"])
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_no_sync_between_log_steps(mixer: str, lean: bool) -> None:
-    train, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
-    batch = train.make_batch(inputs, labels, device)
+    steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
+    batch = steps.make_batch(inputs, labels, device)
     for step in range(4):
         # the first step compiles and autotunes (which may read back); the later ones must not sync
         if step == 2:
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
         try:
-            batch = train.make_batch(inputs, labels, device)
-            loss, _ = train.forward_backward(model, model.features, batch, optimizer, autocast, False)
-            train.clip_and_guard(params, 1.0, loss, optimizer)
+            batch = steps.make_batch(inputs, labels, device)
+            loss, _ = steps.forward_backward(model, model.features, batch, optimizer, autocast, False)
+            steps.clip_and_guard(params, 1.0, loss, optimizer)
             optimizer.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(loss).item()
 
 
-def _loss_and_grads(train, model, features, params, batch, autocast):
+def _loss_and_grads(steps, model, features, params, batch, autocast):
     with autocast():
-        loss, _ = train.batch_loss(model, features, batch)
+        loss, _ = steps.batch_loss(model, features, batch)
     return loss.float(), [g.float() for g in torch.autograd.grad(loss, params)]
 
 
 @pytest.mark.parametrize(("mixer", "lean"), [("kda", False), ("gdn", False), ("mamba2", False),
                                              ("attention", False), ("kda", True), ("mamba2", True)])
 def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
-    train, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
-    batch = train.make_batch(inputs, labels, device)
+    steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
+    batch = steps.make_batch(inputs, labels, device)
     compiled = torch.compile(model.features)
     fp32 = contextlib.nullcontext
     # in fp32 the compiled graph differs from eager only by the order of its fused elementwise work
-    ref_loss, ref_grads = _loss_and_grads(train, model, model.features, params, batch, fp32)
-    loss, grads = _loss_and_grads(train, model, compiled, params, batch, fp32)
+    ref_loss, ref_grads = _loss_and_grads(steps, model, model.features, params, batch, fp32)
+    loss, grads = _loss_and_grads(steps, model, compiled, params, batch, fp32)
     assert abs(float(loss - ref_loss)) <= 1e-4 * abs(float(ref_loss))
     # 5e-3: a per-head parameter's gradient (A_log, dt_bias: two numbers) sums every position's term, with
     # cancellation, so rounding differences of 1e-7 in the fused glue show up at ~1e-3 there
     for ref, ours in zip(ref_grads, grads, strict=True):
         assert rel_rms(ref, ours) < 5e-3
     # under bf16 autocast each path rounds differently; compiled must be as close to fp32 as eager is
-    _, eager_bf16 = _loss_and_grads(train, model, model.features, params, batch, autocast)
-    _, compiled_bf16 = _loss_and_grads(train, model, compiled, params, batch, autocast)
+    _, eager_bf16 = _loss_and_grads(steps, model, model.features, params, batch, autocast)
+    _, compiled_bf16 = _loss_and_grads(steps, model, compiled, params, batch, autocast)
     for ref, eager, ours in zip(ref_grads, eager_bf16, compiled_bf16, strict=True):
         assert rel_rms(ref, ours) <= 2 * rel_rms(ref, eager) + 1e-2
 
 
 def test_non_finite_step_is_skipped_on_the_device() -> None:
-    train, model, params, optimizer, autocast, inputs, labels, device = _setup("kda")
-    batch = train.make_batch(inputs, labels, device)
-    loss, _ = train.forward_backward(model, model.features, batch, optimizer, autocast, False)
+    steps, model, params, optimizer, autocast, inputs, labels, device = _setup("kda")
+    batch = steps.make_batch(inputs, labels, device)
+    loss, _ = steps.forward_backward(model, model.features, batch, optimizer, autocast, False)
     params[0].grad.fill_(float("nan"))
     before = [p.detach().clone() for p in params]
-    train.clip_and_guard(params, 1.0, loss, optimizer)
+    steps.clip_and_guard(params, 1.0, loss, optimizer)
     optimizer.step()
     assert all(torch.equal(a, p) for a, p in zip(before, params, strict=True))
 

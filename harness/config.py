@@ -4,7 +4,11 @@ a resumed run may change.
 
 A misspelt key is an error (Hydra's struct mode) and a bad Enum value names the choices; the mixer group is
 free-form (`_target_` + the mixer's own kwargs, checked against its constructor). `validate` covers keys
-added with `+`, non-finite numbers and value ranges.
+added with `+`, keys left without a value, non-finite numbers and value ranges.
+
+The dataclasses give the types only (MISSING); the values are the yaml's, conf/<group>/<option>.yaml:
+that is what `--cfg job` prints and a reader opens, each option complete on its own (as conf/task/ always
+was), and a script can load one alone (benchmarks/ take conf/optim/adamw.yaml).
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
+from harness.rundir import ResumeRefused
 from mixers.pattern import check_pattern
-from rundir import ResumeRefused
 
-# train.py's logger: in a sweep, its lines carry the run's name (runlog.name_log_lines).
+# The `train` logger: in a sweep, its lines carry the run's name (harness.log.name_log_lines).
 log = logging.getLogger("train")
 
 
@@ -58,11 +63,11 @@ class TaskConfig:
     name: str = MISSING
     seq_len: int = MISSING
     # Lengths to evaluate at besides seq_len (length generalisation); seq_len itself is always evaluated.
-    eval_seq_lens: list[int] | None = None
+    eval_seq_lens: list[int] | None = MISSING
     num_train: int = MISSING
     num_eval: int = MISSING
     # The generator's keyword arguments. Open (not struct), so that `task.params.<key>=` needs no `+` for a
-    # parameter the task's yaml leaves out; rundata.check_task_params checks the keys against the generator.
+    # parameter the task's yaml leaves out; harness.data.load_task checks the keys against the generator.
     params: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
 
 
@@ -70,32 +75,31 @@ class TaskConfig:
 class ModelConfig:
     """The backbone (mixers/model.py); the mixer's own sizes (num_heads, head_dim) are in conf/mixer."""
 
-    d_model: int = 256
-    num_layers: int = 2
+    d_model: int = MISSING
+    num_layers: int = MISSING
     # A hybrid stack: one conf/mixer name per layer ([kda,kda,kda,attention]); null: `mixer` in every layer.
     # mixers/pattern.py says how each kind's switches are set.
-    pattern: list[str] | None = None
-    mlp: MlpKind = MlpKind.swiglu
-    mlp_ratio: float = 4.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
+    pattern: list[str] | None = MISSING
+    mlp: MlpKind = MISSING
+    mlp_ratio: float = MISSING
+    norm_eps: float = MISSING
+    tie_embeddings: bool = MISSING
     # keep less for the backward (recompute in it): mixers/README.md says what and at what cost.
-    # auto | true | false; auto is off: in bf16 on the H200 it makes KDA's and GDN's training go
-    # non-finite (results/fast_step_check/), where the plain backward trains on.
-    lean_backward: Any = "auto"
+    # auto | true | false; auto: off (fast_step says why)
+    lean_backward: Any = MISSING
 
 
 @dataclass
 class OptimConfig:
     """AdamW with linear warmup, then cosine decay to min_lr_ratio * lr at max_steps."""
 
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    grad_clip: float | None = 1.0
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    betas: list[float] = MISSING
+    eps: float = MISSING
+    warmup_steps: int = MISSING
+    min_lr_ratio: float = MISSING
+    grad_clip: float | None = MISSING  # null: no clipping
 
 
 @dataclass
@@ -103,43 +107,43 @@ class EarlyStopConfig:
     """Stop once eval/acc has held >= `acc` for `evals` evaluations in a row (a solved task need not
     train on); the summary records the step as `early_stopped_at`."""
 
-    enabled: bool = False
-    acc: float = 0.99
-    evals: int = 2
+    enabled: bool = MISSING
+    acc: float = MISSING
+    evals: int = MISSING
 
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 1000
-    batch_size: int = 64
-    eval_batch_size: int = 256
-    eval_every: int = 100
-    log_every: int = 10
-    checkpoint_every: int = 500
+    max_steps: int = MISSING
+    batch_size: int = MISSING
+    eval_batch_size: int = MISSING
+    eval_every: int = MISSING
+    log_every: int = MISSING
+    checkpoint_every: int = MISSING
     # auto | cpu | cuda | cuda:N. auto in a multirun with several GPUs packs jobs round-robin:
     # cuda:(job.num % device_count).
-    device: str = "auto"
-    precision: Precision = Precision.auto
+    device: str = MISSING
+    precision: Precision = MISSING
     # torch.compile the model's body (embedding to final norm; the scored loss stays eager). Our Triton
     # ops are opaque custom ops to the compiler, so the glue between them fuses. auto | true | false;
-    # auto: on CUDA (half the step time there), off on the CPU (where compiling costs more than it saves).
-    compile: Any = "auto"
+    # auto: on CUDA, off on the CPU (fast_step).
+    compile: Any = MISSING
     # steps_to_threshold = first eval step with eval/acc >= acc_threshold
-    acc_threshold: float = 0.9
+    acc_threshold: float = MISSING
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     # torch's CPU threads; null: torch's default (one per core). Small models on a busy or shared CPU run
     # several times faster on 1 thread (no spinning OpenMP workers), as do CPU sweeps with parallel jobs.
-    cpu_threads: int | None = None
+    cpu_threads: int | None = MISSING
 
 
 @dataclass
 class WandbConfig:
-    mode: WandbMode = WandbMode.disabled
-    project: str = "kda-harness"
-    entity: str | None = None
-    group: str | None = None  # None: the sweep directory's name in a multirun
-    tags: list[str] = field(default_factory=list)  # the task and mixer names are added
-    name: str | None = None  # None: <task>/<mixer>/<run dir name>
+    mode: WandbMode = MISSING
+    project: str = MISSING
+    entity: str | None = MISSING
+    group: str | None = MISSING  # None: the sweep directory's name in a multirun
+    tags: list[str] = MISSING  # the task and mixer names are added
+    name: str | None = MISSING  # None: <task>/<mixer>/<run dir name>
 
 
 @dataclass
@@ -157,8 +161,9 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    # Seeds the data (train: seed, eval: seed + train.EVAL_SEED_OFFSET), the model's init and the batch order.
-    seed: int = 0
+    # Seeds the data (train: seed, eval: seed + harness.run.EVAL_SEED_OFFSET), the model's init and the
+    # batch order.
+    seed: int = MISSING
 
 
 ConfigStore.instance().store(name="base_config", node=Config)
@@ -230,8 +235,14 @@ def _schema_problems(node: Any, schema: type, prefix: str = "") -> list[str]:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check what the schema's types cannot: keys added with `+`, non-finite numbers and value ranges; each
-    error names the key and the fix."""
+    """Check what the schema's types cannot: keys added with `+`, keys without a value, non-finite numbers
+    and value ranges; each error names the key and the fix."""
+    try:
+        # unresolved: a ${hydra:} interpolation resolves inside a run only
+        OmegaConf.to_container(cfg, throw_on_missing=True)
+    except MissingMandatoryValue as error:
+        raise ValueError(f"config: no value for {error.full_key}: every key takes its value from its "
+                         "group's yaml (conf/<group>/<option>.yaml); give it there or as key=value") from None
     problems = _schema_problems(cfg, Config)
     unknown = [p for p in problems if p.startswith("unknown key")]
     if unknown:
@@ -240,6 +251,11 @@ def validate(cfg: DictConfig) -> None:
                          "spelling, or drop the `+` to let Hydra check it")
     if problems:
         raise ValueError("config: " + "; ".join(problems) + ": give a finite value")
+    _check_values(cfg)
+
+
+def _check_values(cfg: DictConfig) -> None:
+    """Value ranges and the rules between keys: a ValueError naming the first key that breaks one."""
     t, tr, o, m = cfg.task, cfg.trainer, cfg.optim, cfg.model
     positive = {"task.seq_len": t.seq_len, "task.num_train": t.num_train, "task.num_eval": t.num_eval,
                 "trainer.max_steps": tr.max_steps, "trainer.batch_size": tr.batch_size,

@@ -5,8 +5,8 @@ directory already holds (`accept`).
                 layer built) and the device: a `ConfigError` naming the
                 value and the fix, before the run directory is even made
     accept      a relaunch against the run directory's finished run or checkpoint, compared by what the run
-                computes (runconfig.compare): nothing to do, resume, extend (trainer.max_steps raised), or
-                `ResumeRefused` listing the keys old -> new; nothing is written either way
+                computes (harness.config.compare): nothing to do, resume, extend (trainer.max_steps
+                raised), or `ResumeRefused` listing the keys old -> new; nothing is written either way
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from runconfig import EXTENDABLE, compare, effective_precision, validate
-from rundata import load_task
-from rundir import FINISHED, FileUnreadable, ResumeRefused, RunDir
+from harness.config import EXTENDABLE, compare, effective_precision, validate
+from harness.data import load_task
+from harness.rundir import FINISHED, FileUnreadable, ResumeRefused, RunDir
 
 
 class ConfigError(ValueError):

@@ -15,6 +15,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+# tasks/, beside this package
+TASKS = Path(__file__).resolve().parents[1] / "tasks"
+
 
 def _check_kwargs(fn: Callable[..., Any], params: dict[str, Any], task: str) -> None:
     """Raise a one-line ValueError naming each key of `params` that `fn` does not accept, the closest
@@ -41,10 +44,10 @@ def load_task(task: DictConfig) -> tuple[Callable[..., tuple[torch.Tensor, torch
     except ModuleNotFoundError as error:
         if error.name not in ("tasks", f"tasks.{task.name}"):
             raise
-        available = sorted(p.stem for p in Path(__file__).with_name("tasks").glob("[!_]*.py"))
+        available = sorted(p.stem for p in TASKS.glob("[!_]*.py"))
         raise ValueError(f"task.name={task.name!r}: no module tasks/{task.name}.py; "
                          f"available: {available}") from None
-    # task.params is an open node (runconfig.TaskConfig): its keys and its type are checked here
+    # task.params is an open node (harness.config.TaskConfig): its keys and its type are checked here
     if task.params is not None and not OmegaConf.is_dict(task.params):
         raise ValueError(f"task.params={task.params!r}: give the generator's parameters one by one, "
                          f"task.params.<name>=<value> (tasks/{task.name}.py)")
