@@ -3,6 +3,7 @@ skips what it holds; a stop mid-run; archives that must not unpack."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -150,3 +151,85 @@ def test_a_bad_plan_is_one_line_naming_it(tmp_path: Path, text: str, message: st
                             capture_output=True, text=True)
     assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1
     assert not (tmp_path / "work").exists()
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("campaign", CAMPAIGN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_deadline_runs_cell_by_cell_into_the_directories_of_the_stages_multirun(tmp_path: Path) -> None:
+    checkout = _checkout(tmp_path)
+    plan = tmp_path / "plan.txt"
+    stage = f"{TINY} hydra.launcher.n_jobs=2 mixer=kda,gdn optim.lr=3e-3,1e-2"
+    plan.write_text(stage + "\n")
+    dirs = {}
+    for name, hold in (("plain", ()), ("deadline", ("--hold-minutes", 28))):
+        result = _campaign("start", plan, "--source", checkout, "--work", tmp_path / name, *hold,
+                           "--minutes", 3)
+        assert "supervisor stopped; finished here 4, in flight 0" in result.stdout
+        sweep = tmp_path / name / "src" / "results" / "campaign_test"
+        dirs[name] = {str(p.parent.relative_to(sweep)) for p in sweep.rglob("summary.json")}
+    assert len(dirs["plain"]) == 4 and dirs["deadline"] == dirs["plain"]
+    # without a deadline the stage runs as its one multirun; with one, a multirun per pair of cells that
+    # differ in the last key only (n_jobs=2), one mixer after the other
+    assert f"stage 1/1: train.py -m {stage}" in (tmp_path / "plain" / "campaign.log").read_text()
+    log = (tmp_path / "deadline" / "campaign.log").read_text()
+    assert log.count("train.py -m") == 2 and "done: every cell has run" in log
+    assert log.index("mixer=kda optim.lr=3e-3,1e-2") < log.index("mixer=gdn optim.lr=3e-3,1e-2")
+
+
+def test_cells_expand_in_order_and_pack_n_jobs_to_a_multirun() -> None:
+    campaign = _module()
+    cells = campaign.expand([["experiment=e", "hydra.launcher.n_jobs=3", "task.seq_len=512", "mixer=kda,gdn",
+                              "task=a,'b,c',d"], ["experiment=e", "task.seq_len=[1,2]"]])
+    assert [c.overrides[3:] for c in cells[:6]] == [
+        ["mixer=kda", "task=a"], ["mixer=kda", "task='b,c'"], ["mixer=kda", "task=d"],
+        ["mixer=gdn", "task=a"], ["mixer=gdn", "task='b,c'"], ["mixer=gdn", "task=d"]]
+    assert cells[6].overrides == ["experiment=e", "task.seq_len=[1,2]"] and len(cells) == 7
+    group, postponed = campaign.choose(cells, list(range(7)), 600.0, {})
+    assert group == [0, 1, 2] and postponed == []
+    assert campaign.group_overrides([cells[i] for i in group])[3:] == ["mixer=kda", "task=a,'b,c',d"]
+
+
+def _finished(root: Path, name: str, mixer: str, seq_len: int, wall: float, given: list[str],
+              status: str = "completed") -> None:
+    run = root / "results" / "x" / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({
+        "status": status, "steps": 1001, "wall_time_s": wall + 10.0, "first_step_s": 10.0, "mixer": mixer,
+        "seq_len": seq_len, "task": "mqar", "config": {"trainer.max_steps": 1000}}))
+    overrides = ["task=mqar", f"task.seq_len={seq_len}", f"mixer={mixer}", "seed=0", *given]
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweeper:\n    params:\n      seed: '0'\n  help:\n")
+
+
+def test_under_a_deadline_a_long_cell_waits_and_shorter_later_ones_run(tmp_path: Path) -> None:
+    campaign = _module()
+    # kda: 0.4 s a step at 2048 (410 s for 1000 steps), 0.05 at 256; a pilot with compilation off is slower
+    # and is not counted; gdn was measured nowhere
+    _finished(tmp_path, "a", "kda", 2048, 400.0, ["experiment=e"])
+    _finished(tmp_path, "b", "kda", 256, 50.0, ["experiment=e"])
+    _finished(tmp_path, "c", "kda", 1024, 900.0, ["experiment=e", "trainer.compile=false"])
+    _finished(tmp_path, "d", "kda", 1024, 1.0, ["experiment=e"], status="failed")
+    stages = [["experiment=e", "task.seq_len=2048", "mixer=kda,gdn", "task=mqar,stack"],
+              ["experiment=e", "task.seq_len=1024", "mixer=kda", "task=mqar"],
+              ["experiment=e", "task.seq_len=512", "mixer=gdn", "task=mqar"]]
+    cells = campaign.expand(stages)
+    runs = campaign.finished_runs(tmp_path)
+    pending = [i for i, cell in enumerate(cells) if not campaign.is_finished(cell, runs)]
+    assert pending == [1, 2, 3, 4, 5]  # kda mqar 2048 is there; the failed run at 1024 is trained again
+    estimates = {i: campaign.estimate(cells[i], runs) for i in pending}
+    assert estimates[1] == pytest.approx(410.0)
+    assert estimates[2] == pytest.approx(410.0)  # gdn at 2048: kda's speed there
+    assert estimates[4] == pytest.approx(0.05 * 4 * 1000 + 10.0)  # kda at 1024: from 256, times 4
+    assert estimates[5] is None  # no run at 512, no gdn anywhere
+    group, postponed = campaign.choose(cells, pending, 8 * 60.0, estimates)
+    assert group == [1] and postponed == []
+    group, postponed = campaign.choose(cells, pending, 6 * 60.0, estimates)
+    assert group == [4] and postponed == [1, 2, 3]
+    group, postponed = campaign.choose(cells, [1, 2, 3, 5], 6 * 60.0, estimates)
+    assert group == [5] and postponed == [1, 2, 3]
+    assert campaign.choose(cells, [1, 2, 3], 6 * 60.0, estimates) == ([], [1, 2, 3])

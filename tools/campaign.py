@@ -3,10 +3,10 @@
 A lent GPU machine runs one command at most ten minutes, keeps a detached process alive between commands
 while it is held, and starts bare the next time. So a grid that needs hours fills a stretch at a time:
 
-    python tools/campaign.py start PLAN... --minutes 8 --out $OUT   # first command on a machine
-    python tools/campaign.py wait --minutes 9 --out $OUT         # each following one
-    python tools/campaign.py stop --out $OUT                     # the last one of the stretch
-    python tools/campaign.py unpack /path/to/campaign-*.tar.gz   # here, then commit the run directories
+    python tools/campaign.py start PLAN... --hold-minutes 28 --minutes 8 --out $OUT  # first command
+    python tools/campaign.py wait --minutes 9 --out $OUT              # each following one
+    python tools/campaign.py stop --out $OUT                          # the last one of the stretch
+    python tools/campaign.py unpack /path/to/campaign-*.tar.gz        # here; commit the run directories
 
 `start` copies this checkout (its committed runs included) to `--work`, then runs the plan's stages there,
 one `python train.py -m <overrides>` after another, in a new process session that outlives the command.
@@ -20,12 +20,24 @@ them again from step 0 (a checkpoint does not travel).
 A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
 (`#` starts a comment). Only the standard library and harness/rundir.py are used here, so `wait` and `stop`
 need no Hydra.
+
+With `start ... --hold-minutes M` (the machine goes back M minutes after `start` began) the supervisor
+runs the plan cell by cell instead: each stage's comma-separated values expand into cells (their
+cartesian product, the last key varying fastest), each run as a multirun of its own single values, so
+it lands in the directory the stage's multirun gives it. A stage with hydra.launcher.n_jobs=K > 1 runs
+up to K cells that differ only in its last swept key as one multirun, packed as before. Before each
+launch it estimates the cell's duration from the finished runs of the work copy (`estimate`); a cell
+that would not end a minute before the deadline is postponed (left pending for the next stretch) and
+the next pending cell that fits runs instead, so the end of a hold fills with short runs rather than
+with a run that is lost. Cells that the checkout holds finished are skipped without a launch. When
+nothing pending fits, the supervisor ends and says so; `wait` and `status` list the postponed cells.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import shlex
@@ -51,6 +63,12 @@ RUN_ROOTS = ("results", "runs")
 # Not copied to the work directory: version control, carried wheels, caches.
 SKIP = {".git", ".whl", ".device", ".gl", "__pycache__", ".pytest_cache", ".ruff_cache", "wandb",
         "outputs", "multirun", ".scratch"}
+# With a deadline, a cell runs only if its estimate ends this long before it: the estimate is a mean,
+# and the archive of the last call still has to be made.
+MARGIN_S = 60.0
+# What train.py does not train again; their summaries also give a run's speed (a failed run is retried
+# and often ended at its first step).
+FINISHED_STATUSES = ("completed", "diverged")
 
 
 class CampaignError(RuntimeError):
@@ -70,6 +88,189 @@ def read_plan(path: Path) -> list[list[str]]:
             raise CampaignError(f"plan {path}: stage {' '.join(stage)!r} must be key=value overrides only "
                                 "(the -m is added)")
     return stages
+
+
+def split_values(value: str) -> list[str]:
+    """The comma-separated values of one override's value, as Hydra's sweep reads them: commas inside
+    quotes, brackets or parentheses (a list, a `range(...)`) and escaped ones do not split."""
+    values, depth, quote, current, escaped = [], 0, "", "", False
+    for char in value:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            values.append(current)
+            current = ""
+            continue
+        current += char
+    return values + [current]
+
+
+class Cell:
+    """One point of a stage's sweep: the stage's overrides with every swept key at one value."""
+
+    def __init__(self, stage: int, overrides: list[str], swept: list[int], n_jobs: int) -> None:
+        self.stage, self.overrides, self.swept, self.n_jobs = stage, overrides, swept, n_jobs
+        self.values = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in overrides}
+
+    def __repr__(self) -> str:
+        swept = [self.overrides[i] for i in self.swept]
+        return f"stage {self.stage + 1} " + (" ".join(swept) if swept else "(single run)")
+
+
+def expand(stages: list[list[str]]) -> list[Cell]:
+    """The cells of every stage in plan order: the cartesian product of each stage's swept values in the
+    order of its keys, the last fastest. (Hydra puts keys that the experiment's hydra.sweeper.params also
+    sweeps first, in that file's order; the directories are the same, only the order can differ.)"""
+    cells = []
+    for index, stage in enumerate(stages):
+        choices = []
+        for arg in stage:
+            key, value = arg.split("=", 1)
+            # hydra.* and hydra/* overrides configure the sweep and are not swept
+            values = [value] if key.startswith("hydra") else split_values(value)
+            choices.append([f"{key}={v}" for v in values])
+        swept = [i for i, choice in enumerate(choices) if len(choice) > 1]
+        n_jobs = next((int(arg.split("=", 1)[1]) for arg in stage if arg.startswith("hydra.launcher.n_jobs=")
+                       and arg.split("=", 1)[1].lstrip("-").isdigit()), 1)
+        cells += [Cell(index, list(point), swept, n_jobs) for point in itertools.product(*choices)]
+    return cells
+
+
+def group_overrides(cells: list[Cell]) -> list[str]:
+    """The overrides of one multirun running `cells` (of one stage, differing only in the last swept key)."""
+    first = cells[0]
+    if len(cells) == 1:
+        return first.overrides
+    position = first.swept[-1]
+    key = first.overrides[position].split("=", 1)[0]
+    joined = ",".join(cell.overrides[position].split("=", 1)[1] for cell in cells)
+    return first.overrides[:position] + [f"{key}={joined}"] + first.overrides[position + 1:]
+
+
+def _number(text: Any) -> Any:
+    text = str(text).strip("'\"")
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _sweeper_params(hydra_yaml: Path) -> set[str]:
+    """The keys of hydra.sweeper.params in a run's .hydra/hydra.yaml (as OmegaConf writes it: two spaces
+    a level), the overrides that its experiment added to the command line's."""
+    keys, inside = set(), False
+    for line in hydra_yaml.read_text().splitlines():
+        if line == "    params:":
+            inside = True
+        elif inside and line.startswith("      ") and ":" in line:
+            keys.add(line.strip().split(":", 1)[0])
+        elif inside:
+            break
+    return keys
+
+
+def finished_runs(src: Path) -> list[dict[str, Any]]:
+    """Every run of the work copy that train.py would not train again, with its recorded overrides (values
+    as numbers where they are), the keys of its own command line (`given`: those less its experiment's
+    sweeper params), and its speed where its summary gives one: seconds a step after the first, the
+    first step's seconds (compilation, warm-up), mixer, length and max_steps."""
+    found = []
+    for run in run_dirs(src):
+        summary = _summary(run) or {}
+        if summary.get("status") not in FINISHED_STATUSES:
+            continue
+        try:
+            lines = (run / ".hydra" / "overrides.yaml").read_text().splitlines()
+            params = _sweeper_params(run / ".hydra" / "hydra.yaml")
+        except OSError:
+            continue
+        pairs = [line[2:].split("=", 1) for line in lines if line.startswith("- ") and "=" in line]
+        entry = {"overrides": {key: _number(value) for key, value in pairs}, "step_s": None}
+        entry["given"] = set(entry["overrides"]) - params
+        steps, wall = summary.get("steps"), summary.get("wall_time_s")
+        first = summary.get("first_step_s") or 0.0
+        if isinstance(steps, int) and steps >= 2 and isinstance(wall, (int, float)) \
+                and summary.get("seq_len"):
+            entry.update(mixer=summary.get("mixer"), seq_len=int(summary["seq_len"]), first_s=first,
+                         step_s=max(0.0, wall - first) / (steps - 1),
+                         max_steps=(summary.get("config") or {}).get("trainer.max_steps"))
+        found.append(entry)
+    return found
+
+
+def _alike(cell: Cell, run: dict[str, Any]) -> bool:
+    """The run was launched with no override beyond the cell's keys: runs of other command lines into the
+    same results (a pilot with fewer steps, a check with compilation off) neither finish nor time it."""
+    return run["given"] <= set(cell.values)
+
+
+def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
+    """A finished run of the cell's kind recorded every override of the cell."""
+    mine = {k: _number(v) for k, v in cell.values.items() if not k.startswith("hydra")}
+    return any(_alike(cell, run) and all(run["overrides"].get(k) == v for k, v in mine.items())
+               for run in runs)
+
+
+def estimate(cell: Cell, measured: list[dict[str, Any]]) -> float | None:
+    """Seconds the cell's run should take at most (max_steps, no early stop): from finished runs of its
+    mixer and length, else of its mixer at the nearest length scaled by length, else of any mixer at its
+    length; None when none of these exist. max_steps: the cell's override, else the measured runs'."""
+    mixer = cell.values.get("mixer")
+    try:
+        length = int(float(cell.values["task.seq_len"]))
+    except (KeyError, ValueError):
+        return None
+    measured = [m for m in measured if m["step_s"] is not None and _alike(cell, m)]
+    same = [m for m in measured if m["mixer"] == mixer]
+    runs, scale = [m for m in same if m["seq_len"] == length], 1.0
+    if not runs and same:
+        nearest = min({m["seq_len"] for m in same}, key=lambda n: (abs(n - length), -n))
+        runs, scale = [m for m in same if m["seq_len"] == nearest], length / nearest
+    if not runs:
+        runs = [m for m in measured if m["seq_len"] == length]
+    if not runs:
+        return None
+    try:
+        max_steps = int(float(cell.values["trainer.max_steps"]))
+    except (KeyError, ValueError):
+        known = [m["max_steps"] for m in runs if isinstance(m["max_steps"], int)]
+        if not known:
+            return None
+        max_steps = max(known)
+    # the first step (compilation) hardly depends on the length; the steps after it grow with it
+    step_s = scale * sum(m["step_s"] for m in runs) / len(runs)
+    return step_s * max_steps + sum(m["first_s"] for m in runs) / len(runs)
+
+
+def choose(cells: list[Cell], pending: list[int], left_s: float,
+           estimates: dict[int, float | None]) -> tuple[list[int], list[int]]:
+    """The next launch (indices into `cells`) and the pending cells postponed now. The first pending cell
+    in plan order that fits in `left_s` leads; a stage with n_jobs > 1 adds its next fitting cells that
+    differ only in the last swept key, up to n_jobs. An unknown estimate counts as fitting."""
+    group, postponed = [], []
+    for i in pending:
+        est = estimates.get(i)
+        if est is not None and est + MARGIN_S > left_s:
+            postponed.append(i)
+            continue
+        if not group:
+            group.append(i)
+            continue
+        lead, cell = cells[group[0]], cells[i]
+        if (cell.stage == lead.stage and len(group) < lead.n_jobs and lead.swept
+                and all(cell.overrides[p] == lead.overrides[p] for p in lead.swept[:-1])):
+            group.append(i)
+    return group, postponed
 
 
 def _alive(pid: int | None) -> bool:
@@ -193,6 +394,12 @@ def pack(work: Path, out: Path | None, running: bool = False) -> Path | None:
     for kind in ("finished", "running"):
         for name, detail in groups[kind]:
             print(f"  {kind:8s} {name}: {detail}")
+    if state.get("deadline"):
+        print(f"  deadline in {(state['deadline'] - time.time()) / 60:.1f} min; cells run "
+              f"{state.get('cells_run', 0)}, skipped as finished {state.get('cells_skipped', 0)}, pending "
+              f"{state.get('cells_pending', '-')}")
+        for name, est in state.get("postponed", []):
+            print(f"  postponed {name}: about {est / 60:.1f} min")
     if out is None or not groups["finished"]:
         return None
     out.mkdir(parents=True, exist_ok=True)
@@ -216,39 +423,82 @@ def pack(work: Path, out: Path | None, running: bool = False) -> Path | None:
 
 
 def supervise(work: Path) -> int:
-    """Run the stages one after another (each a multirun in its own process group); SIGTERM stops the one in
-    flight the way a killed sweep stops (its runs checkpoint) and ends the campaign."""
+    """Run the stages one after another (each a multirun in its own process group), or with a deadline
+    the cells that fit before it; SIGTERM stops the multirun in flight the way a killed sweep stops (its
+    runs checkpoint) and ends the campaign."""
     state = _state(work)
     src = work / "src"
-    child: subprocess.Popen | None = None
+    child: list[subprocess.Popen] = []
     stopping: list[int] = []
 
     def on_term(signum: int, _frame: Any) -> None:
         stopping.append(signum)
-        if child is not None and child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
+        if child and child[-1].poll() is None:
+            os.killpg(child[-1].pid, signal.SIGTERM)
+
+    def launch(index: int, overrides: list[str], label: str) -> int:
+        command = [sys.executable, "train.py", "-m", *overrides]
+        print(f"[{time.strftime('%H:%M:%S')}] {label}: {shlex.join(command[1:])}", flush=True)
+        with open(work / f"stage-{index + 1:02d}.log", "ab") as log:
+            child.append(subprocess.Popen(command, cwd=src, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+            return child[-1].wait()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    for index, overrides in enumerate(state["stages"]):
-        if stopping:
-            break
-        state.update(stage=index + 1, stage_started=time.time())
-        _write_state(work, state)
-        command = [sys.executable, "train.py", "-m", *overrides]
-        print(f"[{time.strftime('%H:%M:%S')}] stage {index + 1}/{len(state['stages'])}: "
-              f"{shlex.join(command[1:])}", flush=True)
-        with open(work / f"stage-{index + 1:02d}.log", "ab") as log:
-            child = subprocess.Popen(command, cwd=src, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-            rc = child.wait()
-        print(f"[{time.strftime('%H:%M:%S')}] stage {index + 1} exited {rc}", flush=True)
-        state.setdefault("exits", []).append(rc)
-        _write_state(work, state)
+    if state.get("deadline"):
+        ending = run_cells(work, state, launch, stopping)
+    else:
+        for index, overrides in enumerate(state["stages"]):
+            if stopping:
+                break
+            state.update(stage=index + 1, stage_started=time.time())
+            _write_state(work, state)
+            rc = launch(index, overrides, f"stage {index + 1}/{len(state['stages'])}")
+            print(f"[{time.strftime('%H:%M:%S')}] stage {index + 1} exited {rc}", flush=True)
+            state.setdefault("exits", []).append(rc)
+            _write_state(work, state)
+        ending = "done"
     state.update(done=time.time(), stopped=bool(stopping))
     _write_state(work, state)
-    print(f"[{time.strftime('%H:%M:%S')}] campaign {'stopped' if stopping else 'done'}", flush=True)
+    print(f"[{time.strftime('%H:%M:%S')}] campaign {'stopped' if stopping else ending}", flush=True)
     return 0
+
+
+def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int]) -> str:
+    """The deadline's loop: launch the next cell (or group) that fits until none pending does; says why
+    it ended."""
+    src = work / "src"
+    cells = expand(state["stages"])
+    finished = finished_runs(src)
+    pending = [i for i, cell in enumerate(cells) if not is_finished(cell, finished)]
+    state.update(cells_skipped=len(cells) - len(pending), cells_run=0)
+    while not stopping:
+        left = state["deadline"] - time.time()
+        # re-read each time: a run finished in this stretch measures its mixer and length best
+        measured = finished_runs(src)
+        estimates = {i: estimate(cells[i], measured) for i in pending}
+        group, postponed = choose(cells, pending, left, estimates)
+        state.update(cells_pending=len(pending),
+                     postponed=[(repr(cells[i]), estimates[i]) for i in postponed])
+        if not group:
+            _write_state(work, state)
+            if not pending:
+                return "done: every cell has run"
+            return (f"done for this hold: none of the {len(pending)} pending cell(s) fits in the "
+                    f"{left / 60:.1f} min left; they run next stretch")
+        lead = cells[group[0]]
+        state.update(stage=lead.stage + 1, stage_started=time.time())
+        _write_state(work, state)
+        known = [estimates[i] for i in group if estimates[i] is not None]
+        guess = f"about {max(known) / 60:.1f} min" if len(known) == len(group) else "estimate unknown"
+        rc = launch(lead.stage, group_overrides([cells[i] for i in group]),
+                    f"{', '.join(map(repr, (cells[i] for i in group)))} ({guess}, {left / 60:.1f} min left)")
+        print(f"[{time.strftime('%H:%M:%S')}] exited {rc}", flush=True)
+        state.setdefault("exits", []).append(rc)
+        state["cells_run"] += len(group)
+        pending = [i for i in pending if i not in group]
+    return "stopped"
 
 
 def wait(work: Path, minutes: float) -> None:
@@ -264,7 +514,8 @@ def wait(work: Path, minutes: float) -> None:
             last_print = time.monotonic()
 
 
-def start(plans: list[Path], work: Path, source: Path) -> None:
+def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | None = None) -> None:
+    began = time.time()
     state = _state(work)
     if _alive(state.get("pid")):
         print(f"campaign already running in {work} (pid {state['pid']}, stage {state.get('stage')}): "
@@ -277,6 +528,8 @@ def start(plans: list[Path], work: Path, source: Path) -> None:
     work.mkdir(parents=True, exist_ok=True)
     snapshot(work, source)
     state = {"plans": [str(plan) for plan in plans], "stages": stages, "started": time.time(), "stage": None}
+    if hold_minutes is not None:
+        state["deadline"] = began + 60 * hold_minutes
     _write_state(work, state)
     log = open(work / "campaign.log", "ab")
     supervisor = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_supervise", "--work",
@@ -285,7 +538,8 @@ def start(plans: list[Path], work: Path, source: Path) -> None:
     state["pid"] = supervisor.pid
     _write_state(work, state)
     print(f"campaign started in {work}: {len(stages)} stage(s) of {', '.join(map(str, plans))}, supervisor "
-          f"pid {supervisor.pid}")
+          f"pid {supervisor.pid}" + (f", cell by cell until {hold_minutes:g} min from now" if hold_minutes
+                                     is not None else ""))
 
 
 def stop(work: Path, grace_s: float) -> None:
@@ -360,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "start":
             command.add_argument("plans", type=Path, nargs="+", help="plan files, run in this order")
             command.add_argument("--source", type=Path, default=ROOT, help="the checkout to run (this one)")
+            command.add_argument("--hold-minutes", type=float, default=None,
+                                 help="the machine goes back this long after start: run cell by cell, "
+                                 "only those expected to end before then")
         if name in ("start", "wait"):
             command.add_argument("--minutes", type=float, default=0.0, help="wait this long, then pack")
         if name in ("start", "wait", "stop", "status"):
@@ -381,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
                 unpack(archive, args.into)
             return 0
         if args.command == "start":
-            start(args.plans, args.work, args.source)
+            start(args.plans, args.work, args.source, args.hold_minutes)
         if args.command in ("start", "wait"):
             wait(args.work, args.minutes)
         if args.command == "stop":
