@@ -3,7 +3,7 @@
 A lent GPU machine runs one command at most ten minutes, keeps a detached process alive between commands
 while it is held, and starts bare the next time. So a grid that needs hours fills a stretch at a time:
 
-    python tools/campaign.py start PLAN... --hold-minutes 28 --minutes 8 --out $OUT  # first command
+    python tools/campaign.py start PLAN... --hold-minutes 20 --minutes 8 --out $OUT  # first command
     python tools/campaign.py wait --minutes 9 --out $OUT              # each following one
     python tools/campaign.py stop --out $OUT                          # the last one of the stretch
     python tools/campaign.py unpack /path/to/campaign-*.tar.gz        # here; commit the run directories
