@@ -61,7 +61,7 @@ COLORS = {"ours": "tab:red", "fla": "tab:blue", "torch": "tab:gray", "sdpa": "ta
 
 
 def make_inputs(
-    decay: str | None, delta: bool, lower_bound: float | None, B: int, T: int, H: int, D: int = 128
+    decay: str, delta: bool, lower_bound: float | None, B: int, T: int, H: int, D: int = 128
 ) -> dict[str, torch.Tensor | None]:
     """bf16 inputs on the GPU as a gated layer emits them (g fp32), no initial state (tests/helpers.py)."""
     inputs = helpers.make_inputs(
@@ -644,7 +644,7 @@ def main() -> None:
             if shape not in args.shapes:
                 continue
             if who == "sdpa":
-                measure(rows, shape, "sdpa", "sdpa", B, T, H, None, None, False, deadline)
+                measure(rows, shape, "sdpa", "sdpa", B, T, H, None, "none", False, deadline)
                 continue
             # KDA first for the baselines: if the time budget runs out, the headline comparison is in
             for name, decay, delta, lb in OPS if who == "ours" else OPS[::-1]:
@@ -653,7 +653,7 @@ def main() -> None:
     for who in [] if args.skip_sweep else impls:
         for T in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
             if who == "sdpa":
-                measure(rows, "sweep", "sdpa", "sdpa", 1, T, 16, None, None, False, deadline)
+                measure(rows, "sweep", "sdpa", "sdpa", 1, T, 16, None, "none", False, deadline)
                 continue
             if who == "torch" and T > 4096:
                 continue

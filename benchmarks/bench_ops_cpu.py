@@ -35,7 +35,7 @@ from tests.helpers import token_loop_inputs  # noqa: E402
 
 # the family's named ops (kernels/family.py) that the torch chunked form serves as they are
 OPS = tuple(op.name for op in FAMILY if op.lower_bound is None)
-SWITCHES = {op.name: (op.decay, op.delta) for op in FAMILY}
+SWITCHES = {op.name: (op.decay, op.delta_rule) for op in FAMILY}
 
 
 def make_inputs(op: str, B: int, T: int, H: int, K: int, V: int, gen: torch.Generator) -> list[torch.Tensor]:

@@ -50,7 +50,7 @@ for name, module in homes.items():
 bf = torch.bfloat16
 q, k, v = (torch.empty(B, T, H, D, dtype=bf, device="meta") for _ in range(3))
 g = None
-if decay is not None:
+if decay not in (None, "none"):  # (kernels.family's "none"; None at revisions before it)
     g = torch.empty((B, T, H) if decay == "scalar" else (B, T, H, D), device="meta")
 beta = torch.empty(B, T, H, dtype=bf, device="meta") if delta else None
 

@@ -98,7 +98,7 @@ def record(
         meta = dict(device="meta", dtype=torch.bfloat16)
         q, k_, v = (torch.empty(B, T, H, D, **meta) for _ in range(3))
         g = None
-        if decay is not None:
+        if decay != "none":
             g = torch.empty(
                 (B, T, H) if decay == "scalar" else (B, T, H, D), device="meta", dtype=torch.float32
             )

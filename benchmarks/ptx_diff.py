@@ -7,7 +7,7 @@ and parameter-load order left out).
 
 For refactors made when no device time is left: an empty diff says the GPU runs the same code as the
 revision checked on it. Constexprs the kernel has that --const does not name take the values of the
-default bounded-KDA launch (DECAY=2, DELTA=1, BOUNDED=1, LOWP=1, K=V=128, BT=64, BC=16, H=16, ...);
+default bounded-KDA launch (DECAY="channel", DELTA=1, BOUNDED=1, LOWP=1, K=V=128, BT=64, BC=16, H=16, ...);
 constexprs only one side has are passed as 0 there (a new alternative, off). Pointers are bf16 where
 the default launch passes 16-bit tensors (q, k, v, qg, kd, kg, aqk, o, dq, dk, ...), fp32 elsewhere.
 Exits 1 when the instructions differ (and says when they are only in another order).
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULTS = dict(
-    H=16, K=128, V=128, BT=64, BC=16, BK=64, BV=64, BW=32, DECAY=2, DELTA=1, BOUNDED=1, LOWP=1,
+    H=16, K=128, V=128, BT=64, BC=16, BK=64, BV=64, BW=32, DECAY="channel", DELTA=1, BOUNDED=1, LOWP=1,
     STORE_DECAYED=1, TRI=1, AUTO=0, PRE_KG=1, FUSED=0, DECAYED=0, HAS_H0=1, STORE_HT=1, HAS_DHT=1,
     PREC="tf32",
 )  # fmt: skip

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels.family import Decay
+
 
 def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
     """Relative RMS error ||out - ref|| / ||ref||, computed in float64.
@@ -26,8 +28,8 @@ def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
 
 
 def make_inputs(
-    decay: str | None,
-    delta: bool,
+    decay: Decay,
+    delta_rule: bool,
     B: int,
     T: int,
     H: int,
@@ -63,7 +65,7 @@ def make_inputs(
     k = F.normalize(randn(B, T, H, K), dim=-1).to(dtype)
     v = randn(B, T, H, V).to(dtype)
     g = None
-    if decay is not None:
+    if decay != "none":
         shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
         if layer_gates:
             z = randn(*shape)
@@ -78,7 +80,7 @@ def make_inputs(
         else:
             g = lower_bound * torch.rand(shape, device=device, generator=gen)
     beta = None
-    if delta:
+    if delta_rule:
         beta = (
             torch.sigmoid(randn(B, T, H))
             if layer_gates
@@ -89,7 +91,7 @@ def make_inputs(
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
 
 
-def token_loop_inputs(decay: str | None, delta: bool, B: int, T: int, H: int, K: int, V: int,
+def token_loop_inputs(decay: Decay, delta_rule: bool, B: int, T: int, H: int, K: int, V: int,
                       generator: torch.Generator, strong_decay: bool = False) -> list[torch.Tensor]:
     """q, k, v[, g][, beta] in float32 for an op's positional call (tests/test_ops.py, bench_ops_cpu.py):
     L2-normalised keys, log-decays logsigmoid(randn), beta in (0, 1); `strong_decay` sets about 5% of the
@@ -98,14 +100,14 @@ def token_loop_inputs(decay: str | None, delta: bool, B: int, T: int, H: int, K:
     k = F.normalize(torch.randn(B, T, H, K, generator=generator), dim=-1)
     v = torch.randn(B, T, H, V, generator=generator)
     inputs = [q, k, v]
-    if decay not in (None, "none"):
+    if decay != "none":
         shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
         g = F.logsigmoid(torch.randn(*shape, generator=generator))
         if strong_decay:
             strong = torch.rand(*shape, generator=generator) < 0.05
             g = torch.where(strong, -5 - 15 * torch.rand(*shape, generator=generator), g)
         inputs.append(g)
-    if delta:
+    if delta_rule:
         inputs.append(torch.rand(B, T, H, generator=generator))
     return inputs
 

@@ -23,6 +23,7 @@ pytest.importorskip("triton")
 
 from helpers import make_inputs, rel_rms  # noqa: E402
 
+from kernels import family  # noqa: E402
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
 from kernels.triton.chunk import INTERPRET  # noqa: E402
@@ -32,32 +33,15 @@ pytestmark = pytest.mark.skipif(
     not INTERPRET, reason="kernels.triton was imported without TRITON_INTERPRET=1; run this file on its own"
 )
 
-# (name, decay granularity, delta rule): the six ops of docs/design.md §3
-OPS = [
-    ("linear_attn", None, False),
-    ("simple_gla", "scalar", False),
-    ("gla", "channel", False),
-    ("delta_rule", None, True),
-    ("gated_delta_rule", "scalar", True),
-    ("kda", "channel", True),
-]
+# (name, decay, delta rule): the six points of the family table (kernels.family), each with its plain gate
+OPS = [(o.name, o.decay, o.delta_rule) for o in family.PLAIN]
 TOL = 1e-4
 # (name, decay, delta rule, lower_bound): the per-channel decay's variants, for the tests of its alternatives
-PER_CHANNEL = [
-    ("gla", "channel", False, None),
-    ("kda", "channel", True, None),
-    ("kda_bounded", "channel", True, -5.0),
-]
+PER_CHANNEL = [(o.name, o.decay, o.delta_rule, o.lower_bound) for o in family.OPS if o.decay == "channel"]
 # (name, decay, delta rule, lower_bound): all seven, the bounded gate beside the six ops
-ALL_SEVEN = [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
+ALL_SEVEN = [(o.name, o.decay, o.delta_rule, o.lower_bound) for o in family.OPS]
 # (name, decay, lower_bound): the delta-rule ops, for the tests of the solve and the WY state pass
-DELTA_OPS = [
-    ("delta_rule", None, None),
-    ("gated_delta_rule", "scalar", None),
-    ("kda", "channel", None),
-    ("kda_bounded", "channel", -5.0),
-]
-
+DELTA_OPS = [(o.name, o.decay, o.lower_bound) for o in family.OPS if o.delta_rule]
 
 def check_against_naive(
     inputs: dict, lower_bound: float | None = None, chunk_size: int = 64, tol: float = TOL
@@ -150,7 +134,7 @@ def check_no_grad_against_naive(
 @pytest.mark.parametrize("T", [1, 63, 64, 100, 200])
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
-def test_chunk_matches_naive(name: str, decay: str | None, delta: bool, T: int, with_state: bool) -> None:
+def test_chunk_matches_naive(name: str, decay: str, delta: bool, T: int, with_state: bool) -> None:
     B, H = (2, 1) if T <= 64 else (1, 2)
     inputs = make_inputs(decay, delta, B, T, H, K=16, V=32, seed=T + 7 * with_state, with_state=with_state)
     check_against_naive(inputs)
@@ -166,9 +150,9 @@ def test_kda_bounded_gate_matches_naive(T: int, with_state: bool) -> None:
 
 
 @pytest.mark.parametrize("T", [1, 63, 100, 200])
-@pytest.mark.parametrize("name,decay", [("linear_attn", None), ("simple_gla", "scalar")])
+@pytest.mark.parametrize("name,decay", [("linear_attn", "none"), ("simple_gla", "scalar")])
 def test_intra_gradients_inside_the_dqk_kernel(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, T: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, T: int
 ) -> None:
     # without the delta rule and the per-channel decay, the dqk kernel also does the intra-chunk gradients,
     # and the dvt and intra backward kernels do not run
@@ -225,7 +209,7 @@ def test_unbounded_gates_dense_where_safe(name: str, decay: str, delta: bool, T:
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
     [
-        ("delta_rule", None, True, None),
+        ("delta_rule", "none", True, None),
         ("gated_delta_rule", "scalar", True, None),
         ("kda_bounded", "channel", True, -5.0),
     ],
@@ -233,7 +217,7 @@ def test_unbounded_gates_dense_where_safe(name: str, decay: str, delta: bool, T:
 def test_bf16_inverse(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
@@ -256,7 +240,7 @@ def test_bf16_inverse(
     "helper,name,decay,delta,lower_bound",
     [
         ("_m_dtype", "gla", "channel", False, None),
-        ("_m_dtype", "delta_rule", None, True, None),
+        ("_m_dtype", "delta_rule", "none", True, None),
         ("_m_dtype", "kda_bounded", "channel", True, -5.0),
     ],
 )
@@ -264,7 +248,7 @@ def test_bf16_backward_buffers(
     monkeypatch: pytest.MonkeyPatch,
     helper: str,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
 ) -> None:
@@ -312,14 +296,14 @@ def test_kda_is_causal(T: int, lower_bound: float | None) -> None:
 
 
 @pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
-def test_recurrent_step_matches_naive(name: str, decay: str | None, delta: bool) -> None:
+def test_recurrent_step_matches_naive(name: str, decay: str, delta: bool) -> None:
     B, H, K, V = 2, 2, 16, 32
     gen = torch.Generator().manual_seed(2)
     q, k = torch.randn(B, H, K, generator=gen), F.normalize(torch.randn(B, H, K, generator=gen), dim=-1)
     v = torch.randn(B, H, V, generator=gen)
     g = (
         None
-        if decay is None
+        if decay == "none"
         else F.logsigmoid(torch.randn((B, H) if decay == "scalar" else (B, H, K), generator=gen))
     )
     beta = torch.rand(B, H, generator=gen) if delta else None
@@ -375,7 +359,7 @@ def test_overrides_apply_inside_their_block_and_name_bad_ones() -> None:
     # the scripts' --set KEY=VALUE (profile_gpu.py, bench_gpu.py, check_kernels.py) and the tests' settings
     from kernels.triton import plan
 
-    problem = plan.Problem(8, 8192, 16, 128, 128, 64, decay=2, delta=True, bounded=True, lowp=True, keep=True)
+    problem = plan.Problem(8, 8192, 16, 128, 128, 64, "channel", True, bounded=True, lowp=True, keep=True)
     assert plan.plan_forward(problem).solve.warps == 1 and plan.current_overrides() == {}
     with plan.overrides(["solve.warps=2", "dqk.bk=none"]) as changed:
         assert changed == {"solve.warps": 2, "dqk.bk": None}
@@ -408,7 +392,7 @@ def test_solve_at_every_chunk_size(chunk_size: int) -> None:
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
 def test_output_pass_both_ways(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, delta: bool, T: int, output: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, T: int, output: int
 ) -> None:
     # state_fwd.output: the output computed inside the forward state pass (1: what many programs,
     # B * H * V / 64 >= 256, get by default) or by _output_kernel over the stored states (0: these small
@@ -424,7 +408,7 @@ def test_output_pass_both_ways(
 def test_state_passes_small_inputs_early(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     early: int,
@@ -449,7 +433,7 @@ def test_state_passes_small_inputs_early(
 def test_no_grad_intra_forward_without_kk_zeros(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     lower_bound: float | None,
     T: int,
     chunk_size: int,
@@ -548,7 +532,7 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size
 @pytest.mark.parametrize("T", [1, 63, 200])
 @pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
 def test_no_grad_akk_in_bf16(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None, T: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, lower_bound: float | None, T: int
 ) -> None:
     # without a gradient, 16-bit inputs keep A_kk in bf16 (the intra forward stores it
     # rounded, the solve takes it to fp32 on load). The interpreter runs fp32 inputs only (its bf16 products
@@ -580,7 +564,7 @@ def test_no_grad_akk_in_bf16(
 def test_no_grad_tril_loads_both_ways(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
@@ -614,7 +598,7 @@ def test_no_grad_tril_loads_both_ways(
 def test_state_passes_unchained_products(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
@@ -640,7 +624,7 @@ def test_state_passes_unchained_products(
 def test_wy_state_pass(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     lower_bound: float | None,
     T: int,
     chunk_size: int,
@@ -661,7 +645,7 @@ def test_wy_state_pass(
 def test_forward_without_gradient(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
@@ -695,7 +679,7 @@ def test_forward_without_gradient(
 def test_pseudo_values_kept_for_the_backward(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     lower_bound: float | None,
     T: int,
     with_state: bool,
@@ -727,12 +711,12 @@ def test_pseudo_values_kept_for_the_backward(
 @pytest.mark.parametrize("T", [63, 100])
 @pytest.mark.parametrize(
     "name,decay,lower_bound",
-    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
+    [("delta_rule", "none", None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
 )
 def test_pseudo_values_from_x_both_ways(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     lower_bound: float | None,
     T: int,
     vt_x: int,
@@ -761,10 +745,10 @@ def test_pseudo_values_from_x_both_ways(
 @pytest.mark.parametrize("T", [63, 100])
 @pytest.mark.parametrize(
     "name,decay,lower_bound",
-    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
+    [("delta_rule", "none", None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
 )
 def test_dqk_delta_term_first(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None, T: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, lower_bound: float | None, T: int
 ) -> None:
     # the dqk kernel forms the delta rule's d(Gamma K) = T^T dW before loading the decay's tiles (fewer
     # registers live at once); with and without an initial state
@@ -782,7 +766,7 @@ def test_dqk_delta_term_first(
 def test_intra_backward_first(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
@@ -833,10 +817,10 @@ def test_dqk_epilogue_both_orders(
 
 @pytest.mark.parametrize(
     "name,decay,lower_bound",
-    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
+    [("delta_rule", "none", None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
 )
 def test_backward_forms_together(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, lower_bound: float | None
 ) -> None:
     # the delta rule's backward forms forced on together, whatever their launch rules pick: the intra backward
     # first (not for the scalar decay), X kept and no Vt (dqk and dvt form it from X, dqk loading T for
@@ -894,7 +878,7 @@ def _forward_launches(
     H: int,
     lower_bound: float | None,
     keep: bool,
-    decay: bool | str = True,
+    decay: str = "channel",
     delta: bool = True,
 ) -> dict:
     # the launches of KDA's forward (and with keep, its backward) at B, T=100, H, K = V = 128, bf16 (without
@@ -905,7 +889,7 @@ def _forward_launches(
     T, D = 100, 128
     bf = torch.bfloat16
     q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))
-    g = (torch.zeros(B, T, H) if decay == "scalar" else torch.zeros(B, T, H, D)) if decay else None
+    g = (torch.zeros(B, T, H) if decay == "scalar" else torch.zeros(B, T, H, D)) if decay != "none" else None
     beta = torch.zeros(B, T, H, dtype=bf) if delta else None
     _, _, saved = chunk.chunk_forward(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
     if keep:
@@ -948,7 +932,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         gla = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, delta=False)
         assert gla["_dqk_bwd_kernel"][1]["SEQ"] and gla["_dqk_bwd_kernel"][1]["FINISH"]
         # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (bwd.vt_x)
-        rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay=False)
+        rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay="none")
         assert rule["_state_fwd_kernel"][1]["STORE_X"] and not rule["_state_fwd_kernel"][1]["STORE_VT"]
         assert rule["_dqk_bwd_kernel"][1]["VT_X"] and rule["_dvt_bwd_kernel"][1]["VT_X"]
     else:
@@ -998,7 +982,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         state = wide["_state_bwd_kernel"]
         assert state[0] == (1, 64 * 4) and state[1]["BV"] == 128 and state[1]["num_warps"] == 8
         assert state[1]["UNCHAIN"]
-        for decay, delta in [(True, False), (False, False), (False, True), ("scalar", True)]:
+        for decay, delta in [("channel", False), ("none", False), ("none", True), ("scalar", True)]:
             state = _forward_launches(
                 monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay=decay, delta=delta
             )["_state_bwd_kernel"]
@@ -1006,9 +990,9 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=-5.0, keep=True)["_state_bwd_kernel"]
         assert state[1]["BV"] == 32 and state[1]["num_warps"] == 4 and state[1]["num_stages"] == 2
         assert not state[1]["UNCHAIN"]
-    rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=keep, decay=False)
+    rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=keep, decay="none")
     assert rule["_state_fwd_kernel"][1]["num_warps"] == 8 and rule["_state_fwd_kernel"][1]["UNCHAIN"]
-    state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep, decay=False)[
+    state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep, decay="none")[
         "_state_fwd_kernel"
     ]
     assert state[1]["num_warps"] == (8 if state[1]["BV"] >= 64 else 4)  # few programs: the size rule alone

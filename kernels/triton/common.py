@@ -150,9 +150,9 @@ def _chunk_small(
     # ([BT]); beta ([BT], BETA)
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    if DECAY == 2:
+    if DECAY == "channel":
         b_gv = _exp(_load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K), False, LOG2)
-    elif DECAY == 1:
+    elif DECAY == "scalar":
         b_gv = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
     else:
         b_gv = tl.full([K], 1.0, dtype=tl.float32)
@@ -181,10 +181,10 @@ def _key_decay_to_end(
     # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K]).
     # For the per-channel decay, k already holds K_d (written by the intra or the cumsum kernel)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2:
+    if DECAY == "channel":
         b_kd = b_k
         b_dl = _exp(_load_row(gc, t_last, i_b, i_h, T, H, K), False, LOG2)
-    elif DECAY == 1:
+    elif DECAY == "scalar":
         b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
         b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
         b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None]
@@ -201,7 +201,7 @@ def _key_decay_from(
 ):
     # _key_decay_to_end from the chunk's b_gv of _chunk_small (loaded earlier)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 1:
+    if DECAY == "scalar":
         b_gl = tl.sum(tl.where(o_t == t_last, b_gv, 0.0), 0)
         b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_gv, float("-inf")))[:, None]
         b_dl = tl.exp(b_gl + tl.zeros([K], dtype=tl.float32))
@@ -215,7 +215,7 @@ def _key_decay_from(
 def _decay_rows(b_x, b_gv, DECAY: tl.constexpr):
     # rows of Q or K times exp(G) for the scalar decay (b_gv: the chunk's column G); the per-channel decay's
     # operands come decayed already
-    if DECAY == 1:
+    if DECAY == "scalar":
         b_x = b_x * tl.exp(b_gv)[:, None]
     return b_x
 
@@ -227,8 +227,8 @@ def _load_qg(
     # Q * exp(G) ([BT, K]): queries read the state decayed from the chunk start.
     # PRE: for the per-channel decay, q already holds Q * exp(G) (written by the intra or the cumsum kernel)
     b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2 and not PRE:
+    if DECAY == "channel" and not PRE:
         b_q = b_q * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
-    elif DECAY == 1:
+    elif DECAY == "scalar":
         b_q = b_q * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
     return b_q

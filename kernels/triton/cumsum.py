@@ -1,6 +1,6 @@
 """Stage 1 of the forward and last of the backward: G, the chunk-local cumsum of the log decay g (one
 program per chunk), or with the plan's g16 the uint16 decays within 16-row blocks; and dg, the reverse
-cumsum of dG. Branches on DECAY (1 scalar, 2 per channel; nothing runs for 0); no delta rule.
+cumsum of dG. Branches on DECAY ("scalar", "channel"; nothing runs for "none"); no delta rule.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _cumsum_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    if DECAY == 2:
+    if DECAY == "channel":
         o_k = tl.arange(0, K)
         p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
         b_g = tl.load(g + p, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -96,7 +96,7 @@ def _rev_cumsum_kernel(dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.cons
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     b_dg = _load_rows(dgk, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2:
+    if DECAY == "channel":
         p = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
         tl.store(dg + p, tl.cumsum(b_dg, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t[:, None])
     else:
@@ -121,7 +121,7 @@ def cumsum_forward(
         _cumsum16_kernel[(NT * (BT // BC), B * H)](
             g, gc, gq, T, H=H, K=K, BT=BT, PDL=pdl, **on_pdl, num_warps=fp.cumsum16.warps
         )
-    elif p.decay:
+    elif p.decay != "none":
         gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
         _cumsum_kernel[(NT, B * H)](
             g,

@@ -164,13 +164,13 @@ def _dqk_bwd_kernel(
     else:
         b_q = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K)
         b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
-        if DECAY == 2:
+        if DECAY == "channel":
             b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
             b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
             b_eg = tl.exp(b_g)
             b_ed = tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
             b_dgl = b_dgl * tl.exp(b_gl)
-        elif DECAY == 1:
+        elif DECAY == "scalar":
             b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
             b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
             b_0 = tl.zeros([BT, BK], dtype=tl.float32)
@@ -196,7 +196,7 @@ def _dqk_bwd_kernel(
             # log-decay sees q * dq - k * dk of these terms (fp32 operands, as in _intra_bwd_kernel)
             o_c = i_t * BT + tl.arange(0, BT)
             m_m = (o_t[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-            if DECAY == 1:
+            if DECAY == "scalar":
                 b_dp = b_dp * tl.exp(tl.where(m_m, b_g[:, None] - b_g[None, :], float("-inf")))
             b_m = tl.where(m_m, b_dp, 0.0) * scale
             b_dqi = tl.dot(b_m, b_k)
@@ -211,7 +211,7 @@ def _dqk_bwd_kernel(
             tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
             b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
             tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
-            if DECAY > 0:
+            if DECAY != "none":
                 # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T
                 # hold 0)
                 b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -222,7 +222,7 @@ def _dqk_bwd_kernel(
             tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
             # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
             # H16 that used to be written and never read)
-            if DECAY > 0:
+            if DECAY != "none":
                 tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
@@ -243,7 +243,7 @@ def dqk_backward(
     to finish, or final (grads.dq_out, grads.dk_out, grads.dg) where the plan has dqk last (`first`)."""
     p = bp.problem
     B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
-    delta = p.delta
+    delta = p.delta_rule
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
     BK, BVd = bp.dqk_bk, bp.dqk_bv

@@ -131,7 +131,7 @@ def dvt_backward(
     """M_qk and, for the delta rule, dv, dbeta and M_kk of every chunk into grads."""
     p = bp.problem
     B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
-    delta = p.delta
+    delta = p.delta_rule
     s, g = saved, grads
     _dvt_bwd_kernel[(NT, B * H)](
         s.kg if s.kg is not None else k,

@@ -1,7 +1,7 @@
 """Stage 4 (or, with the plan's `first`, 2) of the backward: the relative-decay parts of dq, dk and dG
 through A_qk = rel(Q, K) and A_kk = rel(K, K), one program per 16-row block and block of key columns.
-Branches on DECAY (0/1 whole-chunk products; 2 triangular, with BOUNDED's dense diagonal) and on DELTA
-(M_kk). Not run for FUSED.
+Branches on DECAY ("none", "scalar": whole-chunk products; "channel": triangular, with BOUNDED's dense
+diagonal) and on DELTA (M_kk). Not run for FUSED.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def _intra_bwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     dense = 0
     b_gd = 0
-    if DECAY == 2:
+    if DECAY == "channel":
         if not BOUNDED:
             # unbounded gates: this block's diagonal goes dense, as with the bounded gate, when its own decay
             # is at most e^75 in each of these key columns
@@ -228,7 +228,7 @@ def _intra_bwd_kernel(
             LOWP,
         )
     # the diagonal block by positions: the blocks of an unbounded gate too steep to go dense
-    if DECAY == 2 and not BOUNDED:
+    if DECAY == "channel" and not BOUNDED:
         if dense == 0:
             b_dq, b_dkr, b_dkc = _rel_diag(
                 b_dq,
@@ -266,7 +266,7 @@ def _intra_bwd_kernel(
         # before the dqk kernel (setting bwd.intra_first): this part alone, which dqk adds to its own
         tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
-        if DECAY > 0:
+        if DECAY != "none":
             tl.store(dgk + p_k, b_dg.to(dgk.dtype.element_ty), mask=m_r[:, None])
     else:
         # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
@@ -274,7 +274,7 @@ def _intra_bwd_kernel(
         b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
         tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
         tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
-        if DECAY > 0:
+        if DECAY != "none":
             tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
@@ -306,7 +306,7 @@ def intra_backward(q: torch.Tensor, k: torch.Tensor, saved: Saved, grads: Grads,
         BC=BC,
         BK=BKi,
         DECAY=p.decay,
-        DELTA=p.delta,
+        DELTA=p.delta_rule,
         BOUNDED=p.bounded,
         LOWP=False,
         FIRST=bp.first,

@@ -42,7 +42,7 @@ def _rel_rows(
     p_m = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (o_i - t0)[None, :]
     b_m = tl.load(m + p_m, mask=m_r[:, None], other=0.0).to(tl.float32)
     b_y = _load_block(y, o_i, m_i, o_k, i_b, i_h, T, H, K)  # [BT, BK]
-    if DECAY == 1:
+    if DECAY == "scalar":
         b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
         b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
         m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
@@ -97,7 +97,7 @@ def _rel_cols(
     if TWO:
         b_mt2 = tl.load(m2 + p_mt, mask=m_r[None, :], other=0.0).to(tl.float32)
         b_x2 = _load_block(x2, o_r, m_r, o_k, i_b, i_h, T, H, K)  # [BT, BK]
-    if DECAY == 1:
+    if DECAY == "scalar":
         b_gc = _load_vec(gc, o_c, m_c, i_b, i_h, T, H)
         b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
         m_d = (o_r[None, :] >= o_c[:, None]) & m_r[None, :]

@@ -1,7 +1,8 @@
 """Stage 2 of the forward: the intra-chunk matrices A_qk = scale tril(rel(Q, K)) and, with the delta rule,
 A_kk = strict_tril(diag(beta) rel(K, K)), one program per 16-row block; with the per-channel decay also the
-decayed operands Q exp(G), K exp(G_last - G), exp(G) K for the later stages. Branches on DECAY (0/1: the
-whole chunk in one tile; 2: block by block, triangular, BOUNDED's dense diagonal) and on DELTA (A_kk).
+decayed operands Q exp(G), K exp(G_last - G), exp(G) K for the later stages. Branches on DECAY ("none",
+"scalar": the whole chunk in one tile; "channel": block by block, triangular, BOUNDED's dense diagonal) and on
+DELTA (A_kk).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _intra_fwd_kernel(
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
-    if DECAY == 2:
+    if DECAY == "channel":
         _intra_fwd_tri(
             q,
             k,
@@ -112,7 +113,7 @@ def _intra_fwd_kernel(
         b_ki = _load_rows(k, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
         b_aqk = tl.dot(_dot_cast(b_q, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
         b_akk = tl.dot(_dot_cast(b_kr, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
-        if DECAY == 1:
+        if DECAY == "scalar":
             b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
             b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
             m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
@@ -402,16 +403,16 @@ def intra_forward(
     decay only (the delta rule's for exp(G) K), else None."""
     p = fp.problem
     B, T, H, K, BT, NT = p.B, p.T, p.H, p.K, p.chunk_size, p.NT
-    decay, delta, lowp, keep = p.decay, p.delta, p.lowp, p.keep
+    decay, delta, lowp, keep = p.decay, p.delta_rule, p.lowp, p.keep
     dev = q.device
     qg = kd = kg = None
-    if decay == 2:
+    if decay == "channel":
         # decayed queries and keys for the later kernels; they only ever feed dots (bf16 operands for 16-bit
         # inputs), so they are kept in that precision; Gamma K for W/U and the dvt backward
         qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else torch.float32)
         kd = torch.empty_like(qg)
         kg = torch.empty_like(qg) if delta else None
-    gcx = gc if gc is not None else q  # a valid pointer the kernels never read when DECAY == 0
+    gcx = gc if gc is not None else q  # a valid pointer the kernels never read without a decay
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else torch.float32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=_akk_dtype(lowp, keep)) if delta else None

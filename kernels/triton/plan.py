@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from kernels.family import Decay
 from kernels.triton.common import BC, INTERPRET
 
 # The state passes run one program per (batch, head, block of V columns), sequentially over the chunks.
@@ -200,8 +201,8 @@ class Problem:
     K: int
     V: int
     chunk_size: int
-    decay: int  # 0 none, 1 scalar per head, 2 per key channel
-    delta: bool
+    decay: Decay  # kernels.family's word: none, scalar (per head), channel (per key)
+    delta_rule: bool
     bounded: bool
     lowp: bool  # 16-bit inputs (their dot operands in bf16)
     keep: bool  # a gradient wanted: the forward keeps what the backward reads
@@ -262,7 +263,7 @@ class ForwardPlan:
 
     @property
     def runs_wu(self) -> bool:
-        return self.problem.delta and not self.wy
+        return self.problem.delta_rule and not self.wy
 
 
 @dataclass(frozen=True)
@@ -290,17 +291,17 @@ class BackwardPlan:
 
 def plan_forward(p: Problem) -> ForwardPlan:
     """The forward's launches for problem p (p.keep: with a gradient)."""
-    decay, delta, keep = p.decay, p.delta, p.keep
+    decay, delta, keep = p.decay, p.delta_rule, p.keep
     many = p.B * p.H >= MANY_HEADS
     # few programs (B * H small) mean a long sequential state pass on part of the GPU, where the output and
     # the W/U products are better left to passes that run every chunk in parallel
     wy = delta and not keep and _switch("state_fwd.wy", many)
     out = _switch("state_fwd.output", p.wide if keep else many)
     keep_x = delta and keep and _switch("bwd.x", p.wide)
-    vt_x = keep_x and out and _switch("bwd.vt_x", decay != 2)
+    vt_x = keep_x and out and _switch("bwd.vt_x", decay != "channel")
     # L and A_qk without their zeros above the diagonal blocks, where the state pass is their only reader
     tril = not keep and out and (wy or not delta) and BC == 16 and _switch("fwd.tril", True)
-    log2 = decay == 2 and p.bounded and not keep and _switch("fwd.log2", True)
+    log2 = decay == "channel" and p.bounded and not keep and _switch("fwd.log2", True)
     g16 = log2 and _g16(p.lowp)
     pdl = p.pdl_capable and _switch("fwd.pdl", True)
     bv = _block_v("state_fwd.bv", p.V, p.programs, wide=p.pipelined)
@@ -308,7 +309,8 @@ def plan_forward(p: Problem) -> ForwardPlan:
     state_stages = _setting("state_fwd.stages", (2 if out else 3) if p.pipelined else 1)
     # a chunk's small inputs: at the top of the step, but where used for the scalar decay and for KDA's
     # differentiable forward with many programs
-    early = _setting("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and p.wide) else 1)
+    late = decay == "scalar" or (decay == "channel" and delta and keep and p.wide)
+    early = _setting("state_fwd.early", 0 if late else 1)
     return ForwardPlan(
         problem=p,
         out=out,
@@ -346,45 +348,45 @@ def _g16(lowp: bool) -> bool:
 def _intra_forward(p: Problem) -> Kernel:
     # KDA with 16-bit inputs: at most 128 registers a thread (4 programs per SM instead of 2 unbounded or 3
     # bounded); the bounded gate's no-grad form 2 warps at 168 (6 programs, no spill); GLA 2 warps
-    capped = p.pipelined and p.decay == 2 and p.delta
+    capped = p.pipelined and p.decay == "channel" and p.delta_rule
     narrow = capped and not p.keep and p.bounded
-    warps = 2 if (p.pipelined and p.decay == 2 and not p.delta) or narrow else 4
+    warps = 2 if (p.pipelined and p.decay == "channel" and not p.delta_rule) or narrow else 4
     return Kernel(
         _setting("intra_fwd.warps", warps),
         # the per-channel decay's triangular loop runs 1-4 steps: unpipelined
-        stages=_setting("intra_fwd.stages", 1 if p.decay == 2 else 3),
+        stages=_setting("intra_fwd.stages", 1 if p.decay == "channel" else 3),
         maxnreg=_cap("intra_fwd.maxnreg", 168 if narrow else (128 if capped else None)),
     )
 
 
 def plan_backward(p: Problem, vt_x: bool, pre_x: bool) -> BackwardPlan:
     """The backward's launches for problem p, given what the forward kept (vt_x: X and no Vt; pre_x: X)."""
-    decay, delta = p.decay, p.delta
+    decay, delta = p.decay, p.delta_rule
     # many programs: the forward pass's 128-column blocks and 8 warps
     big = p.wide and p.pipelined
     state_warps = _setting("state_bwd.warps", _big_warps(big))
-    fused = not delta and decay <= 1
+    fused = not delta and decay != "channel"
     # the intra backward first for the per-channel decay (dqk can reverse-cumsum its dG per key block)
-    first = not fused and decay != 1 and _switch("bwd.intra_first", decay == 2)
-    delta_no_decay = p.pipelined and decay == 0 and delta
+    first = not fused and decay != "scalar" and _switch("bwd.intra_first", decay == "channel")
+    delta_no_decay = p.pipelined and decay == "none" and delta
     dvt_stages = (3 if pre_x else 2) if p.pipelined else 1
-    kda = p.pipelined and decay == 2 and delta
+    kda = p.pipelined and decay == "channel" and delta
     return BackwardPlan(
         problem=p,
         vt_x=vt_x,
         pre_x=pre_x,
         state=Kernel(state_warps, stages=_setting("state_bwd.stages", 2 if p.pipelined else 1)),
         state_bv=_block_v("state_bwd.bv", p.V, p.programs, wide=big),
-        state_early=_setting("state_bwd.early", 1 if decay == 2 and not p.wide else 0),
+        state_early=_setting("state_bwd.early", 1 if decay == "channel" and not p.wide else 0),
         state_unchain=_switch("state_bwd.unchain", state_warps > 4),
         fused=fused,
         first=first,
         dv_w=delta and first,
-        seq=_switch("dqk.seq", not delta) and first and decay == 2,
+        seq=_switch("dqk.seq", not delta) and first and decay == "channel",
         k_inner=int(_switch("dqk.k_inner", True) and p.NT < MAX_GRID_Y),
         dqk=Kernel(
             _setting("dqk.warps", 4),
-            stages=_setting("dqk.stages", (2 if delta and not decay else 3) if p.pipelined else 1),
+            stages=_setting("dqk.stages", (2 if delta and decay == "none" else 3) if p.pipelined else 1),
         ),
         dqk_bk=min(p.K, _setting("dqk.bk", 64)),
         dqk_bv=min(p.V, 64),
@@ -393,10 +395,10 @@ def plan_backward(p: Problem, vt_x: bool, pre_x: bool) -> BackwardPlan:
         # cap of 96 (5 instead of 4); the per-channel decay's triangular loops unpipelined
         intra=Kernel(
             _setting("intra_bwd.warps", 4),
-            stages=_setting("intra_bwd.stages", 1 if decay == 2 else (2 if delta_no_decay else 3)),
+            stages=_setting("intra_bwd.stages", 1 if decay == "channel" else (2 if delta_no_decay else 3)),
             maxnreg=_cap("intra_bwd.maxnreg", 128 if delta_no_decay else (96 if kda else None)),
         ),
-        intra_bk=min(p.K, _setting("intra_bwd.bk", 64 if decay == 2 else 128)),
+        intra_bk=min(p.K, _setting("intra_bwd.bk", 64 if decay == "channel" else 128)),
         intra_ftz=not INTERPRET and _switch("intra_bwd.ftz", True),
     )  # fmt: skip
 
@@ -415,11 +417,10 @@ def describe(plan: ForwardPlan | BackwardPlan) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kernels.triton import VARIANTS
+    from kernels import family
 
-    names = [variant[0] for variant in VARIANTS]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("op", choices=names)
+    ap.add_argument("op", choices=[o.name for o in family.OPS])
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--H", type=int, default=16)
@@ -429,10 +430,10 @@ def main(argv: list[str] | None = None) -> None:
     add_override_argument(ap)
     args = ap.parse_args(argv)
     overrides_from_args(args)
-    (decay, delta, lower_bound), *_ = [variant[1:] for variant in VARIANTS if variant[0] == args.op]
+    op = family.op(args.op)
     base = Problem(
         B=args.B, T=args.T, H=args.H, K=args.D, V=args.D, chunk_size=args.chunk_size,
-        decay={None: 0, "scalar": 1, "channel": 2}[decay], delta=delta, bounded=lower_bound is not None,
+        decay=op.decay, delta_rule=op.delta_rule, bounded=op.lower_bound is not None,
         lowp=args.dtype != "fp32", keep=False, pdl_capable=True,
     )  # fmt: skip
     print(f"{args.op} B{args.B} T{args.T} H{args.H} K=V={args.D} {args.dtype} (on an sm_90 GPU)")

@@ -188,9 +188,9 @@ def _wu_kernel(
     b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32)
     b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2 and not PRE_KG:
+    if DECAY == "channel" and not PRE_KG:
         b_k = b_k * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
-    elif DECAY == 1:
+    elif DECAY == "scalar":
         b_k = b_k * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
     b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, K]
     p_w = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]

@@ -127,7 +127,7 @@ def _state_fwd_kernel(
                 b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
                 if EARLY:
                     b_kg = _decay_rows(b_kg, b_gv, DECAY)
-                elif DECAY == 1:
+                elif DECAY == "scalar":
                     b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
                 b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
                 b_x -= _unchain(tl.dot(_dot_cast(b_kg, LOWP), b_sd), T > 0, UNCHAIN)
@@ -281,7 +281,7 @@ def state_forward(
         BT=BT,
         BV=BV,
         DECAY=p.decay,
-        DELTA=p.delta,
+        DELTA=p.delta_rule,
         HAS_H0=h0 is not None,
         STORE_HT=output_final_state,
         LOWP=p.lowp,
@@ -323,7 +323,7 @@ def output(
         v,
         gc if gc is not None else q,
         aqk,
-        vt if p.delta else v,
+        vt if p.delta_rule else v,
         h,
         o,
         scale,
@@ -335,7 +335,7 @@ def output(
         BT=BT,
         BV=BVo,
         DECAY=p.decay,
-        DELTA=p.delta,
+        DELTA=p.delta_rule,
         LOWP=p.lowp,
         num_warps=4,
     )
