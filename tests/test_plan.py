@@ -48,16 +48,23 @@ def test_the_rules_at_the_benchmark_shapes(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_a_bad_setting_is_named_and_the_plan_cannot_change() -> None:
-    with pytest.raises(ValueError, match=r"unknown key 'state_fwd.erly'"):
-        with plan.overrides({"state_fwd.erly": 2}):
+    with pytest.raises(ValueError, match=r"unknown key 'state_fwd.wraps'"):
+        with plan.overrides({"state_fwd.wraps": 8}):
             pass
     fp = plan.plan_forward(_problem(8, 8192, 16))
     with pytest.raises(dataclasses.FrozenInstanceError):
         fp.intra = plan.Kernel(8)  # type: ignore[misc]
-    with plan.overrides(["state_fwd.early=2", "intra_fwd.maxnreg=0"]):
+    with plan.overrides(["state_fwd.warps=8", "intra_fwd.maxnreg=0"]):
         inside = plan.plan_forward(_problem(8, 8192, 16))
-    assert inside.state_early == 2 and inside.intra.maxnreg is None  # 0: no cap
+    assert inside.state.warps == 8 and inside.intra.maxnreg is None  # 0: no cap
     assert plan.plan_forward(_problem(8, 8192, 16)) == fp  # the block ended
+
+
+def test_settings_are_launch_options_not_forms() -> None:
+    # what a kernel computes in (the output inside the state pass, the WY form, ...) follows the rules alone;
+    # a setting changes how a kernel is launched
+    options = ("warps", "stages", "maxnreg", "bv", "bk", "pdl")
+    assert all(key.split(".")[1] in options for key in plan.SETTINGS)
 
 
 def test_the_command_line_prints_what_launches() -> None:

@@ -85,12 +85,14 @@ def tune(monkeypatch: pytest.MonkeyPatch, key: str, value: int | None) -> None:
     monkeypatch.setattr(plan, "_OVERRIDES", var)
 
 
-def force_wy_state_forms(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the forward state pass's forms that read and write every buffer, which the launch gives only many
-    # programs: the output inside it, the WY products without a gradient, X kept with one
+def many_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the launch rules as at the benchmark shapes, where the state passes fill the GPU (FILL_PROGRAMS) and
+    # B * H >= MANY_HEADS: the thresholds set to 0, so that these small shapes take the forms the rules pick
+    # there (the output and the WY products inside the state pass, X kept, L and A_qk triangular, ...)
+    from kernels.triton import plan
 
-    for key in ("state_fwd.output", "state_fwd.wy", "bwd.x"):
-        tune(monkeypatch, key, 1)
+    monkeypatch.setattr(plan, "FILL_PROGRAMS", 0)
+    monkeypatch.setattr(plan, "MANY_HEADS", 0)
 
 
 def nan_buffers(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
@@ -364,10 +366,10 @@ def test_overrides_apply_inside_their_block_and_name_bad_ones() -> None:
     with plan.overrides(["solve.warps=2", "dqk.bk=none"]) as changed:
         assert changed == {"solve.warps": 2, "dqk.bk": None}
         assert plan.plan_forward(problem).solve.warps == 2
-        with plan.overrides({"state_fwd.output": 0}):  # nested: adds to the outer block
+        with plan.overrides({"state_fwd.warps": 8}):  # nested: adds to the outer block
             inner = plan.plan_forward(problem)
-            assert inner.solve.warps == 2 and not inner.out
-        assert plan.plan_forward(problem).out
+            assert inner.solve.warps == 2 and inner.state.warps == 8 and inner.state_unchain
+        assert plan.plan_forward(problem).state.warps == 4  # (the interpreter's)
     assert plan.plan_forward(problem).solve.warps == 1 and plan.current_overrides() == {}
     with pytest.raises(ValueError, match=r"unknown key 'solve.warp'.*solve.warps"):
         plan.parse_overrides(["solve.warp=2"])
@@ -376,6 +378,8 @@ def test_overrides_apply_inside_their_block_and_name_bad_ones() -> None:
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         plan.parse_overrides(["solve.warps"])
     # the plan is a frozen value
+    with pytest.raises(ValueError, match=r"unknown key 'state_fwd.output'"):
+        plan.parse_overrides(["state_fwd.output=0"])  # a form, not a setting: the rules pick it
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.plan_forward(problem).out = False  # type: ignore[misc]
 
@@ -388,44 +392,36 @@ def test_solve_at_every_chunk_size(chunk_size: int) -> None:
     check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("output", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
-@pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
-def test_output_pass_both_ways(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, T: int, output: int
-) -> None:
-    # state_fwd.output: the output computed inside the forward state pass (1: what many programs,
-    # B * H * V / 64 >= 256, get by default) or by _output_kernel over the stored states (0: these small
-    # shapes' default); forward and backward either way
-
-    tune(monkeypatch, "state_fwd.output", output)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=5 * T + delta)
-    check_against_naive(inputs)
-
-
-@pytest.mark.parametrize("early", [0, 1, 2])
-@pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
-def test_state_passes_small_inputs_early(
+@pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN, ids=[op[0] for op in ALL_SEVEN])
+def test_many_programs_forms_match_naive(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     decay: str,
     delta: bool,
     lower_bound: float | None,
-    early: int,
+    T: int,
 ) -> None:
-    # state_fwd.early, state_bwd.early: the state passes' small per-chunk inputs (exp(G_last),
-    # the scalar decay's G, beta) loaded where used (0), at the top of the chunk's step (1) or one chunk ahead
-    # (2). T = 200: four chunks, the last one partial (its G_last is row 199, not the chunk's row 63), with an
-    # initial state; the WY form forced so that the forward state pass reads beta, with a gradient (then
-    # checked in full) and without one
-
-    tune(monkeypatch, "state_fwd.early", early)
-    tune(monkeypatch, "state_bwd.early", early)
-    force_wy_state_forms(monkeypatch)
-    inputs = make_inputs(decay, delta, 1, 200, 2, K=16, V=32, seed=41 + early, lower_bound=lower_bound)
-    assert inputs["initial_state"] is not None
+    # the forms the launch rules pick where the state passes fill the GPU (the benchmark shapes): the output
+    # and the WY products inside the forward state pass, X kept for the backward and (without the
+    # per-channel decay) no Vt, the chunk's small inputs where used for KDA's differentiable forward, L and
+    # A_qk triangular without a gradient. Forward and every gradient, and the no-grad forward, from an
+    # initial state, at one partial chunk and at four chunks with a partial last one
+    many_programs(monkeypatch)
+    launched = record_launches(monkeypatch, "_state_fwd_kernel", "_wu_kernel", "_dqk_bwd_kernel")
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 3, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
+    state = [kw for n, _, kw in launched if n == "_state_fwd_kernel"]
+    assert len(state) == 1 and state[0]["OUT"] and state[0]["STORE_X"] == delta
+    if delta:
+        # W alone from the W/U pass; the backward forms Vt from X except with the per-channel decay
+        assert [kw["STORE_U"] for n, _, kw in launched if n == "_wu_kernel"] == [False]
+        assert state[0]["STORE_VT"] == (decay == "channel")
+        assert [kw["VT_X"] for n, _, kw in launched if n == "_dqk_bwd_kernel"] == [decay != "channel"]
+    launched.clear()
     check_no_grad_against_naive(inputs, lower_bound)
+    assert [n for n, _, _ in launched] == ["_state_fwd_kernel"]  # (no W/U pass: the WY form)
+    assert launched[0][2]["WY"] == delta and launched[0][2]["TRIL"]
 
 
 @pytest.mark.parametrize("T,chunk_size", [(17, 64), (100, 64), (200, 64), (100, 16), (100, 32)])
@@ -463,25 +459,24 @@ def test_bounded_intra_forward_unmasked_blocks(monkeypatch: pytest.MonkeyPatch, 
         check_against_naive(inputs, lower_bound=-5.0, chunk_size=64)
 
 
-@pytest.mark.parametrize("log2", [1, 0])
+@pytest.mark.parametrize("many", [False, True])
 @pytest.mark.parametrize("T", [1, 63, 100, 200])
-def test_bounded_no_grad_log2_both_ways(monkeypatch: pytest.MonkeyPatch, T: int, log2: int) -> None:
-    # fwd.log2: the bounded gate's no-grad forward stores G times log2(e) and its readers (the intra
-    # forward's fold form, the state pass's exp(G_last)) take 2^x (1), or G as is (0); with and without
-    # the delta rule, partial chunks, an initial state, the state pass's small inputs loaded each way (EARLY
-    # 0 reads exp(G_last) by _key_decay_to_end, 1 and 2 by _chunk_small). Half the channels decay slowly
-    # (g in [-0.05, 0]), so that the state carries across chunks and exp(G_last) shows in the outputs of the
-    # next chunk (with g in [-5, 0] alone, a full chunk's decay is e^-160). Buffers filled with NaN first
-
-    tune(monkeypatch, "fwd.log2", log2)
+def test_bounded_no_grad_log2(monkeypatch: pytest.MonkeyPatch, T: int, many: bool) -> None:
+    # the bounded gate's no-grad forward stores G times log2(e) and its readers (the intra forward's fold
+    # form, the state pass's exp(G_last)) take 2^x; with and without the delta rule, partial chunks, an
+    # initial state, both regimes of the launch rules. Half the channels decay slowly (g in [-0.05, 0]), so
+    # that the state carries across chunks and exp(G_last) shows in the outputs of the next chunk (with g in
+    # [-5, 0] alone, a full chunk's decay is e^-160). Buffers filled with NaN first
+    if many:
+        many_programs(monkeypatch)
+    launched = record_launches(monkeypatch, "_state_fwd_kernel")
     nan_buffers(monkeypatch)
     slow = torch.where(torch.arange(16) % 2 == 0, 0.01, 1.0)
     for delta in (True, False):
-        inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + 3 * log2, lower_bound=-5.0)
+        inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + 3 * many, lower_bound=-5.0)
         inputs["g"] = inputs["g"] * slow
-        for early in (0, 1, 2):
-            tune(monkeypatch, "state_fwd.early", early)
-            check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
+        check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
+    assert {kw["LOG2"] for _, _, kw in launched} == {True}
 
 
 @pytest.mark.parametrize(
@@ -493,7 +488,7 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size
     # first rows and the chunks' last valid rows. The interpreter runs fp32 inputs, so the form is forced
     # for them here: outputs and final state match the token loop to the steps' rounding (a few 1e-4), not
     # to fp32's; the fp32 G buffer (NaN-filled first) is written at those rows and nowhere else. With and
-    # without the delta rule, half the channels decaying slowly, each way of loading exp(G_last), chunks of
+    # without the delta rule, half the channels decaying slowly, both regimes of the launch rules, chunks of
     # 64, 32 and 16 rows
     from kernels.triton import plan
 
@@ -511,8 +506,9 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size
             inputs["initial_state"].double(),
             True,
         )
-        for early in (0, 1, 2):
-            tune(monkeypatch, "state_fwd.early", early)
+        for many in (False, True):
+            if many:
+                many_programs(monkeypatch)
             made.clear()
             with torch.no_grad():
                 o, ht = triton_chunk(*args, None, inputs["initial_state"], True, chunk_size, -5.0)
@@ -558,33 +554,33 @@ def test_no_grad_akk_in_bf16(
         assert max(errs) > TOL  # the rounding shows: the bf16 buffer was read
 
 
-@pytest.mark.parametrize("tril", [1, 0])
+@pytest.mark.parametrize("many", [True, False])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
-def test_no_grad_tril_loads_both_ways(
+def test_no_grad_tril_loads(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
-    tril: int,
+    many: bool,
 ) -> None:
-    # fwd.tril: without a gradient the state pass loads L and A_qk block lower-triangular (16-column
-    # blocks up to the row's) and the solve and the intra forward do not store the zeros above (1), or they
-    # are stored and read whole (0). Every buffer is filled with NaN first, so that a read of an entry not
-    # written shows; with tril, L's and A_qk's blocks above the diagonal are left unwritten (still NaN)
-
-    force_wy_state_forms(monkeypatch)
-    tune(monkeypatch, "fwd.tril", tril)
+    # without a gradient, where the state pass is the only reader of L and A_qk (many programs: the output
+    # and Vt inside it), it loads them block lower-triangular (16-column blocks up to the row's) and the solve
+    # and the intra forward do not store the zeros above; with few programs they are stored and read whole.
+    # Every buffer is filled with NaN first, so that a read of an entry not written shows; with the triangular
+    # loads, L's and A_qk's blocks above the diagonal are left unwritten (still NaN)
+    if many:
+        many_programs(monkeypatch)
     made = nan_buffers(monkeypatch)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + tril, lower_bound=lower_bound)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + many, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound, chunk_size=64)
     # the [B, T, H, 64] buffers: A_qk, then (the delta rule) A_kk and L; block (0, 1) of the first chunk
     square = [x for x in made if x.dim() == 4 and x.shape[-1] == 64 and x.shape[1] == T]
     assert len(square) == (3 if delta else 1)
     # (A_qk's zeros come with the whole-chunk tile where there is no per-channel decay)
-    written = [not tril or decay != "channel"] + ([not tril] if delta else [])
+    written = [not many or decay != "channel"] + ([not many] if delta else [])
     for x, zeros in zip((square[0], square[-1]) if delta else square, written, strict=True):
         upper = x[0, :16, :, 16:32]
         assert (upper == 0).all() if zeros else upper.isnan().all()
@@ -592,31 +588,33 @@ def test_no_grad_tril_loads_both_ways(
         check_against_naive(inputs, lower_bound=lower_bound, chunk_size=64)  # the backward reads them whole
 
 
-@pytest.mark.parametrize("unchain", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
-def test_state_passes_unchained_products(
+def test_state_passes_unchained_at_eight_warps(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
-    unchain: int,
 ) -> None:
-    # state_fwd.unchain, state_bwd.unchain: the state passes' chained products (X, Vt, the
-    # output's state term; dVt) through _unchain's run-time branch (which the launch takes with 8 warps),
-    # or straight on. Forced both ways, with the forms that read and write every buffer (the output and
-    # the WY products inside the pass, X kept), with a gradient (checked in full) and without one, at one
-    # partial chunk and at four chunks with a partial last one, with an initial state
-
-    for key in ("state_fwd.unchain", "state_bwd.unchain"):
-        tune(monkeypatch, key, unchain)
-    force_wy_state_forms(monkeypatch)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 7 * unchain, lower_bound=lower_bound)
+    # with 8 warps (what the state passes take on a GPU at the benchmark shapes; the interpreter runs 4), the
+    # state passes' chained products (X, Vt, the output's state term; dVt) go through _unchain's run-time
+    # branch. With the forms of many programs, which read and write every buffer, with a gradient (checked
+    # in full) and without one, at one partial chunk and at four chunks with a partial last one, with an
+    # initial state
+    many_programs(monkeypatch)
+    tune(monkeypatch, "state_fwd.warps", 8)
+    tune(monkeypatch, "state_bwd.warps", 8)
+    launched = record_launches(monkeypatch, "_state_fwd_kernel", "_state_bwd_kernel")
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 7, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
     check_against_naive(inputs, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound)
+    assert {(n, kw["UNCHAIN"]) for n, _, kw in launched} == {
+        ("_state_fwd_kernel", True),
+        ("_state_bwd_kernel", True),
+    }
 
 
 @pytest.mark.parametrize("T,chunk_size", [(63, 64), (200, 64), (100, 16), (100, 32)])
@@ -630,16 +628,16 @@ def test_wy_state_pass(
     chunk_size: int,
 ) -> None:
     # the WY state pass's Vt = L diag(beta) X, beta on the rows of X (L as loaded); at chunks of 1, 2 and 4
-    # blocks of 16, partial last chunks, with an initial state; without a gradient (state_fwd.wy forced) and
-    # with one (bwd.x forced), in full
-    force_wy_state_forms(monkeypatch)
+    # blocks of 16, partial last chunks, with an initial state; without a gradient and with one (X kept), in
+    # full, as the rules of many programs pick them
+    many_programs(monkeypatch)
     seed = T
     inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound, chunk_size)
     check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("output,wy", [(1, 1), (1, 0), (0, 0)])
+@pytest.mark.parametrize("many", [True, False])
 @pytest.mark.parametrize("T", [1, 100])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
 def test_forward_without_gradient(
@@ -649,16 +647,14 @@ def test_forward_without_gradient(
     delta: bool,
     lower_bound: float | None,
     T: int,
-    output: int,
-    wy: int,
+    many: bool,
 ) -> None:
-    # with no gradient wanted the forward skips the buffers kept for the backward (h, Vt) and, for the delta
-    # rule with state_fwd.wy, the W/U pass (Vt from L, Gamma K and V in the state pass). Its output and final
-    # state match the reference, and are those of the differentiable call bit for bit where the same kernels
-    # compute them (without WY)
-
-    tune(monkeypatch, "state_fwd.output", output)
-    tune(monkeypatch, "state_fwd.wy", wy)
+    # with no gradient wanted the forward skips the buffers kept for the backward (h, Vt) and, with many
+    # programs, the W/U pass for the delta rule (Vt from L, Gamma K and V in the state pass). Its output and
+    # final state match the reference, and are those of the differentiable call bit for bit where the same
+    # kernels compute them (few programs)
+    if many:
+        many_programs(monkeypatch)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 11, lower_bound=lower_bound)
     o, ht = check_no_grad_against_naive(inputs, lower_bound)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
@@ -666,80 +662,12 @@ def test_forward_without_gradient(
     leaves = [a.clone().requires_grad_(True) if a is not None else None for a in args]
     o_grad, ht_grad = triton_chunk(*leaves, None, h0, True, 64, lower_bound)
     assert not o.requires_grad and o_grad.requires_grad
-    # (the bounded per-channel gate's no-grad G comes times log2(e), fwd.log2: other roundings)
-    if not (delta and wy) and not (decay == "channel" and lower_bound is not None):
+    # (the bounded per-channel gate's no-grad G comes times log2(e), fwd.log2: other roundings; with many
+    # programs the two forwards take other forms)
+    if not many and not (decay == "channel" and lower_bound is not None):
         assert torch.equal(o, o_grad.detach()) and torch.equal(ht, ht_grad.detach())
     else:
         assert rel_rms(o_grad, o) <= TOL and rel_rms(ht_grad, ht) <= TOL
-
-
-@pytest.mark.parametrize("T", [63, 200])
-@pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
-def test_pseudo_values_kept_for_the_backward(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str,
-    lower_bound: float | None,
-    T: int,
-    with_state: bool,
-) -> None:
-    # bwd.x = 1: the differentiable forward forms Vt in the state pass from L and keeps X = V - (Gamma
-    # K) S, which the dvt backward reads instead of h and Gamma K; the W/U pass writes W alone. Both output
-    # forms of the state pass
-
-    tune(monkeypatch, "bwd.x", 1)
-    tune(monkeypatch, "state_fwd.output", T % 2)
-    launched = record_launches(monkeypatch, "_wu_kernel")
-    inputs = make_inputs(
-        decay,
-        True,
-        1,
-        T,
-        2,
-        K=16,
-        V=32,
-        seed=T + 3 * with_state,
-        lower_bound=lower_bound,
-        with_state=with_state,
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    assert [kwargs["STORE_U"] for _, _, kwargs in launched] == [False]  # W alone
-
-
-@pytest.mark.parametrize("vt_x", [0, 1])
-@pytest.mark.parametrize("T", [63, 100])
-@pytest.mark.parametrize(
-    "name,decay,lower_bound",
-    [("delta_rule", "none", None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
-)
-def test_pseudo_values_from_x_both_ways(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str,
-    lower_bound: float | None,
-    T: int,
-    vt_x: int,
-) -> None:
-    # bwd.vt_x = 1: with X kept (bwd.x) and the output inside the state pass, the forward keeps no
-    # Vt = T X; dqk sums X dS'^T and applies T after its V loop, dvt sums dO X^T and applies T^T. 0: Vt
-    # kept and read by both. Same gradients either way, with and without an initial state
-
-    tune(monkeypatch, "bwd.x", 1)
-    tune(monkeypatch, "state_fwd.output", 1)
-    tune(monkeypatch, "bwd.vt_x", vt_x)
-    launched = record_launches(monkeypatch, "_state_fwd_kernel", "_dqk_bwd_kernel", "_dvt_bwd_kernel")
-    inputs = make_inputs(
-        decay, True, 1, T, 2, K=16, V=32, seed=T + 41 + vt_x, lower_bound=lower_bound, with_state=T % 2 == 1
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    # (the differentiable forward's state pass: the one that keeps X)
-    flags = {
-        (n, kw["VT_X"] if "VT_X" in kw else not kw["STORE_VT"])
-        for n, _, kw in launched
-        if kw.get("STORE_X", 1)
-    }
-    assert flags == {(n, bool(vt_x)) for n in ("_state_fwd_kernel", "_dqk_bwd_kernel", "_dvt_bwd_kernel")}
 
 
 @pytest.mark.parametrize("T", [63, 100])
@@ -758,93 +686,18 @@ def test_dqk_delta_term_first(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
-@pytest.mark.parametrize("T", [1, 63, 200])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound",
-    [op + (None,) for op in OPS if op[0] != "linear_attn"] + [("kda_bounded", "channel", True, -5.0)],
-)
-def test_intra_backward_first(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str,
-    delta: bool,
-    lower_bound: float | None,
-    T: int,
-) -> None:
-    # the order the default does not take (the default's runs in every other test here):
-    # bwd.intra_first = 1 (the default for the per-channel decay): the intra backward runs before
-    # dqk and writes its parts alone; dqk adds its own and reverse-cumsums dG per chunk, and no
-    # _rev_cumsum_kernel runs (the delta rule, GLA and both KDAs; simple GLA and GDN, whose scalar dG sums
-    # over K blocks, keep the other order). 0: dqk first, then the intra backward, then the dG cumsum
-
-    first = decay != "channel"
-    tune(monkeypatch, "bwd.intra_first", int(first))
-    launched = record_launches(monkeypatch, "_rev_cumsum_kernel")
-    inputs = make_inputs(
-        decay, delta, 1, T, 2, K=16, V=32, seed=T + 41, lower_bound=lower_bound, with_state=T == 63
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    assert bool(launched) == (decay == "scalar" or decay == "channel" and not first)
-
-
-def _dqk_alternative(monkeypatch, key: str, value: int, flag: str, delta: bool, lower_bound, T: int) -> None:
-    # one dqk alternative (setting key = value) against the reference at a per-channel decay, and the dqk
-    # launches' constexpr flag that it sets
-
-    tune(monkeypatch, key, value)
-    launched = record_launches(monkeypatch, "_dqk_bwd_kernel")
-    seed = T + 11 * value + len(key)
-    inputs = make_inputs(
-        "channel", delta, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound, with_state=T == 63
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    assert {kwargs[flag] for _, _, kwargs in launched} == {bool(value)}
-
-
-@pytest.mark.parametrize("seq", [1, 0])
-@pytest.mark.parametrize("T", [63, 200])
-@pytest.mark.parametrize(
-    "name,delta,lower_bound", [("gla", False, None), ("kda", True, None), ("kda_bounded", True, -5.0)]
-)
-def test_dqk_epilogue_both_orders(
-    monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, T: int, seq: int
-) -> None:
-    # with the intra backward first, the dqk kernel's epilogue loads each tile where it is first needed and
-    # stores dq before k loads (the setting dqk.seq = 1) or loads q, k and G together first (0); the same
-    # gradients either way, with and without an initial state
-    _dqk_alternative(monkeypatch, "dqk.seq", seq, "SEQ", delta, lower_bound, T)
-
-
-@pytest.mark.parametrize(
-    "name,decay,lower_bound",
-    [("delta_rule", "none", None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
-)
-def test_backward_forms_together(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, lower_bound: float | None
-) -> None:
-    # the delta rule's backward forms forced on together, whatever their launch rules pick: the intra backward
-    # first (not for the scalar decay), X kept and no Vt (dqk and dvt form it from X, dqk loading T for
-    # it), and d(Gamma K) from dvt's dV in the same dqk program
-
-    forced = {"bwd.intra_first": 1, "bwd.x": 1, "state_fwd.output": 1, "bwd.vt_x": 1}
-    for key, value in forced.items():
-        tune(monkeypatch, key, value)
-    launched = record_launches(monkeypatch, "_dqk_bwd_kernel")
-    inputs = make_inputs(decay, True, 1, 63, 2, K=16, V=32, seed=71, lower_bound=lower_bound, with_state=True)
-    check_against_naive(inputs, lower_bound=lower_bound)
-    flags = {(kw["VT_X"], kw["DV_W"]) for _, _, kw in launched}
-    assert flags == {(True, decay != "scalar")}  # (GDN's dqk runs before dvt: no dV to take)
-
-
 @pytest.mark.parametrize("k_inner", [1, 0])
 @pytest.mark.parametrize("name,delta,lower_bound", [("gla", False, None), ("kda_bounded", True, -5.0)])
 def test_dqk_key_blocks_side_by_side(
     monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, k_inner: int
 ) -> None:
-    # K = 128: two key blocks of 64 in dqk, launched with the chunks first or (dqk.k_inner = 1, the
-    # default) the key blocks first; each program finds its chunk and key block
+    # K = 128: two key blocks of 64 in dqk, launched with the key blocks first (the default) or, for a
+    # sequence of more chunks than grid axis 1 holds (MAX_GRID_Y, here moved to 3), the chunks first; each
+    # program finds its chunk and key block
+    from kernels.triton import plan
 
-    tune(monkeypatch, "dqk.k_inner", k_inner)
+    if not k_inner:
+        monkeypatch.setattr(plan, "MAX_GRID_Y", 3)
     launched = record_launches(monkeypatch, "_dqk_bwd_kernel", "_intra_bwd_kernel")
     inputs = make_inputs("channel", delta, 1, 130, 1, K=128, V=16, seed=k_inner, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
@@ -971,11 +824,12 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(plan, "INTERPRET", False)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)
     assert wide["_state_fwd_kernel"][1]["num_warps"] == 8 and wide["_state_fwd_kernel"][1]["UNCHAIN"]
-    # on a GPU the per-channel intra kernels' exponentials are ex2.approx.ftz (never under the interpreter,
-    # which has no inline PTX); the solve capped at 128 registers for 16-bit inputs
-    assert wide["_intra_fwd_kernel"][1]["FTZ"] and wide["_solve_kernel"][1]["maxnreg"] == 128
-    if keep:
-        assert wide["_intra_bwd_kernel"][1]["FTZ"]
+    # the solve capped at 128 registers for 16-bit inputs; on a GPU the per-channel intra kernels'
+    # exponentials are ex2.approx.ftz (never under the interpreter, which has no inline PTX)
+    assert wide["_solve_kernel"][1]["maxnreg"] == 128
+    from kernels.triton import common
+
+    assert common.EX2_FTZ.value == (not common.INTERPRET)
     if keep:
         # the reverse state pass with many programs: 128-column blocks and 8 warps, as the forward's, for
         # every op (the delta rule and GDN since state_bwd.unchain), unchained
@@ -1000,14 +854,13 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
 
 
 def test_launch_rules_yield_to_tune(monkeypatch: pytest.MonkeyPatch) -> None:
-
-    tune(monkeypatch, "bwd.x", 0)
-    tune(monkeypatch, "state_fwd.output", 0)
+    # a launch setting (plan.SETTINGS) takes the place of its rule, and the rules that follow from it follow
     tune(monkeypatch, "intra_fwd.warps", 2)
-    tune(monkeypatch, "bwd.intra_first", 0)
+    tune(monkeypatch, "state_fwd.warps", 8)
+    tune(monkeypatch, "dqk.bk", 32)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=True)
-    assert not wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" in wide
-    state = wide["_state_fwd_kernel"][1]
-    assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
-    assert wide["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in wide
     assert wide["_intra_fwd_kernel"][1]["num_warps"] == 2
+    state = wide["_state_fwd_kernel"][1]
+    assert state["num_warps"] == 8 and state["UNCHAIN"]  # 8 warps: the chained products unchained
+    grid, dqk = wide["_dqk_bwd_kernel"]
+    assert dqk["BK"] == 32 and grid == (4, 2, 64 * 4)  # (key blocks, chunks, B H)

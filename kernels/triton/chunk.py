@@ -153,7 +153,8 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
         dqk()
         dvt_bwd.dvt_backward(q, k, v, beta, scale, do, saved, dvt, grads, bp)
         intra_bwd.intra_backward(q, k, saved, grads, bp)
-    if problem.decay != "none" and not bp.first:
+    if problem.decay == "scalar":
+        # (the per-channel decay's dqk reverse-cumsums dG itself, the plan's first)
         cumsum.rev_cumsum(grads.dgk, grads.dg, bp)
     return grads.dq_out, grads.dk_out, grads.dv, grads.dg, grads.dbeta, dh0
 

@@ -20,14 +20,17 @@ except ImportError:
 
 # The interpreter runs on the CPU: one config, no autotune, and fp32 dots only (the caller's job).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# the per-channel intra kernels' tiles of exponentials as ex2.approx.ftz.f32 (_exp), compiled for a GPU; the
+# interpreter has no inline PTX
+EX2_FTZ = tl.constexpr(not INTERPRET)
 # Sub-chunk edge: the diagonal blocks of the per-channel decay are handled 16 rows at a time.
 BC = 16
 
-# setting fwd.g16: the within-block decays G_a - G (log2 units, >= 0) stored as uint16 in steps of 1/512
+# the plan's g16: the within-block decays G_a - G (log2 units, >= 0) stored as uint16 in steps of 1/512
 # (0.068% at most in an exponential, 0.039% RMS, beside bf16's 0.2% and 0.11%); the cap 65535 / 512 = 128
 # is 2^128, where fp32 overflows anyway (15 steps of g < -5.9; lower_bound >= MIN_LOWER_BOUND keeps clear)
 G16_STEPS = tl.constexpr(512.0)
-# log2(e): exp(x) = 2^(x log2(e)); G times it where its readers take 2^x (setting fwd.log2)
+# log2(e): exp(x) = 2^(x log2(e)); G times it where its readers take 2^x (the plan's log2)
 LOG2E = tl.constexpr(1.4426950408889634)
 # exp(-lower_bound * (BC - 1)) must stay finite in fp32/bf16 (max ~ e^88): |lower_bound| <= 5.5 leaves margin.
 MIN_LOWER_BOUND = -5.5
@@ -44,11 +47,11 @@ def _dot_cast(x, LOWP: tl.constexpr):
 
 @triton.jit
 def _exp(x, FTZ: tl.constexpr, LOG2: tl.constexpr = 0):
-    # exp(x). FTZ (setting intra_fwd.ftz, compiled for a GPU only): as ex2.approx.ftz.f32 of x log2(e), one
+    # exp(x). FTZ (EX2_FTZ, compiled for a GPU only): as ex2.approx.ftz.f32 of x log2(e), one
     # MUFU.EX2 and its multiply; tl.exp's ex2.approx.f32 keeps subnormal results, which ptxas makes a compare,
     # two predicated multiplies and a select around each MUFU (sm_90 SASS). The same approximation (2^-22
     # relative) but for results under 2^-126 (1.2e-38), which become 0: decays that small change nothing.
-    # LOG2 (setting fwd.log2): x is in log2 units already (G stored times log2(e)), so 2^x, no multiply
+    # LOG2 (the plan's log2): x is in log2 units already (G stored times log2(e)), so 2^x, no multiply
     if LOG2:
         y = x
     else:
@@ -145,9 +148,9 @@ def _chunk_small(
 ):
     # a state pass's small inputs of chunk i_t, too small for Triton to pipeline (sm_90 TTGIR: plain loads,
     # where the tiles are asynchronous copies a stage ahead), so each a wait of the sequential pass on memory
-    # where it is used (EARLY = 0); EARLY = 1 loads them at the top of the chunk's step, EARLY = 2 one chunk
-    # ahead: the per-channel decay to the chunk's end exp(G_last) ([K]), or the scalar decay's column G
-    # ([BT]); beta ([BT], BETA)
+    # where it is used; with the plan's state_early they load at the top of the chunk's step instead: the
+    # per-channel decay to the chunk's end exp(G_last) ([K]), or the scalar decay's column G ([BT]); beta
+    # ([BT], BETA)
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     if DECAY == "channel":
@@ -176,14 +179,13 @@ def _key_decay_to_end(
     H: tl.constexpr,
     K: tl.constexpr,
     DECAY: tl.constexpr,
-    LOG2: tl.constexpr = 0,
 ):
     # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K]).
     # For the per-channel decay, k already holds K_d (written by the intra or the cumsum kernel)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
     if DECAY == "channel":
         b_kd = b_k
-        b_dl = _exp(_load_row(gc, t_last, i_b, i_h, T, H, K), False, LOG2)
+        b_dl = tl.exp(_load_row(gc, t_last, i_b, i_h, T, H, K))
     elif DECAY == "scalar":
         b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
         b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)

@@ -1,6 +1,7 @@
 """Stage 1 of the forward and last of the backward: G, the chunk-local cumsum of the log decay g (one
 program per chunk), or with the plan's g16 the uint16 decays within 16-row blocks; and dg, the reverse
-cumsum of dG. Branches on DECAY ("scalar", "channel"; nothing runs for "none"); no delta rule.
+cumsum of dG (the scalar decay's). Branches on DECAY ("scalar", "channel"; nothing runs for "none"); no
+delta rule.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _cumsum_kernel(
 
 @triton.jit
 def _cumsum16_kernel(g, gc, gq, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
-    # setting fwd.g16 (the bounded gate's no-grad forward, with fwd.log2): one 16-row block of a chunk per
+    # the plan's g16 (the bounded gate's no-grad forward, with its log2): one 16-row block of a chunk per
     # program (one warp, its rows in each thread's registers): every row's decay from the block's first
     # row a, G_a - G = -(g summed over the rows after a, up to the row), times log2(e) in steps of 1/512 as
     # uint16 (gq); G itself (times log2(e), fp32, gc) only at the block's first row and, in the block that
@@ -88,20 +89,16 @@ def _cumsum16_kernel(g, gc, gq, T, H: tl.constexpr, K: tl.constexpr, BT: tl.cons
 
 
 @triton.jit
-def _rev_cumsum_kernel(dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr):
-    # G = chunk-local cumsum(g), so dg is the reverse cumsum of dG inside each chunk (summed over K first
-    # for the scalar decay), written in g's dtype
+def _rev_cumsum_kernel(dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr):
+    # G = chunk-local cumsum(g), so dg is the reverse cumsum of dG inside each chunk, summed over K first: the
+    # scalar decay's (the per-channel decay's dqk reverse-cumsums its own, the plan's first), in g's dtype
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     b_dg = _load_rows(dgk, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == "channel":
-        p = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-        tl.store(dg + p, tl.cumsum(b_dg, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t[:, None])
-    else:
-        b_s = tl.cumsum(tl.sum(b_dg, 1), axis=0, reverse=True)
-        tl.store(dg + (i_b * T + o_t) * H + i_h, b_s.to(dg.dtype.element_ty), mask=m_t)
+    b_s = tl.cumsum(tl.sum(b_dg, 1), axis=0, reverse=True)
+    tl.store(dg + (i_b * T + o_t) * H + i_h, b_s.to(dg.dtype.element_ty), mask=m_t)
 
 
 def cumsum_forward(
@@ -140,6 +137,6 @@ def cumsum_forward(
 
 
 def rev_cumsum(dgk: torch.Tensor, dg: torch.Tensor, bp: BackwardPlan) -> None:
-    """dg = the reverse cumsum of dG (dgk) inside each chunk, summed over K for the scalar decay."""
+    """dg = the reverse cumsum of dG (dgk) inside each chunk, summed over K: the scalar decay's."""
     p = bp.problem
-    _rev_cumsum_kernel[(p.NT, p.B * p.H)](dgk, dg, p.T, H=p.H, K=p.K, BT=p.chunk_size, DECAY=p.decay)
+    _rev_cumsum_kernel[(p.NT, p.B * p.H)](dgk, dg, p.T, H=p.H, K=p.K, BT=p.chunk_size)

@@ -75,14 +75,14 @@ def _dqk_bwd_kernel(
     # _intra_bwd_kernel. FUSED (no delta rule, no per-channel decay): the
     # intra-chunk part too, from M_qk = scale tril(dO V^T) (times the relative decay) summed over the same V
     # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here. FINISH
-    # (setting bwd.intra_first; no decay or the per-channel one): _intra_bwd_kernel ran first and left its
+    # (the plan's first: the per-channel decay): _intra_bwd_kernel ran first and left its
     # partial dq, dk in dq, dk and its dG in dgk; they are added here, and the chunk's dG reverse-cumsummed
     # into dg (the chunk's rows are all in this program, the cumsum a product with the upper triangle of
     # ones on the tensor cores), so no _rev_cumsum_kernel runs
-    # K_INNER (setting dqk.k_inner): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side.
+    # K_INNER (the plan's k_inner): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side.
     # DV_W (the delta rule after the dvt backward): dvt holds dV = T^T dVt, not dVt, and
     # d(Gamma K) = T^T dW = -dV S^T needs no product with T.
-    # VT_X (setting bwd.vt_x): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
+    # VT_X (the plan's vt_x): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
     # T (X dS'^T) follows it, so the forward keeps no Vt
     i_t, i_k, i_bh = (
         tl.program_id(K_INNER).to(tl.int64),
@@ -136,14 +136,12 @@ def _dqk_bwd_kernel(
             b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
     p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
     if SEQ:
-        # (setting dqk.seq; the per-channel decay with the intra backward first) the same terms, each tile
+        # (the plan's seq: GLA, the per-channel decay without the delta rule) the same terms, each tile
         # loaded where it is first needed and dead after its last use, the finished dq stored before k loads
         b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
         b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
         b_eg = tl.exp(b_g)
         b_dq = b_dqs * b_eg * scale
-        if DELTA:
-            b_dkg = b_dkg * b_eg
         b_dk = b_dkd * tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
         b_dgl = b_dgl * tl.exp(b_gl)
         b_dg = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K) * b_dq
@@ -152,9 +150,6 @@ def _dqk_bwd_kernel(
         b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
         b_dg -= b_k * b_dk
         b_dgl += tl.sum(b_k * b_dk, 0)
-        if DELTA:
-            b_dk += b_dkg
-            b_dg += b_k * b_dkg
         b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
         tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
         b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
@@ -211,12 +206,10 @@ def _dqk_bwd_kernel(
             tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
             b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
             tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
-            if DECAY != "none":
-                # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T
-                # hold 0)
-                b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-                b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
-                tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
+            # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T hold 0)
+            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
+            tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
         else:
             tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
             tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])

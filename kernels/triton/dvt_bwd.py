@@ -52,8 +52,8 @@ def _dvt_bwd_kernel(
 ):
     # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
     # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel).
-    # PRE_X (setting bwd.x): X = V - (Gamma K) S as the forward state pass kept it, instead of from h and
-    # Gamma K here. VT_X (with PRE_X, setting bwd.vt_x): no Vt in memory; the V loop sums dO X^T and
+    # PRE_X (the plan's keep_x): X = V - (Gamma K) S as the forward state pass kept it, instead of from h and
+    # Gamma K here. VT_X (with PRE_X, the plan's vt_x): no Vt in memory; the V loop sums dO X^T and
     # dO Vt^T = (dO X^T) T^T follows it
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H

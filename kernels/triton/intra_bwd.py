@@ -121,7 +121,6 @@ def _intra_bwd_kernel(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     FIRST: tl.constexpr,
-    FTZ: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
@@ -174,7 +173,6 @@ def _intra_bwd_kernel(
             DELTA,
             LOWP,
             dense,
-            FTZ,
         )
         b_dkc = _rel_cols_tri(
             m_qk,
@@ -200,7 +198,6 @@ def _intra_bwd_kernel(
             LOWP,
             dense,
             b_gd,
-            FTZ,
         )
     else:
         b_dq, b_dkr, b_dkc = _rel_full(
@@ -263,11 +260,10 @@ def _intra_bwd_kernel(
         b_dg = b_q * b_dq - b_k * b_dkc
     p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
     if FIRST:
-        # before the dqk kernel (setting bwd.intra_first): this part alone, which dqk adds to its own
+        # before the dqk kernel (the plan's first): this part alone, which dqk adds to its own
         tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
-        if DECAY != "none":
-            tl.store(dgk + p_k, b_dg.to(dgk.dtype.element_ty), mask=m_r[:, None])
+        tl.store(dgk + p_k, b_dg.to(dgk.dtype.element_ty), mask=m_r[:, None])
     else:
         # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
         b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
@@ -310,7 +306,6 @@ def intra_backward(q: torch.Tensor, k: torch.Tensor, saved: Saved, grads: Grads,
         BOUNDED=p.bounded,
         LOWP=False,
         FIRST=bp.first,
-        FTZ=bp.intra_ftz,
         num_warps=bp.intra.warps,
         num_stages=bp.intra.stages,
         maxnreg=bp.intra.maxnreg,

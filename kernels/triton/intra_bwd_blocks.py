@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton.common import _dot_cast, _exp, _load_block, _load_row_block, _load_vec
+from kernels.triton.common import EX2_FTZ, _dot_cast, _exp, _load_block, _load_row_block, _load_vec
 
 
 @triton.jit
@@ -135,7 +135,6 @@ def _rel_rows_tri(
     TWO: tl.constexpr,
     LOWP: tl.constexpr,
     dense,
-    FTZ: tl.constexpr,
 ):
     # _rel_rows for the per-channel decay over only the column blocks the rows can reach (0..i_c, or 0..i_c-1
     # when the unbounded path leaves the diagonal to _rel_diag), one BC-column block at a time, instead of
@@ -154,14 +153,15 @@ def _rel_rows_tri(
         m_j = o_j < T
         b_gj = _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K)
         b_yj = _load_block(y, o_j, m_j, o_k, i_b, i_h, T, H, K)
-        b_yj = _dot_cast(b_yj * _exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf")), FTZ), LOWP)
+        b_ej = _exp(tl.where(m_j[:, None], b_ga[None, :] - b_gj, float("-inf")), EX2_FTZ)
+        b_yj = _dot_cast(b_yj * b_ej, LOWP)
         p_m = ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :]
         b_x += tl.dot(_dot_cast(tl.load(m + p_m, mask=m_r[:, None], other=0.0).to(tl.float32), LOWP), b_yj)
         if TWO:
             b_x2 += tl.dot(
                 _dot_cast(tl.load(m2 + p_m, mask=m_r[:, None], other=0.0).to(tl.float32), LOWP), b_yj
             )
-    b_er = _exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")), FTZ)
+    b_er = _exp(tl.where(m_r[:, None], b_gr - b_ga[None, :], float("-inf")), EX2_FTZ)
     b_x = b_x * b_er
     if TWO:
         b_x2 = b_x2 * b_er
@@ -195,7 +195,6 @@ def _rel_cols_tri(
     LOWP: tl.constexpr,
     dense,
     b_gd,
-    FTZ: tl.constexpr,
 ):
     # _rel_cols for the per-channel decay over only the row blocks that reach the columns (i_c..NC-1, or
     # i_c+1.. on the unbounded path), one BC-row block at a time
@@ -218,7 +217,7 @@ def _rel_cols_tri(
             tl.where(
                 m_j[:, None], _load_block(gc, o_j, m_j, o_k, i_b, i_h, T, H, K) - b_ga[None, :], float("-inf")
             ),
-            FTZ,
+            EX2_FTZ,
         )
         p_mt = ((i_b * T + o_j[None, :]) * H + i_h) * BT + (o_c - t0)[:, None]  # [BC columns, BC rows]
         b_xj = _load_block(x, o_j, m_j, o_k, i_b, i_h, T, H, K)
@@ -232,7 +231,7 @@ def _rel_cols_tri(
                 _dot_cast(tl.load(m2 + p_mt, mask=m_j[None, :], other=0.0).to(tl.float32), LOWP),
                 _dot_cast(b_x2j * b_ex, LOWP),
             )
-    return b_y * _exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")), FTZ)
+    return b_y * _exp(tl.where(m_c[:, None], b_ga[None, :] - b_gc, float("-inf")), EX2_FTZ)
 
 
 @triton.jit

@@ -13,7 +13,17 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import BC, G16_STEPS, _dot_cast, _exp, _load_row, _load_rows, _load_vec, _pdl_start
+from kernels.triton.common import (
+    BC,
+    EX2_FTZ,
+    G16_STEPS,
+    _dot_cast,
+    _exp,
+    _load_row,
+    _load_rows,
+    _load_vec,
+    _pdl_start,
+)
 
 if TYPE_CHECKING:
     from kernels.triton.plan import ForwardPlan
@@ -59,7 +69,6 @@ def _intra_fwd_kernel(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     ZERO_KK: tl.constexpr,
-    FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr = 1,
     LOG2: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
@@ -97,7 +106,6 @@ def _intra_fwd_kernel(
             BOUNDED,
             LOWP,
             ZERO_KK,
-            FTZ,
             ZERO_QK,
             LOG2,
             G16,
@@ -241,7 +249,6 @@ def _intra_fwd_tri(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     ZERO_KK: tl.constexpr,
-    FTZ: tl.constexpr,
     ZERO_QK: tl.constexpr = 1,
     LOG2: tl.constexpr = 0,
     G16: tl.constexpr = 0,
@@ -258,7 +265,7 @@ def _intra_fwd_tri(
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
     b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
     if G16:
-        # (setting fwd.g16) the rows' decays from the anchor, G_a - G_r (>= 0, log2 units), from uint16
+        # (the plan's g16) the rows' decays from the anchor, G_a - G_r (>= 0, log2 units), from uint16
         b_dr = _load_rows(gq, o_r, m_r, i_b, i_h, T, H, K) * (1.0 / G16_STEPS)
     else:
         b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
@@ -266,21 +273,21 @@ def _intra_fwd_tri(
     # LOG2: G comes times log2(e) from the cumsum kernel, every exponential here a 2^x without the multiply.
     # The launch sets it for the bounded gate only, the only form here whose every use of G is an
     # exponential through _exp
-    b_er = _exp(tl.where(m_r[:, None], -b_dr, float("-inf")), FTZ, LOG2)  # <= 1
+    b_er = _exp(tl.where(m_r[:, None], -b_dr, float("-inf")), EX2_FTZ, LOG2)  # <= 1
     if BOUNDED:
         # the decayed operands from the products' own fp32 tiles of exponentials E_r = exp(G - G_a) and
         # E_d = exp(G_a - G) (<= e^{-lower_bound (BC - 1)}) times [K] vectors: Q exp(G) = Q E_r exp(G_a),
         # K exp(G_last - G) = K E_d exp(G_last - G_a); two tiles of exponentials a program instead of four
         # (the diagonal block's keys are K E_d)
-        b_ed = _exp(tl.where(m_r[:, None], b_dr, float("-inf")), FTZ, LOG2)
+        b_ed = _exp(tl.where(m_r[:, None], b_dr, float("-inf")), EX2_FTZ, LOG2)
         b_qr = b_q * b_er
         b_kr_e = b_kr * b_er
         b_kd_e = b_kr * b_ed
         b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
         p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-        b_ea = _exp(b_ga, FTZ, LOG2)[None, :]
+        b_ea = _exp(b_ga, EX2_FTZ, LOG2)[None, :]
         tl.store(qg + p_rk, (b_qr * b_ea).to(qg.dtype.element_ty), mask=m_r[:, None])
-        b_el = _exp(b_gl - b_ga, FTZ, LOG2)[None, :]
+        b_el = _exp(b_gl - b_ga, EX2_FTZ, LOG2)[None, :]
         tl.store(kd + p_rk, (b_kd_e * b_el).to(kd.dtype.element_ty), mask=m_r[:, None])
         if DELTA:
             tl.store(kg + p_rk, (b_kr_e * b_ea).to(kg.dtype.element_ty), mask=m_r[:, None])
@@ -331,7 +338,7 @@ def _intra_fwd_tri(
         else:
             b_dj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)  # G_a - G of the columns
         b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
-        b_y = b_y * _exp(tl.where(m_j[:, None], b_dj, float("-inf")), FTZ, LOG2)
+        b_y = b_y * _exp(tl.where(m_j[:, None], b_dj, float("-inf")), EX2_FTZ, LOG2)
         _fwd_block(
             aqk,
             akk,
@@ -378,7 +385,7 @@ def _intra_fwd_tri(
     m_z = m_r[:, None] & (o_c[None, :] >= (i_c + 1) * BC)
     b_z = tl.zeros([BC, BT], dtype=tl.float32)
     if ZERO_QK:
-        # (not where the state pass loads A_qk block lower-triangular, setting fwd.tril)
+        # (not where the state pass loads A_qk block lower-triangular, the plan's tril)
         tl.store(aqk + p_row + o_c[None, :], b_z.to(aqk.dtype.element_ty), mask=m_z)
     if DELTA and ZERO_KK:
         # (the solve reads only the blocks up to the diagonal; the dvt backward reads whole rows)
@@ -437,7 +444,6 @@ def intra_forward(
         BOUNDED=p.bounded,
         LOWP=lowp,
         ZERO_KK=keep,
-        FTZ=fp.intra_ftz,
         ZERO_QK=not fp.tril,
         LOG2=fp.log2,
         PDL=fp.pdl,

@@ -121,7 +121,7 @@ def _solve_kernel(
         _store_block(linv, b_l31, t0, 3, 1, i_b, i_h, T, H, BT, BC)
         _store_block(linv, b_l30, t0, 3, 0, i_b, i_h, T, H, BT, BC)
     # the blocks above the diagonal are 0; the W/U kernel and the backward read L whole (ZERO_L; not where the
-    # state pass loads it block lower-triangular, setting fwd.tril)
+    # state pass loads it block lower-triangular, the plan's tril)
     if ZERO_L:
         o_t = t0 + tl.arange(0, BT)
         m_t = o_t < T
@@ -178,7 +178,7 @@ def _wu_kernel(
 ):
     # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program.
     # PRE_KG: k already holds Gamma K (written by the cumsum kernel). Without STORE_U only W (the state pass
-    # then forms Vt from L and V itself, setting bwd.x)
+    # then forms Vt from L and V itself, the plan's keep_x)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)

@@ -55,8 +55,8 @@ def _state_bwd_kernel(
     UNCHAIN: tl.constexpr,
 ):
     # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'.
-    # EARLY (setting state_bwd.early): the chunk's decay (_chunk_small) loaded where used (0), at the top of
-    # the chunk's step (1) or one chunk ahead (2)
+    # EARLY (the plan's state_early): the chunk's decay (_chunk_small) loaded at the top of the chunk's
+    # step, else where used
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, K)
@@ -66,14 +66,9 @@ def _state_bwd_kernel(
         b_ds = tl.load(dht + p_s).to(tl.float32)
     else:
         b_ds = tl.zeros([K, BV], dtype=tl.float32)
-    if EARLY == 2:
-        b_gv_n, _ = _chunk_small(gc, gc, NT - 1, i_b, i_h, T, H, K, BT, DECAY, False)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
-        if EARLY == 2:
-            b_gv = b_gv_n
-            b_gv_n, _ = _chunk_small(gc, gc, tl.maximum(i_t - 1, 0), i_b, i_h, T, H, K, BT, DECAY, False)
-        elif EARLY == 1:
+        if EARLY:
             b_gv, _ = _chunk_small(gc, gc, i_t, i_b, i_h, T, H, K, BT, DECAY, False)
         tl.store(
             dh + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :], b_ds.to(dh.dtype.element_ty)

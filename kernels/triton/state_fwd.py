@@ -75,16 +75,16 @@ def _state_fwd_kernel(
     PDL: tl.constexpr = 0,
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
-    # the backward and, without OUT, for _output_kernel). OUT (setting state_fwd.output): also this V block of
+    # the backward and, without OUT, for _output_kernel). OUT (the plan's out): also this V block of
     # the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the state and Vt still in registers, instead of
     # a separate pass that reads both back from memory. STORE_VT: Vt kept (the backward, _output_kernel).
-    # WY (setting state_fwd.wy, the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
+    # WY (the plan's wy, the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
     # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
-    # STORE_X (with WY, setting bwd.x): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
-    # EARLY (setting state_fwd.early): the chunk's small inputs (_chunk_small) loaded where used (0), at the
-    # top of the chunk's step (1) or one chunk ahead (2). With WY, L is taken as loaded times diag(beta) X,
-    # beta on the rows of X (in registers).
-    # TRIL (setting fwd.tril): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
+    # STORE_X (with WY, the plan's keep_x): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
+    # EARLY (the plan's state_early): the chunk's small inputs (_chunk_small) loaded at the top of the
+    # chunk's step, else where used. With WY, L is taken as loaded times diag(beta) X, beta on the rows of X
+    # (in registers).
+    # TRIL (the plan's tril): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
     # the zeros above not stored by the solve and the intra forward
     _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -96,15 +96,8 @@ def _state_fwd_kernel(
         b_s = tl.load(h0 + p_s).to(tl.float32)
     else:
         b_s = tl.zeros([K, BV], dtype=tl.float32)
-    if EARLY == 2:
-        b_gv_n, b_b_n = _chunk_small(gc, beta, 0, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2)
     for i_t in range(NT):
-        if EARLY == 2:
-            b_gv, b_b = b_gv_n, b_b_n
-            b_gv_n, b_b_n = _chunk_small(
-                gc, beta, tl.minimum(i_t + 1, NT - 1), i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2
-            )
-        elif EARLY == 1:
+        if EARLY:
             b_gv, b_b = _chunk_small(gc, beta, i_t, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
@@ -169,7 +162,7 @@ def _state_fwd_kernel(
         if EARLY:
             b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         else:
-            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY, LOG2)
+            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
     if STORE_HT:
         tl.store(ht + p_s, b_s)
