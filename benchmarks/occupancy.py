@@ -133,7 +133,11 @@ def _signature(fn, args: tuple, kwargs: dict, plain: tuple = ()) -> tuple[dict, 
     if len(args) != len(runtime):
         raise SystemExit(f"{fn.__name__}: {len(args)} positional arguments for {len(runtime)} parameters")
     for (name, _), a in zip(runtime, args, strict=True):
-        if isinstance(a, torch.Tensor):
+        if a is None:
+            # a buffer the launch does not touch: a constexpr None, as the launcher specializes it
+            sig[name] = "constexpr"
+            consts[name] = None
+        elif isinstance(a, torch.Tensor):
             sig[name] = "*" + POINTER_TYPES[a.dtype]
             attrs[(index[name],)] = [["tt.divisibility", 16]]
         elif isinstance(a, float):

@@ -408,16 +408,15 @@ def test_many_programs_forms_match_naive(
     # A_qk triangular without a gradient. Forward and every gradient, and the no-grad forward, from an
     # initial state, at one partial chunk and at four chunks with a partial last one
     many_programs(monkeypatch)
-    launched = record_launches(monkeypatch, "_state_fwd_kernel", "_wu_kernel", "_dqk_bwd_kernel")
+    launched = record_launches(monkeypatch, "_state_fwd_kernel", "_dqk_bwd_kernel")
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 3, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
     state = [kw for n, _, kw in launched if n == "_state_fwd_kernel"]
-    assert len(state) == 1 and state[0]["OUT"] and state[0]["STORE_X"] == delta
-    if delta:
-        # W alone from the W/U pass; the backward forms Vt from X except with the per-channel decay
-        assert [kw["STORE_U"] for n, _, kw in launched if n == "_wu_kernel"] == [False]
-        assert state[0]["STORE_VT"] == (decay == "channel")
-        assert [kw["VT_X"] for n, _, kw in launched if n == "_dqk_bwd_kernel"] == [decay != "channel"]
+    assert len(state) == 1 and state[0]["OUT"] and state[0]["WY"] == delta
+    # (X kept and, without the per-channel decay, no Vt: the backward forms it from X)
+    fp, bp = _plans(1, 2, lower_bound, True, decay, delta, T=T, D=16)
+    assert fp.keep_x == delta and fp.vt_x == (delta and decay != "channel")
+    assert [kw["VT_X"] for n, _, kw in launched if n == "_dqk_bwd_kernel"] == [fp.vt_x]
     launched.clear()
     check_no_grad_against_naive(inputs, lower_bound)
     assert [n for n, _, _ in launched] == ["_state_fwd_kernel"]  # (no W/U pass: the WY form)
@@ -754,6 +753,29 @@ def _forward_launches(
     return launches
 
 
+def _plans(
+    B: int,
+    H: int,
+    lower_bound: float | None,
+    keep: bool,
+    decay: str = "channel",
+    delta: bool = True,
+    T: int = 100,
+    D: int = 128,
+) -> tuple:
+    # (forward plan, backward plan) of the problem _forward_launches launches (fp32 at D = 16, as the tests
+    # that run the kernels have it)
+    from kernels.triton import chunk, plan
+
+    dtype = torch.bfloat16 if D == 128 else torch.float32
+    q = torch.zeros(B, T, H, D, dtype=dtype)
+    g = (torch.zeros(B, T, H) if decay == "scalar" else torch.zeros(B, T, H, D)) if decay != "none" else None
+    beta = torch.zeros(B, T, H) if delta else None
+    problem = chunk._problem(q, q if D == 128 else torch.zeros(B, T, H, 32), g, beta, 64, lower_bound, keep)
+    fp = plan.plan_forward(problem)
+    return fp, plan.plan_backward(problem, fp.vt_x, fp.keep_x)
+
+
 @pytest.mark.parametrize("keep", [True, False])
 def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPatch, keep: bool) -> None:
     # which forms of the forward the launcher picks (kernels.triton.plan's rules; the figures behind each rule
@@ -761,9 +783,10 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)  # B * H * V / 64 = 512
     state = wide["_state_fwd_kernel"][1]
     assert state["OUT"] and state["WY"]  # the output and the WY products inside the state pass
-    assert state["STORE_X"] == keep and state["STORE_H"] == keep and state["STORE_VT"] == keep
+    fp, bp = _plans(64, 4, -5.0, keep)
+    assert fp.keep_x == keep and fp.store_h == keep and fp.store_vt == keep  # (X, h, Vt kept for a backward)
     if keep:
-        assert wide["_wu_kernel"][1]["STORE_U"] is False  # W alone: X serves the backward
+        assert "_wu_kernel" in wide  # W alone: X serves the backward
     else:
         assert "_wu_kernel" not in wide and "_output_kernel" not in wide
     # 4 warps (2 for GLA); the bounded gate's no-grad intra forward 2 at 168 registers
@@ -771,22 +794,24 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     assert wide["_intra_fwd_kernel"][1]["num_stages"] == 1  # the triangular loop's 1-4 steps unpipelined
     if keep:
         assert wide["_wu_kernel"][1]["num_warps"] == 4  # W alone
-        assert wide["_dvt_bwd_kernel"][1]["PRE_X"] and wide["_dvt_bwd_kernel"][1]["num_stages"] == 3
+        assert bp.pre_x and wide["_dvt_bwd_kernel"][1]["num_stages"] == 3  # dvt reads X
         assert wide["_intra_bwd_kernel"][1]["num_stages"] == 1
         assert wide["_state_bwd_kernel"][1]["num_stages"] == 2
         # the intra backward before dqk, which finishes dq, dk and reverse-cumsums dG: no cumsum kernel
-        assert wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in wide
+        assert bp.first and "_rev_cumsum_kernel" not in wide
         assert wide["_dqk_bwd_kernel"][1]["K_INNER"] == 1  # a chunk's key blocks side by side
         assert not wide["_dqk_bwd_kernel"][1]["VT_X"] and not wide["_dvt_bwd_kernel"][1]["VT_X"]
-        assert not wide["_dqk_bwd_kernel"][1]["SEQ"]  # KDA: q, k, G loaded together (dqk.seq)
-        assert wide["_dqk_bwd_kernel"][1]["DV_W"]  # d(Gamma K) from dvt's dv
+        assert not bp.seq  # KDA: q, k, G loaded together
+        assert bp.dv_w  # d(Gamma K) from dvt's dv
         # the state passes' small inputs where used: KDA's differentiable wide forward and its reverse pass
         assert state["EARLY"] == 0 and wide["_state_bwd_kernel"][1]["EARLY"] == 0
         gla = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, delta=False)
-        assert gla["_dqk_bwd_kernel"][1]["SEQ"] and gla["_dqk_bwd_kernel"][1]["FINISH"]
+        gla_bp = _plans(64, 4, None, True, delta=False)[1]
+        assert gla_bp.seq and gla_bp.first and "_rev_cumsum_kernel" not in gla
         # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (bwd.vt_x)
         rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay="none")
-        assert rule["_state_fwd_kernel"][1]["STORE_X"] and not rule["_state_fwd_kernel"][1]["STORE_VT"]
+        rule_fp = _plans(64, 4, None, True, decay="none")[0]
+        assert rule_fp.keep_x and not rule_fp.store_vt
         assert rule["_dqk_bwd_kernel"][1]["VT_X"] and rule["_dvt_bwd_kernel"][1]["VT_X"]
     else:
         assert state["EARLY"] == 1  # at the top of each chunk's step without a gradient
@@ -797,16 +822,21 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]
-    assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
+    assert not state["OUT"] and not state["WY"]
+    fp, bp = _plans(1, 2, None, keep)
+    assert not fp.keep_x
     # (the W/U and output passes read L and A_qk whole)
     assert not state["TRIL"] and few["_intra_fwd_kernel"][1]["ZERO_QK"] and few["_solve_kernel"][1]["ZERO_L"]
-    assert few["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in few
-    assert state["STORE_VT"]  # read by the output pass (and kept for the backward)
+    assert "_wu_kernel" in few and "_output_kernel" in few
+    assert fp.store_vt and fp.store_h  # read by the output pass (and kept for the backward)
     if keep:
         assert not few["_dqk_bwd_kernel"][1]["VT_X"] and not few["_dvt_bwd_kernel"][1]["VT_X"]
-        assert not few["_dvt_bwd_kernel"][1]["PRE_X"] and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
+        assert not bp.pre_x and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
         assert few["_state_bwd_kernel"][1]["num_stages"] == 2  # a long reverse pass keeps its pipelining
-        assert few["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in few
+        assert bp.first and "_rev_cumsum_kernel" not in few
+        # the scalar decay's dG: reverse-cumsummed by a pass of its own
+        assert "_rev_cumsum_kernel" in _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=True,
+                                                         decay="scalar", delta=False)  # fmt: skip
         assert few["_state_bwd_kernel"][1]["EARLY"] == 1  # per-channel decay, few programs
         # the scalar decay (GDN) loads its small inputs where used, in both passes
         gdn = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=True, decay="scalar")

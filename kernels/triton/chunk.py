@@ -92,7 +92,7 @@ def chunk_forward(
     gc, gq = cumsum.cumsum_forward(g, fp)
     aqk, akk, qg, kd, kg = intra_fwd.intra_forward(q, k, gc, gq, scale, fp)
     linv = solve.solve(beta, akk, fp) if fp.problem.delta_rule else None
-    w, u = solve.wu(q, k, v, gc, beta, linv, kg, fp) if fp.problem.delta_rule else (None, None)
+    w, u = solve.wu(k, v, gc, beta, linv, kg, fp) if fp.problem.delta_rule else (None, None)
     o, ht, h, vt, x = state_fwd.state_forward(
         q, k, v, gc, beta, scale, initial_state, output_final_state, aqk, linv, w, u, qg, kd, kg, fp
     )

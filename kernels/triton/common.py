@@ -223,14 +223,10 @@ def _decay_rows(b_x, b_gv, DECAY: tl.constexpr):
 
 
 @triton.jit
-def _load_qg(
-    q, gc, o_t, m_t, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr, PRE: tl.constexpr
-):
-    # Q * exp(G) ([BT, K]): queries read the state decayed from the chunk start.
-    # PRE: for the per-channel decay, q already holds Q * exp(G) (written by the intra or the cumsum kernel)
+def _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
+    # Q * exp(G) ([BT, K]): queries (or keys) read the state decayed from the chunk start. For the per-channel
+    # decay, q already holds Q * exp(G) (written by the intra forward)
     b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == "channel" and not PRE:
-        b_q = b_q * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
-    elif DECAY == "scalar":
+    if DECAY == "scalar":
         b_q = b_q * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
     return b_q

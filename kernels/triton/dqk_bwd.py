@@ -63,12 +63,8 @@ def _dqk_bwd_kernel(
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
-    FUSED: tl.constexpr,
-    FINISH: tl.constexpr,
     K_INNER: tl.constexpr,
     VT_X: tl.constexpr,
-    SEQ: tl.constexpr,
-    DV_W: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
@@ -83,7 +79,12 @@ def _dqk_bwd_kernel(
     # DV_W (the delta rule after the dvt backward): dvt holds dV = T^T dVt, not dVt, and
     # d(Gamma K) = T^T dW = -dV S^T needs no product with T.
     # VT_X (the plan's vt_x): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
-    # T (X dS'^T) follows it, so the forward keeps no Vt
+    # T (X dS'^T) follows it, so the forward keeps no Vt. A buffer a launch does not read is None.
+    # The op's backward (BackwardPlan.fused, .first, .dv_w, .seq):
+    FUSED: tl.constexpr = (not DELTA) and DECAY != "channel"
+    FINISH: tl.constexpr = DECAY == "channel"
+    DV_W: tl.constexpr = DELTA and FINISH
+    SEQ: tl.constexpr = (not DELTA) and FINISH
     i_t, i_k, i_bh = (
         tl.program_id(K_INNER).to(tl.int64),
         tl.program_id(1 - K_INNER).to(tl.int64),
@@ -246,20 +247,20 @@ def dqk_backward(
         q,
         k,
         v,
-        saved.gc if saved.gc is not None else q,
-        beta if delta else q,
+        saved.gc,
+        beta,
         (saved.x if vt_x else saved.vt) if delta else v,
         saved.h,
         dh,
         do,
         g.dv if dv_w else dvt,
-        saved.linv if delta else saved.aqk,
+        saved.linv,
         g.dq,
         g.dk,
         g.dgk,
         g.dq_out,
         g.dk_out,
-        g.dg if g.dg is not None else g.dgk,
+        g.dg,
         scale,
         T,
         NT,
@@ -272,12 +273,8 @@ def dqk_backward(
         DECAY=p.decay,
         DELTA=delta,
         LOWP=p.lowp,
-        FUSED=bp.fused,
         K_INNER=bp.k_inner,
         VT_X=vt_x,
-        DV_W=dv_w,
-        SEQ=bp.seq,
-        FINISH=bp.first,
         num_warps=bp.dqk.warps,
         num_stages=bp.dqk.stages,
     )

@@ -46,15 +46,15 @@ def _dvt_bwd_kernel(
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
-    PRE_KG: tl.constexpr,
-    PRE_X: tl.constexpr,
     VT_X: tl.constexpr,
 ):
     # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
     # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel).
-    # PRE_X (the plan's keep_x): X = V - (Gamma K) S as the forward state pass kept it, instead of from h and
-    # Gamma K here. VT_X (with PRE_X, the plan's vt_x): no Vt in memory; the V loop sums dO X^T and
-    # dO Vt^T = (dO X^T) T^T follows it
+    # x given (the plan's keep_x): X = V - (Gamma K) S as the forward state pass kept it, instead of from h
+    # and Gamma K (k: Gamma K for the per-channel decay) here. VT_X (with x, the plan's vt_x): no Vt in
+    # memory; the V loop sums dO X^T and dO Vt^T = (dO X^T) T^T follows it. A buffer a launch does not read
+    # or write is None
+    PRE_X: tl.constexpr = x is not None
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -67,7 +67,7 @@ def _dvt_bwd_kernel(
         b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
         b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
         if not PRE_X:
-            b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, PRE_KG), LOWP)  # Gamma K
+            b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY), LOWP)  # Gamma K
         # dT = dVt V^T + dW (Gamma K)^T with dW = -dVt S^T, i.e. dVt (V - (Gamma K) S)^T
         b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(V // BV):
@@ -136,19 +136,19 @@ def dvt_backward(
     _dvt_bwd_kernel[(NT, B * H)](
         s.kg if s.kg is not None else k,
         v,
-        s.gc if s.gc is not None else q,
-        beta if delta else q,
+        s.gc,
+        beta,
         s.vt if delta and not bp.vt_x else v,
         s.h,
         do,
         dvt,
-        s.akk if delta else s.aqk,
-        s.linv if delta else s.aqk,
+        s.akk,
+        s.linv,
         g.dv,
-        g.dbeta if delta else g.dq,
+        g.dbeta,
         g.m_qk,
         g.m_kk,
-        s.x if s.x is not None else v,
+        s.x,
         scale,
         T,
         NT,
@@ -160,8 +160,6 @@ def dvt_backward(
         DECAY=p.decay,
         DELTA=delta,
         LOWP=p.lowp,
-        PRE_KG=s.kg is not None,
-        PRE_X=s.x is not None,
         VT_X=bp.vt_x,
         num_warps=bp.dvt.warps,
         num_stages=bp.dvt.stages,

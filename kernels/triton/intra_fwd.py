@@ -69,13 +69,13 @@ def _intra_fwd_kernel(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     ZERO_KK: tl.constexpr,
-    ZERO_QK: tl.constexpr = 1,
-    LOG2: tl.constexpr = 0,
-    PDL: tl.constexpr = 0,
-    G16: tl.constexpr = 0,
+    ZERO_QK: tl.constexpr,
+    LOG2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...); the
-    # per-channel decay in _intra_fwd_tri, one BC-column block at a time
+    # per-channel decay in _intra_fwd_tri, one BC-column block at a time. A buffer a launch does not read or
+    # write is None (gq: the plan's g16)
     _pdl_start(PDL)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -108,7 +108,6 @@ def _intra_fwd_kernel(
             ZERO_KK,
             ZERO_QK,
             LOG2,
-            G16,
         )
     else:
         t0 = i_t * BT
@@ -249,9 +248,8 @@ def _intra_fwd_tri(
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
     ZERO_KK: tl.constexpr,
-    ZERO_QK: tl.constexpr = 1,
-    LOG2: tl.constexpr = 0,
-    G16: tl.constexpr = 0,
+    ZERO_QK: tl.constexpr,
+    LOG2: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
     # blocks the rows reach (0..i_c; the unbounded path's diagonal block by positions); the blocks after the
@@ -264,7 +262,7 @@ def _intra_fwd_tri(
     b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
     b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
     b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
-    if G16:
+    if gq is not None:
         # (the plan's g16) the rows' decays from the anchor, G_a - G_r (>= 0, log2 units), from uint16
         b_dr = _load_rows(gq, o_r, m_r, i_b, i_h, T, H, K) * (1.0 / G16_STEPS)
     else:
@@ -330,7 +328,7 @@ def _intra_fwd_tri(
     for j in range(0, n_j):
         o_j = t0 + j * BC + o_b
         m_j = o_j < T
-        if G16:
+        if gq is not None:
             # G_a - G_j = (G_a - G at block j's first row) + block j's own decays
             b_dj = (b_ga - _load_row(gc, t0 + j * BC, i_b, i_h, T, H, K))[None, :] + _load_rows(
                 gq, o_j, m_j, i_b, i_h, T, H, K
@@ -419,20 +417,19 @@ def intra_forward(
         qg = torch.empty(B, T, H, K, device=dev, dtype=torch.bfloat16 if lowp else torch.float32)
         kd = torch.empty_like(qg)
         kg = torch.empty_like(qg) if delta else None
-    gcx = gc if gc is not None else q  # a valid pointer the kernels never read without a decay
     # A_qk only ever feeds dots, so 16-bit inputs keep it in bf16 (their dot operands' precision)
     aqk = torch.empty(B, T, H, BT, device=dev, dtype=torch.bfloat16 if lowp else torch.float32)
     akk = torch.empty(B, T, H, BT, device=dev, dtype=_akk_dtype(lowp, keep)) if delta else None
     _intra_fwd_kernel[(NT * (BT // BC), B * H)](
         q,
         k,
-        gcx,
-        gq if gq is not None else gcx,
-        akk if delta else aqk,
+        gc,
+        gq,
+        akk,
         aqk,
-        qg if qg is not None else q,
-        kd if kd is not None else k,
-        kg if kg is not None else k,
+        qg,
+        kd,
+        kg,
         scale,
         T,
         H=H,
@@ -447,7 +444,6 @@ def intra_forward(
         ZERO_QK=not fp.tril,
         LOG2=fp.log2,
         PDL=fp.pdl,
-        G16=fp.g16,
         **({"launch_pdl": True} if fp.pdl else {}),
         num_warps=fp.intra.warps,
         num_stages=fp.intra.stages,

@@ -173,12 +173,10 @@ def _wu_kernel(
     BT: tl.constexpr,
     DECAY: tl.constexpr,
     LOWP: tl.constexpr,
-    PRE_KG: tl.constexpr,
-    STORE_U: tl.constexpr,
 ):
-    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program.
-    # PRE_KG: k already holds Gamma K (written by the cumsum kernel). Without STORE_U only W (the state pass
-    # then forms Vt from L and V itself, the plan's keep_x)
+    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program. For the
+    # per-channel decay k holds Gamma K already (written by the intra forward). Without u (None) only W (the
+    # state pass then forms Vt from L and V itself, the plan's keep_x)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -188,14 +186,12 @@ def _wu_kernel(
     b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32)
     b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
     b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == "channel" and not PRE_KG:
-        b_k = b_k * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
-    elif DECAY == "scalar":
+    if DECAY == "scalar":
         b_k = b_k * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
     b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, K]
     p_w = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
     tl.store(w + p_w, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    if STORE_U:
+    if u is not None:
         b_v = _load_rows(v, o_t, m_t, i_b, i_h, T, H, V)
         b_u = tl.dot(b_tm, _dot_cast(b_v, LOWP))  # [BT, V]
         p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + tl.arange(0, V)[None, :]
@@ -233,7 +229,6 @@ def solve(beta: torch.Tensor, akk: torch.Tensor, fp: ForwardPlan) -> torch.Tenso
 
 
 def wu(
-    q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     gc: torch.Tensor | None,
@@ -253,11 +248,11 @@ def wu(
     _wu_kernel[(NT, B * H)](
         kg if kg is not None else k,
         v,
-        gc if gc is not None else q,
+        gc,
         beta,
         linv,
         w,
-        u if u is not None else v,
+        u,
         T,
         H=H,
         K=K,
@@ -265,8 +260,6 @@ def wu(
         BT=BT,
         DECAY=p.decay,
         LOWP=p.lowp,
-        PRE_KG=kg is not None,
-        STORE_U=u is not None,
         num_warps=fp.wu.warps,
     )
     return w, u

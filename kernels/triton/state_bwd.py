@@ -49,12 +49,12 @@ def _state_bwd_kernel(
     BV: tl.constexpr,
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
-    HAS_DHT: tl.constexpr,
     LOWP: tl.constexpr,
     EARLY: tl.constexpr,
     UNCHAIN: tl.constexpr,
 ):
-    # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'.
+    # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'
+    # (dht: the final state's gradient where given; a buffer a launch does not read is None).
     # EARLY (the plan's state_early): the chunk's decay (_chunk_small) loaded at the top of the chunk's
     # step, else where used
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -62,7 +62,7 @@ def _state_bwd_kernel(
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-    if HAS_DHT:
+    if dht is not None:
         b_ds = tl.load(dht + p_s).to(tl.float32)
     else:
         b_ds = tl.zeros([K, BV], dtype=tl.float32)
@@ -91,7 +91,7 @@ def _state_bwd_kernel(
         if EARLY:
             b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
         else:
-            b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
+            b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY)
         b_ds_new = (
             b_ds * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_qg, LOWP)), _dot_cast(b_do, LOWP)) * scale
         )
@@ -122,13 +122,13 @@ def state_backward(
     _state_bwd_kernel[(V // BV, B * H)](
         saved.qg if saved.qg is not None else q,
         saved.kd if saved.kd is not None else k,
-        saved.gc if saved.gc is not None else q,
-        saved.w if p.delta_rule else k,
+        saved.gc,
+        saved.w,
         saved.aqk,
         do,
         dvt,
         dh,
-        dht.contiguous() if dht is not None else dh0,
+        dht.contiguous() if dht is not None else None,
         dh0,
         scale,
         T,
@@ -140,7 +140,6 @@ def state_backward(
         BV=BV,
         DECAY=p.decay,
         DELTA=p.delta_rule,
-        HAS_DHT=dht is not None,
         LOWP=p.lowp,
         EARLY=bp.state_early,
         UNCHAIN=bp.state_unchain,

@@ -60,27 +60,24 @@ def _state_fwd_kernel(
     BV: tl.constexpr,
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
-    HAS_H0: tl.constexpr,
-    STORE_HT: tl.constexpr,
     LOWP: tl.constexpr,
     OUT: tl.constexpr,
-    STORE_H: tl.constexpr,
-    STORE_VT: tl.constexpr,
     WY: tl.constexpr,
-    STORE_X: tl.constexpr,
     EARLY: tl.constexpr,
     UNCHAIN: tl.constexpr,
-    TRIL: tl.constexpr = 0,
-    LOG2: tl.constexpr = 0,
-    PDL: tl.constexpr = 0,
+    TRIL: tl.constexpr,
+    LOG2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
-    # the backward and, without OUT, for _output_kernel). OUT (the plan's out): also this V block of
-    # the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the state and Vt still in registers, instead of
-    # a separate pass that reads both back from memory. STORE_VT: Vt kept (the backward, _output_kernel).
-    # WY (the plan's wy, the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
-    # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
-    # STORE_X (with WY, the plan's keep_x): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
+    # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (h given: kept for
+    # the backward and, without OUT, for _output_kernel); h0, ht: the initial and final states where given.
+    # OUT (the plan's out): also this V block of the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the
+    # state and Vt still in registers, instead of a separate pass that reads both back from memory. vt
+    # given: Vt kept (the backward, _output_kernel).
+    # WY (the plan's wy or keep_x, the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg;
+    # k and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
+    # x given (with WY, the plan's keep_x): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
+    # A buffer a launch does not read or write is None.
     # EARLY (the plan's state_early): the chunk's small inputs (_chunk_small) loaded at the top of the
     # chunk's step, else where used. With WY, L is taken as loaded times diag(beta) X, beta on the rows of X
     # (in registers).
@@ -92,7 +89,7 @@ def _state_fwd_kernel(
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-    if HAS_H0:
+    if h0 is not None:
         b_s = tl.load(h0 + p_s).to(tl.float32)
     else:
         b_s = tl.zeros([K, BV], dtype=tl.float32)
@@ -106,7 +103,7 @@ def _state_fwd_kernel(
             m_tc = m_t[:, None] & (o_cb[None, :] // 16 <= o_cb[:, None] // 16)
         else:
             m_tc = m_t[:, None]
-        if STORE_H:
+        if h is not None:
             tl.store(
                 h + i_t * K * V + i_bh * NT * K * V + o_k[:, None] * V + o_v[None, :],
                 b_s.to(h.dtype.element_ty),
@@ -124,7 +121,7 @@ def _state_fwd_kernel(
                     b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
                 b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
                 b_x -= _unchain(tl.dot(_dot_cast(b_kg, LOWP), b_sd), T > 0, UNCHAIN)
-                if STORE_X:
+                if x is not None:
                     tl.store(x + p_v, b_x.to(x.dtype.element_ty), mask=m_t[:, None])
                 # (the rows of L here and of A_qk below: one expression twice, left where the revision
                 # checked on the H200 computes them; hoisted above the branches it compiles in another order)
@@ -141,10 +138,10 @@ def _state_fwd_kernel(
                 b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
                 b_vt = tl.load(u + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
                 b_vt -= tl.dot(_dot_cast(b_w, LOWP), b_sd)
-            if STORE_VT:
+            if vt is not None:
                 tl.store(vt + p_v, b_vt.to(vt.dtype.element_ty), mask=m_t[:, None])
-            # the output reads Vt as stored (the input dtype), as _output_kernel does
-            b_vo = b_vt.to(vt.dtype.element_ty).to(tl.float32)
+            # the output reads Vt as stored (the input dtype, v's), as _output_kernel does
+            b_vo = b_vt.to(v.dtype.element_ty).to(tl.float32)
         else:
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_vo = b_vt
@@ -152,7 +149,7 @@ def _state_fwd_kernel(
             if EARLY:
                 b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
             else:
-                b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
+                b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY)
             p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
             b_a = tl.load(aqk + p_a, mask=m_tc, other=0.0)
             b_o = _unchain(tl.dot(_dot_cast(b_qg, LOWP), b_sd), T > 0, UNCHAIN) * scale
@@ -164,7 +161,7 @@ def _state_fwd_kernel(
         else:
             b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
         b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
-    if STORE_HT:
+    if ht is not None:
         tl.store(ht + p_s, b_s)
 
 
@@ -201,7 +198,7 @@ def _output_kernel(
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     b_s = tl.load(h + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
-    b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
+    b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY)
     p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
     b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
     p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
@@ -247,24 +244,24 @@ def state_forward(
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
     BV = fp.state_bv
     h0 = initial_state.contiguous() if initial_state is not None else None
-    dummy = v  # a valid pointer (of Vt's dtype) for the buffers a launch does not touch
+    # (None for the buffers this launch does not touch)
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
         v,
-        gc if gc is not None else q,
-        w if w is not None else k,
-        u if u is not None else v,
-        vt if vt is not None else dummy,
-        h if h is not None else dummy,
-        h0 if h0 is not None else dummy,
-        ht if ht is not None else dummy,
+        gc,
+        w,
+        u,
+        vt,
+        h,
+        h0,
+        ht,
         qg if qg is not None else q,
         aqk,
         o,
         kg if kg is not None else k,
-        linv if linv is not None else dummy,
-        beta if beta is not None else dummy,
-        x if x is not None else dummy,
+        linv,
+        beta,
+        x,
         scale,
         T,
         NT,
@@ -275,14 +272,9 @@ def state_forward(
         BV=BV,
         DECAY=p.decay,
         DELTA=p.delta_rule,
-        HAS_H0=h0 is not None,
-        STORE_HT=output_final_state,
         LOWP=p.lowp,
         OUT=fp.out,
-        STORE_H=h is not None,
-        STORE_VT=vt is not None,
         WY=fp.wy or keep_x,
-        STORE_X=keep_x,
         UNCHAIN=fp.state_unchain,
         EARLY=fp.state_early,
         TRIL=fp.tril,
@@ -314,7 +306,7 @@ def output(
     _output_kernel[(NT, V // BVo, B * H)](
         qg if qg is not None else q,
         v,
-        gc if gc is not None else q,
+        gc,
         aqk,
         vt if p.delta_rule else v,
         h,
