@@ -83,34 +83,52 @@ def _pdl_start(PDL: tl.constexpr):
 
 
 @triton.jit
-def _load_block(x, o_t, m_t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # rows o_t, columns o_d of a [B, T, H, D] tensor for head (i_b, i_h), as fp32; invalid rows are 0
-    p = x + ((i_b * T + o_t[:, None]) * H + i_h) * D + o_d[None, :]
-    return tl.load(p, mask=m_t[:, None], other=0.0).to(tl.float32)
+def _head(i_b, i_h, T, H: tl.constexpr):
+    # the row of the [B, T, H, D] tensors where head (i_b, i_h) starts: each kernel moves its base pointers
+    # there once (x += _head(...) * D), and token t of the head is then at x + t * H * D
+    return i_b * T * H + i_h
 
 
 @triton.jit
-def _load_row_block(x, t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # one row t, columns o_d of a [B, T, H, D] tensor as fp32 (0 if t >= T)
-    return tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
+def _decay_head(gc, bh, K: tl.constexpr, DECAY: tl.constexpr):
+    # G's base pointer moved to head row bh (_head): G is [B, T, H] for the scalar decay, [B, T, H, K] for
+    # the per-channel one
+    if DECAY == "channel":
+        gc = gc + bh * K
+    else:
+        gc = gc + bh
+    return gc
 
 
 @triton.jit
-def _load_rows(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # rows o_t of a [B, T, H, D] tensor for head (i_b, i_h), as fp32 [len(o_t), D]; invalid rows are 0
-    return _load_block(x, o_t, m_t, tl.arange(0, D), i_b, i_h, T, H, D)
+def _load_block(x, o_t, m_t, o_d, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t, columns o_d of one head of a [B, T, H, D] tensor (x at the head, _head), as fp32; invalid rows
+    # are 0
+    return tl.load(x + o_t[:, None] * (H * D) + o_d[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _load_row(x, t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # one row t of a [B, T, H, D] tensor as fp32 [D] (0 if t >= T)
-    return _load_row_block(x, t, tl.arange(0, D), i_b, i_h, T, H, D)
+def _load_row_block(x, t, o_d, T, H: tl.constexpr, D: tl.constexpr):
+    # one row t, columns o_d of one head of a [B, T, H, D] tensor as fp32 (0 if t >= T)
+    return tl.load(x + t * (H * D) + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _load_vec(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr):
-    # a [B, T, H] tensor at rows o_t as fp32
-    return tl.load(x + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+def _load_rows(x, o_t, m_t, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t of one head of a [B, T, H, D] tensor as fp32 [len(o_t), D]; invalid rows are 0
+    return _load_block(x, o_t, m_t, tl.arange(0, D), H, D)
+
+
+@triton.jit
+def _load_row(x, t, T, H: tl.constexpr, D: tl.constexpr):
+    # one row t of one head of a [B, T, H, D] tensor as fp32 [D] (0 if t >= T)
+    return _load_row_block(x, t, tl.arange(0, D), T, H, D)
+
+
+@triton.jit
+def _load_vec(x, o_t, m_t, H: tl.constexpr):
+    # one head of a [B, T, H] tensor at rows o_t as fp32
+    return tl.load(x + o_t * H, mask=m_t, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -136,8 +154,6 @@ def _chunk_small(
     gc,
     beta,
     i_t,
-    i_b,
-    i_h,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -154,13 +170,13 @@ def _chunk_small(
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     if DECAY == "channel":
-        b_gv = _exp(_load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K), False, LOG2)
+        b_gv = _exp(_load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, T, H, K), False, LOG2)
     elif DECAY == "scalar":
-        b_gv = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+        b_gv = _load_vec(gc, o_t, m_t, H)
     else:
         b_gv = tl.full([K], 1.0, dtype=tl.float32)
     if BETA:
-        b_b = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+        b_b = _load_vec(beta, o_t, m_t, H)
     else:
         b_b = tl.zeros([BT], dtype=tl.float32)
     return b_gv, b_b
@@ -173,8 +189,6 @@ def _key_decay_to_end(
     o_t,
     m_t,
     t_last,
-    i_b,
-    i_h,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -182,13 +196,13 @@ def _key_decay_to_end(
 ):
     # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K]).
     # For the per-channel decay, k already holds K_d (written by the intra or the cumsum kernel)
-    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+    b_k = _load_rows(k, o_t, m_t, H, K)
     if DECAY == "channel":
         b_kd = b_k
-        b_dl = tl.exp(_load_row(gc, t_last, i_b, i_h, T, H, K))
+        b_dl = tl.exp(_load_row(gc, t_last, T, H, K))
     elif DECAY == "scalar":
-        b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
-        b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+        b_gl = tl.load(gc + t_last * H)
+        b_g = _load_vec(gc, o_t, m_t, H)
         b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None]
         b_dl = tl.exp(b_gl + tl.zeros([K], dtype=tl.float32))
     else:
@@ -198,11 +212,9 @@ def _key_decay_to_end(
 
 
 @triton.jit
-def _key_decay_from(
-    k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr
-):
+def _key_decay_from(k, b_gv, o_t, m_t, t_last, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
     # _key_decay_to_end from the chunk's b_gv of _chunk_small (loaded earlier)
-    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
+    b_k = _load_rows(k, o_t, m_t, H, K)
     if DECAY == "scalar":
         b_gl = tl.sum(tl.where(o_t == t_last, b_gv, 0.0), 0)
         b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_gv, float("-inf")))[:, None]
@@ -223,10 +235,10 @@ def _decay_rows(b_x, b_gv, DECAY: tl.constexpr):
 
 
 @triton.jit
-def _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
+def _load_qg(q, gc, o_t, m_t, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
     # Q * exp(G) ([BT, K]): queries (or keys) read the state decayed from the chunk start. For the per-channel
     # decay, q already holds Q * exp(G) (written by the intra forward)
-    b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
+    b_q = _load_rows(q, o_t, m_t, H, K)
     if DECAY == "scalar":
-        b_q = b_q * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+        b_q = b_q * tl.exp(_load_vec(gc, o_t, m_t, H))[:, None]
     return b_q

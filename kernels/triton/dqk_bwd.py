@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import _dot_cast, _load_block, _load_vec
+from kernels.triton.common import _decay_head, _dot_cast, _head, _load_block, _load_vec
 
 if TYPE_CHECKING:
     from kernels.triton.chunk import Grads, Saved
@@ -90,7 +90,28 @@ def _dqk_bwd_kernel(
         tl.program_id(1 - K_INNER).to(tl.int64),
         tl.program_id(2).to(tl.int64),
     )
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its chunk's states
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    dq += bh * K
+    dk += bh * K
+    dgk += bh * K
+    dq_out += bh * K
+    dk_out += bh * K
+    v += bh * V
+    vt += bh * V
+    do += bh * V
+    dvt += bh * V
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if FINISH:
+        dg += bh * K
+    if DELTA:
+        beta += bh
+        linv += bh * BT
+    h += (i_bh * NT + i_t) * K * V
+    dh += (i_bh * NT + i_t) * K * V
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
@@ -103,8 +124,8 @@ def _dqk_bwd_kernel(
         b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO V^T
     for i_v in range(V // BV):
         o_v = i_v * BV + tl.arange(0, BV)
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
+        p_v = o_t[:, None] * (H * V) + o_v[None, :]
+        p_s = o_k[:, None] * V + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         if DELTA:
             b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -123,9 +144,9 @@ def _dqk_bwd_kernel(
     if DELTA:
         # Vt = U - W S: dW = -dVt S^T; W = T (Gamma K) with T = L diag(beta): d(Gamma K) = T^T dW. First, so
         # that dVt S^T and T are dead before the decay's tiles load
-        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+        p_a = o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :]
         if VT_X or not DV_W:
-            b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+            b_beta = _load_vec(beta, o_t, m_t, H)
             b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
         if VT_X:
             # Vt dS'^T = T (X dS'^T), in the dot operands' precision (tf32 operands: more shared memory)
@@ -135,20 +156,20 @@ def _dqk_bwd_kernel(
             b_dkg = -b_dws
         else:
             b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
-    p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    p_k = o_t[:, None] * (H * K) + o_k[None, :]
     if SEQ:
         # (the plan's seq: GLA, the per-channel decay without the delta rule) the same terms, each tile
         # loaded where it is first needed and dead after its last use, the finished dq stored before k loads
-        b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
-        b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
+        b_g = _load_block(gc, o_t, m_t, o_k, H, K)
+        b_gl = tl.load(gc + t_last * (H * K) + o_k)
         b_eg = tl.exp(b_g)
         b_dq = b_dqs * b_eg * scale
         b_dk = b_dkd * tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
         b_dgl = b_dgl * tl.exp(b_gl)
-        b_dg = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K) * b_dq
+        b_dg = _load_block(q, o_t, m_t, o_k, H, K) * b_dq
         b_dq += tl.load(dq + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
         tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
-        b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
+        b_k = _load_block(k, o_t, m_t, o_k, H, K)
         b_dg -= b_k * b_dk
         b_dgl += tl.sum(b_k * b_dk, 0)
         b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -158,17 +179,17 @@ def _dqk_bwd_kernel(
         b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
         tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
     else:
-        b_q = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K)
-        b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
+        b_q = _load_block(q, o_t, m_t, o_k, H, K)
+        b_k = _load_block(k, o_t, m_t, o_k, H, K)
         if DECAY == "channel":
-            b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
-            b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
+            b_g = _load_block(gc, o_t, m_t, o_k, H, K)
+            b_gl = tl.load(gc + t_last * (H * K) + o_k)
             b_eg = tl.exp(b_g)
             b_ed = tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
             b_dgl = b_dgl * tl.exp(b_gl)
         elif DECAY == "scalar":
-            b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
-            b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
+            b_g = _load_vec(gc, o_t, m_t, H)
+            b_gl = tl.load(gc + t_last * H)
             b_0 = tl.zeros([BT, BK], dtype=tl.float32)
             b_eg = tl.exp(b_g)[:, None] + b_0
             b_ed = tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None] + b_0

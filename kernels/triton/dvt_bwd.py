@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import _dot_cast, _load_qg, _load_vec
+from kernels.triton.common import _decay_head, _dot_cast, _head, _load_qg, _load_vec
 
 if TYPE_CHECKING:
     from kernels.triton.chunk import Grads, Saved
@@ -56,23 +56,42 @@ def _dvt_bwd_kernel(
     # or write is None
     PRE_X: tl.constexpr = x is not None
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its chunk's state
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    k += bh * K
+    v += bh * V
+    vt += bh * V
+    do += bh * V
+    m_qk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if DELTA:
+        beta += bh
+        dvt += bh * V
+        dv += bh * V
+        dbeta += bh
+        akk += bh * BT
+        linv += bh * BT
+        m_kk += bh * BT
+    if PRE_X:
+        x += bh * V
+    h += (i_bh * NT + i_t) * K * V
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_c = tl.arange(0, BT)
     o_k = tl.arange(0, K)
-    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
+    p_a = o_t[:, None] * (H * BT) + o_c[None, :]
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO Vt^T
     if DELTA:
-        b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+        b_beta = _load_vec(beta, o_t, m_t, H)
         b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
         if not PRE_X:
-            b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY), LOWP)  # Gamma K
+            b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, H, K, DECAY), LOWP)  # Gamma K
         # dT = dVt V^T + dW (Gamma K)^T with dW = -dVt S^T, i.e. dVt (V - (Gamma K) S)^T
         b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(V // BV):
         o_v = i_v * BV + tl.arange(0, BV)
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_v = o_t[:, None] * (H * V) + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         if VT_X:
             b_x = tl.load(x + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -84,7 +103,7 @@ def _dvt_bwd_kernel(
         b_dp += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_vt, LOWP)))
         if DELTA:
             if not PRE_X:
-                p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
+                p_s = o_k[:, None] * V + o_v[None, :]
                 b_s = tl.load(h + p_s).to(tl.float32)  # [K, BV]
             b_dvt = tl.load(dvt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             if not PRE_X:
@@ -113,7 +132,7 @@ def _dvt_bwd_kernel(
         b_akk = tl.load(akk + p_a, mask=m_t[:, None], other=0.0)
         b_db += tl.sum(b_da * b_akk, 1)
         tl.store(m_kk + p_a, (b_da * b_beta[:, None]).to(m_kk.dtype.element_ty), mask=m_t[:, None])
-        tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db, mask=m_t)
+        tl.store(dbeta + o_t * H, b_db, mask=m_t)
 
 
 def dvt_backward(

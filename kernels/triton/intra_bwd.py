@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import BC, _load_block, _load_row_block
+from kernels.triton.common import BC, _decay_head, _head, _load_block, _load_row_block
 from kernels.triton.intra_bwd_blocks import _rel_cols, _rel_cols_tri, _rel_diag, _rel_rows, _rel_rows_tri
 
 if TYPE_CHECKING:
@@ -34,8 +34,6 @@ def _rel_full(
     o_k,
     t0,
     r0,
-    i_b,
-    i_h,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -59,8 +57,6 @@ def _rel_full(
         o_k,
         t0,
         r0,
-        i_b,
-        i_h,
         T,
         H,
         K,
@@ -84,8 +80,6 @@ def _rel_full(
         o_k,
         t0,
         r0,
-        i_b,
-        i_h,
         T,
         H,
         K,
@@ -134,7 +128,19 @@ def _intra_bwd_kernel(
         tl.program_id(1).to(tl.int64),
         tl.program_id(2).to(tl.int64),
     )
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    m_qk += bh * BT
+    m_kk += bh * BT
+    dq += bh * K
+    dk += bh * K
+    dgk += bh * K
+    dq_out += bh * K
+    dk_out += bh * K
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
     t0 = i_t * BT
@@ -150,8 +156,8 @@ def _intra_bwd_kernel(
         if not BOUNDED:
             # unbounded gates: this block's diagonal goes dense, as with the bounded gate, when its own decay
             # is at most e^75 in each of these key columns
-            b_g0 = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
-            b_g1 = _load_row_block(gc, tl.minimum(r0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
+            b_g0 = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, T, H, K)
+            b_g1 = _load_row_block(gc, tl.minimum(r0 + BC, T) - 1, o_k, T, H, K)
             dense = (tl.max(b_g0 - b_g1, 0) <= 75.0).to(tl.int64)
             b_gd = tl.where(dense == 1, b_g0, b_g1)  # the anchor of _rel_cols_tri
         b_dq, b_dkr = _rel_rows_tri(
@@ -165,8 +171,6 @@ def _intra_bwd_kernel(
             t0,
             r0,
             i_c,
-            i_b,
-            i_h,
             T,
             H,
             K,
@@ -189,8 +193,6 @@ def _intra_bwd_kernel(
             t0,
             r0,
             i_c,
-            i_b,
-            i_h,
             T,
             H,
             K,
@@ -216,8 +218,6 @@ def _intra_bwd_kernel(
             o_k,
             t0,
             r0,
-            i_b,
-            i_h,
             T,
             H,
             K,
@@ -244,8 +244,6 @@ def _intra_bwd_kernel(
                 o_k,
                 t0,
                 r0,
-                i_b,
-                i_h,
                 T,
                 H,
                 K,
@@ -253,15 +251,15 @@ def _intra_bwd_kernel(
                 BC,
                 DELTA,
             )
-    b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
-    b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
+    b_q = _load_block(q, o_r, m_r, o_k, H, K)
+    b_k = _load_block(k, o_r, m_r, o_k, H, K)
     if DELTA:
         b_dk = b_dkc + b_dkr
         b_dg = b_q * b_dq + b_k * (b_dkr - b_dkc)
     else:
         b_dk = b_dkc
         b_dg = b_q * b_dq - b_k * b_dkc
-    p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
+    p_k = o_r[:, None] * (H * K) + o_k[None, :]
     if FIRST:
         # before the dqk kernel: this part alone, which dqk adds to its own
         tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])

@@ -17,8 +17,10 @@ from kernels.triton.common import (
     BC,
     EX2_FTZ,
     G16_STEPS,
+    _decay_head,
     _dot_cast,
     _exp,
+    _head,
     _load_row,
     _load_rows,
     _load_vec,
@@ -31,14 +33,13 @@ if TYPE_CHECKING:
 
 @triton.jit
 def _store_decayed(
-    qg, kd, kg, b_q, b_k, b_g, b_gl, o_r, m_r, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr,
-    DELTA: tl.constexpr,
+    qg, kd, kg, b_q, b_k, b_g, b_gl, o_r, m_r, H: tl.constexpr, K: tl.constexpr, DELTA: tl.constexpr,
 ):  # fmt: skip
     # the decayed operands of rows o_r (G of the rows in b_g, of the chunk's last row in b_gl), written once
     # by the intra kernel for the later ones: Q exp(G) (queries read the state from the chunk start: the
     # output, the reverse state pass), K exp(G_last - G) (keys carried to the chunk's end: both state
     # passes) and, with the delta rule, K exp(G) (W/U and the dvt backward)
-    p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+    p_rk = o_r[:, None] * (H * K) + tl.arange(0, K)[None, :]
     b_eg = tl.exp(tl.where(m_r[:, None], b_g, 0.0))
     tl.store(qg + p_rk, (b_q * b_eg).to(qg.dtype.element_ty), mask=m_r[:, None])
     b_kdr = b_k * tl.exp(tl.where(m_r[:, None], b_gl[None, :] - b_g, 0.0))
@@ -78,7 +79,22 @@ def _intra_fwd_kernel(
     # write is None (gq: the plan's g16)
     _pdl_start(PDL)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    aqk += bh * BT
+    if DELTA:
+        akk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if gq is not None:
+        gq += bh * K
+    if DECAY == "channel":
+        qg += bh * K
+        kd += bh * K
+        if DELTA:
+            kg += bh * K
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
     if DECAY == "channel":
@@ -96,8 +112,6 @@ def _intra_fwd_kernel(
             T,
             i_t,
             i_c,
-            i_b,
-            i_h,
             H,
             K,
             BT,
@@ -115,20 +129,20 @@ def _intra_fwd_kernel(
         o_r = r0 + tl.arange(0, BC)  # rows of this block
         o_i = t0 + tl.arange(0, BT)  # columns: the whole chunk
         m_r, m_i = o_r < T, o_i < T
-        b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
-        b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
-        b_ki = _load_rows(k, o_i, m_i, i_b, i_h, T, H, K)  # [BT, K]
+        b_q = _load_rows(q, o_r, m_r, H, K)  # [BC, K]
+        b_kr = _load_rows(k, o_r, m_r, H, K)  # [BC, K]
+        b_ki = _load_rows(k, o_i, m_i, H, K)  # [BT, K]
         b_aqk = tl.dot(_dot_cast(b_q, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
         b_akk = tl.dot(_dot_cast(b_kr, LOWP), tl.trans(_dot_cast(b_ki, LOWP)))
         if DECAY == "scalar":
-            b_gr = _load_vec(gc, o_r, m_r, i_b, i_h, T, H)
-            b_gi = _load_vec(gc, o_i, m_i, i_b, i_h, T, H)
+            b_gr = _load_vec(gc, o_r, m_r, H)
+            b_gi = _load_vec(gc, o_i, m_i, H)
             m_d = (o_r[:, None] >= o_i[None, :]) & m_i[None, :]
             b_d = tl.exp(tl.where(m_d, b_gr[:, None] - b_gi[None, :], float("-inf")))
             b_aqk = b_aqk * b_d
             b_akk = b_akk * b_d
         b_aqk = tl.where((o_r[:, None] >= o_i[None, :]) & m_i[None, :], b_aqk, 0.0) * scale
-        p_a = ((i_b * T + o_r[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+        p_a = o_r[:, None] * (H * BT) + tl.arange(0, BT)[None, :]
         tl.store(aqk + p_a, b_aqk.to(aqk.dtype.element_ty), mask=m_r[:, None])
         if DELTA:
             b_akk = tl.where((o_r[:, None] > o_i[None, :]) & m_i[None, :], b_akk, 0.0)
@@ -151,8 +165,6 @@ def _fwd_diag_by_positions(
     o_r,
     m_r,
     p_row,
-    i_b,
-    i_h,
     H: tl.constexpr,
     K: tl.constexpr,
     BC: tl.constexpr,
@@ -161,8 +173,8 @@ def _fwd_diag_by_positions(
     o_b = tl.arange(0, BC)
     # the diagonal block, one column at a time with the exact relative decay (masked before the exp)
     o_k = tl.arange(0, K)
-    p_kj = k + ((i_b * T + r0) * H + i_h) * K + o_k
-    p_gj = gc + ((i_b * T + r0) * H + i_h) * K + o_k
+    p_kj = k + r0 * (H * K) + o_k
+    p_gj = gc + r0 * (H * K) + o_k
     b_aq = tl.zeros([BC, BC], dtype=tl.float32)
     b_ak = tl.zeros([BC, BC], dtype=tl.float32)
     for j in range(BC):
@@ -238,8 +250,6 @@ def _intra_fwd_tri(
     T,
     i_t,
     i_c,
-    i_b,
-    i_h,
     H: tl.constexpr,
     K: tl.constexpr,
     BT: tl.constexpr,
@@ -259,14 +269,14 @@ def _intra_fwd_tri(
     o_b = tl.arange(0, BC)
     o_r = r0 + o_b
     m_r = o_r < T
-    b_q = _load_rows(q, o_r, m_r, i_b, i_h, T, H, K)  # [BC, K]
-    b_kr = _load_rows(k, o_r, m_r, i_b, i_h, T, H, K)
-    b_ga = _load_row(gc, tl.minimum(r0, T - 1), i_b, i_h, T, H, K)  # anchor: the block's first row
+    b_q = _load_rows(q, o_r, m_r, H, K)  # [BC, K]
+    b_kr = _load_rows(k, o_r, m_r, H, K)
+    b_ga = _load_row(gc, tl.minimum(r0, T - 1), T, H, K)  # anchor: the block's first row
     if gq is not None:
         # (the plan's g16) the rows' decays from the anchor, G_a - G_r (>= 0, log2 units), from uint16
-        b_dr = _load_rows(gq, o_r, m_r, i_b, i_h, T, H, K) * (1.0 / G16_STEPS)
+        b_dr = _load_rows(gq, o_r, m_r, H, K) * (1.0 / G16_STEPS)
     else:
-        b_gr = _load_rows(gc, o_r, m_r, i_b, i_h, T, H, K)
+        b_gr = _load_rows(gc, o_r, m_r, H, K)
         b_dr = b_ga[None, :] - b_gr
     # LOG2: G comes times log2(e) from the cumsum kernel, every exponential here a 2^x without the multiply.
     # The launch sets it for the bounded gate only, the only form here whose every use of G is an
@@ -281,8 +291,8 @@ def _intra_fwd_tri(
         b_qr = b_q * b_er
         b_kr_e = b_kr * b_er
         b_kd_e = b_kr * b_ed
-        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-        p_rk = ((i_b * T + o_r[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, T, H, K)
+        p_rk = o_r[:, None] * (H * K) + tl.arange(0, K)[None, :]
         b_ea = _exp(b_ga, EX2_FTZ, LOG2)[None, :]
         tl.store(qg + p_rk, (b_qr * b_ea).to(qg.dtype.element_ty), mask=m_r[:, None])
         b_el = _exp(b_gl - b_ga, EX2_FTZ, LOG2)[None, :]
@@ -292,11 +302,11 @@ def _intra_fwd_tri(
         b_qe = _dot_cast(b_qr, LOWP)
         b_ke = _dot_cast(b_kr_e, LOWP)
     else:
-        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, i_b, i_h, T, H, K)
-        _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, i_b, i_h, T, H, K, DELTA)
+        b_gl = _load_row(gc, tl.minimum(t0 + BT, T) - 1, T, H, K)
+        _store_decayed(qg, kd, kg, b_q, b_kr, b_gr, b_gl, o_r, m_r, H, K, DELTA)
         b_qe = _dot_cast(b_q * b_er, LOWP)
         b_ke = _dot_cast(b_kr * b_er, LOWP)
-    p_row = ((i_b * T + o_r[:, None]) * H + i_h) * BT
+    p_row = o_r[:, None] * (H * BT)
     if BOUNDED:
         # first the diagonal block, its keys decayed to the anchor (E_d dies here, before the loop)
         _fwd_block(
@@ -322,7 +332,7 @@ def _intra_fwd_tri(
         # unbounded gates: a block whose own decay, first row to last, is at most e^75 in every channel (what
         # the bounded gate -5 guarantees) takes the dense product for its diagonal block as well; the others
         # go by positions
-        b_gb = _load_row(gc, tl.minimum(r0 + BC, T) - 1, i_b, i_h, T, H, K)
+        b_gb = _load_row(gc, tl.minimum(r0 + BC, T) - 1, T, H, K)
         dense = (tl.max(b_ga - b_gb, 0) <= 75.0).to(tl.int64)
         n_j = i_c + dense
     for j in range(0, n_j):
@@ -330,12 +340,12 @@ def _intra_fwd_tri(
         m_j = o_j < T
         if gq is not None:
             # G_a - G_j = (G_a - G at block j's first row) + block j's own decays
-            b_dj = (b_ga - _load_row(gc, t0 + j * BC, i_b, i_h, T, H, K))[None, :] + _load_rows(
-                gq, o_j, m_j, i_b, i_h, T, H, K
+            b_dj = (b_ga - _load_row(gc, t0 + j * BC, T, H, K))[None, :] + _load_rows(
+                gq, o_j, m_j, H, K
             ) * (1.0 / G16_STEPS)
         else:
-            b_dj = b_ga[None, :] - _load_rows(gc, o_j, m_j, i_b, i_h, T, H, K)  # G_a - G of the columns
-        b_y = _load_rows(k, o_j, m_j, i_b, i_h, T, H, K)
+            b_dj = b_ga[None, :] - _load_rows(gc, o_j, m_j, H, K)  # G_a - G of the columns
+        b_y = _load_rows(k, o_j, m_j, H, K)
         b_y = b_y * _exp(tl.where(m_j[:, None], b_dj, float("-inf")), EX2_FTZ, LOG2)
         _fwd_block(
             aqk,
@@ -371,8 +381,6 @@ def _intra_fwd_tri(
                 o_r,
                 m_r,
                 p_row,
-                i_b,
-                i_h,
                 H,
                 K,
                 BC,

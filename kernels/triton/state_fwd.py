@@ -14,8 +14,10 @@ import triton.language as tl
 
 from kernels.triton.common import (
     _chunk_small,
+    _decay_head,
     _decay_rows,
     _dot_cast,
+    _head,
     _key_decay_from,
     _key_decay_to_end,
     _load_qg,
@@ -85,17 +87,39 @@ def _state_fwd_kernel(
     # the zeros above not stored by the solve and the intra forward
     _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    kg += bh * K
+    v += bh * V
+    o += bh * V
+    aqk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if DELTA:
+        if WY:
+            linv += bh * BT
+            beta += bh
+        else:
+            w += bh * K
+            u += bh * V
+    if vt is not None:
+        vt += bh * V
+    if x is not None:
+        x += bh * V
+    if h is not None:
+        h += i_bh * NT * K * V
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
-    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
+    p_s = o_k[:, None] * V + o_v[None, :]
     if h0 is not None:
-        b_s = tl.load(h0 + p_s).to(tl.float32)
+        b_s = tl.load(h0 + i_bh * K * V + p_s).to(tl.float32)
     else:
         b_s = tl.zeros([K, BV], dtype=tl.float32)
     for i_t in range(NT):
         if EARLY:
-            b_gv, b_b = _chunk_small(gc, beta, i_t, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2)
+            b_gv, b_b = _chunk_small(gc, beta, i_t, T, H, K, BT, DECAY, DELTA and WY, LOG2)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         o_cb = tl.arange(0, BT)
@@ -104,38 +128,35 @@ def _state_fwd_kernel(
         else:
             m_tc = m_t[:, None]
         if h is not None:
-            tl.store(
-                h + i_t * K * V + i_bh * NT * K * V + o_k[:, None] * V + o_v[None, :],
-                b_s.to(h.dtype.element_ty),
-            )
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+            tl.store(h + i_t * K * V + p_s, b_s.to(h.dtype.element_ty))
+        p_v = o_t[:, None] * (H * V) + o_v[None, :]
         # the state as a dot operand: what h holds (bf16 for 16-bit inputs), so OUT matches _output_kernel
         b_sd = _dot_cast(b_s, LOWP)
         if DELTA:
             if WY:
                 # pseudo-values Vt = L diag(beta) (V - (Gamma K) S), the WY form of U - W S
-                b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
+                b_kg = _load_rows(kg, o_t, m_t, H, K)
                 if EARLY:
                     b_kg = _decay_rows(b_kg, b_gv, DECAY)
                 elif DECAY == "scalar":
-                    b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+                    b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, H))[:, None]
                 b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
                 b_x -= _unchain(tl.dot(_dot_cast(b_kg, LOWP), b_sd), T > 0, UNCHAIN)
                 if x is not None:
                     tl.store(x + p_v, b_x.to(x.dtype.element_ty), mask=m_t[:, None])
                 # (the rows of L here and of A_qk below: one expression twice, left where the revision
                 # checked on the H200 computes them; hoisted above the branches it compiles in another order)
-                p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+                p_l = o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :]
                 # L as loaded, beta on the rows of X: L (diag(beta) X)
                 b_tm = tl.load(linv + p_l, mask=m_tc, other=0.0)
                 if EARLY:
                     b_x = b_x * b_b[:, None]
                 else:
-                    b_x = b_x * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[:, None]
+                    b_x = b_x * _load_vec(beta, o_t, m_t, H)[:, None]
                 b_vt = _unchain(tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP)), T > 0, UNCHAIN)
             else:
                 # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
-                b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
+                b_w = _load_rows(w, o_t, m_t, H, K)
                 b_vt = tl.load(u + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
                 b_vt -= tl.dot(_dot_cast(b_w, LOWP), b_sd)
             if vt is not None:
@@ -147,22 +168,22 @@ def _state_fwd_kernel(
             b_vo = b_vt
         if OUT:
             if EARLY:
-                b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
+                b_qg = _decay_rows(_load_rows(q, o_t, m_t, H, K), b_gv, DECAY)
             else:
-                b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY)
-            p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+                b_qg = _load_qg(q, gc, o_t, m_t, H, K, DECAY)
+            p_a = o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :]
             b_a = tl.load(aqk + p_a, mask=m_tc, other=0.0)
             b_o = _unchain(tl.dot(_dot_cast(b_qg, LOWP), b_sd), T > 0, UNCHAIN) * scale
             b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vo, LOWP))
             tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         if EARLY:
-            b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+            b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, H, K, DECAY)
         else:
-            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, T, H, K, DECAY)
         b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
     if ht is not None:
-        tl.store(ht + p_s, b_s)
+        tl.store(ht + i_bh * K * V + p_s, b_s)
 
 
 @triton.jit
@@ -192,16 +213,25 @@ def _output_kernel(
         tl.program_id(1).to(tl.int64),
         tl.program_id(2).to(tl.int64),
     )
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers (its head's rows, its chunk's entering state)
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    v += bh * V
+    o += bh * V
+    aqk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if DELTA:
+        vt += bh * V
+    h += (i_bh * NT + i_t) * K * V
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
-    b_s = tl.load(h + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
-    b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY)
-    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-    b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
-    p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+    b_s = tl.load(h + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
+    b_qg = _load_qg(q, gc, o_t, m_t, H, K, DECAY)
+    b_a = tl.load(aqk + o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :], mask=m_t[:, None], other=0.0)
+    p_v = o_t[:, None] * (H * V) + o_v[None, :]
     if DELTA:
         b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
     else:
