@@ -40,12 +40,10 @@
 #   flacheck 240  (not in the default list) FLA's kernels against the same reference, beside ours
 set -u
 # the alternative settings of the verify, tune, final and occupancy steps (comma-joined kernels.triton.plan settings):
-# ALT from the environment, else bwd.intra_first=0 (the backward's other order, dqk before the intra
-# backward and a dG cumsum pass after it: the default for the delta rule alone) with bwd.x=1
-# (the default only where the state pass has >= 256 programs of 64 columns, so the checks' small shapes
-# take it only when forced)
+# ALT from the environment, else intra_fwd.warps=4 (the intra forward's 4 warps where the rule takes 2: GLA
+# and the bounded gate's no-grad forward); the forms the kernels compute in are rules, not settings
 ALT_OPS="${ALT_OPS:-kda_bounded kda gla delta_rule gated_delta_rule}"  # the ops ALT is checked and timed on
-ALT="${ALT:-bwd.intra_first=0,bwd.x=1}"
+ALT="${ALT:-intra_fwd.warps=4}"
 OUT="${1:?usage: bash benchmarks/gpu_session.sh OUT [STEPS]}"
 STEPS="${2:-check profile fla bench sweep packing}"
 mkdir -p "$OUT"
@@ -96,8 +94,8 @@ for step in $STEPS; do
         --passes infer train --out "$OUT/profile_tune_default.csv" | quiet | grep -v " 0\.[0-9]%" | grep -v "^settings"
       # (what each setting did when tried: benchmarks/results/history.csv)
       # entries: SETTING[,SETTING...][:OP[,OP...]] (a comma joins settings tried together; the ops it affects).
-      # The default: the backward's other order again, against the defaults (TUNE_ENTRIES overrides the list)
-      for entry in ${TUNE_ENTRIES:-bwd.intra_first=0:kda_bounded,kda,gla}; do
+      # The default: ALT's intra forward again, against the defaults (TUNE_ENTRIES overrides the list)
+      for entry in ${TUNE_ENTRIES:-intra_fwd.warps=4:kda_bounded,gla}; do
         set=${entry%%:*}
         ops=${entry#*:}
         echo "-- --set $set ($ops)"

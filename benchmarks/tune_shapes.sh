@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Per-kernel profiles of launch settings at several shapes, one line per try, for a device call:
 #   bash benchmarks/tune_shapes.sh OUT "B T H|OPS|PASSES|SETTINGS" ...
-# e.g. bash benchmarks/tune_shapes.sh OUT "8 8192 16|kda_bounded delta_rule|train|bwd.x=0"
+# e.g. bash benchmarks/tune_shapes.sh OUT "8 8192 16|kda_bounded delta_rule|train|state_fwd.warps=4"
 # SETTINGS may be "-" (the defaults). Each try writes OUT/<n>.csv and prints its per-kernel summary.
 set -u
 OUT=$1

@@ -7,8 +7,8 @@ one rule, a function of the problem and the named thresholds below.
     python -m kernels.triton.plan kda_bounded --B 1 --T 65536 --H 16 --set state_fwd.warps=8
 
 The rules were chosen from per-kernel profiles on an H200 (132 SMs, 227 KB of shared memory a block) at the
-benchmark shapes; the figures behind them are in PERF.md beside this file. `overrides` changes a setting for
-profiling (`--set KEY=VALUE` in the scripts): every key is in SETTINGS with what it selects.
+benchmark shapes; the figures behind them are in PERF.md beside this file. `overrides` changes a launch
+setting for profiling (`--set KEY=VALUE` in the scripts): every key is in SETTINGS with what it selects.
 """
 
 from __future__ import annotations
