@@ -105,7 +105,7 @@ def nan_buffers(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
 
     def nan_empty(*shape, **kw):
         x = real_empty(*shape, **kw)
-        # (integer buffers, fwd.g16's uint16 decays: their largest value, a decay of 2^-128)
+        # (integer buffers, the plan's g16 uint16 decays: their largest value, a decay of 2^-128)
         x.fill_(float("nan") if x.is_floating_point() else torch.iinfo(x.dtype).max)
         made.append(x)
         return x
@@ -482,7 +482,7 @@ def test_bounded_no_grad_log2(monkeypatch: pytest.MonkeyPatch, T: int, many: boo
     "T,chunk_size", [(1, 64), (17, 64), (63, 64), (64, 64), (100, 64), (200, 64), (100, 32), (100, 16)]
 )
 def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size: int) -> None:
-    # fwd.g16: for 16-bit inputs the bounded gate's no-grad forward stores each row's decay from
+    # the plan's g16: for 16-bit inputs the bounded gate's no-grad forward stores each row's decay from
     # its 16-row block's first row as uint16 in steps of 1/512 (log2 units), and fp32 G only at the blocks'
     # first rows and the chunks' last valid rows. The interpreter runs fp32 inputs, so the form is forced
     # for them here: outputs and final state match the token loop to the steps' rounding (a few 1e-4), not
@@ -661,8 +661,8 @@ def test_forward_without_gradient(
     leaves = [a.clone().requires_grad_(True) if a is not None else None for a in args]
     o_grad, ht_grad = triton_chunk(*leaves, None, h0, True, 64, lower_bound)
     assert not o.requires_grad and o_grad.requires_grad
-    # (the bounded per-channel gate's no-grad G comes times log2(e), fwd.log2: other roundings; with many
-    # programs the two forwards take other forms)
+    # (the bounded per-channel gate's no-grad G comes times log2(e), the plan's log2: other roundings; with
+    # many programs the two forwards take other forms)
     if not many and not (decay == "channel" and lower_bound is not None):
         assert torch.equal(o, o_grad.detach()) and torch.equal(ht, ht_grad.detach())
     else:
@@ -808,7 +808,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         gla = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, delta=False)
         gla_bp = _plans(64, 4, None, True, delta=False)[1]
         assert gla_bp.seq and gla_bp.first and "_rev_cumsum_kernel" not in gla
-        # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (bwd.vt_x)
+        # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (the plan's vt_x)
         rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay="none")
         rule_fp = _plans(64, 4, None, True, decay="none")[0]
         assert rule_fp.keep_x and not rule_fp.store_vt
@@ -816,7 +816,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     else:
         assert state["EARLY"] == 1  # at the top of each chunk's step without a gradient
     # L and A_qk block lower-triangular, their upper zeros not stored, where the state pass is their only
-    # reader (no gradient, the output and Vt inside it: fwd.tril); the backward reads them whole
+    # reader (no gradient, the output and Vt inside it: the plan's tril); the backward reads them whole
     assert state["TRIL"] == (not keep)
     assert wide["_intra_fwd_kernel"][1]["ZERO_QK"] == keep and wide["_solve_kernel"][1]["ZERO_L"] == keep
 
@@ -862,7 +862,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     assert common.EX2_FTZ.value == (not common.INTERPRET)
     if keep:
         # the reverse state pass with many programs: 128-column blocks and 8 warps, as the forward's, for
-        # every op (the delta rule and GDN since state_bwd.unchain), unchained
+        # every op, unchained
         state = wide["_state_bwd_kernel"]
         assert state[0] == (1, 64 * 4) and state[1]["BV"] == 128 and state[1]["num_warps"] == 8
         assert state[1]["UNCHAIN"]
