@@ -27,8 +27,8 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.cells import max_trained_steps, series_name
 from analysis.collect import collect_dirs, read_table
-from analysis.plot import max_trained_steps, series_name
 
 MIXERS = ("kda", "gdn", "mamba2")  # the paper's order: the claims compare these
 METRICS = {"train": "best_train_acc", "eval": "best_eval_acc"}

@@ -8,20 +8,16 @@ to TF32 (or split into 3xTF32, or kept fp32) and reports the relative RMS error 
 inverse, beside the error of rounding the exact L to bf16, for chunks of KDA-like data (L2-normalized
 keys, per-channel bounded log-decays) and of the delta rule (no decay).
 
-    python benchmarks/solve_precision.py                 # 20 chunks per case, K = 128 and 16
+    python -m benchmarks.solve_precision                 # 20 chunks per case, K = 128 and 16
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.helpers import rel_rms  # noqa: E402
+from benchmarks.common import rel_rms
 
 BC = 16
 

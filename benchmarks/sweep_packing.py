@@ -1,6 +1,6 @@
 """Pack several training runs on one GPU with joblib_gpu, and measure what it buys against a serial sweep.
 
-    python benchmarks/sweep_packing.py --jobs 4 --out /tmp/packing          # on a machine with a GPU
+    python -m benchmarks.sweep_packing --jobs 4 --out /tmp/packing          # on a machine with a GPU
 
 Runs the same grid twice through Hydra multirun with `trainer.device=auto`: once with
 `hydra/launcher=joblib_gpu hydra.launcher.n_jobs=<jobs>` (several runs at once, assigned to the GPUs
@@ -14,8 +14,6 @@ GPU ever held more than one run.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import json
 import subprocess
 import sys
@@ -24,7 +22,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import ROOT, provenance, write_csv
 
 # (grid, common overrides) per preset. smoke: small runs, quick; paper: 8 runs of Kimi's synthetic setting
 # (2 layers, 2 heads x 128, B=256, MQAR at T=1024 with vocab 8192), the size a Fig. 4 sweep packs
@@ -105,16 +103,9 @@ def runs_of(sweep_dir: Path) -> list[dict]:
 
 def report(out: Path, jobs: int, wall_p: float, peak: dict, wall_s: float | None, rows: list[dict]) -> None:
     """packing.csv and packing.md; written after the packed sweep and again after the serial one."""
-    with open(out / "packing.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["run", "status", "device", "final_acc", "wall_s"])
-        w.writeheader()
-        w.writerows(rows)
-    import torch
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    write_csv(out / "packing.csv", rows, ["run", "status", "device", "final_acc", "wall_s"])
     lines = [
-        f"# Packing runs on a GPU with joblib_gpu ({datetime.date.today()}, {gpu}, "
-        f"torch {torch.__version__})",
+        f"# Packing runs on a GPU with joblib_gpu ({provenance()})",
         "",
         f"Grid: {' '.join(GRID)}; common overrides: {' '.join(COMMON)}.",
         "",

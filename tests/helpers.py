@@ -1,4 +1,5 @@
-"""Shared test helpers (importable as `from helpers import rel_rms`: pytest puts tests/ on sys.path)."""
+"""Shared test helpers (importable as `from helpers import CLI_TINY`: pytest puts tests/ on sys.path). The
+inputs and the error measure that tests and benchmarks share live in benchmarks/common.py."""
 
 from __future__ import annotations
 
@@ -6,111 +7,6 @@ import struct
 import zlib
 from pathlib import Path
 from typing import Any
-
-import torch
-import torch.nn.functional as F
-
-from kernels.family import Decay
-
-
-def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
-    """Relative RMS error ||out - ref|| / ||ref||, computed in float64.
-
-    Both tensors must have the same shape. A zero reference gives the absolute norm of out instead, so that an
-    all-zero expected value still fails when out is not zero.
-    """
-    if ref.shape != out.shape:
-        raise ValueError(f"rel_rms: shapes differ, ref {tuple(ref.shape)} vs out {tuple(out.shape)}")
-    ref64, out64 = ref.detach().double(), out.detach().double()
-    denom = ref64.norm().item()
-    err = (out64 - ref64).norm().item()
-    return err / denom if denom > 0 else err
-
-
-def make_inputs(
-    decay: Decay,
-    delta_rule: bool,
-    B: int,
-    T: int,
-    H: int,
-    K: int,
-    V: int,
-    seed: int,
-    lower_bound: float | None = None,
-    with_state: bool = True,
-    *,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    generator: torch.Generator | None = None,
-    layer_gates: bool = False,
-    slow: bool = False,
-) -> dict[str, torch.Tensor | None]:
-    """Random inputs of one op of the family ([B, T, H, D] layout, unit-norm keys, an initial state unless
-    with_state=False), the keys of `triton_chunk` / `naive_recurrent`.
-
-    q, k, v and beta are drawn in fp32 and cast to `dtype`; g and the initial state stay fp32 (as a gate and
-    the state carry emit them). `generator` (e.g. a CUDA one, drawn from in turn across calls) replaces a
-    fresh one seeded with `seed` on `device`. The tests' gates (the default) are log-sigmoid of 2 z, some far
-    below -5, or lower_bound * U(0, 1), and beta ~ U(0, 1); layer_gates=True draws them as a gated layer
-    emits them instead: log-sigmoid(z) or lower_bound * sigmoid(z), and beta = sigmoid(z). slow (with
-    layer_gates): every other channel (head, for the scalar decay) decays slowly, z - 5, so that the state
-    carries across chunks.
-    """
-    gen = generator if generator is not None else torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device, generator=gen)
-
-    q = randn(B, T, H, K).to(dtype)
-    k = F.normalize(randn(B, T, H, K), dim=-1).to(dtype)
-    v = randn(B, T, H, V).to(dtype)
-    g = None
-    if decay != "none":
-        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
-        if layer_gates:
-            z = randn(*shape)
-            if slow:
-                # g about -0.03 (bounded) or -0.007 (log-sigmoid) there: with z ~ N(0, 1) alone a bounded gate
-                # decays by about e^-160 over a chunk, and exp(G_last) and the entering state barely show
-                z = z - 5.0 * (torch.arange(shape[-1], device=device) % 2 == 0)
-            g = F.logsigmoid(z) if lower_bound is None else lower_bound * torch.sigmoid(z)
-        elif lower_bound is None:
-            # log-sigmoid gates span strong and weak decay, some far below -5 (the unbounded regime)
-            g = F.logsigmoid(2 * randn(*shape))
-        else:
-            g = lower_bound * torch.rand(shape, device=device, generator=gen)
-    beta = None
-    if delta_rule:
-        beta = (
-            torch.sigmoid(randn(B, T, H))
-            if layer_gates
-            else torch.rand(B, T, H, device=device, generator=gen)
-        )
-        beta = beta.to(dtype)
-    h0 = randn(B, H, K, V) if with_state else None
-    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
-
-
-def token_loop_inputs(decay: Decay, delta_rule: bool, B: int, T: int, H: int, K: int, V: int,
-                      generator: torch.Generator, strong_decay: bool = False) -> list[torch.Tensor]:
-    """q, k, v[, g][, beta] in float32 for an op's positional call (tests/test_ops.py, bench_ops_cpu.py):
-    L2-normalised keys, log-decays logsigmoid(randn), beta in (0, 1); `strong_decay` sets about 5% of the
-    decays to -5 .. -20, to exercise the overflow safety of the chunked forms."""
-    q = torch.randn(B, T, H, K, generator=generator)
-    k = F.normalize(torch.randn(B, T, H, K, generator=generator), dim=-1)
-    v = torch.randn(B, T, H, V, generator=generator)
-    inputs = [q, k, v]
-    if decay != "none":
-        shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
-        g = F.logsigmoid(torch.randn(*shape, generator=generator))
-        if strong_decay:
-            strong = torch.rand(*shape, generator=generator) < 0.05
-            g = torch.where(strong, -5 - 15 * torch.rand(*shape, generator=generator), g)
-        inputs.append(g)
-    if delta_rule:
-        inputs.append(torch.rand(B, T, H, generator=generator))
-    return inputs
-
 
 # A real task at a tiny size, for runs of `python train.py` in a fresh process (the stand-in task of
 # conftest.py exists only inside the test process).

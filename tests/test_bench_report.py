@@ -1,4 +1,4 @@
-"""benchmarks/bench_gpu.py --report: the markdown table rebuilt from a CSV, with FLA's anchor figures."""
+"""`benchmarks.speed ops --report`: the markdown table rebuilt from a CSV, with FLA's anchor figures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from benchmarks.bench_gpu import load_rows, write_markdown
+from benchmarks.speed import load_rows, write_markdown
 
 FIELDS = "shape,op,impl,B,T,H,D,ms_fwd,ms_fwdbwd,mb_fwdbwd"
 ANCHORS = """# FLA 0.6.0 on some GPU, a comment line

@@ -1,23 +1,21 @@
-"""benchmarks/bench_train.py on the CPU at a tiny size: rows, the profile split and the report are real."""
+"""benchmarks.step and benchmarks.memory on the CPU at a tiny size: rows, the profile split and the report
+are real."""
 
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import bench_train  # noqa: E402
+from benchmarks import memory, step
 
 
 @pytest.mark.slow
 def test_bench_train_smoke(tmp_path: Path) -> None:
-    code = bench_train.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "32",
+    code = step.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "32",
                              "--d-model", "32", "--mixers", "kda", "attention", "--impls", "ours", "--lean",
                              "--warmup", "1", "--steps", "1", "--tasks", "palindrome"])
     assert code == 0
@@ -57,7 +55,7 @@ def test_fla_layer_missing_is_recorded_not_raised(tmp_path: Path) -> None:
         pytest.skip("flash-linear-attention is installed: the FLA rows are real")
     except ImportError:
         pass
-    code = bench_train.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "1", "--lengths", "16",
+    code = step.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "1", "--lengths", "16",
                              "--d-model", "32", "--mixers", "gdn", "--impls", "fla", "--warmup", "0",
                              "--steps", "1", "--tasks", "palindrome", "--no-profile"])
     assert code == 0
@@ -66,12 +64,10 @@ def test_fla_layer_missing_is_recorded_not_raised(tmp_path: Path) -> None:
 
 
 def test_saved_tensors_lists_less_for_the_lean_layers(capsys: pytest.CaptureFixture[str]) -> None:
-    import saved_tensors
-
     common = ["--device", "cpu", "--batch", "3", "--seq-len", "32", "--d-model", "64", "--mixers", "kda",
               "--backend", "torch"]
-    lean = saved_tensors.main(common)["kda"]
-    plain = saved_tensors.main([*common, "--plain"])["kda"]
+    lean = memory.main(common)["kda"]
+    plain = memory.main([*common, "--plain"])["kda"]
     assert 0 < lean["mixer"] < plain["mixer"]
     assert lean["mlp"] == plain["mlp"] > 0
     printed = capsys.readouterr().out
@@ -90,11 +86,11 @@ def test_saved_storages_counts_what_the_backward_holds_under_the_module_that_sav
 
     model = nn.Sequential(Temporary(), Keeps())
     x = torch.randn(64, 64, requires_grad=True)
-    with bench_train.saved_storages(model) as live:
+    with memory.saved_storages(model) as live:
         model(x).sum().backward()
         # freed by the backward, but counted as they were when it started
         assert [(r["module"], r["shape"], r["bytes"]) for r in live] == [("1", (64, 64), 64 * 64 * 4)]
-    with bench_train.saved_storages(model) as live:
+    with memory.saved_storages(model) as live:
         loss = model(x).sum()  # no backward: counted at the context's exit, while the graph is held
     assert [r["module"] for r in live] == ["1"] and loss.grad_fn is not None
 
@@ -105,7 +101,7 @@ def test_a_row_labelled_compiled_ran_compiled_or_is_an_error(tmp_path: Path,
               "attention", "--impls", "ours", "--warmup", "1", "--steps", "1", "--no-profile",
               "--backend", "eager", "--variants", "default", "compile"]
     # two models compiled in one process: each row's compile starts clean, so the second is compiled too
-    assert bench_train.main(["--out", str(tmp_path / "ok"), *common, "--tasks", "palindrome", "mqar"]) == 0
+    assert step.main(["--out", str(tmp_path / "ok"), *common, "--tasks", "palindrome", "mqar"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "ok" / "bench_train.csv")))
     assert [(r["task"], r["impl"], r["default"]) for r in rows] == [
         ("palindrome", "ours", "True"), ("palindrome", "ours+compile", "False"),
@@ -114,7 +110,7 @@ def test_a_row_labelled_compiled_ran_compiled_or_is_an_error(tmp_path: Path,
     assert "| ours (default) |" in (tmp_path / "ok" / "bench_train.md").read_text()
     # a compiler that silently runs eager gives an error row, not eager figures under a compiled label
     monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
-    assert bench_train.main(["--out", str(tmp_path / "eager"), *common, "--tasks", "palindrome"]) == 0
+    assert step.main(["--out", str(tmp_path / "eager"), *common, "--tasks", "palindrome"]) == 0
     eager, compiled = list(csv.DictReader(open(tmp_path / "eager" / "bench_train.csv")))
     assert float(eager["step_ms"]) > 0 and not compiled["step_ms"]
     assert "RanEager" in compiled["error"] and "eager under a compiled label" in compiled["error"]
@@ -122,15 +118,15 @@ def test_a_row_labelled_compiled_ran_compiled_or_is_an_error(tmp_path: Path,
 
 def test_default_is_the_form_train_py_takes_on_the_device() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert bench_train.variants(["default", "eager"], cpu) == [(False, False, True)]
-    assert bench_train.variants(["default", "eager"], cuda) == [(True, False, True), (False, False, False)]
-    assert bench_train.variants(["eager", "lean+compile"], cuda) == [(False, False, False),
+    assert step.variants(["default", "eager"], cpu) == [(False, False, True)]
+    assert step.variants(["default", "eager"], cuda) == [(True, False, True), (False, False, False)]
+    assert step.variants(["eager", "lean+compile"], cuda) == [(False, False, False),
                                                                      (True, True, False)]
 
 
 @pytest.mark.slow
 def test_bench_train_times_a_hybrid_pattern(tmp_path: Path) -> None:
-    code = bench_train.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "32",
+    code = step.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "32",
                              "--d-model", "32", "--mixers", "--patterns", "kda,attention", "--impls", "ours",
                              "--lean", "--warmup", "1", "--steps", "1", "--tasks", "mqar", "--no-profile"])
     assert code == 0
@@ -144,6 +140,6 @@ def test_bench_train_times_a_hybrid_pattern(tmp_path: Path) -> None:
 
 def test_bench_train_rejects_a_bad_pattern(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
-        bench_train.main(["--out", str(tmp_path), "--mixers", "--patterns", "kda*3,atention"])
+        step.main(["--out", str(tmp_path), "--mixers", "--patterns", "kda*3,atention"])
     assert "--patterns kda*3,atention: model.pattern=[kda,kda,kda,atention]: 'atention' is not a mixer" in (
         capsys.readouterr().err)

@@ -16,9 +16,8 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from helpers import make_inputs, rel_rms  # noqa: E402
-
 import kernels  # noqa: E402
+from benchmarks.common import make_inputs, rel_rms  # noqa: E402
 from kernels import family  # noqa: E402
 from kernels.triton import triton_chunk  # noqa: E402
 from kernels.triton.chunk import INTERPRET  # noqa: E402

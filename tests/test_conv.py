@@ -22,8 +22,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from helpers import rel_rms  # noqa: E402
-
+from benchmarks.common import rel_rms  # noqa: E402
 from kernels.conv import MAX_TRITON_CONV_SIZE, short_conv, short_conv_reference  # noqa: E402
 from kernels.triton import conv as triton_conv  # noqa: E402
 from mixers.linear_base import ShortConvolution  # noqa: E402

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import CLI_TINY, rel_rms
+from helpers import CLI_TINY
 from omegaconf import DictConfig
 from test_analysis import write_run
 
@@ -32,6 +32,7 @@ import kernels
 import kernels.ops
 import train
 from analysis import collect, plot
+from benchmarks.common import rel_rms
 from runcheck import ConfigError
 from rundir import FileUnreadable, ResumeRefused, RunDirBusy
 

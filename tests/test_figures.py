@@ -18,7 +18,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from analysis import collect, plot
+from analysis import collect, draw, fig_steps, plot
 from analysis.colours import mixer_colour
 
 # Under `pytest -n`: one worker runs this file, so its module fixtures draw each figure once.
@@ -190,14 +190,14 @@ def _describe(fig: Figure) -> dict[str, object]:
 def _render(sweep: Path, out: Path, *args: str) -> dict[str, object]:
     """plot.main on `sweep`, with every figure checked and described as it is saved."""
     figures: dict[str, object] = {"out": out}
-    save = plot.save_figure
+    save = draw.save_figure
 
     def checked_save(fig: Figure, data: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
         figures[name] = _describe(fig)
         return save(fig, data, out_dir, name)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(plot, "save_figure", checked_save)
+    mp.setattr(draw, "save_figure", checked_save)
     try:
         assert plot.main([str(sweep), "--out", str(out), *args]) == 0
     finally:
@@ -271,10 +271,10 @@ def test_diverged_and_failed_runs_are_marked_never_accuracy_zero(rendered: dict,
                  if line["panel"].startswith("mqar") and line["colour"] == mixer_colour("attention")]
     assert attention, "the diverged attention runs are not drawn at all"
     for line in attention:
-        assert line["marker"] == plot.STATUS_MARKERS["diverged"] and (line["xy"][:, 1] < -5).all()
+        assert line["marker"] == draw.STATUS_MARKERS["diverged"] and (line["xy"][:, 1] < -5).all()
     # and no status marker anywhere sits on the accuracy scale
     for line in lines:
-        if line["marker"] in plot.STATUS_MARKERS.values():
+        if line["marker"] in draw.STATUS_MARKERS.values():
             assert (line["xy"][:, 1] < -5).all(), line
     legends = rendered[name]["legends"]
     assert "diverged (not scored)" in legends
@@ -328,7 +328,7 @@ def test_lines_join_measured_points_only(rendered: dict) -> None:
     steps = pd.read_csv(rendered["out"] / "acc_vs_steps_len1024.csv")
     assert steps[steps["task"] == "stack"].groupby("series").size().eq(2).all()
     curves = [line for line in rendered["acc_vs_steps_len1024"]["lines"]
-              if line["marker"] not in plot.STATUS_MARKERS.values() and not line["label"].startswith("_")]
+              if line["marker"] not in draw.STATUS_MARKERS.values() and not line["label"].startswith("_")]
     assert len(curves) == 3 * len(MIXERS) - 1
     assert all(line["marker"] not in ("None", "", None) for line in curves)
     stack = [line for line in curves if line["panel"].startswith("stack")]
@@ -345,7 +345,7 @@ def test_series_at_one_length_are_drawn_side_by_side(rendered_committed: dict, n
     # two series at the same accuracy and length must not hide one another: each series' markers sit a
     # little to its own side of the length (the CSV keeps the true length)
     lines = [line for line in rendered_committed[name]["lines"]
-             if line["marker"] not in plot.STATUS_MARKERS.values() and not line["label"].startswith("_")]
+             if line["marker"] not in draw.STATUS_MARKERS.values() and not line["label"].startswith("_")]
     for panel in {line["panel"] for line in lines}:
         xs = {}
         for line in lines:
@@ -364,16 +364,17 @@ def test_steps_axis_of_a_sweep_with_one_eval_per_run(tmp_path: Path, monkeypatch
     sweep = tmp_path / "one_eval"
     for mixer, lr in itertools.product(["kda", "gdn", "mamba2"], [3e-3, 1e-2]):
         _write_run(sweep, "mqar", mixer, 32, lr, 0, "completed", [20])
-    drawn, save = {}, plot.save_figure
+    drawn, save = {}, draw.save_figure
 
     def described_save(fig: Figure, *args: object) -> list[Path]:
         drawn["figure"] = _describe(fig)
         return save(fig, *args)
 
-    monkeypatch.setattr(plot, "save_figure", described_save)
+    monkeypatch.setattr(draw, "save_figure", described_save)
     table = collect.collect_dirs([sweep])
     runs, unscored = plot.scored_runs(table), plot.unscored_runs(table)
-    plot.plot_acc_vs_steps(runs, plot.best_lr(plot.cells(runs, unscored)), unscored, 32, tmp_path / "figs")
+    best = plot.best_lr(plot.cells(runs, unscored))
+    fig_steps.plot_acc_vs_steps(runs, best, unscored, 32, tmp_path / "figs")
     figure = drawn["figure"]
     assert figure["problems"] == []
     (axis,) = figure["x_axes"]

@@ -1,6 +1,6 @@
 """Our token-loop reference against FLA 0.6.0's own reference loops, on the CPU: the same recurrences.
 
-Every GPU comparison with FLA (benchmarks/bench_gpu.py, tests/gpu/check_kernels.py) assumes that our six
+Every GPU comparison with FLA (benchmarks.speed, tests/gpu/check_kernels.py) assumes that our six
 ops compute what FLA's do, with the same argument conventions (log-space gates, beta per head, the scale,
 the state layout [B, H, K, V], the decay applied before the delta-rule update). This checks it where it is
 cheap: `kernels.naive.naive_recurrent` against FLA's `naive_recurrent_*` loops, outputs and final states
@@ -15,8 +15,8 @@ import warnings
 
 import pytest
 import torch
-from helpers import make_inputs, rel_rms
 
+from benchmarks.common import make_inputs, rel_rms
 from kernels import family
 from kernels.naive import naive_recurrent
 

@@ -1,17 +1,16 @@
-"""benchmarks/gpu_kernel_compare.{sh,py}: the GPU check and timings of two trees side by side (the GPU parts
-run on the device; here the table from made-up CSVs and the script's refusal of a bad revision)."""
+"""benchmarks/gpu.sh's compare steps: the GPU check and timings of two trees side by side (the GPU parts run
+on the device; here the table from made-up CSVs and the run-sheet's refusal of a bad revision or step)."""
 
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import speed
 
-import gpu_kernel_compare  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench(path: Path, rows: list[dict]) -> None:
@@ -27,31 +26,28 @@ def test_medians_over_rounds_side_by_side(tmp_path: Path) -> None:
     _bench(tmp_path / "rev" / "bench_1", [{**row, "ms_fwd": "1.0", "ms_fwdbwd": "7.0"}])
     _bench(tmp_path / "rev" / "bench_2", [{**row, "ms_fwd": "3.0", "ms_fwdbwd": "SKIP(time)"}])
     _bench(tmp_path / "tree" / "bench_1", [{**row, "ms_fwd": "2.2", "ms_fwdbwd": "7.7"}])
-    before = gpu_kernel_compare.medians(tmp_path / "rev")
-    after = gpu_kernel_compare.medians(tmp_path / "tree")
+    before = speed.medians(tmp_path / "rev")
+    after = speed.medians(tmp_path / "tree")
     # the median of 1.0 and 3.0; a skipped timing left out
     assert before == {("B8T8K", "kda", "ours", "ms_fwd"): 2.0, ("B8T8K", "kda", "ours", "ms_fwdbwd"): 7.0}
-    lines = gpu_kernel_compare.table(before, after, "REV")
+    lines = speed.compare_table(before, after, "REV")
     assert lines[2] == "| B8T8K | kda | ours | ms_fwd | 2.0000 | 2.2000 | 1.100 |"
     assert lines[3] == "| B8T8K | kda | ours | ms_fwdbwd | 7.0000 | 7.7000 | 1.100 |"
 
 
+def _sheet(out: Path, steps: str, rev: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "REV": rev} if rev else dict(os.environ)
+    return subprocess.run(["bash", "benchmarks/gpu.sh", str(out), steps], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_a_revision_that_is_neither_folder_nor_commit_is_refused(tmp_path: Path) -> None:
-    res = subprocess.run(
-        ["bash", "benchmarks/gpu_kernel_compare.sh", str(tmp_path / "out"), "no-such-revision"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    res = _sheet(tmp_path / "out", "compare", "no-such-revision")
     assert res.returncode == 2 and "neither a folder nor a git revision" in res.stderr
     # a folder without the scripts is refused before anything runs
     (tmp_path / "empty").mkdir()
-    res = subprocess.run(
-        ["bash", "benchmarks/gpu_kernel_compare.sh", str(tmp_path / "out"), str(tmp_path / "empty")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    res = _sheet(tmp_path / "out", "revcheck", str(tmp_path / "empty"))
     assert res.returncode == 2 and "has no tests/gpu/check_kernels.py" in res.stderr
+    # and so is a step the sheet does not have
+    res = _sheet(tmp_path / "out", "check nonsense")
+    assert res.returncode == 2 and "unknown step nonsense" in res.stderr

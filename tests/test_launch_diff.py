@@ -1,9 +1,8 @@
-"""benchmarks/launch_diff.py: the launch code of kernels/triton/ recorded on meta tensors (no GPU, no
+"""`benchmarks.launches diff`: the launch code of kernels/triton/ recorded on meta tensors (no GPU, no
 compile), at the working tree and at a git revision, and the two lists of launches diffed."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -12,19 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import launches
+
 pytest.importorskip("triton")
 
 # launch tooling, compared against a git revision: the compiler-output tier, not the edit-test loop
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import launch_diff  # noqa: E402
-
-
-def _args(op: str, B: int, T: int, H: int) -> argparse.Namespace:
-    return argparse.Namespace(op=op, B=B, T=T, H=H, D=128)
 
 
 def _launch(lines: list[str], kernel: str) -> str:
@@ -33,7 +27,7 @@ def _launch(lines: list[str], kernel: str) -> str:
 
 
 def test_records_every_launch_with_its_settings() -> None:
-    lines = launch_diff.record(ROOT, _args("kda_bounded", 8, 8192, 16))
+    lines = launches.launch_lines(ROOT, "kda_bounded", 8, 8192, 16)
     # the no-grad forward, the differentiable one and the backward, in order
     assert [line for line in lines if line.startswith("--")] == [
         "-- forward without a gradient",
@@ -47,19 +41,19 @@ def test_records_every_launch_with_its_settings() -> None:
     # the reverse state pass: 128-column blocks of 8 warps with many programs, 32 of 4 for a long pass of few
     wide = _launch(lines, "_state_bwd_kernel")
     assert wide.startswith("_state_bwd_kernel (1, 128) ") and "BV=128" in wide and "num_warps=8" in wide
-    few = _launch(launch_diff.record(ROOT, _args("kda_bounded", 1, 4096, 2)), "_state_bwd_kernel")
+    few = _launch(launches.launch_lines(ROOT, "kda_bounded", 1, 4096, 2), "_state_bwd_kernel")
     assert "BV=32" in few and "num_warps=4" in few and "num_stages=2" in few
     # linear attention: no delta rule, so no solve, W/U or dvt launch
-    plain = launch_diff.record(ROOT, _args("linear_attn", 1, 100, 2))
+    plain = launches.launch_lines(ROOT, "linear_attn", 1, 100, 2)
     assert not [line for line in plain if line.startswith(("_solve", "_wu", "_dvt"))]
 
 
 def test_compare_matches_launches_in_order() -> None:
     old = ["-- backward", "_k (1, 2) A=1 B=2 num_warps=4", "_j (3,) C=0 num_warps=4"]
     # a constexpr only one side passes is listed, not a difference
-    diff, one_sided = launch_diff.compare(old, ["-- backward", "_k (1, 2) A=1 num_warps=4", old[2]])
+    diff, one_sided = launches.compare(old, ["-- backward", "_k (1, 2) A=1 num_warps=4", old[2]])
     assert diff == [] and one_sided == {"_k": {"B=2 before"}}
-    _, one_sided = launch_diff.compare(old, [old[0], "_k (1, 2) A=1 B=2 D=7 num_warps=4", old[2]])
+    _, one_sided = launches.compare(old, [old[0], "_k (1, 2) A=1 B=2 D=7 num_warps=4", old[2]])
     assert one_sided == {"_k": {"D=7 now"}}
     # another value, grid, kernel or number of launches is
     for new in (
@@ -69,7 +63,7 @@ def test_compare_matches_launches_in_order() -> None:
         [old[0], old[2], old[1]],
         old[:2],
     ):
-        diff, _ = launch_diff.compare(old, new)
+        diff, _ = launches.compare(old, new)
         assert diff and any(line.startswith("+") or line.startswith("-") for line in diff), new
 
 
@@ -82,7 +76,7 @@ def _git(repo: Path, *args: str) -> None:
 def _run_cli(repo: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return subprocess.run(
-        [sys.executable, "benchmarks/launch_diff.py", "HEAD", "--op", "gla"] + "--B 2 --T 100 --H 2".split(),
+        [sys.executable, "-m", "benchmarks.launches", *"diff HEAD --op gla --B 2 --T 100 --H 2".split()],
         cwd=repo,
         env=env,
         capture_output=True,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import rel_rms
 
+from benchmarks.common import rel_rms
 from mixers.loss import linear_cross_entropy, reference_cross_entropy
 
 
@@ -158,15 +158,12 @@ def test_unknown_impl_is_named() -> None:
 def test_bench_loss_smoke(tmp_path) -> None:
     # the GPU benchmark's code path on the CPU at a tiny size: every implementation runs and agrees
     import csv
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_loss.py"
-    spec = importlib.util.spec_from_file_location("bench_loss", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    assert bench.main(["--out", str(tmp_path), "--device", "cpu", "--rows", "40", "--tasks", "palindrome",
-                       "--impls", "full", "torch", "triton", "--warmup", "0", "--steps", "1"]) == 0
+    from benchmarks import speed
+
+    assert speed.main(["loss", "--out", str(tmp_path), "--device", "cpu", "--rows", "40", "--tasks",
+                       "palindrome", "--impls", "full", "torch", "triton", "--warmup", "0", "--steps",
+                       "1"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "bench_loss.csv")))
     assert [r["impl"] for r in rows] == ["full", "torch", "triton"]
     assert all(float(r["err_loss"]) < 1e-3 and float(r["ms"]) > 0 for r in rows)

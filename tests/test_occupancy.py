@@ -1,5 +1,5 @@
-"""benchmarks/occupancy.py: the family's launches recorded on meta tensors, compiled for sm_90 on the CPU,
-and the programs per SM that their registers and shared memory allow."""
+"""`benchmarks.launches occupancy`: the family's launches recorded on meta tensors, compiled for sm_90 on the
+CPU, and the programs per SM that their registers and shared memory allow."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_programs_per_sm_names_the_limit() -> None:
     res = _run(
         [
             "-c",
-            "from benchmarks.occupancy import programs_per_sm as p; "
+            "from benchmarks.launches import programs_per_sm as p; "
             "print(p(177, 4, 17408), p(128, 4, 17408), p(16, 16, 0), p(32, 1, 100000), p(255, 1, 0))",
         ]
     )
@@ -53,7 +53,9 @@ def test_every_launch_of_the_delta_rule_compiles_and_fits(tmp_path: Path) -> Non
     out = tmp_path / "occ.csv"
     res = _run(
         [
-            "benchmarks/occupancy.py",
+            "-m",
+            "benchmarks.launches",
+            "occupancy",
             "--ops",
             "delta_rule",
             "--B",
@@ -104,14 +106,14 @@ def test_every_launch_of_the_delta_rule_compiles_and_fits(tmp_path: Path) -> Non
 
 
 def test_bad_options_are_named() -> None:
-    res = _run(["benchmarks/occupancy.py", "--options", "intra_bwd:warps=2"])
+    res = _run(["-m", "benchmarks.launches", "occupancy", "--options", "intra_bwd:warps=2"])
     assert res.returncode != 0
     assert "expected KERNEL:NAME=INT" in res.stderr and "intra_bwd:warps=2" in res.stderr
 
 
-# _signature on _rev_cumsum_kernel (pointers x, x and the integer T), in a fresh interpreter (_run)
+# signature on _rev_cumsum_kernel (pointers x, x and the integer T), in a fresh interpreter (_run)
 _SIGNATURE_SETUP = (
-    "import torch; from benchmarks.occupancy import _signature; "
+    "import torch; from benchmarks.launches import signature; "
     "from kernels.triton import cumsum, state_fwd; "
     "x = torch.empty(4, device='meta', dtype=torch.bfloat16); c = dict(H=16, K=128, BT=64, DECAY=2); "
     "f = cumsum._rev_cumsum_kernel.fn; "
@@ -125,8 +127,8 @@ def test_launches_are_specialized_as_the_launcher_does() -> None:
     res = _run(
         [
             "-c",
-            _SIGNATURE_SETUP + "print(_signature(f, (x, x, 8192), c)); print(_signature(f, (x, x, 1), c)); "
-            "print(_signature(f, (x, x, 100), c))",
+            _SIGNATURE_SETUP + "print(signature(f, (x, x, 8192), c)); print(signature(f, (x, x, 1), c)); "
+            "print(signature(f, (x, x, 100), c))",
         ]
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
@@ -145,7 +147,7 @@ def test_unspecialised_integers_stay_plain() -> None:
             "-c",
             _SIGNATURE_SETUP
             + "print([p.name for p in state_fwd._state_fwd_kernel.params if p.do_not_specialize]); "
-            "print(_signature(f, (x, x, 8192), c, ('T',))); print(_signature(f, (x, x, 1), c, ('T',)))",
+            "print(signature(f, (x, x, 8192), c, ('T',))); print(signature(f, (x, x, 1), c, ('T',)))",
         ]
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
@@ -169,7 +171,7 @@ def test_sass_counts_finds_loops_and_instruction_kinds() -> None:
         /*0080*/                   EXIT ;
     """
     res = _run(
-        ["-c", f"from benchmarks.occupancy import sass_counts; print(sass_counts({sass!r}))"]
+        ["-c", f"from benchmarks.launches import sass_counts; print(sass_counts({sass!r}))"]
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     # one loop, 0x20..0x50 (4 instructions); the forward branch at 0x70 is not one; NOP not counted
@@ -195,7 +197,7 @@ def test_loop_loads_counts_plain_loads_inside_loops_only() -> None:
             "  } loc(#l9)",
         ]
     )
-    res = _run(["-c", f"from benchmarks.occupancy import loop_loads; print(loop_loads({ttgir!r}))"])
+    res = _run(["-c", f"from benchmarks.launches import loop_loads; print(loop_loads({ttgir!r}))"])
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "2: 128xf32 16x64xbf16"
 
@@ -219,7 +221,7 @@ def test_mma_dup_counts_products_whose_layout_repeats_rows_or_columns() -> None:
             "-> tensor<16x16xf32, #mma2>",
         ]
     )
-    res = _run(["-c", f"from benchmarks.occupancy import mma_dup; print(mma_dup({ttgir!r}))"])
+    res = _run(["-c", f"from benchmarks.launches import mma_dup; print(mma_dup({ttgir!r}))"])
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "2/3"
 
@@ -229,7 +231,8 @@ def test_state_pass_products_unchained(tmp_path: Path) -> None:
     # chained (X, Vt, the output's state term), which would be laid out twice over (3/5) did _unchain not
     # break the chain
     out = tmp_path / "occ.csv"
-    res = _run(["benchmarks/occupancy.py", "--no-grad", "--ops", "kda_bounded", "--out", str(out)])
+    args = ["occupancy", "--no-grad", "--ops", "kda_bounded", "--out", str(out)]
+    res = _run(["-m", "benchmarks.launches", *args])
     assert res.returncode == 0, res.stderr[-3000:]
     (row,) = [r for r in csv.DictReader(out.open()) if r["kernel"] == "_state_fwd_kernel"]
     assert row["warps"] == "8" and row["mma_dup"] == "0/5"
@@ -244,18 +247,19 @@ def test_intra_forward_exponentials_without_subnormal_handling() -> None:
     # counts do not move with the ptxas version
     code = textwrap.dedent(
         """
-        import json, sys
-        sys.path[:0] = [".", "benchmarks"]
-        import occupancy
+        import json
+        from benchmarks.common import PHASES, record_launches
+        from benchmarks.launches import compile_launch
         from kernels.triton import plan
         plan._g16 = lambda lowp: False
         out = {}
-        for keep in (True, False):
-            launches = occupancy.record("kda_bounded", "channel", True, -5.0, 1, 256, 2, 128, keep=keep)
+        phases = record_launches("kda_bounded", 1, 256, 2, 128)
+        for key, phase in (("grad", PHASES[1]), ("log2", PHASES[0])):
+            launches = phases[phase]
             (launch,) = [x for x in launches if x.kernel == "_intra_fwd_kernel"]
-            ptx = occupancy.compile_launch(launch).asm["ptx"]
+            ptx = compile_launch(launch).asm["ptx"]
             lines = [x.split("//")[0].strip() for x in ptx.splitlines()]
-            out["grad" if keep else "log2"] = [
+            out[key] = [
                 sum(x.startswith("ex2.approx.") for x in lines),
                 sum(x.startswith("ex2.approx.ftz.f32") for x in lines),
                 sum("0f3FB8AA3B" in x for x in lines),  # log2(e) as an fp32 immediate
@@ -279,10 +283,9 @@ def test_forward_kernels_wait_for_the_one_before_under_pdl() -> None:
     # first global load, store or asynchronous copy (sm_90 PTX); plain launches have neither
     code = textwrap.dedent(
         """
-        import json, sys
+        import json
         from pathlib import Path
-        sys.path.insert(0, ".")
-        from benchmarks.ptx_diff import DEFAULTS, compile_in
+        from benchmarks.launches import DEFAULTS, compile_in
         out = {}
         kernels = ["_cumsum_kernel", "_cumsum16_kernel", "_intra_fwd_kernel", "_solve_kernel"]
         for name in kernels + ["_state_fwd_kernel", "_solve_kernel 0"]:

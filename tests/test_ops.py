@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from helpers import rel_rms, token_loop_inputs
 
 import kernels
+from benchmarks.common import rel_rms, token_loop_inputs
 from kernels import family
 from kernels.family import Op
 

@@ -1,12 +1,13 @@
-"""benchmarks/ptx_diff.py: a kernel compiled to PTX for sm_90 on the CPU, compared between two trees."""
+"""`benchmarks.launches ptx`: a kernel compiled to PTX for sm_90 on the CPU, compared between two trees."""
 
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+
+from benchmarks import launches
 
 pytest.importorskip("triton")
 
@@ -14,9 +15,6 @@ pytest.importorskip("triton")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import ptx_diff  # noqa: E402
 
 PTX = """//
 .visible .entry k(
@@ -36,7 +34,7 @@ PTX = """//
 
 
 def test_instructions_leave_out_what_does_not_run() -> None:
-    n_params, lines = ptx_diff.instructions(PTX)
+    n_params, lines = launches.instructions(PTX)
     assert n_params == 2
     # parameter loads first, sorted and renumbered; registers renumbered; no comments, .loc or debug section
     assert lines == [
@@ -61,20 +59,20 @@ def _tree(tmp_path: Path, edit=None) -> Path:
 
 
 def test_the_same_kernel_compiles_the_same_and_a_change_is_seen(tmp_path: Path) -> None:
-    consts = dict(ptx_diff.DEFAULTS)
-    here = ptx_diff.compile_in(ROOT, "_rev_cumsum_kernel", consts)
-    assert here[1] and here == ptx_diff.compile_in(_tree(tmp_path), "_rev_cumsum_kernel", consts)
+    consts = dict(launches.DEFAULTS)
+    here = launches.compile_in(ROOT, "_rev_cumsum_kernel", consts)
+    assert here[1] and here == launches.compile_in(_tree(tmp_path), "_rev_cumsum_kernel", consts)
     # the reverse cumsum made forward: other instructions
     changed = _tree(
         tmp_path / "b",
         lambda src: src.replace("axis=0, reverse=True)", "axis=0)"),
     )
-    assert ptx_diff.compile_in(changed, "_rev_cumsum_kernel", consts) != here
+    assert launches.compile_in(changed, "_rev_cumsum_kernel", consts) != here
 
 
 def test_a_string_constexpr_selects_the_products_precision() -> None:
     # the solve's PREC ("tf32" by default, as for 16-bit inputs) is a string, not an integer
-    consts = dict(ptx_diff.DEFAULTS)
-    tf32 = ptx_diff.compile_in(ROOT, "_solve_kernel", consts)
-    tf32x3 = ptx_diff.compile_in(ROOT, "_solve_kernel", {**consts, "PREC": "tf32x3"})
+    consts = dict(launches.DEFAULTS)
+    tf32 = launches.compile_in(ROOT, "_solve_kernel", consts)
+    tf32x3 = launches.compile_in(ROOT, "_solve_kernel", {**consts, "PREC": "tf32x3"})
     assert tf32[1] and tf32x3[1] and tf32 != tf32x3

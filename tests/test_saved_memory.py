@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from benchmarks.bench_train import saved_storages
+from benchmarks.common import rel_rms
+from benchmarks.memory import saved_storages
 from mixers.linear_base import LinearMixer
 from mixers.model import LanguageModel
 from mixers.recompute import gated_rms_norm_projection, kda_gate, l2_norm, shared_cast
-from tests.helpers import rel_rms
 from tests.test_mixers import CONF
 
 SMALL = {"num_heads": 2, "head_dim": 16, "chunk_size": 16, "backend": "torch"}
@@ -216,7 +216,7 @@ def test_lean_backward_on_the_triton_ops_gives_the_plain_gradients(name: str) ->
 
 
 def test_the_recompute_is_invisible_to_an_enclosing_saved_tensor_hook() -> None:
-    # bench_train's saved_split counts what a whole step packs: the backward's recomputed graphs are
+    # benchmarks.memory's saved_split counts what a whole step packs: the backward's recomputed graphs are
     # transient and must not add to it
     model = _model("kda", {}, lean=True)
     tokens = torch.randint(0, 11, (2, 37), generator=_generator())

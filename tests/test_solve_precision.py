@@ -1,16 +1,11 @@
-"""benchmarks/solve_precision.py: the CPU emulation behind the solve's TF32 setting (solve.tf32)."""
+"""benchmarks.solve_precision: the CPU emulation behind the solve's TF32 setting (solve.tf32)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import solve_precision as sp  # noqa: E402
+from benchmarks import solve_precision as sp
 
 
 def test_tf32_keeps_ten_mantissa_bits() -> None:

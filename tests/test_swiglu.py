@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.bench_train import saved_storages
+from benchmarks.common import rel_rms
+from benchmarks.memory import saved_storages
 from kernels.swiglu import swiglu, swiglu_reference
-from tests.helpers import rel_rms
 
 
 def _h(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from helpers import make_inputs, rel_rms  # noqa: E402
-
+from benchmarks.common import Recorder, make_inputs, rel_rms  # noqa: E402
 from kernels import family  # noqa: E402
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
@@ -165,7 +164,7 @@ def test_intra_gradients_inside_the_dqk_kernel(
 
 
 def record_launches(monkeypatch: pytest.MonkeyPatch, *kernels: str, run: bool = True) -> list:
-    # each kernel replaced, in the stage module that holds and launches it, by a _Recorder that appends to
+    # each kernel replaced, in the stage module that holds and launches it, by a Recorder that appends to
     # the list returned and (run) launches the real kernel
     from kernels.triton import chunk
 
@@ -173,24 +172,8 @@ def record_launches(monkeypatch: pytest.MonkeyPatch, *kernels: str, run: bool = 
     for name in kernels:
         (module,) = [m for m in chunk.STAGES if name in vars(m)]
         real = getattr(module, name) if run else None
-        monkeypatch.setattr(module, name, _Recorder(real, launched, name))
+        monkeypatch.setattr(module, name, Recorder(name, launched, real))
     return launched
-
-
-class _Recorder:
-    """Stands in for a Triton kernel: records each launch (name, grid, keyword arguments), then launches the
-    real kernel, or nothing where it stands in for none (kernel None)."""
-
-    def __init__(self, kernel, launched: list, name: str) -> None:
-        self.kernel, self.launched, self.name = kernel, launched, name
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launched.append((self.name, grid, kwargs))
-            if self.kernel is not None:
-                return self.kernel[grid](*args, **kwargs)
-
-        return launch
 
 
 @pytest.mark.parametrize("T", [63, 100, 200])
@@ -420,7 +403,7 @@ def test_many_programs_forms_match_naive(
     launched.clear()
     check_no_grad_against_naive(inputs, lower_bound)
     assert [n for n, _, _ in launched] == ["_state_fwd_kernel"]  # (no W/U pass: the WY form)
-    assert launched[0][2]["WY"] == delta and launched[0][2]["TRIL"]
+    assert launched[0].kwargs["WY"] == delta and launched[0].kwargs["TRIL"]
 
 
 @pytest.mark.parametrize("T,chunk_size", [(17, 64), (100, 64), (200, 64), (100, 16), (100, 32)])

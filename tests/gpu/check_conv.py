@@ -31,8 +31,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import rel_rms  # noqa: E402
 from kernels.conv import short_conv, short_conv_reference  # noqa: E402
-from tests.helpers import rel_rms  # noqa: E402
 
 BOUNDS = {
     torch.float32: {"y": 1e-5, "final_state": 1e-5, "dx": 1e-5, "dweight": 1e-5, "dstate": 1e-5},

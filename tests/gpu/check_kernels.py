@@ -28,6 +28,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import make_inputs, rel_rms  # noqa: E402
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import VARIANTS as OPS  # noqa: E402
 from kernels.triton import (  # noqa: E402
@@ -35,7 +36,6 @@ from kernels.triton import (  # noqa: E402
     triton_chunk,
     triton_recurrent_step,
 )
-from tests.helpers import make_inputs, rel_rms  # noqa: E402
 
 BOUNDS = {
     "o": 5e-3,

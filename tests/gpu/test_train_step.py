@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import rel_rms
 
-from tests.helpers import rel_rms  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.gpu,

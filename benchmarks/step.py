@@ -1,9 +1,9 @@
 """The whole training step, as a user runs it: step time, tokens/s, peak memory and where the GPU time goes.
 
-    python benchmarks/bench_train.py --out DIR             # every mixer, MQAR + Palindrome, T 256-2048
-    python benchmarks/bench_train.py --out DIR --mixers kda attention --lengths 1024 --impls ours fla
-    python benchmarks/bench_train.py --out DIR --device cpu --batch 2 --lengths 32 --d-model 32   # smoke test
-    python benchmarks/bench_train.py --out DIR --mixers --patterns 'kda*3,attention' --lengths 1024  # hybrid
+    python -m benchmarks.step --out DIR             # every mixer, MQAR + Palindrome, T 256-2048
+    python -m benchmarks.step --out DIR --mixers kda attention --lengths 1024 --impls ours fla
+    python -m benchmarks.step --out DIR --device cpu --batch 2 --lengths 32 --d-model 32   # smoke test
+    python -m benchmarks.step --out DIR --mixers --patterns 'kda*3,attention' --lengths 1024  # hybrid
 
 The model of Kimi Linear's synthetic setting (2 layers, d_model 256, the mixers' yamls: 2 heads x 128), one
 fixed batch of the task (B=256 by default), bf16 autocast on CUDA, and the step train.py takes: the body, the
@@ -36,17 +36,12 @@ DIR/bench_train_rest.csv: the "rest" of each step's GPU time by launching op and
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
-import datetime
 import inspect
 import math
-import os
-import subprocess
 import sys
 import time
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +49,12 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import train  # noqa: E402
-from mixers.model import LanguageModel  # noqa: E402
-from mixers.pattern import check_pattern, expand, pattern_name  # noqa: E402
-from runconfig import fast_step  # noqa: E402
+import train
+from benchmarks.common import ROOT, indexed_device, provenance, write_csv
+from benchmarks.memory import SAVED, saved_split
+from mixers.model import LanguageModel
+from mixers.pattern import check_pattern, expand, pattern_name
+from runconfig import fast_step
 
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
 TASKS = {"mqar": "mqar", "palindrome": "palindrome"}
@@ -107,46 +101,29 @@ class FlaMixer(nn.Module):
         return 0
 
 
-def _commit() -> str:
-    """The checkout's commit; a copy without .git (a lent GPU machine) can name it in $KDA_COMMIT."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("KDA_COMMIT", "unknown")
-
-
-def indexed_device(spec: str) -> torch.device:
-    """--device as a torch.device; "cuda" names no index, and set_device and the peak-memory counters
-    need one."""
-    device = torch.device(spec)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _versions() -> str:
-    parts = [f"torch {torch.__version__}"]
-    for name in ("triton", "fla"):
-        try:
-            module = __import__(name)
-            parts.append(f"{name} {getattr(module, '__version__', '?')}")
-        except ImportError:
-            pass
-    return ", ".join(parts)
-
-
 def build(impl: str, mixer: str, vocab: int, d_model: int, lean: bool = False,
-          pattern: list[str] | None = None) -> LanguageModel:
+          pattern: list[str] | None = None, backend: str | None = None) -> LanguageModel:
+    """The model of one row; `backend` replaces the yaml's op backend (ours, a single mixer)."""
     if pattern is not None:  # a hybrid: the mixer node is its first kind's yaml, the others' their own
         cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{pattern[0]}.yaml")
         return LanguageModel(vocab, cfg, d_model=d_model, num_layers=len(pattern), pattern=pattern,
                              lean_backward=lean)
     if impl == "ours":
         cfg = OmegaConf.load(ROOT / "conf" / "mixer" / f"{mixer}.yaml")
+        if backend is not None and "backend" in cfg:
+            cfg.backend = backend
         return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer, lean_backward=lean)
     cfg = {"_target_": f"{__name__}.FlaMixer", "layer": FLA_LAYERS[mixer]}
     return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=f"fla.{mixer}")
+
+
+def task_batch(task: str, B: int, T: int, device: torch.device) -> tuple[train.Batch, torch.Tensor, int]:
+    """One fixed batch of `task` at length T (its yaml's generator, seed 0), its labels and vocabulary."""
+    cfg = OmegaConf.load(ROOT / "conf" / "task" / f"{TASKS[task]}.yaml")
+    cfg.seq_len = T
+    generate, vocab = train.load_task(cfg)
+    inputs, labels = generate(B, T, seed=0)
+    return train.make_batch(inputs, labels, device), labels, vocab
 
 
 def _ranged(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -243,94 +220,6 @@ def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch
     return fla_step
 
 
-SAVED = ["mixer", "mlp", "norms", "rest"]
-
-
-def _saved_part(path: str) -> str:
-    # a module path of LanguageModel: blocks.<i>.mixer..., blocks.<i>.mlp..., *norm*; the rest (embedding,
-    # the scored positions' gather, the head + loss) outside any of them
-    parts = path.split(".")
-    if len(parts) >= 3 and parts[0] == "blocks":
-        return "norms" if "norm" in parts[2] else parts[2] if parts[2] in ("mixer", "mlp") else "rest"
-    return "norms" if parts[0] == "norm" else "rest"
-
-
-@contextlib.contextmanager
-def module_stack(model: nn.Module) -> Iterator[list[str]]:
-    """The path of the module running now, innermost last (empty outside every module), kept by forward
-    hooks on every submodule for as long as the context lasts."""
-    stack: list[str] = []
-    handles = []
-    for name, module in model.named_modules():
-        if name:
-            handles.append(module.register_forward_pre_hook(lambda m, a, n=name: stack.append(n) and None))
-            handles.append(module.register_forward_hook(lambda m, a, o, n=name: stack.pop() and None))
-    try:
-        yield stack
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-@contextlib.contextmanager
-def saved_storages(model: nn.Module | None = None,
-                   keep: Callable[[torch.Tensor], bool] | None = None) -> Iterator[list[dict[str, Any]]]:
-    """Every storage autograd keeps for the backward of the graph built inside the context, once each, with
-    the module of `model` that saved it first ("(top)" outside them, or without a model); `keep`, if given,
-    chooses at pack time which saved tensors count. The list yielded is filled when the backward starts
-    (its first unpack) or, if none runs, when the context exits. Only tensors still held then count: a
-    temporary that a freed node saved is dropped, and a later tensor given its address is neither lost nor
-    counted twice."""
-    entries: list[tuple[weakref.ref[torch.Tensor], str]] = []
-    live: list[dict[str, Any]] = []
-    done = False
-
-    def snapshot() -> None:
-        nonlocal done
-        done = True
-        seen: set[int] = set()
-        for ref, module in entries:
-            t = ref()
-            if t is None:
-                continue
-            storage = t.untyped_storage()
-            if storage.data_ptr() in seen:
-                continue
-            seen.add(storage.data_ptr())
-            live.append({"module": module or "(top)", "part": _saved_part(module) if module else "rest",
-                         "ptr": storage.data_ptr(), "shape": tuple(t.shape),
-                         "dtype": str(t.dtype).removeprefix("torch."), "bytes": storage.nbytes()})
-
-    with module_stack(model) if model is not None else contextlib.nullcontext([]) as stack:
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            # a detached alias: a node saving its own output, packed as itself, would be a reference cycle
-            # through its grad_fn that nothing frees, so every temporary would look held
-            alias = t.detach()
-            if keep is None or keep(t):
-                entries.append((weakref.ref(alias), stack[-1] if stack else ""))
-            return alias
-
-        def unpack(t: torch.Tensor) -> torch.Tensor:
-            if not done:
-                snapshot()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            yield live
-    if not done:
-        snapshot()
-
-
-def saved_split(model: nn.Module, step: Callable[[], None]) -> dict[str, float]:
-    """GiB of tensors one step keeps for its backward, by the module that saved them (each storage once):
-    what the activation memory is made of. Buffers an op keeps outside autograd's saved tensors (ctx
-    attributes) are not seen; the peak includes them."""
-    with saved_storages(model) as live:
-        step()
-    return {part: sum(r["bytes"] for r in live if r["part"] == part) / 2**30 for part in SAVED}
-
-
 def _label(impl: str, lean: bool, compiled: bool) -> str:
     return impl + ("+lean" if lean else "") + ("+compile" if compiled else "")
 
@@ -358,11 +247,7 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
             pattern: list[str] | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"impl": _label(impl, lean, compiled), "default": default, "task": task,
                            "mixer": mixer, "layers": len(pattern) if pattern else 2, "T": T, "B": args.batch}
-    task_cfg = OmegaConf.load(ROOT / "conf" / "task" / f"{TASKS[task]}.yaml")
-    task_cfg.seq_len = T
-    generate, vocab = train.load_task(task_cfg)
-    inputs, labels = generate(args.batch, T, seed=0)
-    batch = train.make_batch(inputs, labels, device)
+    batch, labels, vocab = task_batch(task, args.batch, T, device)
     torch.manual_seed(0)
     model = build(impl, mixer, vocab, args.d_model, lean, pattern).to(device)
     label_ranges(model)
@@ -433,19 +318,12 @@ def _last() -> dict[tuple[str, str, str, int], dict[str, str]]:
 
 
 def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    keys = list(dict.fromkeys(k for r in rows for k in r if k != "_rest"))
     # what the "rest" of each step's GPU time is made of, largest first
-    with open(out / "bench_train_rest.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["impl", "task", "mixer", "T", "ms", "launches", "op", "kernel"])
-        for r in rows:
-            for ms, n, op, kernel in r.get("_rest", []):
-                writer.writerow([r["impl"], r["task"], r["mixer"], r["T"], f"{ms:.4f}", n, op, kernel])
-    with open(out / "bench_train.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    fields = ["impl", "task", "mixer", "T", "ms", "launches", "op", "kernel"]
+    rest = [dict(zip(fields, (r["impl"], r["task"], r["mixer"], r["T"], f"{ms:.4f}", *listed), strict=True))
+            for r in rows for ms, *listed in r.get("_rest", [])]
+    write_csv(out / "bench_train_rest.csv", rest, fields)
+    write_csv(out / "bench_train.csv", rows, list(dict.fromkeys(k for r in rows for k in r if k != "_rest")))
     base, last = _baseline(), _last()
     lines = [f"# Training step, whole model\n\n{header}\n",
              "| task | mixer | T | impl | step ms | tokens/s (M) | peak GiB | first step s | vs eaf2b28 "
@@ -481,7 +359,8 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.step",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for bench_train.{csv,md}")
     parser.add_argument("--mixers", nargs="*", default=MIXERS)
     parser.add_argument("--patterns", nargs="+", default=[], metavar="PATTERN",
@@ -514,11 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             parser.error(f"--patterns {text}: {error}")
     models = [(mixer, None) for mixer in args.mixers] + [(pattern_name(p), p) for p in patterns]
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    header = (f"{datetime.date.today()}, {gpu}, {_versions()}, commit {_commit()}; B={args.batch}, "
-              f"d_model {args.d_model}, 2 layers (a pattern: its own), warmup {args.warmup}, {args.steps} "
-              "timed steps; "
-              f"`python benchmarks/bench_train.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
+    header = (f"{provenance(device)}; B={args.batch}, d_model {args.d_model}, 2 layers (a pattern: its own), "
+              f"warmup {args.warmup}, {args.steps} timed steps; "
+              f"`python -m benchmarks.step {' '.join(argv if argv is not None else sys.argv[1:])}`")
     names = list(args.variants) + ["compile"] * args.compile + ["lean"] * args.lean \
         + ["lean+compile"] * (args.compile and args.lean)
     ours = variants(names, device)

@@ -1,0 +1,159 @@
+"""The numbers behind every figure and the summary: the runs scored or not, the cells over seeds, the best
+learning rate (the conventions: analysis.plot's docstring)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.colours import mixer_order
+
+SCORED = ("completed",)
+
+
+# Shown in every figure as such (a marker in a strip below 0 %, a legend entry), never as an accuracy.
+UNSCORED = ("diverged", "failed")
+
+
+# Kimi Linear Fig. 4's panel order; other tasks follow alphabetically.
+TASK_ORDER = ("palindrome", "mqar", "stack")
+
+
+CELL = ["task", "series", "mixer", "variant", "seq_len", "lr"]
+
+
+# a run's accuracy: the held-out peak (default), or the paper's (Kimi Linear Fig. 4: peak training accuracy
+# of the logged steps)
+METRICS = {"eval": ("best_eval_acc", "peak eval accuracy (%)"),
+           "train": ("best_train_acc", "peak training accuracy (%)")}
+
+
+def task_order(tasks: pd.Series) -> list[str]:
+    present = set(tasks.unique())
+    return [t for t in TASK_ORDER if t in present] + sorted(present - set(TASK_ORDER))
+
+
+def series_name(mixer: str, variant: str) -> str:
+    """A series' label in figures and reports: the mixer, with its variant (an ablation) in brackets."""
+    return f"{mixer} [{variant}]" if variant else mixer
+
+
+def _check_columns(table: pd.DataFrame) -> None:
+    required = {"task", "mixer", "seq_len", "lr", "seed", "status", "best_eval_acc"}
+    missing = required - set(table.columns)
+    if missing:
+        raise ValueError(f"table lacks columns {sorted(missing)}; make it with python -m analysis.collect")
+
+
+def _with_series(runs: pd.DataFrame) -> pd.DataFrame:
+    runs = runs.copy()
+    if "variant" not in runs:
+        runs["variant"] = ""
+    runs["variant"] = runs["variant"].fillna("").astype(str)
+    runs["series"] = [series_name(m, v) for m, v in zip(runs["mixer"], runs["variant"], strict=True)]
+    for column in ("steps", "steps_to_threshold", "state_size"):
+        values = runs[column] if column in runs else pd.Series(np.nan, index=runs.index)
+        runs[column] = pd.to_numeric(values, errors="coerce").astype(float)
+    return runs
+
+
+def scored_runs(table: pd.DataFrame, metric: str = "eval") -> pd.DataFrame:
+    """Completed runs, the ones with an accuracy (`acc`, in % by `metric`, a key of METRICS), with a
+    `series` column (mixer, or mixer [variant])."""
+    _check_columns(table)
+    column = METRICS[metric][0]
+    completed = table[table["status"].isin(SCORED)]
+    if len(completed) and (column not in table or completed[column].isna().all()):
+        raise ValueError(f"--metric {metric} needs {column} in the runs' summaries, and no completed run has "
+                         f"it (runs written before train.py recorded it); use --metric eval")
+    runs = _with_series(table[table["status"].isin(SCORED)])
+    runs["acc"] = pd.to_numeric(runs[column], errors="coerce").astype(float) * 100.0
+    return runs
+
+
+def unscored_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """Diverged and failed runs, with `series`: the figures mark them, the summary counts them."""
+    _check_columns(table)
+    return _with_series(table[table["status"].isin(UNSCORED)])
+
+
+def status_counts(unscored: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """n_diverged and n_failed per `keys`."""
+    columns = [f"n_{s}" for s in UNSCORED]
+    if unscored.empty:
+        return pd.DataFrame(columns=keys + columns)
+    counts = pd.crosstab([unscored[k] for k in keys], unscored["status"])
+    counts = counts.reindex(columns=list(UNSCORED), fill_value=0)
+    counts.columns = columns
+    return counts.reset_index()
+
+
+def cells(runs: pd.DataFrame, unscored: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (task, series, length, lr): accuracy over the completed seeds (mean, spread, min, max,
+    n_seeds) and the diverged and failed runs there (n_diverged, n_failed; a cell may have only those)."""
+    grouped = runs.groupby(CELL, dropna=False, sort=True)
+    # A completed run whose summary lacks the metric is no seed of the cell: counted as one, it made a
+    # cell of one measured seed read "n=2, ± 0.0".
+    out = grouped.agg(
+        acc_mean=("acc", "mean"),
+        acc_std=("acc", lambda a: float(np.std(a.dropna().to_numpy(), ddof=0)) if a.notna().any()
+                 else np.nan),
+        acc_min=("acc", "min"),
+        acc_max=("acc", "max"),
+        n_seeds=("acc", "count"),
+        steps_to_threshold=("steps_to_threshold", "median"),
+        n_reached=("steps_to_threshold", lambda s: int(s.notna().sum())),
+        state_size=("state_size", "mean"),
+    ).reset_index()
+    unscored = unscored if unscored is not None else runs.iloc[:0]
+    counts = status_counts(unscored, CELL)
+    out = out.merge(counts, on=CELL, how="outer") if len(counts) else out.assign(n_diverged=0, n_failed=0)
+    for column in ("n_seeds", "n_reached", "n_diverged", "n_failed"):
+        out[column] = out[column].fillna(0).astype(int)
+    return out.sort_values(CELL).reset_index(drop=True)
+
+
+def best_lr(cell_table: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, series, length): the cell of the learning rate with the highest mean accuracy over its
+    completed seeds, with n_diverged / n_failed summed over every learning rate at that length."""
+    keys = ["task", "series", "seq_len"]
+    scored = cell_table[cell_table["n_seeds"] > 0]
+    ordered = scored.sort_values(["acc_mean", "lr"], ascending=[False, True], kind="stable")
+    best = ordered.groupby(keys, sort=False).head(1).drop(columns=["n_diverged", "n_failed"])
+    totals = cell_table.groupby(keys, as_index=False)[["n_diverged", "n_failed"]].sum()
+    best = best.merge(totals, on=keys, how="left")
+    return best.sort_values(keys).reset_index(drop=True)
+
+
+def series_order(frame: pd.DataFrame) -> list[str]:
+    pairs = frame[["series", "mixer", "variant"]].drop_duplicates()
+    by_mixer = {m: sorted(pairs[pairs["mixer"] == m]["variant"]) for m in pairs["mixer"].unique()}
+    return [series_name(m, v) for m in mixer_order(set(by_mixer)) for v in by_mixer[m]]
+
+
+def with_unscored_rows(best: pd.DataFrame, unscored: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """best's rows, plus a row (no accuracy) per (task, series, length) whose runs all diverged or failed."""
+    keys = ["task", "series", "mixer", "variant", "seq_len"]
+    counts = status_counts(unscored, keys)
+    if counts.empty:
+        return best[columns].reset_index(drop=True)
+    merged = counts.merge(best[keys], on=keys, how="left", indicator=True)
+    only = merged[merged["_merge"] == "left_only"].drop(columns="_merge").assign(n_seeds=0)
+    data = pd.concat([best, only], ignore_index=True).reindex(columns=columns)
+    return data.sort_values(keys).reset_index(drop=True)
+
+
+def max_trained_steps(table: pd.DataFrame) -> int | None:
+    """The largest `trainer.max_steps` of the table's runs (None: no run recorded it)."""
+    if "trainer.max_steps" not in table:
+        return None
+    steps = pd.to_numeric(table["trainer.max_steps"], errors="coerce")
+    return int(steps.max()) if steps.notna().any() else None
+
+
+def step_budget_note(table: pd.DataFrame) -> str | None:
+    # Kimi Linear trains up to 20,000 steps; a sweep with fewer says so on its figures
+    steps = max_trained_steps(table)
+    if steps is not None and steps < 20_000:
+        return f"at most {steps:,} training steps per run (Kimi Linear: up to 20,000)"
+    return None

@@ -1,0 +1,109 @@
+"""Accuracy against training length: Kimi Linear Fig. 4 (top), and what was learnt at L evaluated at 2L."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+
+from analysis import draw
+from analysis.cells import METRICS, UNSCORED, series_order, task_order, with_unscored_rows
+
+
+def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path,
+                       label: str = METRICS["eval"][1], note: str | None = None) -> list[Path]:
+    """Kimi Fig. 4 (top): per task, peak accuracy vs training length at the best lr, seed band. `note`:
+    a line above the panels (e.g. the step budget, where it differs from the paper's)."""
+    frame_all = pd.concat([best, unscored], ignore_index=True)
+    tasks = task_order(frame_all["task"])
+    styles = draw.style(frame_all)
+    rows = [s for s in UNSCORED if (unscored["status"] == s).any()]
+    fig, axes = draw.panels(len(tasks), legend=draw.legend_inches(series_order(frame_all)))
+    for ax, task in zip(axes, tasks, strict=True):
+        frame, failed = best[best["task"] == task], unscored[unscored["task"] == task]
+        lengths = sorted({int(v) for v in frame_all[frame_all["task"] == task]["seq_len"]})
+        series_names = series_order(frame_all[frame_all["task"] == task])
+        for index, series in enumerate(series_names):
+            # Reindexed on every length of the panel: a length without a completed run breaks the line.
+            line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
+            if line["acc_mean"].notna().any():
+                # dodged: series that reach the same accuracy at a length stay visible side by side
+                x = draw.dodge(np.array(lengths, dtype=float), index, len(series_names), log=True)
+                mean, std = line["acc_mean"].to_numpy(float), line["acc_std"].to_numpy(float)
+                n = line["n_seeds"].fillna(0).to_numpy(int)
+                ax.plot(x, mean, label=series, **styles[series])
+                draw.band(ax, x, mean, std, n, styles[series]["color"])
+        ys = draw.accuracy_axis(ax, rows, label)
+        draw.mark_unscored(ax, failed, "seq_len", ys, series_names, styles, log=True)
+        draw.length_axis(ax, lengths)
+        ax.set_title(task)
+        ax.set_xlabel("training sequence length (tokens)")
+        ax.grid(alpha=0.3)
+    draw.figure_legend(fig, axes, series_order(frame_all), styles, rows, best)
+    if note:
+        fig.suptitle(note, fontsize="small")
+    columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "acc_mean", "acc_std", "acc_min",
+               "acc_max", "n_seeds", "n_diverged", "n_failed"]
+    return draw.save_figure(fig, with_unscored_rows(best, unscored, columns), out_dir, "acc_vs_length")
+
+
+def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: Path,
+                               note: str | None = None) -> list[Path]:
+    """Per task, the final eval accuracy at the training length L (solid) and at 2L (dashed) vs L, each
+    series at its best lr (mean over seeds): how far what was learnt at L carries to twice the length.
+    Drawn from the summaries' final_eval/acc@<len>; lengths without an eval at 2L are left out."""
+    rows = []
+    for _, cell in best.iterrows():
+        length = int(cell["seq_len"])
+        at = runs[(runs["task"] == cell["task"]) & (runs["series"] == cell["series"])
+                  & (runs["seq_len"] == length) & (runs["lr"] == cell["lr"])]
+        here, there = f"final_eval/acc@{length}", f"final_eval/acc@{2 * length}"
+        if there not in at or at[there].isna().all():
+            continue
+        acc_l = pd.to_numeric(at[here] if here in at else at["final_eval_acc"], errors="coerce") * 100
+        acc_2l = pd.to_numeric(at[there], errors="coerce") * 100
+        rows.append({"task": cell["task"], "series": cell["series"], "mixer": cell["mixer"],
+                     "variant": cell["variant"], "seq_len": length, "lr": cell["lr"],
+                     "acc_at_L": acc_l.mean(), "acc_at_2L": acc_2l.mean(),
+                     "n_seeds": int(acc_2l.notna().sum())})
+    if not rows:
+        print("skipping length generalisation: no run was evaluated at twice its training length "
+              "(task.eval_seq_lens)", file=sys.stderr)
+        return []
+    data = pd.DataFrame(rows)
+    tasks = task_order(data["task"])
+    styles = draw.style(data)
+    series_all = series_order(data)
+    fig, axes = draw.panels(len(tasks), legend=draw.legend_inches(series_all))
+    for ax, task in zip(axes, tasks, strict=True):
+        frame = data[data["task"] == task]
+        lengths = sorted({int(v) for v in frame["seq_len"]})
+        names = series_order(frame)
+        for index, series in enumerate(names):
+            line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
+            colour, marker = styles[series]["color"], styles[series]["marker"]
+            x = draw.dodge(np.array(lengths, dtype=float), index, len(names), log=True)
+            # 2L as a larger hollow marker beneath L's filled one: a single length has no line to be dashed,
+            # and where both accuracies are equal the ring still shows around the dot
+            ax.plot(x, line["acc_at_2L"], color=colour, marker=marker, linestyle="--", alpha=0.8,
+                    markerfacecolor="white", markersize=10, zorder=2)
+            ax.plot(x, line["acc_at_L"], color=colour, marker=marker, markersize=5, label=series, zorder=3)
+        ax.set_ylim(-2, 102)
+        ax.set_yticks(draw.ACC_TICKS)
+        ax.set_ylabel("final eval accuracy (%)")
+        draw.length_axis(ax, lengths)
+        ax.set_title(task)
+        ax.set_xlabel("training sequence length L (tokens)")
+        ax.grid(alpha=0.3)
+    handles = [Line2D([], [], color=styles[s]["color"], marker=styles[s]["marker"], label=s)
+               for s in series_all]
+    handles += [Line2D([], [], color="0.35", marker="o", markersize=5, label="evaluated at L"),
+                Line2D([], [], color="0.35", marker="o", markerfacecolor="white", markersize=10,
+                       linestyle="--", label="evaluated at 2L")]
+    fig.legend(handles=handles, loc="outside right upper", fontsize="small")
+    if note:
+        fig.suptitle(note, fontsize="small")
+    return draw.save_figure(fig, data, out_dir, "length_generalisation")

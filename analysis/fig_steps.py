@@ -1,0 +1,131 @@
+"""Accuracy against training steps at one length (Kimi Linear Fig. 4, bottom), from the runs' metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
+
+from analysis import draw
+from analysis.cells import UNSCORED, series_order, task_order
+from rundir import read_metrics
+
+
+def _read_curve(run_dir: str) -> tuple[pd.DataFrame, str | None]:
+    """(step, acc %) of every eval step in a run's metrics.jsonl, and why the run is left out of the
+    accuracy-vs-steps figure (None: it is not). A file with any bad line is left out whole, not drawn
+    with holes."""
+    path = Path(run_dir) / "metrics.jsonl"
+    empty = pd.DataFrame({"step": pd.Series(dtype="int64"), "acc": pd.Series(dtype="float64")})
+    if not path.exists():
+        return empty, f"{path}: missing"
+    try:
+        records, problems = read_metrics(path)
+        rows = [{"step": r["step"], "acc": float(r["eval/acc"]) * 100.0} for r in records
+                if r.get("eval/acc") is not None]
+    except (OSError, TypeError, ValueError) as error:
+        return empty, f"{path}: {type(error).__name__}: {error}"
+    if problems:
+        return empty, f"{path}: " + "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+    return pd.DataFrame(rows, columns=["step", "acc"]), None
+
+
+def _eval_curve(run_dir: str) -> pd.DataFrame:
+    return _read_curve(run_dir)[0]
+
+
+def curves_left_out(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(run, status, reason) of each run with a run directory whose metrics.jsonl cannot be drawn."""
+    left_out = []
+    for _, run in runs.iterrows():
+        if isinstance(run.get("run_dir"), str):
+            problem = _read_curve(run["run_dir"])[1]
+            if problem is not None:
+                left_out.append((str(run.get("run") or run["run_dir"]), str(run["status"]), problem))
+    return left_out
+
+
+def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataFrame, length: int,
+                      out_dir: Path) -> list[Path]:
+    """Kimi Fig. 4 (bottom): per task, eval accuracy vs steps at one length, best lr, seed band; runs at
+    that length that diverged or failed are marked at the step they stopped."""
+    if "run_dir" not in runs or runs["run_dir"].isna().all():
+        raise ValueError("accuracy-vs-steps needs local run directories (metrics.jsonl); this table has none")
+    at_length = best[best["seq_len"] == length]
+    if at_length.empty:
+        raise ValueError(
+            f"--length {length}: no completed runs at that length; lengths: "
+            f"{sorted(int(v) for v in best['seq_len'].unique())}"
+        )
+    curves = []
+    for _, cell in at_length.iterrows():
+        members = runs[
+            (runs["task"] == cell["task"])
+            & (runs["series"] == cell["series"])
+            & (runs["seq_len"] == length)
+            & (runs["lr"] == cell["lr"])
+        ]
+        per_seed = []
+        for _, run in members.iterrows():
+            curve = _eval_curve(run["run_dir"])
+            per_seed.append(curve.assign(seed=run["seed"]))
+        merged = pd.concat(per_seed, ignore_index=True) if per_seed else pd.DataFrame(columns=["step", "acc"])
+        if merged.empty:
+            continue
+        stats = (
+            merged.groupby("step")["acc"]
+            .agg(
+                acc_mean="mean",
+                acc_std=lambda a: float(np.std(a, ddof=0)),
+                acc_min="min",
+                acc_max="max",
+                n_seeds="size",
+            )
+            .reset_index()
+        )
+        for key in ("task", "series", "mixer", "variant", "seq_len", "lr"):
+            stats[key] = cell[key]
+        curves.append(stats)
+    columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "step", "acc_mean", "acc_std",
+               "acc_min", "acc_max", "n_seeds"]
+    data = pd.concat(curves, ignore_index=True)[columns] if curves else pd.DataFrame(columns=columns)
+    stopped = unscored[unscored["seq_len"] == length]
+    tasks = task_order(pd.concat([at_length["task"], stopped["task"]]))
+    styles = draw.style(pd.concat([at_length, stopped], ignore_index=True))
+    rows = [s for s in UNSCORED if (stopped["status"] == s).any()]
+    # a legend below each panel, one entry a line: the figure grows by their height
+    in_panel = [series_order(pd.concat([at_length[at_length["task"] == t], stopped[stopped["task"] == t]]))
+                for t in tasks]
+    entries = max(len(names) for names in in_panel) + len(rows)
+    width = max([4.2] + [draw.legend_inches(names) for names in in_panel])
+    fig, axes = draw.panels(len(tasks), width=width, height=3.4 + 0.19 * entries)
+    for ax, task in zip(axes, tasks, strict=True):
+        frame, failed = data[data["task"] == task], stopped[stopped["task"] == task]
+        series_names = series_order(pd.concat([at_length[at_length["task"] == task], failed]))
+        last = float(max([*frame["step"], *failed["steps"].dropna(), 1]))
+        # Series side by side around each eval step (markers at one step must not hide one another, as
+        # when every run evaluates once): 1.5 % of the axis apart; the CSV keeps the true steps.
+        gap = 0.015 * last
+        drawn = [name for name in series_names if (frame["series"] == name).any()]
+        for index, series in enumerate(drawn):
+            line = frame[frame["series"] == series].sort_values("step")
+            # a marker at every eval: the line joins measured points only
+            style = dict(styles[series], markersize=3)
+            step = line["step"].to_numpy(float) + gap * (index - (len(drawn) - 1) / 2)
+            mean, std = line["acc_mean"].to_numpy(float), line["acc_std"].to_numpy(float)
+            label = f"{draw.seeds_label(series, line['n_seeds'])}, lr {line['lr'].iloc[0]:g}"
+            ax.plot(step, mean, label=label, **style)
+            draw.band(ax, step, mean, std, line["n_seeds"].to_numpy(int), style["color"])
+        ys = draw.accuracy_axis(ax, rows, "eval accuracy (%)")
+        draw.mark_unscored(ax, failed, "steps", ys, series_names, styles, log=False)
+        # Steps from 0 to the last one drawn, in whole steps: matplotlib's own limits around a single eval
+        # step (19.0 to 21.0 for an eval at 20) read as fractional steps.
+        ax.set_xlim(0, last + gap * ((len(drawn) - 1) / 2 + 2))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+        ax.set_title(f"{task}, length {length}")
+        ax.set_xlabel("training steps")
+        ax.grid(alpha=0.3)
+        draw.panel_legend(ax, series_names, styles, rows if len(failed) else [])
+    return draw.save_figure(fig, data, out_dir, f"acc_vs_steps_len{length}")

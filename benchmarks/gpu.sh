@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# The run-sheet of a GPU session: checks and measurements, each step under its own time limit, its printout
+# also in OUT/STEP.log, every result under OUT as soon as it exists, so that a session cut short keeps the
+# steps done.
+#
+#   bash benchmarks/gpu.sh OUT [STEPS]             STEPS: step names below and the groups kernels (the
+#                                                  default), train and compare, in the order to run them
+#   PACK=FILE.tgz bash benchmarks/gpu.sh OUT ...   also OUT as one archive after every step (checkpoints left
+#                                                  out), for a runner that returns few files
+#   REV=HEAD~3 bash benchmarks/gpu.sh OUT compare  the working tree's kernels against those of REV
+#
+# The kernels (group `kernels`: check profile fla bench sweep packing, about 14 minutes on an H200):
+#   check      240  bf16 correctness, all ops, T=63/1000 H=16 and KDA at T=8192 H=2; fp32 and fp16 at T=1000
+#   profile    150  GPU time per kernel at B8 T8K H16, the no-grad forward and fwd+bwd (speed kernels)
+#   fla        570  the fixed shapes, ours, FLA and SDPA side by side (FLA's configs compiled in parallel first)
+#   bench      120  the fixed shapes with the torch reference, and decode
+#   sweep      120  T = 1K..64K at B=1 H=16: KDA, FLA and SDPA
+#   packing    150  several small training runs packed on the GPU (sweep_packing)
+#   verify     200  after a kernel change: our kernels compiled in the background (and with ALT) while the
+#                   defaults (ALT on ALT_OPS), T=2048/8192, fp16 and FLA (one process per op) are checked
+#   shapes     260  correctness at K, V = 64/256 and chunk sizes 32, 16
+#   occupancy  150  registers, spills, shared memory, programs per SM of every launch, by the device's Triton
+#   flacheck   240  FLA's kernels against the same reference, beside ours
+#   tune            per-kernel profiles, TRIES="B T H|OPS|PASSES|SETTINGS;..." (SETTINGS `-`: the defaults, a
+#                   comma joins several), e.g. "8 8192 16|kda_bounded delta_rule|train|state_fwd.warps=4"; 120 s a try
+# The training step (group `train`; its limits add up to more than one 10-minute command):
+#   train_check 240  tests/gpu/test_train_step.py: no host sync between log steps, compiled = eager, each
+#                    plain and lean; the fused softmax and SwiGLU kernels; a non-finite step skipped
+#   conv         60  the short-conv kernels against their reference, and timed (tests/gpu/check_conv.py)
+#   loss         60  the LM head + loss alone: full logits, torch, fused, FLA (speed loss)
+#   step        300  every mixer's whole step, MQAR + Palindrome, T 256/1024/2048, ours plain and lean, FLA
+#   compile     200  the same at T=1024 with torch.compile of the body beside eager
+#   paper_packing 400  sweep_packing --preset paper --jobs 3: paper-size runs packed against serial
+#   pilot       500  experiment=kimi_fig4_h200 at L=512 for 1,000 steps, lr 1e-3, 3 runs at a time
+# Two trees (group `compare`: revcheck revbench; REV a git revision, checked out into a temporary worktree,
+# or a folder holding one's tree, e.g. from `git archive REV kernels tests benchmarks | tar -x -C .rev` on a
+# machine with the checkout but not its history):
+#   revcheck   480  tests/gpu/check_kernels.py $CHECK_ARGS in both trees (default "--T 63 1000 --H 16 --no-fla");
+#                   the script exits 1 when either is over its bounds
+#   revbench   400  `speed ops $BENCH_ARGS` (default "--skip-sweep --skip-decode --impls ours") in both trees,
+#                   alternately, ROUNDS (2) times; OUT/compare/compare.md: each side's median, their ratio
+#
+# From the environment, besides: WHEELS (.whl files or folders of them, installed --no-deps into a temporary
+# folder on PYTHONPATH, never into the environment: fla-core for FLA's rows, Hydra's launchers for packing);
+# AUTOTUNE_SEED (Triton autotuning results, e.g. an earlier OUT/triton_autotune, copied into the cache
+# first); TRITON_CACHE_DIR; ALT (KEY=VALUE,... launch settings checked, compiled and profiled beside the
+# defaults by verify and occupancy) and ALT_OPS.
+#
+# FLA autotunes every kernel on first use (about 200 s per op and shape on an H200). Triton keeps the results
+# in its cache; every *.autotune.json is copied to OUT/triton_autotune/ after each step: given as
+# AUTOTUNE_SEED next time (the same image and versions), FLA compiles only the configs it chose.
+set -u
+usage="usage: [REV=...] [PACK=FILE] bash benchmarks/gpu.sh OUT [STEPS] (see the header)"
+OUT="${1:?$usage}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+steps=()
+for s in ${2:-kernels}; do
+  case "$s" in
+    kernels) steps+=(check profile fla bench sweep packing) ;;
+    train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
+    compare) steps+=(revcheck revbench) ;;
+    check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
+compile|paper_packing|pilot|revcheck|revbench) steps+=("$s") ;;
+    *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+if [[ " ${steps[*]} " == *" tune "* ]]; then
+  IFS=';' read -r -a tries <<<"${TRIES:?the tune step needs TRIES (see the header)}"
+fi
+if [[ " ${steps[*]} " == *" rev"* ]]; then
+  REV="${REV:?the compare steps need REV (a git revision or a folder holding its tree)}"
+  if [ -d "$REV" ]; then
+    OLD="$(cd "$REV" && pwd)"
+  else
+    tmp="$(mktemp -d)"
+    OLD="$tmp/rev"
+    git -C "$ROOT" worktree add --detach -q "$OLD" "$REV" || {
+      echo "gpu.sh: REV $REV is neither a folder nor a git revision of $ROOT (see the header)" >&2
+      rm -rf "$tmp"
+      exit 2
+    }
+    trap 'git -C "$ROOT" worktree remove --force "$OLD"; rm -rf "$tmp"' EXIT
+  fi
+  for f in tests/gpu/check_kernels.py kernels/triton/__init__.py; do
+    [ -f "$OLD/$f" ] || { echo "gpu.sh: $OLD has no $f" >&2; exit 2; }
+  done
+fi
+
+if [ -n "${WHEELS:-}" ]; then
+  site=$(mktemp -d)
+  wheels=()
+  for w in $WHEELS; do
+    if [ -d "$w" ]; then wheels+=("$w"/*.whl); else wheels+=("$w"); fi
+  done
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "${wheels[@]}"
+  export PYTHONPATH="$site:${PYTHONPATH:-}"
+fi
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -n "${AUTOTUNE_SEED:-}" ]; then
+  cp -r "$AUTOTUNE_SEED/." "$TRITON_CACHE_DIR/"
+  echo "seeded the Triton cache with $(find "$AUTOTUNE_SEED" -name '*.autotune.json' | wc -l) autotuning results"
+fi
+cd "$ROOT" || exit 2
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "from benchmarks.common import provenance; print(provenance())"; } 2>&1 | tee "$OUT/gpu.txt"
+
+ALT="${ALT:-}"
+ALT_OPS="${ALT_OPS:-kda_bounded kda gla delta_rule gated_delta_rule}"
+FAMILY=$(python3 -c "from kernels.family import OPS; print(*(op.name for op in OPS))")
+quiet() { grep -v -i "warn"; }
+check=(python3 tests/gpu/check_kernels.py)
+speed=(python3 -m benchmarks.speed)
+# brief LIMIT COMMAND...: its output in OUT/STEP.out; here its exit status, last line and failing tests
+brief() {
+  local limit=$1
+  shift
+  timeout "$limit" "$@" >"$OUT/$step.out" 2>&1
+  echo "   exit $? ($(tail -n 1 "$OUT/$step.out"))"
+  grep -E '^(FAILED|ERROR) ' "$OUT/$step.out" | head -n 20 | sed 's/^/   /'
+}
+side() { if [ "$1" = "$ROOT" ]; then echo tree; else echo rev; fi; }
+status=0
+exec 3>&1
+for step in "${steps[@]}"; do
+  exec > >(tee -a "$OUT/$step.log" >&3) 2>&1
+  echo "== $step ($(date -u +%H:%M:%S))"
+  case "$step" in
+    check)
+      timeout 90 "${check[@]}" --T 63 1000 --H 16 --no-fla --out "$OUT/check_bf16" | quiet | tail -30
+      timeout 30 "${check[@]}" --T 8192 --H 2 --ops kda kda_bounded --out "$OUT/check_long" | quiet | tail -6
+      for d in fp32 fp16; do
+        timeout 75 "${check[@]}" --T 1000 --H 16 --ops kda_bounded gla delta_rule --dtype $d --out "$OUT/check_$d" \
+          | quiet | tail -8
+      done ;;
+    profile)
+      timeout 150 "${speed[@]}" kernels --out "$OUT/profile.csv" | quiet | grep -v " 0\.[0-9]%" ;;
+    fla)
+      # FLA's configs compiled first, one process per op and shape side by side (`ops --compile-only`:
+      # nothing timed, nothing kept), ours meanwhile, one process per shape, so that the timed run only
+      # benchmarks configs from the disk cache; skipped for FLA where AUTOTUNE_SEED gave its choices
+      # (FLA_PRECOMPILE=1 forces it). `wait` names the processes: a bare one also waits for this step's tee
+      t=$(date +%s)
+      pids=()
+      seeded=$(find "$TRITON_CACHE_DIR" -name '*.autotune.json' | wc -l)
+      for shape in B32T2K B8T8K; do
+        if [ "$seeded" -eq 0 ] || [ "${FLA_PRECOMPILE:-0}" = 1 ]; then
+          for op in $FAMILY; do
+            FLA_CACHE_RESULTS=0 timeout 200 "${speed[@]}" ops --compile-only --impls fla --ops "$op" --shapes "$shape" \
+              --out "$OUT/fla" 2>&1 | grep -e "^compile" >>"$OUT/fla_compile.log" &
+            pids+=($!)
+          done
+        fi
+        timeout 200 "${speed[@]}" ops --compile-only --impls ours --shapes "$shape" --out "$OUT/fla" 2>&1 \
+          | grep -e "^compile" >>"$OUT/fla_compile.log" &
+        pids+=($!)
+      done
+      wait "${pids[@]}"
+      echo "compiled in $(($(date +%s) - t)) s:"
+      sort "$OUT/fla_compile.log"
+      # FLA's autotuning times each config for 20 ms (Triton's default: 100), from the compiled cache
+      timeout 330 "${speed[@]}" ops --out "$OUT/fla" --impls ours fla sdpa --skip-sweep --budget-s 300 --autotune-rep 20 \
+        | quiet ;;
+    bench)
+      timeout 120 "${speed[@]}" ops --out "$OUT/bench" --impls ours torch --skip-sweep --budget-s 100 | quiet | tail -20 ;;
+    sweep)
+      timeout 120 "${speed[@]}" ops --out "$OUT/sweep" --impls ours sdpa fla --skip-decode --skip-fixed --budget-s 100 \
+        --ops kda kda_bounded | quiet | grep -v "^|" ;;
+    packing)
+      timeout 150 python3 -m benchmarks.sweep_packing --jobs 4 --out "$OUT/packing" | tail -14 ;;
+    verify)
+      # our kernels for the benchmark shapes compile in the background (also with ALT) while the checks
+      # run: sharing the GPU is harmless to correctness. FLA's kernels reuse the autotuning results of
+      # AUTOTUNE_SEED, one process per op (one process compiles them one op after the other); simple GLA's
+      # and the gated delta rule's: forward only, their backward refuses Triton 3.6 (#640)
+      pids=()
+      for shape in B32T2K B8T8K; do
+        for set in - ${ALT:+"$ALT"}; do
+          # shellcheck disable=SC2046
+          timeout 110 "${speed[@]}" ops --compile-only --impls ours --shapes "$shape" --out "$OUT/bench" \
+            $([ "$set" = - ] || echo --set "${set//,/ }") 2>&1 | grep -e "^compile" >>"$OUT/compile.log" &
+          pids+=($!)
+        done
+      done
+      timeout 200 "${check[@]}" --T 2048 8192 --H 2 --no-step --no-fla --out "$OUT/check_long" >"$OUT/check_long.txt" 2>&1 &
+      pids+=($!)
+      for op in $FAMILY; do
+        timeout 200 "${check[@]}" --T 1000 --H 16 --ops "$op" --no-step --out "$OUT/check_fla_$op" \
+          >"$OUT/check_fla_$op.txt" 2>&1 &
+        pids+=($!)
+      done
+      timeout 110 "${check[@]}" --T 1000 --H 16 --ops kda_bounded gla delta_rule --dtype fp16 --no-step --no-fla \
+        --out "$OUT/check_fp16" >"$OUT/check_fp16.txt" 2>&1 &
+      pids+=($!)
+      timeout 100 "${check[@]}" --T 63 1000 --H 16 --no-fla --out "$OUT/check_bf16" | quiet | tail -17
+      if [ -n "$ALT" ]; then
+        # shellcheck disable=SC2086
+        timeout 50 "${check[@]}" --T 63 1000 --H 16 --no-fla --no-step --ops $ALT_OPS --set ${ALT//,/ } \
+          --out "$OUT/check_alt" | quiet | tail -8
+      fi
+      wait "${pids[@]}"
+      quiet <"$OUT/check_long.txt" | tail -16
+      cat "$OUT"/check_fla_*.txt | quiet | grep -v "^op " | grep -v "^settings"
+      quiet <"$OUT/check_fp16.txt" | tail -5
+      echo "compiled: $(grep -c compiled "$OUT/compile.log")" ;;
+    shapes)
+      for kv in "64 64" "256 256" "64 128"; do
+        read -r K V <<<"$kv"
+        timeout 60 "${check[@]}" --T 1000 --H 4 --K "$K" --V "$V" --no-fla --no-step \
+          --ops kda_bounded kda gla delta_rule linear_attn --out "$OUT/check_k${K}_v$V" | quiet | tail -7
+      done
+      for c in 32 16; do
+        timeout 40 "${check[@]}" --T 1000 --H 4 --chunk $c --no-fla --no-step --ops kda_bounded kda gated_delta_rule \
+          --out "$OUT/check_chunk$c" | quiet | tail -5
+      done ;;
+    occupancy)
+      timeout 70 python3 -m benchmarks.launches occupancy --ops kda_bounded kda gla delta_rule \
+        --out "$OUT/occupancy.csv" | quiet
+      if [ -n "$ALT" ]; then
+        # shellcheck disable=SC2086
+        timeout 70 python3 -m benchmarks.launches occupancy --ops kda_bounded delta_rule --set ${ALT//,/ } \
+          --out "$OUT/occupancy_alt.csv" | quiet | grep -e "^#" -e intra
+      fi ;;
+    flacheck)
+      timeout 240 "${check[@]}" --T 1000 --H 16 --out "$OUT/check_fla" | quiet | tail -16 ;;
+    tune)
+      for n in "${!tries[@]}"; do
+        IFS='|' read -r shape ops passes settings <<<"${tries[$n]}"
+        read -r B T H <<<"$shape"
+        echo "-- try $n: B$B T$T H$H ops=[$ops] passes=[$passes] set=[$settings]"
+        set_args=()
+        # shellcheck disable=SC2206
+        [ "$settings" = - ] || set_args=(--set ${settings//,/ })
+        # shellcheck disable=SC2086
+        timeout 120 "${speed[@]}" kernels --B "$B" --T "$T" --H "$H" --ops $ops --passes $passes \
+          --out "$OUT/tune_$n.csv" "${set_args[@]}" 2>&1 | grep -v "Warning\|_warn_once\|^$" | grep -v " 0\.[0-9]%"
+      done ;;
+    train_check)
+      brief 240 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py ;;
+    conv)
+      brief 60 python3 tests/gpu/check_conv.py --out "$OUT/conv" ;;
+    loss)
+      brief 60 "${speed[@]}" loss --out "$OUT/loss" ;;
+    step)
+      brief 300 python3 -m benchmarks.step --out "$OUT/step" --lean ;;
+    compile)
+      brief 200 python3 -m benchmarks.step --out "$OUT/compile" --lengths 1024 --tasks mqar \
+        --mixers kda gdn mamba2 attention --impls ours --compile ;;
+    paper_packing)
+      brief 400 python3 -m benchmarks.sweep_packing --preset paper --jobs 3 --out "$OUT/paper_packing" ;;
+    pilot)
+      brief 500 python3 train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu task.seq_len=512 \
+        optim.lr=1e-3 trainer.max_steps=1000 "hydra.sweep.dir=$OUT/pilot"
+      find "$OUT/pilot" -name '*.pt' -delete ;;  # checkpoints: the summaries and metrics are the result
+    revcheck)
+      for tree in "$OLD" "$ROOT"; do
+        dir="$OUT/compare/$(side "$tree")"
+        mkdir -p "$dir"
+        # shellcheck disable=SC2086
+        (cd "$tree" && timeout 240 python3 tests/gpu/check_kernels.py ${CHECK_ARGS:---T 63 1000 --H 16 --no-fla} \
+          --out "$dir/check") >"$dir/check.log" 2>&1
+        rc=$?
+        echo "check, $(side "$tree"): exit $rc, $(tail -n 1 "$dir/check.log")"
+        [ $rc -eq 0 ] || status=1
+      done ;;
+    revbench)
+      for round in $(seq 1 "${ROUNDS:-2}"); do
+        for tree in "$OLD" "$ROOT"; do
+          dir="$OUT/compare/$(side "$tree")"
+          mkdir -p "$dir"
+          # the tree's own ops benchmark, in the layout it has
+          ops=(python3 benchmarks/bench_gpu.py)
+          [ -f "$tree/benchmarks/speed.py" ] && ops=("${speed[@]}" ops)
+          # shellcheck disable=SC2086
+          (cd "$tree" && timeout 200 "${ops[@]}" ${BENCH_ARGS:---skip-sweep --skip-decode --impls ours} \
+            --out "$dir/bench_$round") >"$dir/bench_$round.log" 2>&1
+          echo "bench round $round, $(side "$tree"): exit $?"
+        done
+      done
+      "${speed[@]}" compare "$OUT/compare" "$REV" | tee "$OUT/compare/compare.md" ;;
+  esac
+  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | while read -r f; do
+    mkdir -p "$OUT/triton_autotune/$(dirname "$f")" && cp "$f" "$OUT/triton_autotune/$f"
+  done)
+  if [ -n "${PACK:-}" ]; then
+    tar czf "$PACK.part" -C "$OUT" --exclude='*.pt' --exclude='*.pt.tmp' --exclude="$(basename "$PACK")*" . \
+      && mv "$PACK.part" "$PACK"
+  fi
+done
+exit $status

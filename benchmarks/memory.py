@@ -1,0 +1,231 @@
+"""What one training step keeps for its backward: every saved tensor by module, autograd node, shape, dtype.
+
+    python -m benchmarks.memory --device cuda                      # B=256 T=1024 as measured
+    python -m benchmarks.memory --device cuda --plain              # the layers' plain autograd
+    TRITON_INTERPRET=1 python -m benchmarks.memory --device cpu --batch 3 --seq-len 128 --bf16
+
+The model of `benchmarks.step` (2 layers, d_model 256, the mixers' yamls) on one MQAR batch, its loss (LM
+head + cross-entropy at the labelled positions), under bf16 autocast on CUDA (on the CPU with --bf16). The
+mixers run their Triton ops (`backend=triton`; on the CPU through Triton's interpreter, which needs
+TRITON_INTERPRET=1: set here before triton is imported), so the kernels' autograd Function and what it
+keeps are the real ones. A saved tensor is attributed to the innermost module running when autograd packed
+it and named by the autograd node that holds it (found by walking the graph from the loss); each storage is
+counted once. Sizes are scaled from the measured --batch x --seq-len to --scale-batch x --scale-len (a
+tensor scales when its first dimension is the batch or the batch's tokens, weights and their casts do not:
+choose a --batch and a --batch x --seq-len that are no width of the model, e.g. 3 x 128).
+
+The CPU's autocast is not CUDA's: CUDA runs `normalize` in fp32 (its output too), the CPU in bf16, and the
+CPU's RMSNorm is composed of saved elementwise ops where CUDA's is one fused node; the GPU run is the
+measurement, the CPU run the itemisation to read the glue from. `saved_storages` is the measuring tool the
+step benchmark and the tests share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+if __name__ == "__main__" and (
+        "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1] == "cpu"):
+    # the Triton kernels on the CPU: the interpreter must be chosen before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import train  # noqa: E402
+from benchmarks.common import indexed_device  # noqa: E402
+
+GIB = 2**30
+SAVED = ["mixer", "mlp", "norms", "rest"]
+
+
+def _saved_part(path: str) -> str:
+    # a module path of LanguageModel: blocks.<i>.mixer..., blocks.<i>.mlp..., *norm*; the rest (embedding,
+    # the scored positions' gather, the head + loss) outside any of them
+    parts = path.split(".")
+    if len(parts) >= 3 and parts[0] == "blocks":
+        return "norms" if "norm" in parts[2] else parts[2] if parts[2] in ("mixer", "mlp") else "rest"
+    return "norms" if parts[0] == "norm" else "rest"
+
+
+@contextlib.contextmanager
+def module_stack(model: nn.Module) -> Iterator[list[str]]:
+    """The path of the module running now, innermost last (empty outside every module), kept by forward
+    hooks on every submodule for as long as the context lasts."""
+    stack: list[str] = []
+    handles = []
+    for name, module in model.named_modules():
+        if name:
+            handles.append(module.register_forward_pre_hook(lambda m, a, n=name: stack.append(n) and None))
+            handles.append(module.register_forward_hook(lambda m, a, o, n=name: stack.pop() and None))
+    try:
+        yield stack
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def saved_storages(model: nn.Module | None = None,
+                   keep: Callable[[torch.Tensor], bool] | None = None) -> Iterator[list[dict[str, Any]]]:
+    """Every storage autograd keeps for the backward of the graph built inside the context, once each, with
+    the module of `model` that saved it first ("(top)" outside them, or without a model); `keep`, if given,
+    chooses at pack time which saved tensors count. The list yielded is filled when the backward starts
+    (its first unpack) or, if none runs, when the context exits. Only tensors still held then count: a
+    temporary that a freed node saved is dropped, and a later tensor given its address is neither lost nor
+    counted twice."""
+    entries: list[tuple[weakref.ref[torch.Tensor], str]] = []
+    live: list[dict[str, Any]] = []
+    done = False
+
+    def snapshot() -> None:
+        nonlocal done
+        done = True
+        seen: set[int] = set()
+        for ref, module in entries:
+            t = ref()
+            if t is None:
+                continue
+            storage = t.untyped_storage()
+            if storage.data_ptr() in seen:
+                continue
+            seen.add(storage.data_ptr())
+            live.append({"module": module or "(top)", "part": _saved_part(module) if module else "rest",
+                         "ptr": storage.data_ptr(), "shape": tuple(t.shape),
+                         "dtype": str(t.dtype).removeprefix("torch."), "bytes": storage.nbytes()})
+
+    with module_stack(model) if model is not None else contextlib.nullcontext([]) as stack:
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            # a detached alias: a node saving its own output, packed as itself, would be a reference cycle
+            # through its grad_fn that nothing frees, so every temporary would look held
+            alias = t.detach()
+            if keep is None or keep(t):
+                entries.append((weakref.ref(alias), stack[-1] if stack else ""))
+            return alias
+
+        def unpack(t: torch.Tensor) -> torch.Tensor:
+            if not done:
+                snapshot()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield live
+    if not done:
+        snapshot()
+
+
+def saved_split(model: nn.Module, step: Callable[[], None]) -> dict[str, float]:
+    """GiB of tensors one step keeps for its backward, by the module that saved them (each storage once):
+    what the activation memory is made of. Buffers an op keeps outside autograd's saved tensors (ctx
+    attributes) are not seen; the peak includes them."""
+    with saved_storages(model) as live:
+        step()
+    return {part: sum(r["bytes"] for r in live if r["part"] == part) / GIB for part in SAVED}
+
+
+def _node_tensors(node: Any) -> list[torch.Tensor]:
+    """The tensors an autograd node holds for its backward (built-in nodes' _saved_* attributes, a custom
+    Function's saved_tensors)."""
+    found: list[torch.Tensor] = []
+    if hasattr(node, "saved_tensors"):
+        with contextlib.suppress(RuntimeError):
+            found += [t for t in node.saved_tensors if isinstance(t, torch.Tensor)]
+    for name in dir(node):
+        if not name.startswith("_saved_"):
+            continue
+        try:
+            value = getattr(node, name)
+        except RuntimeError:
+            continue
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        found += [t for t in values if isinstance(t, torch.Tensor)]
+    return found
+
+
+def node_names(loss: torch.Tensor) -> dict[int, set[str]]:
+    """storage data_ptr -> names of the autograd nodes that saved a tensor on it."""
+    names: dict[int, set[str]] = defaultdict(set)
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for t in _node_tensors(node):
+            names[t.untyped_storage().data_ptr()].add(type(node).__name__)
+        todo += [next_node for next_node, _ in node.next_functions]
+    return names
+
+
+def saved_tensors(mixer: str, args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+    """One row per saved storage: module, part (mixer / mlp / norms / rest), nodes, shape, dtype, bytes."""
+    from benchmarks import step  # (it imports this module: the step's rows carry saved_split)
+
+    batch, _, vocab = step.task_batch("mqar", args.batch, args.seq_len, device)
+    torch.manual_seed(0)
+    model = step.build("ours", mixer, vocab, args.d_model, not args.plain, backend=args.backend).to(device)
+    bf16 = device.type == "cuda" or args.bf16
+    with saved_storages(model) as live, torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss_sum, _ = train.batch_loss(model, model.features, batch)
+    nodes = node_names(loss_sum)
+    tokens = args.batch * args.seq_len
+    factor = args.scale_batch * args.scale_len / tokens
+    for row in live:
+        scales = bool(row["shape"]) and row["shape"][0] in (args.batch, tokens)
+        row["nodes"] = ",".join(sorted(nodes.get(row["ptr"], {"?"})))
+        row["scaled_bytes"] = row["bytes"] * (factor if scales else 1)
+    return live
+
+
+def split_gib(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Scaled GiB saved by each part (mixer / mlp / norms / rest)."""
+    return {part: sum(r["scaled_bytes"] for r in rows if r["part"] == part) / GIB for part in SAVED}
+
+
+def table(mixer: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    split = split_gib(rows)
+    name = mixer + (" (plain)" if args.plain else "")
+    out = [f"## {name}: saved GiB at B={args.scale_batch} T={args.scale_len} (measured at B={args.batch} "
+           f"T={args.seq_len}): " + " / ".join(f"{p} {split[p]:.2f}" for p in SAVED)
+           + f", total {sum(split.values()):.2f}", "",
+           "layer 0 (blocks.0.*; layer 1 saves the same), every saved storage:", "",
+           "| module | autograd node(s) | shape (measured) | dtype | MiB scaled |", "|---|---|---|---|---:|"]
+    out += [f"| {r['module'].removeprefix('blocks.0.')} | {r['nodes']} | {list(r['shape'])} | {r['dtype']} "
+            f"| {r['scaled_bytes'] / 2**20:.0f} |" for r in rows if r["module"].startswith("blocks.0.")]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mixers", nargs="+", default=["kda", "gdn", "mamba2"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--scale-batch", type=int, default=256)
+    parser.add_argument("--scale-len", type=int, default=1024)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--backend", default="triton", help="the mixers' op backend (default: triton)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast on the CPU too (always on CUDA)")
+    parser.add_argument("--plain", action="store_true",
+                        help="the plain layers (model.lean_backward off, the training default), to compare")
+    args = parser.parse_args(argv)
+    device = indexed_device(args.device)
+    splits = {}
+    for mixer in args.mixers:
+        rows = saved_tensors(mixer, args, device)
+        print(table(mixer, rows, args))
+        splits[mixer] = split_gib(rows)
+    return splits
+
+
+if __name__ == "__main__":
+    main()
