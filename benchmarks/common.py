@@ -26,9 +26,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from kernels.family import Decay
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,8 +52,8 @@ def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
 
 
 def make_inputs(
-    decay: str | None,
-    delta: bool,
+    decay: Decay,
+    delta_rule: bool,
     B: int,
     T: int,
     H: int,
@@ -85,7 +89,7 @@ def make_inputs(
     k = F.normalize(randn(B, T, H, K), dim=-1).to(dtype)
     v = randn(B, T, H, V).to(dtype)
     g = None
-    if decay is not None:
+    if decay != "none":
         shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
         if layer_gates:
             z = randn(*shape)
@@ -100,7 +104,7 @@ def make_inputs(
         else:
             g = lower_bound * torch.rand(shape, device=device, generator=gen)
     beta = None
-    if delta:
+    if delta_rule:
         beta = (
             torch.sigmoid(randn(B, T, H))
             if layer_gates
@@ -111,7 +115,7 @@ def make_inputs(
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
 
 
-def token_loop_inputs(decay: str | None, delta: bool, B: int, T: int, H: int, K: int, V: int,
+def token_loop_inputs(decay: Decay, delta_rule: bool, B: int, T: int, H: int, K: int, V: int,
                       generator: torch.Generator, strong_decay: bool = False) -> list[torch.Tensor]:
     """q, k, v[, g][, beta] in float32 for an op's positional call (tests/test_ops.py, `speed cpu`):
     L2-normalised keys, log-decays logsigmoid(randn), beta in (0, 1); `strong_decay` sets about 5% of the
@@ -120,14 +124,14 @@ def token_loop_inputs(decay: str | None, delta: bool, B: int, T: int, H: int, K:
     k = F.normalize(torch.randn(B, T, H, K, generator=generator), dim=-1)
     v = torch.randn(B, T, H, V, generator=generator)
     inputs = [q, k, v]
-    if decay not in (None, "none"):
+    if decay != "none":
         shape = (B, T, H) if decay == "scalar" else (B, T, H, K)
         g = F.logsigmoid(torch.randn(*shape, generator=generator))
         if strong_decay:
             strong = torch.rand(*shape, generator=generator) < 0.05
             g = torch.where(strong, -5 - 15 * torch.rand(*shape, generator=generator), g)
         inputs.append(g)
-    if delta:
+    if delta_rule:
         inputs.append(torch.rand(B, T, H, generator=generator))
     return inputs
 
@@ -200,7 +204,9 @@ def record_launches(op: str, B: int, T: int, H: int, D: int = 128) -> dict[str, 
         setattr(module, name, Recorder(name, launches))
     meta = {"device": "meta", "dtype": torch.bfloat16}
     q, k, v = (torch.empty(B, T, H, D, **meta) for _ in range(3))
-    g = None if decay is None else torch.empty((B, T, H, D)[: 3 if decay == "scalar" else 4], device="meta")
+    # (kernels.family's "none"; None in the VARIANTS of revisions before it)
+    no_decay = decay in (None, "none")
+    g = None if no_decay else torch.empty((B, T, H, D)[: 3 if decay == "scalar" else 4], device="meta")
     beta = torch.empty(B, T, H, **meta) if delta else None
     # (the entry points' names before the split by stage: _chunk_fwd, _chunk_bwd)
     forward = getattr(chunk, "chunk_forward", None) or chunk._chunk_fwd

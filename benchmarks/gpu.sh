@@ -22,7 +22,7 @@
 #   occupancy  150  registers, spills, shared memory, programs per SM of every launch, by the device's Triton
 #   flacheck   240  FLA's kernels against the same reference, beside ours
 #   tune            per-kernel profiles, TRIES="B T H|OPS|PASSES|SETTINGS;..." (SETTINGS `-`: the defaults, a
-#                   comma joins several), e.g. "8 8192 16|kda_bounded delta_rule|train|bwd.x=0"; 120 s a try
+#                   comma joins several), e.g. "8 8192 16|kda_bounded delta_rule|train|state_fwd.warps=4"; 120 s a try
 # The training step (group `train`; its limits add up to more than one 10-minute command):
 #   train_check 240  tests/gpu/test_train_step.py: no host sync between log steps, compiled = eager, each
 #                    plain and lean; the fused softmax and SwiGLU kernels; a non-finite step skipped

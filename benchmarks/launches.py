@@ -79,7 +79,7 @@ SMS = 132  # H200
 POINTER_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint16: "u16"}
 # the constexprs of the default bounded-KDA launch, for `ptx REV KERNEL`
 DEFAULTS = dict(
-    H=16, K=128, V=128, BT=64, BC=16, BK=64, BV=64, BW=32, DECAY=2, DELTA=1, BOUNDED=1, LOWP=1,
+    H=16, K=128, V=128, BT=64, BC=16, BK=64, BV=64, BW=32, DECAY="channel", DELTA=1, BOUNDED=1, LOWP=1,
     STORE_DECAYED=1, TRI=1, AUTO=0, PRE_KG=1, FUSED=0, DECAYED=0, HAS_H0=1, STORE_HT=1, HAS_DHT=1,
     PREC="tf32",
 )  # fmt: skip
@@ -100,7 +100,11 @@ def signature(fn, args: tuple, kwargs: dict, plain: tuple = ()) -> tuple[dict, d
     if len(args) != len(runtime):
         raise SystemExit(f"{fn.__name__}: {len(args)} positional arguments for {len(runtime)} parameters")
     for (name, _), a in zip(runtime, args, strict=True):
-        if isinstance(a, torch.Tensor):
+        if a is None:
+            # a buffer the launch does not touch: a constexpr None, as the launcher specializes it
+            sig[name] = "constexpr"
+            consts[name] = None
+        elif isinstance(a, torch.Tensor):
             sig[name] = "*" + POINTER_TYPES[a.dtype]
             attrs[(index[name],)] = [["tt.divisibility", 16]]
         elif isinstance(a, float):

@@ -518,7 +518,7 @@ def run_ops(args: argparse.Namespace) -> list[dict]:
     for who in [] if args.skip_fixed else impls:
         for shape in args.shapes:
             if who == "sdpa":
-                measure(rows, shape, "sdpa", "sdpa", *SHAPES[shape], None, None, False, deadline)
+                measure(rows, shape, "sdpa", "sdpa", *SHAPES[shape], None, "none", False, deadline)
                 continue
             # KDA first for the baselines: if the time budget runs out, the headline comparison is in
             for name, decay, delta, lb in VARIANTS if who == "ours" else VARIANTS[::-1]:
@@ -527,7 +527,7 @@ def run_ops(args: argparse.Namespace) -> list[dict]:
     for who in [] if args.skip_sweep else impls:
         for T in SWEEP_LENGTHS:
             if who == "sdpa":
-                measure(rows, "sweep", "sdpa", "sdpa", 1, T, 16, None, None, False, deadline)
+                measure(rows, "sweep", "sdpa", "sdpa", 1, T, 16, None, "none", False, deadline)
                 continue
             if who == "torch" and T > 4096:
                 continue
@@ -750,7 +750,7 @@ def cpu(argv: list[str]) -> None:
 
     # the family's named ops that the torch chunked form serves as they are
     names = [op.name for op in FAMILY if op.lower_bound is None]
-    switches = {op.name: (op.decay, op.delta) for op in FAMILY}
+    switches = {op.name: (op.decay, op.delta_rule) for op in FAMILY}
     ap = _parser("cpu", "the torch chunkwise backend against the naive token loop, per op, on the CPU")
     ap.add_argument("--ops", nargs="+", default=names, choices=names)
     ap.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 2048])

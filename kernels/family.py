@@ -1,29 +1,31 @@
-"""The family of linear mixers in one table: the decay vocabulary and the named ops (docs/design.md §1).
+"""The family of linear mixers in one table: the two switches' vocabulary and the named ops (docs/design.md
+§1).
 
 Every op is one recurrence with two switches, the decay's granularity and the delta rule:
 
-| decay \\ delta rule | off                        | on                               |
+| decay \\ delta_rule | False                      | True                             |
 |---------------------|----------------------------|----------------------------------|
-| none                | linear_attn                | delta_rule                       |
-| scalar (per head)   | simple_gla                 | gated_delta_rule                 |
-| channel (per key)   | gla                        | kda (and kda_bounded, its gate)  |
+| "none"              | linear_attn                | delta_rule                       |
+| "scalar" (per head) | simple_gla                 | gated_delta_rule                 |
+| "channel" (per key) | gla                        | kda (and kda_bounded, its gate)  |
 
-Adding a named op edits one row of OPS (and the op's functions in kernels.ops); the kernels, the mixers,
-the tests and the benchmarks read the table.
+These words are the only spelling of the switches: the ops (kernels.ops), the mixers' `decay` and
+`delta_rule`, the launch plan and the Triton kernels' `DECAY` / `DELTA` constexprs, the tests and the
+benchmarks take them from here. Adding a named op edits one row of OPS (and the op's functions in
+kernels.ops); the kernels, the mixers, the tests and the benchmarks read the table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-# the log-decay g: absent, one value per head [B, T, H], or one per key channel [B, T, H, K]
+if TYPE_CHECKING:
+    import torch
+
+# the log-decay g: absent, one value per head [..., H], or one per key channel [..., H, K]
 Decay = Literal["none", "scalar", "channel"]
 DECAYS: tuple[Decay, ...] = ("none", "scalar", "channel")
-# the Triton kernels' DECAY constexpr
-DECAY_CODE: dict[Decay, int] = {"none": 0, "scalar": 1, "channel": 2}
-# the mixers' configuration word for each decay (`decay: head` in conf/mixer/*.yaml is the scalar decay)
-MIXER_DECAY: dict[str, Decay] = {"none": "none", "head": "scalar", "channel": "channel"}
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,10 @@ class Op:
 
     name: str
     decay: Decay
-    delta: bool
+    delta_rule: bool
     chunk: str  # kernels.<chunk>, e.g. chunk_kda
     step: str  # kernels.<step>, e.g. kda_step
     lower_bound: float | None = None
-
-    @property
-    def decay_code(self) -> int:
-        return DECAY_CODE[self.decay]
 
     @property
     def takes_lower_bound(self) -> bool:
@@ -57,6 +55,8 @@ OPS: tuple[Op, ...] = (
     Op("kda", "channel", True, "chunk_kda", "kda_step"),
     Op("kda_bounded", "channel", True, "chunk_kda", "kda_step", lower_bound=-5.0),
 )
+# the six points of the switches' table, each with its plain gate (no lower bound)
+PLAIN: tuple[Op, ...] = tuple(o for o in OPS if o.lower_bound is None)
 
 
 def op(name: str) -> Op:
@@ -67,9 +67,17 @@ def op(name: str) -> Op:
     raise ValueError(f"unknown op {name!r}; the family's ops are {[o.name for o in OPS]}")
 
 
-def by_switches(decay: Decay, delta: bool) -> Op:
+def by_switches(decay: Decay, delta_rule: bool) -> Op:
     """The op with these two switches (its plain gate, no lower bound)."""
-    for candidate in OPS:
-        if candidate.decay == decay and candidate.delta == delta and candidate.lower_bound is None:
+    for candidate in PLAIN:
+        if candidate.decay == decay and candidate.delta_rule == delta_rule:
             return candidate
     raise ValueError(f"decay={decay!r} is not one of {DECAYS}")
+
+
+def decay_of(q: torch.Tensor, g: torch.Tensor | None) -> Decay:
+    """The decay switch as g's shape gives it beside q ([..., H, K]): no g, g of q's leading dims [..., H]
+    (one per head), or q's shape (one per key channel)."""
+    if g is None:
+        return "none"
+    return "scalar" if g.dim() == q.dim() - 1 else "channel"

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
+from kernels import family
 from kernels.chunk_torch import chunk_torch
 from kernels.family import Decay
 from kernels.naive import naive_recurrent, recurrent_step
@@ -116,7 +117,7 @@ def _validate(
     beta: torch.Tensor | None,
     state: torch.Tensor | None,
     decay: Decay,
-    delta: bool,
+    delta_rule: bool,
     token_dims: tuple[str, ...],
     state_name: str,
 ) -> None:
@@ -172,7 +173,7 @@ def _validate(
             )
         _check_float(f"{op}: g", g)
         _check_g_values(op, g)
-    if delta:
+    if delta_rule:
         if beta is None:
             raise ValueError(
                 f"{op}: beta (the delta-rule write strength, [{lead}] = {list(lead_shape)}) is required"
@@ -250,9 +251,7 @@ def _resolve(op: str, backend: str, q: torch.Tensor) -> str:
 
 
 def _chunk(
-    op: str,
-    decay: Decay,
-    delta: bool,
+    name: str,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -265,11 +264,15 @@ def _chunk(
     chunk_size: int,
     lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The one generic chunked op: validate, then dispatch to a backend."""
+    """The one generic chunked op, the family's op `name` (its switches from kernels.family): validate,
+    then dispatch to a backend."""
+    switches = family.op(name)
+    op = switches.chunk
     _check_backend(backend)
     _check_chunk_size(op, chunk_size)
     _validate_scale(op, scale)
-    _validate(op, q, k, v, g, beta, initial_state, decay, delta, ("B", "T", "H"), "initial_state")
+    decay, delta_rule = switches.decay, switches.delta_rule
+    _validate(op, q, k, v, g, beta, initial_state, decay, delta_rule, ("B", "T", "H"), "initial_state")
     if lower_bound is not None:
         _check_lower_bound(op, g, lower_bound)
     if scale is None:
@@ -291,9 +294,7 @@ def _chunk(
 
 
 def _step(
-    op: str,
-    decay: Decay,
-    delta: bool,
+    name: str,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -303,14 +304,17 @@ def _step(
     scale: float | None,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one generic single-token step: validate, dispatch. Returns (o in q's dtype, new fp32 state)."""
+    """The one generic single-token step of the family's op `name`: validate, dispatch. Returns (o in q's
+    dtype, new fp32 state)."""
+    switches = family.op(name)
+    op = switches.step
     _check_backend(backend)
     _validate_scale(op, scale)
     if state is None:
         raise ValueError(
             f"{op}: state [B, H, K, V] (float32) is required; start from torch.zeros(B, H, K, V)"
         )
-    _validate(op, q, k, v, g, beta, state, decay, delta, ("B", "H"), "state")
+    _validate(op, q, k, v, g, beta, state, switches.decay, switches.delta_rule, ("B", "H"), "state")
     if scale is None:
         scale = q.shape[-1] ** -0.5
     backend = _resolve(op, backend, q)
@@ -334,7 +338,7 @@ def chunk_linear_attn(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Linear attention, S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t. Returns (o, S_T | None)."""
     return _chunk(
-        "chunk_linear_attn", "none", False, q, k, v, None, None,
+        "linear_attn", q, k, v, None, None,
         scale, initial_state, output_final_state, backend, chunk_size,
     )  # fmt: skip
 
@@ -352,7 +356,7 @@ def chunk_simple_gla(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Mamba2-style / simple GLA: S_t = exp(g_t) S_{t-1} + k_t v_t^T, one scalar decay per head."""
     return _chunk(
-        "chunk_simple_gla", "scalar", False, q, k, v, g, None,
+        "simple_gla", q, k, v, g, None,
         scale, initial_state, output_final_state, backend, chunk_size,
     )  # fmt: skip
 
@@ -375,7 +379,7 @@ def chunk_gla(
     path and changes nothing in the result.
     """
     return _chunk(
-        "chunk_gla", "channel", False, q, k, v, g, None,
+        "gla", q, k, v, g, None,
         scale, initial_state, output_final_state, backend, chunk_size, lower_bound,
     )  # fmt: skip
 
@@ -393,7 +397,7 @@ def chunk_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """DeltaNet: S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T."""
     return _chunk(
-        "chunk_delta_rule", "none", True, q, k, v, None, beta,
+        "delta_rule", q, k, v, None, beta,
         scale, initial_state, output_final_state, backend, chunk_size,
     )  # fmt: skip
 
@@ -412,7 +416,7 @@ def chunk_gated_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet: S_t = (I - beta_t k_t k_t^T) exp(g_t) S_{t-1} + beta_t k_t v_t^T, scalar decay."""
     return _chunk(
-        "chunk_gated_delta_rule", "scalar", True, q, k, v, g, beta,
+        "gated_delta_rule", q, k, v, g, beta,
         scale, initial_state, output_final_state, backend, chunk_size,
     )  # fmt: skip
 
@@ -435,7 +439,7 @@ def chunk_kda(
     `lower_bound`: as in chunk_gla (e.g. K3's bounded gate, g_min = -5).
     """
     return _chunk(
-        "chunk_kda", "channel", True, q, k, v, g, beta,
+        "kda", q, k, v, g, beta,
         scale, initial_state, output_final_state, backend, chunk_size, lower_bound,
     )  # fmt: skip
 
@@ -449,7 +453,7 @@ def linear_attn_step(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of chunk_linear_attn. Returns (o [B, H, V] in q's dtype, new state [B, H, K, V])."""
-    return _step("linear_attn_step", "none", False, q, k, v, None, None, state, scale, backend)
+    return _step("linear_attn", q, k, v, None, None, state, scale, backend)
 
 
 def simple_gla_step(
@@ -462,7 +466,7 @@ def simple_gla_step(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of chunk_simple_gla."""
-    return _step("simple_gla_step", "scalar", False, q, k, v, g, None, state, scale, backend)
+    return _step("simple_gla", q, k, v, g, None, state, scale, backend)
 
 
 def gla_step(
@@ -475,7 +479,7 @@ def gla_step(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of chunk_gla."""
-    return _step("gla_step", "channel", False, q, k, v, g, None, state, scale, backend)
+    return _step("gla", q, k, v, g, None, state, scale, backend)
 
 
 def delta_rule_step(
@@ -488,7 +492,7 @@ def delta_rule_step(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of chunk_delta_rule."""
-    return _step("delta_rule_step", "none", True, q, k, v, None, beta, state, scale, backend)
+    return _step("delta_rule", q, k, v, None, beta, state, scale, backend)
 
 
 def gated_delta_rule_step(
@@ -502,7 +506,7 @@ def gated_delta_rule_step(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of chunk_gated_delta_rule."""
-    return _step("gated_delta_rule_step", "scalar", True, q, k, v, g, beta, state, scale, backend)
+    return _step("gated_delta_rule", q, k, v, g, beta, state, scale, backend)
 
 
 def kda_step(
@@ -516,4 +520,4 @@ def kda_step(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of chunk_kda."""
-    return _step("kda_step", "channel", True, q, k, v, g, beta, state, scale, backend)
+    return _step("kda", q, k, v, g, beta, state, scale, backend)

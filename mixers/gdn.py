@@ -16,7 +16,7 @@ from mixers.linear_base import BetaProjection, LinearMixer, MambaDecay
 
 
 class GatedDeltaNet(LinearMixer):
-    decay = "head"
+    decay = "scalar"
     delta_rule = True
     paper_defaults: ClassVar[dict[str, Any]] = {
         "use_short_conv": True,

@@ -7,8 +7,8 @@
 
 A subclass states only what differs, in the paper's words:
 
-- `decay`: "none" | "head" | "channel", the granularity of the log-decay `g` (absent, `[B, T, H]`,
-  `[B, T, H, K]`);
+- `decay`: "none" | "scalar" | "channel", the granularity of the log-decay `g` (absent, `[B, T, H]`,
+  `[B, T, H, K]`; kernels.family's words);
 - `delta_rule`: whether the layer erases (`beta` given) or only writes;
 - `gates(x, k, v) -> (v, g, beta)`: how it computes them from the input.
 
@@ -24,7 +24,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,10 +33,9 @@ from torch import nn
 import kernels
 from kernels import family
 from kernels.conv import short_conv
+from kernels.family import Decay
 from mixers.base import Mixer
 from mixers.recompute import gated_rms_norm_projection, l2_norm, recomputed, shared_cast, wide
-
-Decay = Literal["none", "head", "channel"]
 
 FEATURE_MAPS = ("identity", "elu+1", "relu")
 OUTPUT_GATES = ("none", "sigmoid", "swish")
@@ -44,12 +43,9 @@ OUTPUT_GATE_RANKS = ("low", "full")
 BACKENDS = ("auto", "triton", "torch", "naive")
 
 # (decay, delta_rule) -> (chunked op, single-token step): the 3 x 2 table of docs/design.md §1, from the
-# family table (kernels.family; the mixers' word for the scalar decay is "head")
-OPS: dict[tuple[str, bool], tuple[Callable[..., Any], Callable[..., Any]]] = {
-    (word, delta): (getattr(kernels, op.chunk), getattr(kernels, op.step))
-    for word, decay in family.MIXER_DECAY.items()
-    for delta in (False, True)
-    for op in [family.by_switches(decay, delta)]
+# family table (kernels.family)
+OPS: dict[tuple[Decay, bool], tuple[Callable[..., Any], Callable[..., Any]]] = {
+    (op.decay, op.delta_rule): (getattr(kernels, op.chunk), getattr(kernels, op.step)) for op in family.PLAIN
 }
 
 

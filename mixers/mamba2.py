@@ -19,7 +19,7 @@ from mixers.linear_base import LinearMixer, MambaDecay
 
 
 class Mamba2(LinearMixer):
-    decay = "head"
+    decay = "scalar"
     delta_rule = False
     paper_defaults: ClassVar[dict[str, Any]] = {
         "use_short_conv": True,

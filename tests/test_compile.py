@@ -18,22 +18,15 @@ pytest.importorskip("triton")
 
 import kernels  # noqa: E402
 from benchmarks.common import make_inputs, rel_rms  # noqa: E402
+from kernels import family  # noqa: E402
 from kernels.triton import triton_chunk  # noqa: E402
 from kernels.triton.chunk import INTERPRET  # noqa: E402
 from kernels.triton.compile import chunk_fwd, compiled_chunk  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 (CPU tensors)")
 
-# (name, decay, delta rule, lower_bound)
-VARIANTS = [
-    ("linear_attn", None, False, None),
-    ("simple_gla", "scalar", False, None),
-    ("gla", "channel", False, None),
-    ("delta_rule", None, True, None),
-    ("gated_delta_rule", "scalar", True, None),
-    ("kda", "channel", True, None),
-    ("kda_bounded", "channel", True, -5.0),
-]
+# (name, decay, delta rule, lower_bound): the family's ops (kernels.family)
+VARIANTS = [(o.name, o.decay, o.delta_rule, o.lower_bound) for o in family.OPS]
 SHAPE = {"B": 1, "T": 21, "H": 2, "K": 16, "V": 16}
 
 
@@ -63,7 +56,8 @@ def test_custom_op_matches_eager_outputs_states_and_gradients(name, decay, delta
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,decay,delta,lower_bound", [VARIANTS[2], VARIANTS[4], VARIANTS[6]],
+@pytest.mark.parametrize("name,decay,delta,lower_bound",
+                         [v for v in VARIANTS if v[0] in ("gla", "gated_delta_rule", "kda_bounded")],
                          ids=["gla", "gated_delta_rule", "kda_bounded"])
 def test_opcheck(name, decay, delta, lower_bound) -> None:
     x = _args(decay, delta, lower_bound)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from benchmarks.common import make_inputs, rel_rms
+from kernels import family
 from kernels.naive import naive_recurrent
 
 with warnings.catch_warnings():
@@ -59,19 +60,14 @@ def fla_kda(q, k, v, g, beta, h0):
     return fla_kda_module.naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
 
 
-# (name, decay granularity, delta rule, FLA's loop)
-OPS = [
-    ("linear_attn", None, False, fla_linear_attn),
-    ("simple_gla", "scalar", False, fla_simple_gla),
-    ("gla", "channel", False, fla_gla),
-    ("delta_rule", None, True, fla_delta_rule),
-    ("gated_delta_rule", "scalar", True, fla_gated_delta_rule),
-    ("kda", "channel", True, fla_kda),
-]
+# (name, decay granularity, delta rule, FLA's loop): the six points of the family table (kernels.family)
+FLA_LOOPS = {"linear_attn": fla_linear_attn, "simple_gla": fla_simple_gla, "gla": fla_gla,
+             "delta_rule": fla_delta_rule, "gated_delta_rule": fla_gated_delta_rule, "kda": fla_kda}
+OPS = [(o.name, o.decay, o.delta_rule, FLA_LOOPS[o.name]) for o in family.PLAIN]
 
 
 @pytest.mark.parametrize("name,decay,delta,fla_op", OPS, ids=[op[0] for op in OPS])
-def test_naive_recurrent_is_fla_reference(name: str, decay: str | None, delta: bool, fla_op) -> None:
+def test_naive_recurrent_is_fla_reference(name: str, decay: str, delta: bool, fla_op) -> None:
     inputs = make_inputs(decay, delta, B, T, H, K, V, seed=7)
     q, k, v, g, beta, h0 = (inputs[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
     leaves = [t.requires_grad_(True) for t in (q, k, v, g, beta, h0) if t is not None]

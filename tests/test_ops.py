@@ -5,38 +5,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 import kernels
 from benchmarks.common import rel_rms, token_loop_inputs
+from kernels import family
+from kernels.family import Op
 
-
-@dataclass(frozen=True)
-class Op:
-    name: str
-    decay: str | None  # None, "scalar" ([B, T, H]) or "channel" ([B, T, H, K])
-    delta: bool  # beta given
-
-    @property
-    def chunk(self) -> Callable:
-        return getattr(kernels, f"chunk_{self.name}")
-
-    @property
-    def step(self) -> Callable:
-        return getattr(kernels, f"{self.name}_step")
-
-
-OPS = [
-    Op("linear_attn", None, False),
-    Op("simple_gla", "scalar", False),
-    Op("gla", "channel", False),
-    Op("delta_rule", None, True),
-    Op("gated_delta_rule", "scalar", True),
-    Op("kda", "channel", True),
-]
+# the six points of the switches' table (kernels.family)
+OPS = family.PLAIN
 OP_IDS = [op.name for op in OPS]
 B, H, K, V = 2, 2, 16, 32
 FP32_BOUND = 1e-5
@@ -53,9 +32,17 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+def chunk(op: Op) -> Callable:
+    return getattr(kernels, op.chunk)
+
+
+def step(op: Op) -> Callable:
+    return getattr(kernels, op.step)
+
+
 def make_inputs(op: Op, T: int, seed: int, strong_decay: bool = True) -> list[torch.Tensor]:
     """The op's positional inputs at this file's sizes, a few decays strongly negative (helpers)."""
-    return token_loop_inputs(op.decay, op.delta, B, T, H, K, V, torch.Generator().manual_seed(seed),
+    return token_loop_inputs(op.decay, op.delta_rule, B, T, H, K, V, torch.Generator().manual_seed(seed),
                              strong_decay=strong_decay)
 
 
@@ -70,7 +57,7 @@ def run_with_grads(
     """[o, S_T, grad of each input, grad of h0 (if given)] for loss = <o, do> + <S_T, dS>."""
     leaves = [x.detach().clone().requires_grad_() for x in inputs]
     h0_leaf = None if h0 is None else h0.detach().clone().requires_grad_()
-    o, S_T = op.chunk(*leaves, initial_state=h0_leaf, output_final_state=True, backend=backend, **kwargs)
+    o, S_T = chunk(op)(*leaves, initial_state=h0_leaf, output_final_state=True, backend=backend, **kwargs)
     do, dS = cotangents
     ((o.double() * do).sum() + (S_T.double() * dS).sum()).backward()
     grads = [x.grad for x in leaves] + ([] if h0_leaf is None else [h0_leaf.grad])
@@ -80,8 +67,8 @@ def run_with_grads(
 def names(op: Op, with_h0: bool) -> list[str]:
     return (
         ["o", "S_T", "dq", "dk", "dv"]
-        + (["dg"] if op.decay else [])
-        + (["dbeta"] if op.delta else [])
+        + (["dg"] if op.decay != "none" else [])
+        + (["dbeta"] if op.delta_rule else [])
         + (["dh0"] if with_h0 else [])
     )
 
@@ -128,16 +115,16 @@ def test_torch_matches_naive_bf16(op: Op, T: int) -> None:
 def test_chunk_size_does_not_change_the_result(chunk_size: int) -> None:
     op = OPS[-1]
     inputs = make_inputs(op, 150, seed=3)
-    o_ref, S_ref = op.chunk(*inputs, output_final_state=True, backend="torch", chunk_size=64)
-    o, S = op.chunk(*inputs, output_final_state=True, backend="torch", chunk_size=chunk_size)
+    o_ref, S_ref = chunk(op)(*inputs, output_final_state=True, backend="torch", chunk_size=64)
+    o, S = chunk(op)(*inputs, output_final_state=True, backend="torch", chunk_size=chunk_size)
     assert rel_rms(o_ref, o) <= FP32_BOUND and rel_rms(S_ref, S) <= FP32_BOUND
 
 
 @pytest.mark.parametrize("op", OPS, ids=OP_IDS)
 def test_scale_and_no_final_state(op: Op) -> None:
     inputs = make_inputs(op, 40, seed=5)
-    o_ref, _ = op.chunk(*[x.double() for x in inputs], scale=0.3, backend="naive")
-    o, S_T = op.chunk(*inputs, scale=0.3, backend="torch")
+    o_ref, _ = chunk(op)(*[x.double() for x in inputs], scale=0.3, backend="naive")
+    o, S_T = chunk(op)(*inputs, scale=0.3, backend="torch")
     assert S_T is None
     assert rel_rms(o_ref, o) <= FP32_BOUND
 
@@ -149,11 +136,11 @@ def test_steps_equal_the_recurrence(op: Op, backend: str) -> None:
     T = 20
     inputs = make_inputs(op, T, seed=11)
     h0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(9))
-    o_ref, S_ref = op.chunk(*[x.double() for x in inputs], initial_state=h0.double(), output_final_state=True,
-                            backend="naive")  # fmt: skip
+    o_ref, S_ref = chunk(op)(*[x.double() for x in inputs], initial_state=h0.double(),
+                             output_final_state=True, backend="naive")  # fmt: skip
     state = h0
     for t in range(T):
-        o_t, state = op.step(*[x[:, t] for x in inputs], state, backend=backend)
+        o_t, state = step(op)(*[x[:, t] for x in inputs], state, backend=backend)
         assert o_t.shape == (B, H, V) and o_t.dtype == torch.float32 and state.dtype == torch.float32
         assert rel_rms(o_ref[:, t], o_t) <= FP32_BOUND, t
     assert rel_rms(S_ref, state) <= FP32_BOUND
@@ -162,11 +149,12 @@ def test_steps_equal_the_recurrence(op: Op, backend: str) -> None:
 def test_step_output_has_q_dtype() -> None:
     op = OPS[-1]
     q, k, v, g, beta = (x[:, 0].bfloat16() for x in make_inputs(op, 1, seed=2))
-    o, state = op.step(q, k, v, g, beta, torch.zeros(B, H, K, V), backend="torch")
+    o, state = step(op)(q, k, v, g, beta, torch.zeros(B, H, K, V), backend="torch")
     assert o.dtype == torch.bfloat16 and state.dtype == torch.float32
 
 
-@pytest.mark.parametrize("op", [op for op in OPS if op.decay], ids=[op.name for op in OPS if op.decay])
+@pytest.mark.parametrize("op", [op for op in OPS if op.decay != "none"],
+                         ids=[op.name for op in OPS if op.decay != "none"])
 def test_strongly_negative_g_is_finite_and_exact(op: Op) -> None:
     """g = -50 at scattered positions and a whole chunk at -20 per token (cumulative -1280: exp(-G) would
     overflow a thousand times over): no inf/NaN anywhere, and still the naive result."""
@@ -190,7 +178,7 @@ def test_strongly_negative_g_is_finite_and_exact(op: Op) -> None:
 def test_empty_sequence(op: Op, backend: str) -> None:
     inputs = [x[:, :0] for x in make_inputs(op, 4, seed=1)]
     h0 = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(2))
-    o, S_T = op.chunk(*inputs, initial_state=h0, output_final_state=True, backend=backend)
+    o, S_T = chunk(op)(*inputs, initial_state=h0, output_final_state=True, backend=backend)
     assert o.shape == (B, 0, H, V) and torch.equal(S_T, h0)
 
 
@@ -198,22 +186,22 @@ def test_lower_bound_is_checked_and_changes_nothing() -> None:
     op = OPS[-1]
     q, k, v, g, beta = make_inputs(op, 50, seed=6, strong_decay=False)
     g[:, 3] = -5.0
-    o_ref, _ = op.chunk(q, k, v, g, beta, backend="torch")
-    o, _ = op.chunk(q, k, v, g, beta, backend="torch", lower_bound=-5.0)
+    o_ref, _ = chunk(op)(q, k, v, g, beta, backend="torch")
+    o, _ = chunk(op)(q, k, v, g, beta, backend="torch", lower_bound=-5.0)
     assert torch.equal(o, o_ref)
     with pytest.raises(ValueError, match=r"g has a minimum value of -5 below lower_bound=-2.0"):
-        op.chunk(q, k, v, g, beta, backend="torch", lower_bound=-2.0)
+        chunk(op)(q, k, v, g, beta, backend="torch", lower_bound=-2.0)
     with pytest.raises(ValueError, match=r"lower_bound=1.0"):
-        op.chunk(q, k, v, g, beta, backend="torch", lower_bound=1.0)
+        chunk(op)(q, k, v, g, beta, backend="torch", lower_bound=1.0)
 
 
 def test_autocast_does_not_lower_the_reference_precision() -> None:
     op = OPS[-1]
     inputs = make_inputs(op, 70, seed=1)
-    o_ref, _ = op.chunk(*inputs, backend="torch")
+    o_ref, _ = chunk(op)(*inputs, backend="torch")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        o, _ = op.chunk(*inputs, backend="torch")
-        o_step, _ = op.step(*[x[:, 0] for x in inputs], torch.zeros(B, H, K, V), backend="torch")
+        o, _ = chunk(op)(*inputs, backend="torch")
+        o_step, _ = step(op)(*[x[:, 0] for x in inputs], torch.zeros(B, H, K, V), backend="torch")
     assert o.dtype == torch.float32 and torch.equal(o, o_ref)
     assert o_step.dtype == torch.float32 and rel_rms(o_ref[:, 0], o_step) <= FP32_BOUND
 
@@ -221,8 +209,8 @@ def test_autocast_does_not_lower_the_reference_precision() -> None:
 def test_auto_backend_is_torch_on_cpu() -> None:
     op = OPS[-1]
     inputs = make_inputs(op, 70, seed=1)
-    o_auto, _ = op.chunk(*inputs, backend="auto")
-    o_torch, _ = op.chunk(*inputs, backend="torch")
+    o_auto, _ = chunk(op)(*inputs, backend="auto")
+    o_torch, _ = chunk(op)(*inputs, backend="torch")
     assert torch.equal(o_auto, o_torch)
 
 
@@ -232,9 +220,9 @@ def test_triton_backend_missing_gives_a_clear_error(monkeypatch: pytest.MonkeyPa
     op = OPS[-1]
     inputs = make_inputs(op, 8, seed=1)
     with pytest.raises(RuntimeError, match="backend='triton' needs the Triton kernels"):
-        op.chunk(*inputs, backend="triton")
+        chunk(op)(*inputs, backend="triton")
     with pytest.raises(RuntimeError, match="backend='triton' needs the Triton kernels"):
-        op.step(*[x[:, 0] for x in inputs], torch.zeros(B, H, K, V), backend="triton")
+        step(op)(*[x[:, 0] for x in inputs], torch.zeros(B, H, K, V), backend="triton")
 
 
 def _kda_inputs(T: int = 8) -> dict[str, torch.Tensor]:

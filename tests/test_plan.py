@@ -20,7 +20,7 @@ from kernels.triton import VARIANTS, plan  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _problem(B: int, T: int, H: int, decay: int = 2, delta: bool = True, bounded: bool = True, keep=True):
+def _problem(B: int, T: int, H: int, decay: str = "channel", delta: bool = True, bounded=True, keep=True):
     return plan.Problem(B, T, H, 128, 128, 64, decay, delta, bounded, lowp=True, keep=keep)
 
 
@@ -43,20 +43,28 @@ def test_the_rules_at_the_benchmark_shapes(monkeypatch: pytest.MonkeyPatch) -> N
     # a sequence longer than the grid's y axis holds chunks: dqk's chunks go on axis 0
     assert plan.plan_backward(_problem(1, 64 * plan.MAX_GRID_Y, 1), False, False).k_inner == 0
     # linear attention: the intra-chunk gradients inside dqk
-    assert plan.plan_backward(_problem(8, 8192, 16, decay=0, delta=False, bounded=False), False, False).fused
+    linear = _problem(8, 8192, 16, decay="none", delta=False, bounded=False)
+    assert plan.plan_backward(linear, False, False).fused
 
 
 def test_a_bad_setting_is_named_and_the_plan_cannot_change() -> None:
-    with pytest.raises(ValueError, match=r"unknown key 'state_fwd.erly'"):
-        with plan.overrides({"state_fwd.erly": 2}):
+    with pytest.raises(ValueError, match=r"unknown key 'state_fwd.wraps'"):
+        with plan.overrides({"state_fwd.wraps": 8}):
             pass
     fp = plan.plan_forward(_problem(8, 8192, 16))
     with pytest.raises(dataclasses.FrozenInstanceError):
         fp.intra = plan.Kernel(8)  # type: ignore[misc]
-    with plan.overrides(["state_fwd.early=2", "intra_fwd.maxnreg=0"]):
+    with plan.overrides(["state_fwd.warps=8", "intra_fwd.maxnreg=0"]):
         inside = plan.plan_forward(_problem(8, 8192, 16))
-    assert inside.state_early == 2 and inside.intra.maxnreg is None  # 0: no cap
+    assert inside.state.warps == 8 and inside.intra.maxnreg is None  # 0: no cap
     assert plan.plan_forward(_problem(8, 8192, 16)) == fp  # the block ended
+
+
+def test_settings_are_launch_options_not_forms() -> None:
+    # what a kernel computes in (the output inside the state pass, the WY form, ...) follows the rules alone;
+    # a setting changes how a kernel is launched
+    options = ("warps", "stages", "maxnreg", "bv", "bk", "pdl")
+    assert all(key.split(".")[1] in options for key in plan.SETTINGS)
 
 
 def test_the_command_line_prints_what_launches() -> None:
@@ -75,8 +83,7 @@ def test_the_command_line_prints_what_launches() -> None:
 
 def test_one_family_table() -> None:
     # every point of the two switches' 3 x 2 table once, plus the bounded gate of KDA
-    plain = [op for op in family.OPS if op.lower_bound is None]
-    assert sorted((op.decay, op.delta) for op in plain) == sorted(
+    assert sorted((op.decay, op.delta_rule) for op in family.PLAIN) == sorted(
         (decay, delta) for decay in family.DECAYS for delta in (False, True)
     )
     assert family.op("kda_bounded").lower_bound == -5.0 and family.op("kda_bounded").takes_lower_bound
@@ -92,9 +99,9 @@ def test_one_family_table() -> None:
         assert callable(getattr(kernels, op.chunk)) and callable(getattr(kernels, op.step))
     assert OPS == {
         ("none", False): (kernels.chunk_linear_attn, kernels.linear_attn_step),
-        ("head", False): (kernels.chunk_simple_gla, kernels.simple_gla_step),
+        ("scalar", False): (kernels.chunk_simple_gla, kernels.simple_gla_step),
         ("channel", False): (kernels.chunk_gla, kernels.gla_step),
         ("none", True): (kernels.chunk_delta_rule, kernels.delta_rule_step),
-        ("head", True): (kernels.chunk_gated_delta_rule, kernels.gated_delta_rule_step),
+        ("scalar", True): (kernels.chunk_gated_delta_rule, kernels.gated_delta_rule_step),
         ("channel", True): (kernels.chunk_kda, kernels.kda_step),
     }

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from benchmarks.common import Recorder, make_inputs, rel_rms  # noqa: E402
+from kernels import family  # noqa: E402
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import triton_chunk, triton_recurrent_step  # noqa: E402
 from kernels.triton.chunk import INTERPRET  # noqa: E402
@@ -31,32 +32,15 @@ pytestmark = pytest.mark.skipif(
     not INTERPRET, reason="kernels.triton was imported without TRITON_INTERPRET=1; run this file on its own"
 )
 
-# (name, decay granularity, delta rule): the six ops of docs/design.md §3
-OPS = [
-    ("linear_attn", None, False),
-    ("simple_gla", "scalar", False),
-    ("gla", "channel", False),
-    ("delta_rule", None, True),
-    ("gated_delta_rule", "scalar", True),
-    ("kda", "channel", True),
-]
+# (name, decay, delta rule): the six points of the family table (kernels.family), each with its plain gate
+OPS = [(o.name, o.decay, o.delta_rule) for o in family.PLAIN]
 TOL = 1e-4
 # (name, decay, delta rule, lower_bound): the per-channel decay's variants, for the tests of its alternatives
-PER_CHANNEL = [
-    ("gla", "channel", False, None),
-    ("kda", "channel", True, None),
-    ("kda_bounded", "channel", True, -5.0),
-]
+PER_CHANNEL = [(o.name, o.decay, o.delta_rule, o.lower_bound) for o in family.OPS if o.decay == "channel"]
 # (name, decay, delta rule, lower_bound): all seven, the bounded gate beside the six ops
-ALL_SEVEN = [op + (None,) for op in OPS] + [("kda_bounded", "channel", True, -5.0)]
+ALL_SEVEN = [(o.name, o.decay, o.delta_rule, o.lower_bound) for o in family.OPS]
 # (name, decay, lower_bound): the delta-rule ops, for the tests of the solve and the WY state pass
-DELTA_OPS = [
-    ("delta_rule", None, None),
-    ("gated_delta_rule", "scalar", None),
-    ("kda", "channel", None),
-    ("kda_bounded", "channel", -5.0),
-]
-
+DELTA_OPS = [(o.name, o.decay, o.lower_bound) for o in family.OPS if o.delta_rule]
 
 def check_against_naive(
     inputs: dict, lower_bound: float | None = None, chunk_size: int = 64, tol: float = TOL
@@ -100,12 +84,14 @@ def tune(monkeypatch: pytest.MonkeyPatch, key: str, value: int | None) -> None:
     monkeypatch.setattr(plan, "_OVERRIDES", var)
 
 
-def force_wy_state_forms(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the forward state pass's forms that read and write every buffer, which the launch gives only many
-    # programs: the output inside it, the WY products without a gradient, X kept with one
+def many_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the launch rules as at the benchmark shapes, where the state passes fill the GPU (FILL_PROGRAMS) and
+    # B * H >= MANY_HEADS: the thresholds set to 0, so that these small shapes take the forms the rules pick
+    # there (the output and the WY products inside the state pass, X kept, L and A_qk triangular, ...)
+    from kernels.triton import plan
 
-    for key in ("state_fwd.output", "state_fwd.wy", "bwd.x"):
-        tune(monkeypatch, key, 1)
+    monkeypatch.setattr(plan, "FILL_PROGRAMS", 0)
+    monkeypatch.setattr(plan, "MANY_HEADS", 0)
 
 
 def nan_buffers(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
@@ -118,7 +104,7 @@ def nan_buffers(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
 
     def nan_empty(*shape, **kw):
         x = real_empty(*shape, **kw)
-        # (integer buffers, fwd.g16's uint16 decays: their largest value, a decay of 2^-128)
+        # (integer buffers, the plan's g16 uint16 decays: their largest value, a decay of 2^-128)
         x.fill_(float("nan") if x.is_floating_point() else torch.iinfo(x.dtype).max)
         made.append(x)
         return x
@@ -149,7 +135,7 @@ def check_no_grad_against_naive(
 @pytest.mark.parametrize("T", [1, 63, 64, 100, 200])
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
-def test_chunk_matches_naive(name: str, decay: str | None, delta: bool, T: int, with_state: bool) -> None:
+def test_chunk_matches_naive(name: str, decay: str, delta: bool, T: int, with_state: bool) -> None:
     B, H = (2, 1) if T <= 64 else (1, 2)
     inputs = make_inputs(decay, delta, B, T, H, K=16, V=32, seed=T + 7 * with_state, with_state=with_state)
     check_against_naive(inputs)
@@ -165,9 +151,9 @@ def test_kda_bounded_gate_matches_naive(T: int, with_state: bool) -> None:
 
 
 @pytest.mark.parametrize("T", [1, 63, 100, 200])
-@pytest.mark.parametrize("name,decay", [("linear_attn", None), ("simple_gla", "scalar")])
+@pytest.mark.parametrize("name,decay", [("linear_attn", "none"), ("simple_gla", "scalar")])
 def test_intra_gradients_inside_the_dqk_kernel(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, T: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, T: int
 ) -> None:
     # without the delta rule and the per-channel decay, the dqk kernel also does the intra-chunk gradients,
     # and the dvt and intra backward kernels do not run
@@ -208,7 +194,7 @@ def test_unbounded_gates_dense_where_safe(name: str, decay: str, delta: bool, T:
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
     [
-        ("delta_rule", None, True, None),
+        ("delta_rule", "none", True, None),
         ("gated_delta_rule", "scalar", True, None),
         ("kda_bounded", "channel", True, -5.0),
     ],
@@ -216,7 +202,7 @@ def test_unbounded_gates_dense_where_safe(name: str, decay: str, delta: bool, T:
 def test_bf16_inverse(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
@@ -239,7 +225,7 @@ def test_bf16_inverse(
     "helper,name,decay,delta,lower_bound",
     [
         ("_m_dtype", "gla", "channel", False, None),
-        ("_m_dtype", "delta_rule", None, True, None),
+        ("_m_dtype", "delta_rule", "none", True, None),
         ("_m_dtype", "kda_bounded", "channel", True, -5.0),
     ],
 )
@@ -247,7 +233,7 @@ def test_bf16_backward_buffers(
     monkeypatch: pytest.MonkeyPatch,
     helper: str,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
 ) -> None:
@@ -295,14 +281,14 @@ def test_kda_is_causal(T: int, lower_bound: float | None) -> None:
 
 
 @pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
-def test_recurrent_step_matches_naive(name: str, decay: str | None, delta: bool) -> None:
+def test_recurrent_step_matches_naive(name: str, decay: str, delta: bool) -> None:
     B, H, K, V = 2, 2, 16, 32
     gen = torch.Generator().manual_seed(2)
     q, k = torch.randn(B, H, K, generator=gen), F.normalize(torch.randn(B, H, K, generator=gen), dim=-1)
     v = torch.randn(B, H, V, generator=gen)
     g = (
         None
-        if decay is None
+        if decay == "none"
         else F.logsigmoid(torch.randn((B, H) if decay == "scalar" else (B, H, K), generator=gen))
     )
     beta = torch.rand(B, H, generator=gen) if delta else None
@@ -358,15 +344,15 @@ def test_overrides_apply_inside_their_block_and_name_bad_ones() -> None:
     # the scripts' --set KEY=VALUE (profile_gpu.py, bench_gpu.py, check_kernels.py) and the tests' settings
     from kernels.triton import plan
 
-    problem = plan.Problem(8, 8192, 16, 128, 128, 64, decay=2, delta=True, bounded=True, lowp=True, keep=True)
+    problem = plan.Problem(8, 8192, 16, 128, 128, 64, "channel", True, bounded=True, lowp=True, keep=True)
     assert plan.plan_forward(problem).solve.warps == 1 and plan.current_overrides() == {}
     with plan.overrides(["solve.warps=2", "dqk.bk=none"]) as changed:
         assert changed == {"solve.warps": 2, "dqk.bk": None}
         assert plan.plan_forward(problem).solve.warps == 2
-        with plan.overrides({"state_fwd.output": 0}):  # nested: adds to the outer block
+        with plan.overrides({"state_fwd.warps": 8}):  # nested: adds to the outer block
             inner = plan.plan_forward(problem)
-            assert inner.solve.warps == 2 and not inner.out
-        assert plan.plan_forward(problem).out
+            assert inner.solve.warps == 2 and inner.state.warps == 8 and inner.state_unchain
+        assert plan.plan_forward(problem).state.warps == 4  # (the interpreter's)
     assert plan.plan_forward(problem).solve.warps == 1 and plan.current_overrides() == {}
     with pytest.raises(ValueError, match=r"unknown key 'solve.warp'.*solve.warps"):
         plan.parse_overrides(["solve.warp=2"])
@@ -375,6 +361,8 @@ def test_overrides_apply_inside_their_block_and_name_bad_ones() -> None:
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         plan.parse_overrides(["solve.warps"])
     # the plan is a frozen value
+    with pytest.raises(ValueError, match=r"unknown key 'state_fwd.output'"):
+        plan.parse_overrides(["state_fwd.output=0"])  # a form, not a setting: the rules pick it
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.plan_forward(problem).out = False  # type: ignore[misc]
 
@@ -387,44 +375,35 @@ def test_solve_at_every_chunk_size(chunk_size: int) -> None:
     check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("output", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
-@pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
-def test_output_pass_both_ways(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, delta: bool, T: int, output: int
-) -> None:
-    # state_fwd.output: the output computed inside the forward state pass (1: what many programs,
-    # B * H * V / 64 >= 256, get by default) or by _output_kernel over the stored states (0: these small
-    # shapes' default); forward and backward either way
-
-    tune(monkeypatch, "state_fwd.output", output)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=5 * T + delta)
-    check_against_naive(inputs)
-
-
-@pytest.mark.parametrize("early", [0, 1, 2])
-@pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
-def test_state_passes_small_inputs_early(
+@pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN, ids=[op[0] for op in ALL_SEVEN])
+def test_many_programs_forms_match_naive(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
-    early: int,
+    T: int,
 ) -> None:
-    # state_fwd.early, state_bwd.early: the state passes' small per-chunk inputs (exp(G_last),
-    # the scalar decay's G, beta) loaded where used (0), at the top of the chunk's step (1) or one chunk ahead
-    # (2). T = 200: four chunks, the last one partial (its G_last is row 199, not the chunk's row 63), with an
-    # initial state; the WY form forced so that the forward state pass reads beta, with a gradient (then
-    # checked in full) and without one
-
-    tune(monkeypatch, "state_fwd.early", early)
-    tune(monkeypatch, "state_bwd.early", early)
-    force_wy_state_forms(monkeypatch)
-    inputs = make_inputs(decay, delta, 1, 200, 2, K=16, V=32, seed=41 + early, lower_bound=lower_bound)
-    assert inputs["initial_state"] is not None
+    # the forms the launch rules pick where the state passes fill the GPU (the benchmark shapes): the output
+    # and the WY products inside the forward state pass, X kept for the backward and (without the
+    # per-channel decay) no Vt, the chunk's small inputs where used for KDA's differentiable forward, L and
+    # A_qk triangular without a gradient. Forward and every gradient, and the no-grad forward, from an
+    # initial state, at one partial chunk and at four chunks with a partial last one
+    many_programs(monkeypatch)
+    launched = record_launches(monkeypatch, "_state_fwd_kernel", "_dqk_bwd_kernel")
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 3, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
+    state = [kw for n, _, kw in launched if n == "_state_fwd_kernel"]
+    assert len(state) == 1 and state[0]["OUT"] and state[0]["WY"] == delta
+    # (X kept and, without the per-channel decay, no Vt: the backward forms it from X)
+    fp, bp = _plans(1, 2, lower_bound, True, decay, delta, T=T, D=16)
+    assert fp.keep_x == delta and fp.vt_x == (delta and decay != "channel")
+    assert [kw["VT_X"] for n, _, kw in launched if n == "_dqk_bwd_kernel"] == [fp.vt_x]
+    launched.clear()
     check_no_grad_against_naive(inputs, lower_bound)
+    assert [n for n, _, _ in launched] == ["_state_fwd_kernel"]  # (no W/U pass: the WY form)
+    assert launched[0].kwargs["WY"] == delta and launched[0].kwargs["TRIL"]
 
 
 @pytest.mark.parametrize("T,chunk_size", [(17, 64), (100, 64), (200, 64), (100, 16), (100, 32)])
@@ -432,7 +411,7 @@ def test_state_passes_small_inputs_early(
 def test_no_grad_intra_forward_without_kk_zeros(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     lower_bound: float | None,
     T: int,
     chunk_size: int,
@@ -462,37 +441,36 @@ def test_bounded_intra_forward_unmasked_blocks(monkeypatch: pytest.MonkeyPatch, 
         check_against_naive(inputs, lower_bound=-5.0, chunk_size=64)
 
 
-@pytest.mark.parametrize("log2", [1, 0])
+@pytest.mark.parametrize("many", [False, True])
 @pytest.mark.parametrize("T", [1, 63, 100, 200])
-def test_bounded_no_grad_log2_both_ways(monkeypatch: pytest.MonkeyPatch, T: int, log2: int) -> None:
-    # fwd.log2: the bounded gate's no-grad forward stores G times log2(e) and its readers (the intra
-    # forward's fold form, the state pass's exp(G_last)) take 2^x (1), or G as is (0); with and without
-    # the delta rule, partial chunks, an initial state, the state pass's small inputs loaded each way (EARLY
-    # 0 reads exp(G_last) by _key_decay_to_end, 1 and 2 by _chunk_small). Half the channels decay slowly
-    # (g in [-0.05, 0]), so that the state carries across chunks and exp(G_last) shows in the outputs of the
-    # next chunk (with g in [-5, 0] alone, a full chunk's decay is e^-160). Buffers filled with NaN first
-
-    tune(monkeypatch, "fwd.log2", log2)
+def test_bounded_no_grad_log2(monkeypatch: pytest.MonkeyPatch, T: int, many: bool) -> None:
+    # the bounded gate's no-grad forward stores G times log2(e) and its readers (the intra forward's fold
+    # form, the state pass's exp(G_last)) take 2^x; with and without the delta rule, partial chunks, an
+    # initial state, both regimes of the launch rules. Half the channels decay slowly (g in [-0.05, 0]), so
+    # that the state carries across chunks and exp(G_last) shows in the outputs of the next chunk (with g in
+    # [-5, 0] alone, a full chunk's decay is e^-160). Buffers filled with NaN first
+    if many:
+        many_programs(monkeypatch)
+    launched = record_launches(monkeypatch, "_state_fwd_kernel")
     nan_buffers(monkeypatch)
     slow = torch.where(torch.arange(16) % 2 == 0, 0.01, 1.0)
     for delta in (True, False):
-        inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + 3 * log2, lower_bound=-5.0)
+        inputs = make_inputs("channel", delta, 2, T, 2, K=16, V=32, seed=T + 3 * many, lower_bound=-5.0)
         inputs["g"] = inputs["g"] * slow
-        for early in (0, 1, 2):
-            tune(monkeypatch, "state_fwd.early", early)
-            check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
+        check_no_grad_against_naive(inputs, -5.0, chunk_size=64)
+    assert {kw["LOG2"] for _, _, kw in launched} == {True}
 
 
 @pytest.mark.parametrize(
     "T,chunk_size", [(1, 64), (17, 64), (63, 64), (64, 64), (100, 64), (200, 64), (100, 32), (100, 16)]
 )
 def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size: int) -> None:
-    # fwd.g16: for 16-bit inputs the bounded gate's no-grad forward stores each row's decay from
+    # the plan's g16: for 16-bit inputs the bounded gate's no-grad forward stores each row's decay from
     # its 16-row block's first row as uint16 in steps of 1/512 (log2 units), and fp32 G only at the blocks'
     # first rows and the chunks' last valid rows. The interpreter runs fp32 inputs, so the form is forced
     # for them here: outputs and final state match the token loop to the steps' rounding (a few 1e-4), not
     # to fp32's; the fp32 G buffer (NaN-filled first) is written at those rows and nowhere else. With and
-    # without the delta rule, half the channels decaying slowly, each way of loading exp(G_last), chunks of
+    # without the delta rule, half the channels decaying slowly, both regimes of the launch rules, chunks of
     # 64, 32 and 16 rows
     from kernels.triton import plan
 
@@ -510,8 +488,9 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size
             inputs["initial_state"].double(),
             True,
         )
-        for early in (0, 1, 2):
-            tune(monkeypatch, "state_fwd.early", early)
+        for many in (False, True):
+            if many:
+                many_programs(monkeypatch)
             made.clear()
             with torch.no_grad():
                 o, ht = triton_chunk(*args, None, inputs["initial_state"], True, chunk_size, -5.0)
@@ -531,7 +510,7 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size
 @pytest.mark.parametrize("T", [1, 63, 200])
 @pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
 def test_no_grad_akk_in_bf16(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None, T: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, lower_bound: float | None, T: int
 ) -> None:
     # without a gradient, 16-bit inputs keep A_kk in bf16 (the intra forward stores it
     # rounded, the solve takes it to fp32 on load). The interpreter runs fp32 inputs only (its bf16 products
@@ -557,33 +536,33 @@ def test_no_grad_akk_in_bf16(
         assert max(errs) > TOL  # the rounding shows: the bf16 buffer was read
 
 
-@pytest.mark.parametrize("tril", [1, 0])
+@pytest.mark.parametrize("many", [True, False])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
-def test_no_grad_tril_loads_both_ways(
+def test_no_grad_tril_loads(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
-    tril: int,
+    many: bool,
 ) -> None:
-    # fwd.tril: without a gradient the state pass loads L and A_qk block lower-triangular (16-column
-    # blocks up to the row's) and the solve and the intra forward do not store the zeros above (1), or they
-    # are stored and read whole (0). Every buffer is filled with NaN first, so that a read of an entry not
-    # written shows; with tril, L's and A_qk's blocks above the diagonal are left unwritten (still NaN)
-
-    force_wy_state_forms(monkeypatch)
-    tune(monkeypatch, "fwd.tril", tril)
+    # without a gradient, where the state pass is the only reader of L and A_qk (many programs: the output
+    # and Vt inside it), it loads them block lower-triangular (16-column blocks up to the row's) and the solve
+    # and the intra forward do not store the zeros above; with few programs they are stored and read whole.
+    # Every buffer is filled with NaN first, so that a read of an entry not written shows; with the triangular
+    # loads, L's and A_qk's blocks above the diagonal are left unwritten (still NaN)
+    if many:
+        many_programs(monkeypatch)
     made = nan_buffers(monkeypatch)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + tril, lower_bound=lower_bound)
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + many, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound, chunk_size=64)
     # the [B, T, H, 64] buffers: A_qk, then (the delta rule) A_kk and L; block (0, 1) of the first chunk
     square = [x for x in made if x.dim() == 4 and x.shape[-1] == 64 and x.shape[1] == T]
     assert len(square) == (3 if delta else 1)
     # (A_qk's zeros come with the whole-chunk tile where there is no per-channel decay)
-    written = [not tril or decay != "channel"] + ([not tril] if delta else [])
+    written = [not many or decay != "channel"] + ([not many] if delta else [])
     for x, zeros in zip((square[0], square[-1]) if delta else square, written, strict=True):
         upper = x[0, :16, :, 16:32]
         assert (upper == 0).all() if zeros else upper.isnan().all()
@@ -591,31 +570,33 @@ def test_no_grad_tril_loads_both_ways(
         check_against_naive(inputs, lower_bound=lower_bound, chunk_size=64)  # the backward reads them whole
 
 
-@pytest.mark.parametrize("unchain", [1, 0])
 @pytest.mark.parametrize("T", [63, 200])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
-def test_state_passes_unchained_products(
+def test_state_passes_unchained_at_eight_warps(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
-    unchain: int,
 ) -> None:
-    # state_fwd.unchain, state_bwd.unchain: the state passes' chained products (X, Vt, the
-    # output's state term; dVt) through _unchain's run-time branch (which the launch takes with 8 warps),
-    # or straight on. Forced both ways, with the forms that read and write every buffer (the output and
-    # the WY products inside the pass, X kept), with a gradient (checked in full) and without one, at one
-    # partial chunk and at four chunks with a partial last one, with an initial state
-
-    for key in ("state_fwd.unchain", "state_bwd.unchain"):
-        tune(monkeypatch, key, unchain)
-    force_wy_state_forms(monkeypatch)
-    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 7 * unchain, lower_bound=lower_bound)
+    # with 8 warps (what the state passes take on a GPU at the benchmark shapes; the interpreter runs 4), the
+    # state passes' chained products (X, Vt, the output's state term; dVt) go through _unchain's run-time
+    # branch. With the forms of many programs, which read and write every buffer, with a gradient (checked
+    # in full) and without one, at one partial chunk and at four chunks with a partial last one, with an
+    # initial state
+    many_programs(monkeypatch)
+    tune(monkeypatch, "state_fwd.warps", 8)
+    tune(monkeypatch, "state_bwd.warps", 8)
+    launched = record_launches(monkeypatch, "_state_fwd_kernel", "_state_bwd_kernel")
+    inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 7, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
     check_against_naive(inputs, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound)
+    assert {(n, kw["UNCHAIN"]) for n, _, kw in launched} == {
+        ("_state_fwd_kernel", True),
+        ("_state_bwd_kernel", True),
+    }
 
 
 @pytest.mark.parametrize("T,chunk_size", [(63, 64), (200, 64), (100, 16), (100, 32)])
@@ -623,41 +604,39 @@ def test_state_passes_unchained_products(
 def test_wy_state_pass(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     lower_bound: float | None,
     T: int,
     chunk_size: int,
 ) -> None:
     # the WY state pass's Vt = L diag(beta) X, beta on the rows of X (L as loaded); at chunks of 1, 2 and 4
-    # blocks of 16, partial last chunks, with an initial state; without a gradient (state_fwd.wy forced) and
-    # with one (bwd.x forced), in full
-    force_wy_state_forms(monkeypatch)
+    # blocks of 16, partial last chunks, with an initial state; without a gradient and with one (X kept), in
+    # full, as the rules of many programs pick them
+    many_programs(monkeypatch)
     seed = T
     inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound)
     check_no_grad_against_naive(inputs, lower_bound, chunk_size)
     check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("output,wy", [(1, 1), (1, 0), (0, 0)])
+@pytest.mark.parametrize("many", [True, False])
 @pytest.mark.parametrize("T", [1, 100])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
 def test_forward_without_gradient(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
-    decay: str | None,
+    decay: str,
     delta: bool,
     lower_bound: float | None,
     T: int,
-    output: int,
-    wy: int,
+    many: bool,
 ) -> None:
-    # with no gradient wanted the forward skips the buffers kept for the backward (h, Vt) and, for the delta
-    # rule with state_fwd.wy, the W/U pass (Vt from L, Gamma K and V in the state pass). Its output and final
-    # state match the reference, and are those of the differentiable call bit for bit where the same kernels
-    # compute them (without WY)
-
-    tune(monkeypatch, "state_fwd.output", output)
-    tune(monkeypatch, "state_fwd.wy", wy)
+    # with no gradient wanted the forward skips the buffers kept for the backward (h, Vt) and, with many
+    # programs, the W/U pass for the delta rule (Vt from L, Gamma K and V in the state pass). Its output and
+    # final state match the reference, and are those of the differentiable call bit for bit where the same
+    # kernels compute them (few programs)
+    if many:
+        many_programs(monkeypatch)
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 11, lower_bound=lower_bound)
     o, ht = check_no_grad_against_naive(inputs, lower_bound)
     args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
@@ -665,89 +644,21 @@ def test_forward_without_gradient(
     leaves = [a.clone().requires_grad_(True) if a is not None else None for a in args]
     o_grad, ht_grad = triton_chunk(*leaves, None, h0, True, 64, lower_bound)
     assert not o.requires_grad and o_grad.requires_grad
-    # (the bounded per-channel gate's no-grad G comes times log2(e), fwd.log2: other roundings)
-    if not (delta and wy) and not (decay == "channel" and lower_bound is not None):
+    # (the bounded per-channel gate's no-grad G comes times log2(e), the plan's log2: other roundings; with
+    # many programs the two forwards take other forms)
+    if not many and not (decay == "channel" and lower_bound is not None):
         assert torch.equal(o, o_grad.detach()) and torch.equal(ht, ht_grad.detach())
     else:
         assert rel_rms(o_grad, o) <= TOL and rel_rms(ht_grad, ht) <= TOL
 
 
-@pytest.mark.parametrize("T", [63, 200])
-@pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
-def test_pseudo_values_kept_for_the_backward(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str | None,
-    lower_bound: float | None,
-    T: int,
-    with_state: bool,
-) -> None:
-    # bwd.x = 1: the differentiable forward forms Vt in the state pass from L and keeps X = V - (Gamma
-    # K) S, which the dvt backward reads instead of h and Gamma K; the W/U pass writes W alone. Both output
-    # forms of the state pass
-
-    tune(monkeypatch, "bwd.x", 1)
-    tune(monkeypatch, "state_fwd.output", T % 2)
-    launched = record_launches(monkeypatch, "_wu_kernel")
-    inputs = make_inputs(
-        decay,
-        True,
-        1,
-        T,
-        2,
-        K=16,
-        V=32,
-        seed=T + 3 * with_state,
-        lower_bound=lower_bound,
-        with_state=with_state,
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    assert [kwargs["STORE_U"] for _, _, kwargs in launched] == [False]  # W alone
-
-
-@pytest.mark.parametrize("vt_x", [0, 1])
 @pytest.mark.parametrize("T", [63, 100])
 @pytest.mark.parametrize(
     "name,decay,lower_bound",
-    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
-)
-def test_pseudo_values_from_x_both_ways(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str | None,
-    lower_bound: float | None,
-    T: int,
-    vt_x: int,
-) -> None:
-    # bwd.vt_x = 1: with X kept (bwd.x) and the output inside the state pass, the forward keeps no
-    # Vt = T X; dqk sums X dS'^T and applies T after its V loop, dvt sums dO X^T and applies T^T. 0: Vt
-    # kept and read by both. Same gradients either way, with and without an initial state
-
-    tune(monkeypatch, "bwd.x", 1)
-    tune(monkeypatch, "state_fwd.output", 1)
-    tune(monkeypatch, "bwd.vt_x", vt_x)
-    launched = record_launches(monkeypatch, "_state_fwd_kernel", "_dqk_bwd_kernel", "_dvt_bwd_kernel")
-    inputs = make_inputs(
-        decay, True, 1, T, 2, K=16, V=32, seed=T + 41 + vt_x, lower_bound=lower_bound, with_state=T % 2 == 1
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    # (the differentiable forward's state pass: the one that keeps X)
-    flags = {
-        (n, kw["VT_X"] if "VT_X" in kw else not kw["STORE_VT"])
-        for n, _, kw in launched
-        if kw.get("STORE_X", 1)
-    }
-    assert flags == {(n, bool(vt_x)) for n in ("_state_fwd_kernel", "_dqk_bwd_kernel", "_dvt_bwd_kernel")}
-
-
-@pytest.mark.parametrize("T", [63, 100])
-@pytest.mark.parametrize(
-    "name,decay,lower_bound",
-    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
+    [("delta_rule", "none", None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
 )
 def test_dqk_delta_term_first(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None, T: int
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, lower_bound: float | None, T: int
 ) -> None:
     # the dqk kernel forms the delta rule's d(Gamma K) = T^T dW before loading the decay's tiles (fewer
     # registers live at once); with and without an initial state
@@ -757,93 +668,18 @@ def test_dqk_delta_term_first(
     check_against_naive(inputs, lower_bound=lower_bound)
 
 
-@pytest.mark.parametrize("T", [1, 63, 200])
-@pytest.mark.parametrize(
-    "name,decay,delta,lower_bound",
-    [op + (None,) for op in OPS if op[0] != "linear_attn"] + [("kda_bounded", "channel", True, -5.0)],
-)
-def test_intra_backward_first(
-    monkeypatch: pytest.MonkeyPatch,
-    name: str,
-    decay: str | None,
-    delta: bool,
-    lower_bound: float | None,
-    T: int,
-) -> None:
-    # the order the default does not take (the default's runs in every other test here):
-    # bwd.intra_first = 1 (the default for the per-channel decay): the intra backward runs before
-    # dqk and writes its parts alone; dqk adds its own and reverse-cumsums dG per chunk, and no
-    # _rev_cumsum_kernel runs (the delta rule, GLA and both KDAs; simple GLA and GDN, whose scalar dG sums
-    # over K blocks, keep the other order). 0: dqk first, then the intra backward, then the dG cumsum
-
-    first = decay != "channel"
-    tune(monkeypatch, "bwd.intra_first", int(first))
-    launched = record_launches(monkeypatch, "_rev_cumsum_kernel")
-    inputs = make_inputs(
-        decay, delta, 1, T, 2, K=16, V=32, seed=T + 41, lower_bound=lower_bound, with_state=T == 63
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    assert bool(launched) == (decay == "scalar" or decay == "channel" and not first)
-
-
-def _dqk_alternative(monkeypatch, key: str, value: int, flag: str, delta: bool, lower_bound, T: int) -> None:
-    # one dqk alternative (setting key = value) against the reference at a per-channel decay, and the dqk
-    # launches' constexpr flag that it sets
-
-    tune(monkeypatch, key, value)
-    launched = record_launches(monkeypatch, "_dqk_bwd_kernel")
-    seed = T + 11 * value + len(key)
-    inputs = make_inputs(
-        "channel", delta, 1, T, 2, K=16, V=32, seed=seed, lower_bound=lower_bound, with_state=T == 63
-    )
-    check_against_naive(inputs, lower_bound=lower_bound)
-    assert {kwargs[flag] for _, _, kwargs in launched} == {bool(value)}
-
-
-@pytest.mark.parametrize("seq", [1, 0])
-@pytest.mark.parametrize("T", [63, 200])
-@pytest.mark.parametrize(
-    "name,delta,lower_bound", [("gla", False, None), ("kda", True, None), ("kda_bounded", True, -5.0)]
-)
-def test_dqk_epilogue_both_orders(
-    monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, T: int, seq: int
-) -> None:
-    # with the intra backward first, the dqk kernel's epilogue loads each tile where it is first needed and
-    # stores dq before k loads (the setting dqk.seq = 1) or loads q, k and G together first (0); the same
-    # gradients either way, with and without an initial state
-    _dqk_alternative(monkeypatch, "dqk.seq", seq, "SEQ", delta, lower_bound, T)
-
-
-@pytest.mark.parametrize(
-    "name,decay,lower_bound",
-    [("delta_rule", None, None), ("gated_delta_rule", "scalar", None), ("kda_bounded", "channel", -5.0)],
-)
-def test_backward_forms_together(
-    monkeypatch: pytest.MonkeyPatch, name: str, decay: str | None, lower_bound: float | None
-) -> None:
-    # the delta rule's backward forms forced on together, whatever their launch rules pick: the intra backward
-    # first (not for the scalar decay), X kept and no Vt (dqk and dvt form it from X, dqk loading T for
-    # it), and d(Gamma K) from dvt's dV in the same dqk program
-
-    forced = {"bwd.intra_first": 1, "bwd.x": 1, "state_fwd.output": 1, "bwd.vt_x": 1}
-    for key, value in forced.items():
-        tune(monkeypatch, key, value)
-    launched = record_launches(monkeypatch, "_dqk_bwd_kernel")
-    inputs = make_inputs(decay, True, 1, 63, 2, K=16, V=32, seed=71, lower_bound=lower_bound, with_state=True)
-    check_against_naive(inputs, lower_bound=lower_bound)
-    flags = {(kw["VT_X"], kw["DV_W"]) for _, _, kw in launched}
-    assert flags == {(True, decay != "scalar")}  # (GDN's dqk runs before dvt: no dV to take)
-
-
 @pytest.mark.parametrize("k_inner", [1, 0])
 @pytest.mark.parametrize("name,delta,lower_bound", [("gla", False, None), ("kda_bounded", True, -5.0)])
 def test_dqk_key_blocks_side_by_side(
     monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, k_inner: int
 ) -> None:
-    # K = 128: two key blocks of 64 in dqk, launched with the chunks first or (dqk.k_inner = 1, the
-    # default) the key blocks first; each program finds its chunk and key block
+    # K = 128: two key blocks of 64 in dqk, launched with the key blocks first (the default) or, for a
+    # sequence of more chunks than grid axis 1 holds (MAX_GRID_Y, here moved to 3), the chunks first; each
+    # program finds its chunk and key block
+    from kernels.triton import plan
 
-    tune(monkeypatch, "dqk.k_inner", k_inner)
+    if not k_inner:
+        monkeypatch.setattr(plan, "MAX_GRID_Y", 3)
     launched = record_launches(monkeypatch, "_dqk_bwd_kernel", "_intra_bwd_kernel")
     inputs = make_inputs("channel", delta, 1, 130, 1, K=128, V=16, seed=k_inner, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
@@ -877,7 +713,7 @@ def _forward_launches(
     H: int,
     lower_bound: float | None,
     keep: bool,
-    decay: bool | str = True,
+    decay: str = "channel",
     delta: bool = True,
 ) -> dict:
     # the launches of KDA's forward (and with keep, its backward) at B, T=100, H, K = V = 128, bf16 (without
@@ -888,7 +724,7 @@ def _forward_launches(
     T, D = 100, 128
     bf = torch.bfloat16
     q, k, v = (torch.zeros(B, T, H, D, dtype=bf) for _ in range(3))
-    g = (torch.zeros(B, T, H) if decay == "scalar" else torch.zeros(B, T, H, D)) if decay else None
+    g = (torch.zeros(B, T, H) if decay == "scalar" else torch.zeros(B, T, H, D)) if decay != "none" else None
     beta = torch.zeros(B, T, H, dtype=bf) if delta else None
     _, _, saved = chunk.chunk_forward(q, k, v, g, beta, 1.0, None, False, 64, lower_bound, keep=keep)
     if keep:
@@ -900,6 +736,29 @@ def _forward_launches(
     return launches
 
 
+def _plans(
+    B: int,
+    H: int,
+    lower_bound: float | None,
+    keep: bool,
+    decay: str = "channel",
+    delta: bool = True,
+    T: int = 100,
+    D: int = 128,
+) -> tuple:
+    # (forward plan, backward plan) of the problem _forward_launches launches (fp32 at D = 16, as the tests
+    # that run the kernels have it)
+    from kernels.triton import chunk, plan
+
+    dtype = torch.bfloat16 if D == 128 else torch.float32
+    q = torch.zeros(B, T, H, D, dtype=dtype)
+    g = (torch.zeros(B, T, H) if decay == "scalar" else torch.zeros(B, T, H, D)) if decay != "none" else None
+    beta = torch.zeros(B, T, H) if delta else None
+    problem = chunk._problem(q, q if D == 128 else torch.zeros(B, T, H, 32), g, beta, 64, lower_bound, keep)
+    fp = plan.plan_forward(problem)
+    return fp, plan.plan_backward(problem, fp.vt_x, fp.keep_x)
+
+
 @pytest.mark.parametrize("keep", [True, False])
 def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPatch, keep: bool) -> None:
     # which forms of the forward the launcher picks (kernels.triton.plan's rules; the figures behind each rule
@@ -907,9 +766,10 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)  # B * H * V / 64 = 512
     state = wide["_state_fwd_kernel"][1]
     assert state["OUT"] and state["WY"]  # the output and the WY products inside the state pass
-    assert state["STORE_X"] == keep and state["STORE_H"] == keep and state["STORE_VT"] == keep
+    fp, bp = _plans(64, 4, -5.0, keep)
+    assert fp.keep_x == keep and fp.store_h == keep and fp.store_vt == keep  # (X, h, Vt kept for a backward)
     if keep:
-        assert wide["_wu_kernel"][1]["STORE_U"] is False  # W alone: X serves the backward
+        assert "_wu_kernel" in wide  # W alone: X serves the backward
     else:
         assert "_wu_kernel" not in wide and "_output_kernel" not in wide
     # 4 warps (2 for GLA); the bounded gate's no-grad intra forward 2 at 168 registers
@@ -917,42 +777,49 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     assert wide["_intra_fwd_kernel"][1]["num_stages"] == 1  # the triangular loop's 1-4 steps unpipelined
     if keep:
         assert wide["_wu_kernel"][1]["num_warps"] == 4  # W alone
-        assert wide["_dvt_bwd_kernel"][1]["PRE_X"] and wide["_dvt_bwd_kernel"][1]["num_stages"] == 3
+        assert bp.pre_x and wide["_dvt_bwd_kernel"][1]["num_stages"] == 3  # dvt reads X
         assert wide["_intra_bwd_kernel"][1]["num_stages"] == 1
         assert wide["_state_bwd_kernel"][1]["num_stages"] == 2
         # the intra backward before dqk, which finishes dq, dk and reverse-cumsums dG: no cumsum kernel
-        assert wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in wide
+        assert bp.first and "_rev_cumsum_kernel" not in wide
         assert wide["_dqk_bwd_kernel"][1]["K_INNER"] == 1  # a chunk's key blocks side by side
         assert not wide["_dqk_bwd_kernel"][1]["VT_X"] and not wide["_dvt_bwd_kernel"][1]["VT_X"]
-        assert not wide["_dqk_bwd_kernel"][1]["SEQ"]  # KDA: q, k, G loaded together (dqk.seq)
-        assert wide["_dqk_bwd_kernel"][1]["DV_W"]  # d(Gamma K) from dvt's dv
+        assert not bp.seq  # KDA: q, k, G loaded together
+        assert bp.dv_w  # d(Gamma K) from dvt's dv
         # the state passes' small inputs where used: KDA's differentiable wide forward and its reverse pass
         assert state["EARLY"] == 0 and wide["_state_bwd_kernel"][1]["EARLY"] == 0
         gla = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, delta=False)
-        assert gla["_dqk_bwd_kernel"][1]["SEQ"] and gla["_dqk_bwd_kernel"][1]["FINISH"]
-        # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (bwd.vt_x)
-        rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay=False)
-        assert rule["_state_fwd_kernel"][1]["STORE_X"] and not rule["_state_fwd_kernel"][1]["STORE_VT"]
+        gla_bp = _plans(64, 4, None, True, delta=False)[1]
+        assert gla_bp.seq and gla_bp.first and "_rev_cumsum_kernel" not in gla
+        # the delta rule (no per-channel decay) keeps no Vt: its backward forms it from X (the plan's vt_x)
+        rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay="none")
+        rule_fp = _plans(64, 4, None, True, decay="none")[0]
+        assert rule_fp.keep_x and not rule_fp.store_vt
         assert rule["_dqk_bwd_kernel"][1]["VT_X"] and rule["_dvt_bwd_kernel"][1]["VT_X"]
     else:
         assert state["EARLY"] == 1  # at the top of each chunk's step without a gradient
     # L and A_qk block lower-triangular, their upper zeros not stored, where the state pass is their only
-    # reader (no gradient, the output and Vt inside it: fwd.tril); the backward reads them whole
+    # reader (no gradient, the output and Vt inside it: the plan's tril); the backward reads them whole
     assert state["TRIL"] == (not keep)
     assert wide["_intra_fwd_kernel"][1]["ZERO_QK"] == keep and wide["_solve_kernel"][1]["ZERO_L"] == keep
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]
-    assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
+    assert not state["OUT"] and not state["WY"]
+    fp, bp = _plans(1, 2, None, keep)
+    assert not fp.keep_x
     # (the W/U and output passes read L and A_qk whole)
     assert not state["TRIL"] and few["_intra_fwd_kernel"][1]["ZERO_QK"] and few["_solve_kernel"][1]["ZERO_L"]
-    assert few["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in few
-    assert state["STORE_VT"]  # read by the output pass (and kept for the backward)
+    assert "_wu_kernel" in few and "_output_kernel" in few
+    assert fp.store_vt and fp.store_h  # read by the output pass (and kept for the backward)
     if keep:
         assert not few["_dqk_bwd_kernel"][1]["VT_X"] and not few["_dvt_bwd_kernel"][1]["VT_X"]
-        assert not few["_dvt_bwd_kernel"][1]["PRE_X"] and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
+        assert not bp.pre_x and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
         assert few["_state_bwd_kernel"][1]["num_stages"] == 2  # a long reverse pass keeps its pipelining
-        assert few["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" not in few
+        assert bp.first and "_rev_cumsum_kernel" not in few
+        # the scalar decay's dG: reverse-cumsummed by a pass of its own
+        assert "_rev_cumsum_kernel" in _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=True,
+                                                         decay="scalar", delta=False)  # fmt: skip
         assert few["_state_bwd_kernel"][1]["EARLY"] == 1  # per-channel decay, few programs
         # the scalar decay (GDN) loads its small inputs where used, in both passes
         gdn = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=True, decay="scalar")
@@ -970,18 +837,19 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(plan, "INTERPRET", False)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)
     assert wide["_state_fwd_kernel"][1]["num_warps"] == 8 and wide["_state_fwd_kernel"][1]["UNCHAIN"]
-    # on a GPU the per-channel intra kernels' exponentials are ex2.approx.ftz (never under the interpreter,
-    # which has no inline PTX); the solve capped at 128 registers for 16-bit inputs
-    assert wide["_intra_fwd_kernel"][1]["FTZ"] and wide["_solve_kernel"][1]["maxnreg"] == 128
-    if keep:
-        assert wide["_intra_bwd_kernel"][1]["FTZ"]
+    # the solve capped at 128 registers for 16-bit inputs; on a GPU the per-channel intra kernels'
+    # exponentials are ex2.approx.ftz (never under the interpreter, which has no inline PTX)
+    assert wide["_solve_kernel"][1]["maxnreg"] == 128
+    from kernels.triton import common
+
+    assert common.EX2_FTZ.value == (not common.INTERPRET)
     if keep:
         # the reverse state pass with many programs: 128-column blocks and 8 warps, as the forward's, for
-        # every op (the delta rule and GDN since state_bwd.unchain), unchained
+        # every op, unchained
         state = wide["_state_bwd_kernel"]
         assert state[0] == (1, 64 * 4) and state[1]["BV"] == 128 and state[1]["num_warps"] == 8
         assert state[1]["UNCHAIN"]
-        for decay, delta in [(True, False), (False, False), (False, True), ("scalar", True)]:
+        for decay, delta in [("channel", False), ("none", False), ("none", True), ("scalar", True)]:
             state = _forward_launches(
                 monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay=decay, delta=delta
             )["_state_bwd_kernel"]
@@ -989,9 +857,9 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=-5.0, keep=True)["_state_bwd_kernel"]
         assert state[1]["BV"] == 32 and state[1]["num_warps"] == 4 and state[1]["num_stages"] == 2
         assert not state[1]["UNCHAIN"]
-    rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=keep, decay=False)
+    rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=keep, decay="none")
     assert rule["_state_fwd_kernel"][1]["num_warps"] == 8 and rule["_state_fwd_kernel"][1]["UNCHAIN"]
-    state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep, decay=False)[
+    state = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep, decay="none")[
         "_state_fwd_kernel"
     ]
     assert state[1]["num_warps"] == (8 if state[1]["BV"] >= 64 else 4)  # few programs: the size rule alone
@@ -999,14 +867,13 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
 
 
 def test_launch_rules_yield_to_tune(monkeypatch: pytest.MonkeyPatch) -> None:
-
-    tune(monkeypatch, "bwd.x", 0)
-    tune(monkeypatch, "state_fwd.output", 0)
+    # a launch setting (plan.SETTINGS) takes the place of its rule, and the rules that follow from it follow
     tune(monkeypatch, "intra_fwd.warps", 2)
-    tune(monkeypatch, "bwd.intra_first", 0)
+    tune(monkeypatch, "state_fwd.warps", 8)
+    tune(monkeypatch, "dqk.bk", 32)
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=True)
-    assert not wide["_dqk_bwd_kernel"][1]["FINISH"] and "_rev_cumsum_kernel" in wide
-    state = wide["_state_fwd_kernel"][1]
-    assert not state["OUT"] and not state["WY"] and not state["STORE_X"]
-    assert wide["_wu_kernel"][1]["STORE_U"] is True and "_output_kernel" in wide
     assert wide["_intra_fwd_kernel"][1]["num_warps"] == 2
+    state = wide["_state_fwd_kernel"][1]
+    assert state["num_warps"] == 8 and state["UNCHAIN"]  # 8 warps: the chained products unchained
+    grid, dqk = wide["_dqk_bwd_kernel"]
+    assert dqk["BK"] == 32 and grid == (4, 2, 64 * 4)  # (key blocks, chunks, B H)

@@ -17,9 +17,9 @@ from kernels.triton.recurrent import recurrent_step_fwd
 
 __all__ = ["VARIANTS", "triton_chunk", "triton_recurrent_step"]
 
-# The variants the GPU check and benchmark run, as (name, decay or None, delta rule, lower_bound): the family
-# table's ops (kernels.family.OPS), KDA with K3's bounded gate (g_min = -5) on its fast path among them.
-VARIANTS = [(o.name, None if o.decay == "none" else o.decay, o.delta, o.lower_bound) for o in family.OPS]
+# The variants the GPU check and benchmark run, as (name, decay, delta rule, lower_bound): the family table's
+# ops (kernels.family.OPS) in its words, KDA with K3's bounded gate (g_min = -5) on its fast path among them.
+VARIANTS = [(o.name, o.decay, o.delta_rule, o.lower_bound) for o in family.OPS]
 
 HEAD_SIZES = (16, 32, 64, 128, 256)
 CHUNK_SIZES = (16, 32, 64)

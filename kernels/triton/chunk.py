@@ -2,8 +2,9 @@
 and backward as pipelines of stage launchers, one module a stage (README.md beside this file: the stage x
 switch matrix, the derivation, the buffers kept for the backward and why, the bounded-gate fast path).
 
-Two compile-time switches select the op: DECAY (0 none, 1 scalar per head, 2 per key channel) and DELTA
-(delta rule off/on). Every form, block size and warp count comes from the launch plan (plan.py).
+Two compile-time switches select the op, in kernels.family's words: DECAY ("none", "scalar" per head,
+"channel" per key) and DELTA (the delta rule off/on). Every form, block size and warp count comes from the
+launch plan (plan.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import NamedTuple
 import torch
 from triton.runtime.errors import OutOfResources
 
+from kernels import family
 from kernels.triton import cumsum, dqk_bwd, dvt_bwd, intra_bwd, intra_fwd, solve, state_bwd, state_fwd
 from kernels.triton.common import HAS_GDC, INTERPRET
 
@@ -72,7 +74,7 @@ def _problem(q, v, g, beta, chunk_size, lower_bound, keep: bool):
     B, T, H, K = q.shape
     return plan.Problem(
         B=B, T=T, H=H, K=K, V=v.shape[-1], chunk_size=chunk_size,
-        decay=0 if g is None else (1 if g.dim() == 3 else 2), delta=beta is not None,
+        decay=family.decay_of(q, g), delta_rule=beta is not None,
         bounded=lower_bound is not None, lowp=q.dtype != torch.float32, keep=keep,
         pdl_capable=q.is_cuda and _gdc_on(q.device.index),
     )  # fmt: skip
@@ -89,8 +91,8 @@ def chunk_forward(
     fp = plan.plan_forward(_problem(q, v, g, beta, chunk_size, lower_bound, keep))
     gc, gq = cumsum.cumsum_forward(g, fp)
     aqk, akk, qg, kd, kg = intra_fwd.intra_forward(q, k, gc, gq, scale, fp)
-    linv = solve.solve(beta, akk, fp) if fp.problem.delta else None
-    w, u = solve.wu(q, k, v, gc, beta, linv, kg, fp) if fp.problem.delta else (None, None)
+    linv = solve.solve(beta, akk, fp) if fp.problem.delta_rule else None
+    w, u = solve.wu(k, v, gc, beta, linv, kg, fp) if fp.problem.delta_rule else (None, None)
     o, ht, h, vt, x = state_fwd.state_forward(
         q, k, v, gc, beta, scale, initial_state, output_final_state, aqk, linv, w, u, qg, kd, kg, fp
     )
@@ -114,12 +116,12 @@ def _gradients(q, k, v, g, dvt: torch.Tensor, bp) -> Grads:
     dq = dq_out if bp.fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
     dk = dk_out if bp.fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
     # (without a decay: no dG at all; dq only stands in for the pointer)
-    dgk = torch.empty(B, T, H, K, device=dev, dtype=torch.float32) if p.decay else dq
+    dgk = torch.empty(B, T, H, K, device=dev, dtype=torch.float32) if p.decay != "none" else dq
     m_qk = None if bp.fused else torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(p.lowp))
-    m_kk = torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(p.lowp)) if p.delta else m_qk
-    dv = torch.empty(B, T, H, v.shape[-1], device=dev, dtype=v.dtype) if p.delta else dvt
-    dbeta = torch.empty(B, T, H, device=dev, dtype=torch.float32) if p.delta else None
-    dg = torch.empty_like(g) if p.decay else None
+    m_kk = torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(p.lowp)) if p.delta_rule else m_qk
+    dv = torch.empty(B, T, H, v.shape[-1], device=dev, dtype=v.dtype) if p.delta_rule else dvt
+    dbeta = torch.empty(B, T, H, device=dev, dtype=torch.float32) if p.delta_rule else None
+    dg = torch.empty_like(g) if p.decay != "none" else None
     return Grads(dq_out, dk_out, dq, dk, dgk, m_qk, m_kk, dv, dbeta, dg)
 
 
@@ -151,7 +153,8 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
         dqk()
         dvt_bwd.dvt_backward(q, k, v, beta, scale, do, saved, dvt, grads, bp)
         intra_bwd.intra_backward(q, k, saved, grads, bp)
-    if problem.decay and not bp.first:
+    if problem.decay == "scalar":
+        # (the per-channel decay's dqk reverse-cumsums dG itself, the plan's first)
         cumsum.rev_cumsum(grads.dgk, grads.dg, bp)
     return grads.dq_out, grads.dk_out, grads.dv, grads.dg, grads.dbeta, dh0
 

@@ -20,14 +20,17 @@ except ImportError:
 
 # The interpreter runs on the CPU: one config, no autotune, and fp32 dots only (the caller's job).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# the per-channel intra kernels' tiles of exponentials as ex2.approx.ftz.f32 (_exp), compiled for a GPU; the
+# interpreter has no inline PTX
+EX2_FTZ = tl.constexpr(not INTERPRET)
 # Sub-chunk edge: the diagonal blocks of the per-channel decay are handled 16 rows at a time.
 BC = 16
 
-# setting fwd.g16: the within-block decays G_a - G (log2 units, >= 0) stored as uint16 in steps of 1/512
+# the plan's g16: the within-block decays G_a - G (log2 units, >= 0) stored as uint16 in steps of 1/512
 # (0.068% at most in an exponential, 0.039% RMS, beside bf16's 0.2% and 0.11%); the cap 65535 / 512 = 128
 # is 2^128, where fp32 overflows anyway (15 steps of g < -5.9; lower_bound >= MIN_LOWER_BOUND keeps clear)
 G16_STEPS = tl.constexpr(512.0)
-# log2(e): exp(x) = 2^(x log2(e)); G times it where its readers take 2^x (setting fwd.log2)
+# log2(e): exp(x) = 2^(x log2(e)); G times it where its readers take 2^x (the plan's log2)
 LOG2E = tl.constexpr(1.4426950408889634)
 # exp(-lower_bound * (BC - 1)) must stay finite in fp32/bf16 (max ~ e^88): |lower_bound| <= 5.5 leaves margin.
 MIN_LOWER_BOUND = -5.5
@@ -44,11 +47,11 @@ def _dot_cast(x, LOWP: tl.constexpr):
 
 @triton.jit
 def _exp(x, FTZ: tl.constexpr, LOG2: tl.constexpr = 0):
-    # exp(x). FTZ (setting intra_fwd.ftz, compiled for a GPU only): as ex2.approx.ftz.f32 of x log2(e), one
+    # exp(x). FTZ (EX2_FTZ, compiled for a GPU only): as ex2.approx.ftz.f32 of x log2(e), one
     # MUFU.EX2 and its multiply; tl.exp's ex2.approx.f32 keeps subnormal results, which ptxas makes a compare,
     # two predicated multiplies and a select around each MUFU (sm_90 SASS). The same approximation (2^-22
     # relative) but for results under 2^-126 (1.2e-38), which become 0: decays that small change nothing.
-    # LOG2 (setting fwd.log2): x is in log2 units already (G stored times log2(e)), so 2^x, no multiply
+    # LOG2 (the plan's log2): x is in log2 units already (G stored times log2(e)), so 2^x, no multiply
     if LOG2:
         y = x
     else:
@@ -80,34 +83,52 @@ def _pdl_start(PDL: tl.constexpr):
 
 
 @triton.jit
-def _load_block(x, o_t, m_t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # rows o_t, columns o_d of a [B, T, H, D] tensor for head (i_b, i_h), as fp32; invalid rows are 0
-    p = x + ((i_b * T + o_t[:, None]) * H + i_h) * D + o_d[None, :]
-    return tl.load(p, mask=m_t[:, None], other=0.0).to(tl.float32)
+def _head(i_b, i_h, T, H: tl.constexpr):
+    # the row of the [B, T, H, D] tensors where head (i_b, i_h) starts: each kernel moves its base pointers
+    # there once (x += _head(...) * D), and token t of the head is then at x + t * H * D
+    return i_b * T * H + i_h
 
 
 @triton.jit
-def _load_row_block(x, t, o_d, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # one row t, columns o_d of a [B, T, H, D] tensor as fp32 (0 if t >= T)
-    return tl.load(x + ((i_b * T + t) * H + i_h) * D + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
+def _decay_head(gc, bh, K: tl.constexpr, DECAY: tl.constexpr):
+    # G's base pointer moved to head row bh (_head): G is [B, T, H] for the scalar decay, [B, T, H, K] for
+    # the per-channel one
+    if DECAY == "channel":
+        gc = gc + bh * K
+    else:
+        gc = gc + bh
+    return gc
 
 
 @triton.jit
-def _load_rows(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # rows o_t of a [B, T, H, D] tensor for head (i_b, i_h), as fp32 [len(o_t), D]; invalid rows are 0
-    return _load_block(x, o_t, m_t, tl.arange(0, D), i_b, i_h, T, H, D)
+def _load_block(x, o_t, m_t, o_d, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t, columns o_d of one head of a [B, T, H, D] tensor (x at the head, _head), as fp32; invalid rows
+    # are 0
+    return tl.load(x + o_t[:, None] * (H * D) + o_d[None, :], mask=m_t[:, None], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _load_row(x, t, i_b, i_h, T, H: tl.constexpr, D: tl.constexpr):
-    # one row t of a [B, T, H, D] tensor as fp32 [D] (0 if t >= T)
-    return _load_row_block(x, t, tl.arange(0, D), i_b, i_h, T, H, D)
+def _load_row_block(x, t, o_d, T, H: tl.constexpr, D: tl.constexpr):
+    # one row t, columns o_d of one head of a [B, T, H, D] tensor as fp32 (0 if t >= T)
+    return tl.load(x + t * (H * D) + o_d, mask=(o_d * 0 + t) < T, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _load_vec(x, o_t, m_t, i_b, i_h, T, H: tl.constexpr):
-    # a [B, T, H] tensor at rows o_t as fp32
-    return tl.load(x + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+def _load_rows(x, o_t, m_t, H: tl.constexpr, D: tl.constexpr):
+    # rows o_t of one head of a [B, T, H, D] tensor as fp32 [len(o_t), D]; invalid rows are 0
+    return _load_block(x, o_t, m_t, tl.arange(0, D), H, D)
+
+
+@triton.jit
+def _load_row(x, t, T, H: tl.constexpr, D: tl.constexpr):
+    # one row t of one head of a [B, T, H, D] tensor as fp32 [D] (0 if t >= T)
+    return _load_row_block(x, t, tl.arange(0, D), T, H, D)
+
+
+@triton.jit
+def _load_vec(x, o_t, m_t, H: tl.constexpr):
+    # one head of a [B, T, H] tensor at rows o_t as fp32
+    return tl.load(x + o_t * H, mask=m_t, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -133,8 +154,6 @@ def _chunk_small(
     gc,
     beta,
     i_t,
-    i_b,
-    i_h,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -145,19 +164,19 @@ def _chunk_small(
 ):
     # a state pass's small inputs of chunk i_t, too small for Triton to pipeline (sm_90 TTGIR: plain loads,
     # where the tiles are asynchronous copies a stage ahead), so each a wait of the sequential pass on memory
-    # where it is used (EARLY = 0); EARLY = 1 loads them at the top of the chunk's step, EARLY = 2 one chunk
-    # ahead: the per-channel decay to the chunk's end exp(G_last) ([K]), or the scalar decay's column G
-    # ([BT]); beta ([BT], BETA)
+    # where it is used; with the plan's state_early they load at the top of the chunk's step instead: the
+    # per-channel decay to the chunk's end exp(G_last) ([K]), or the scalar decay's column G ([BT]); beta
+    # ([BT], BETA)
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    if DECAY == 2:
-        b_gv = _exp(_load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, i_b, i_h, T, H, K), False, LOG2)
-    elif DECAY == 1:
-        b_gv = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+    if DECAY == "channel":
+        b_gv = _exp(_load_row(gc, tl.minimum(i_t * BT + BT, T) - 1, T, H, K), False, LOG2)
+    elif DECAY == "scalar":
+        b_gv = _load_vec(gc, o_t, m_t, H)
     else:
         b_gv = tl.full([K], 1.0, dtype=tl.float32)
     if BETA:
-        b_b = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+        b_b = _load_vec(beta, o_t, m_t, H)
     else:
         b_b = tl.zeros([BT], dtype=tl.float32)
     return b_gv, b_b
@@ -170,23 +189,20 @@ def _key_decay_to_end(
     o_t,
     m_t,
     t_last,
-    i_b,
-    i_h,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
     DECAY: tl.constexpr,
-    LOG2: tl.constexpr = 0,
 ):
     # K_d = K * exp(G_last - G): keys decayed to the chunk's last row ([BT, K]), and exp(G_last) ([K]).
     # For the per-channel decay, k already holds K_d (written by the intra or the cumsum kernel)
-    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2:
+    b_k = _load_rows(k, o_t, m_t, H, K)
+    if DECAY == "channel":
         b_kd = b_k
-        b_dl = _exp(_load_row(gc, t_last, i_b, i_h, T, H, K), False, LOG2)
-    elif DECAY == 1:
-        b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
-        b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
+        b_dl = tl.exp(_load_row(gc, t_last, T, H, K))
+    elif DECAY == "scalar":
+        b_gl = tl.load(gc + t_last * H)
+        b_g = _load_vec(gc, o_t, m_t, H)
         b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None]
         b_dl = tl.exp(b_gl + tl.zeros([K], dtype=tl.float32))
     else:
@@ -196,12 +212,10 @@ def _key_decay_to_end(
 
 
 @triton.jit
-def _key_decay_from(
-    k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr
-):
+def _key_decay_from(k, b_gv, o_t, m_t, t_last, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
     # _key_decay_to_end from the chunk's b_gv of _chunk_small (loaded earlier)
-    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 1:
+    b_k = _load_rows(k, o_t, m_t, H, K)
+    if DECAY == "scalar":
         b_gl = tl.sum(tl.where(o_t == t_last, b_gv, 0.0), 0)
         b_kd = b_k * tl.exp(tl.where(m_t, b_gl - b_gv, float("-inf")))[:, None]
         b_dl = tl.exp(b_gl + tl.zeros([K], dtype=tl.float32))
@@ -215,20 +229,16 @@ def _key_decay_from(
 def _decay_rows(b_x, b_gv, DECAY: tl.constexpr):
     # rows of Q or K times exp(G) for the scalar decay (b_gv: the chunk's column G); the per-channel decay's
     # operands come decayed already
-    if DECAY == 1:
+    if DECAY == "scalar":
         b_x = b_x * tl.exp(b_gv)[:, None]
     return b_x
 
 
 @triton.jit
-def _load_qg(
-    q, gc, o_t, m_t, i_b, i_h, T, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr, PRE: tl.constexpr
-):
-    # Q * exp(G) ([BT, K]): queries read the state decayed from the chunk start.
-    # PRE: for the per-channel decay, q already holds Q * exp(G) (written by the intra or the cumsum kernel)
-    b_q = _load_rows(q, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2 and not PRE:
-        b_q = b_q * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
-    elif DECAY == 1:
-        b_q = b_q * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+def _load_qg(q, gc, o_t, m_t, H: tl.constexpr, K: tl.constexpr, DECAY: tl.constexpr):
+    # Q * exp(G) ([BT, K]): queries (or keys) read the state decayed from the chunk start. For the per-channel
+    # decay, q already holds Q * exp(G) (written by the intra forward)
+    b_q = _load_rows(q, o_t, m_t, H, K)
+    if DECAY == "scalar":
+        b_q = b_q * tl.exp(_load_vec(gc, o_t, m_t, H))[:, None]
     return b_q

@@ -6,8 +6,9 @@ implementations and a registered autograd formula, the compiler sees two ops, `k
 `kda_harness::chunk_bwd`, and fuses the glue around them.
 
 A custom op's outputs need shapes the fake implementation can state, and the forward's saved buffers depend
-on a dozen launch decisions; so the compiled path saves only the op's inputs, and its backward runs the
-forward again with the buffers kept (`keep=True`), then the backward kernels. The eager path
+on the op's switches, the dtype and, through the plan's keep_x and vt_x (X kept, no Vt), on the number of
+programs; so the compiled path saves only the op's inputs, and its backward runs the forward again with the
+buffers kept (`keep=True`), then the backward kernels. The eager path
 (`ChunkFunction`) keeps the buffers instead. `triton_chunk` takes this path while compiling.
 """
 

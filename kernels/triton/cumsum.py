@@ -1,6 +1,7 @@
 """Stage 1 of the forward and last of the backward: G, the chunk-local cumsum of the log decay g (one
 program per chunk), or with the plan's g16 the uint16 decays within 16-row blocks; and dg, the reverse
-cumsum of dG. Branches on DECAY (1 scalar, 2 per channel; nothing runs for 0); no delta rule.
+cumsum of dG (the scalar decay's). Branches on DECAY ("scalar", "channel"; nothing runs for "none"); no
+delta rule.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import BC, G16_STEPS, LOG2E, _load_rows, _pdl_start
+from kernels.triton.common import BC, G16_STEPS, LOG2E, _decay_head, _head, _load_rows, _pdl_start
 
 if TYPE_CHECKING:
     from kernels.triton.plan import BackwardPlan, ForwardPlan
@@ -33,12 +34,15 @@ def _cumsum_kernel(
     # take 2^x
     _pdl_start(PDL)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    g = _decay_head(g, bh, K, DECAY)
+    gc = _decay_head(gc, bh, K, DECAY)
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    if DECAY == 2:
+    if DECAY == "channel":
         o_k = tl.arange(0, K)
-        p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        p = o_t[:, None] * (H * K) + o_k[None, :]
         b_g = tl.load(g + p, mask=m_t[:, None], other=0.0).to(tl.float32)
         b_gc = tl.cumsum(b_g, axis=0)
         if LOG2:
@@ -46,14 +50,14 @@ def _cumsum_kernel(
         else:
             tl.store(gc + p, b_gc, mask=m_t[:, None])
     else:
-        p = (i_b * T + o_t) * H + i_h
+        p = o_t * H
         b_g = tl.load(g + p, mask=m_t, other=0.0).to(tl.float32)
         tl.store(gc + p, tl.cumsum(b_g, axis=0), mask=m_t)
 
 
 @triton.jit
 def _cumsum16_kernel(g, gc, gq, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, PDL: tl.constexpr):
-    # setting fwd.g16 (the bounded gate's no-grad forward, with fwd.log2): one 16-row block of a chunk per
+    # the plan's g16 (the bounded gate's no-grad forward, with its log2): one 16-row block of a chunk per
     # program (one warp, its rows in each thread's registers): every row's decay from the block's first
     # row a, G_a - G = -(g summed over the rows after a, up to the row), times log2(e) in steps of 1/512 as
     # uint16 (gq); G itself (times log2(e), fp32, gc) only at the block's first row and, in the block that
@@ -61,7 +65,11 @@ def _cumsum16_kernel(g, gc, gq, T, H: tl.constexpr, K: tl.constexpr, BT: tl.cons
     # earlier blocks of the chunk are summed again for the prefix (from L2: their programs run alongside)
     _pdl_start(PDL)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    g += bh * K
+    gc += bh * K
+    gq += bh * K
     NC: tl.constexpr = BT // 16
     i_t, i_c = i_tc // NC, i_tc % NC
     t0 = i_t * BT
@@ -71,37 +79,36 @@ def _cumsum16_kernel(g, gc, gq, T, H: tl.constexpr, K: tl.constexpr, BT: tl.cons
         b_s = tl.zeros([K], dtype=tl.float32)  # g summed over the chunk's rows before this block
         for j in range(0, i_c):
             o_j = t0 + j * 16 + tl.arange(0, 16)
-            b_s += tl.sum(_load_rows(g, o_j, o_j < T, i_b, i_h, T, H, K), 0)
+            b_s += tl.sum(_load_rows(g, o_j, o_j < T, H, K), 0)
         o_r = r0 + tl.arange(0, 16)
         m_r = o_r < T
-        p = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
+        p = o_r[:, None] * (H * K) + o_k[None, :]
         b_g = tl.load(g + p, mask=m_r[:, None], other=0.0).to(tl.float32)
         b_g0 = tl.where((tl.arange(0, 16) == 0)[:, None], b_g, 0.0)
         b_d = tl.cumsum(b_g - b_g0, axis=0) * (-LOG2E * G16_STEPS)  # >= 0 for g <= 0
         b_d = tl.minimum(tl.maximum(b_d, 0.0) + 0.5, 65535.0)  # rounded (the conversion truncates)
         tl.store(gq + p, b_d.to(tl.uint16), mask=m_r[:, None])
         b_ga = b_s + tl.sum(b_g0, 0)
-        tl.store(gc + ((i_b * T + r0) * H + i_h) * K + o_k, b_ga * LOG2E)
+        tl.store(gc + r0 * (H * K) + o_k, b_ga * LOG2E)
         t_last = tl.minimum(t0 + BT, T) - 1
         if t_last < r0 + 16:
-            tl.store(gc + ((i_b * T + t_last) * H + i_h) * K + o_k, (b_s + tl.sum(b_g, 0)) * LOG2E)
+            tl.store(gc + t_last * (H * K) + o_k, (b_s + tl.sum(b_g, 0)) * LOG2E)
 
 
 @triton.jit
-def _rev_cumsum_kernel(dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, DECAY: tl.constexpr):
-    # G = chunk-local cumsum(g), so dg is the reverse cumsum of dG inside each chunk (summed over K first
-    # for the scalar decay), written in g's dtype
+def _rev_cumsum_kernel(dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr):
+    # G = chunk-local cumsum(g), so dg is the reverse cumsum of dG inside each chunk, summed over K first: the
+    # scalar decay's (the per-channel decay's dqk reverse-cumsums its own, the plan's first), in g's dtype
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows (dgk [B, T, H, K], dg [B, T, H])
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    dgk += bh * K
+    dg += bh
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    b_dg = _load_rows(dgk, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2:
-        p = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
-        tl.store(dg + p, tl.cumsum(b_dg, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t[:, None])
-    else:
-        b_s = tl.cumsum(tl.sum(b_dg, 1), axis=0, reverse=True)
-        tl.store(dg + (i_b * T + o_t) * H + i_h, b_s.to(dg.dtype.element_ty), mask=m_t)
+    b_dg = _load_rows(dgk, o_t, m_t, H, K)
+    b_s = tl.cumsum(tl.sum(b_dg, 1), axis=0, reverse=True)
+    tl.store(dg + o_t * H, b_s.to(dg.dtype.element_ty), mask=m_t)
 
 
 def cumsum_forward(
@@ -121,7 +128,7 @@ def cumsum_forward(
         _cumsum16_kernel[(NT * (BT // BC), B * H)](
             g, gc, gq, T, H=H, K=K, BT=BT, PDL=pdl, **on_pdl, num_warps=fp.cumsum16.warps
         )
-    elif p.decay:
+    elif p.decay != "none":
         gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
         _cumsum_kernel[(NT, B * H)](
             g,
@@ -140,6 +147,6 @@ def cumsum_forward(
 
 
 def rev_cumsum(dgk: torch.Tensor, dg: torch.Tensor, bp: BackwardPlan) -> None:
-    """dg = the reverse cumsum of dG (dgk) inside each chunk, summed over K for the scalar decay."""
+    """dg = the reverse cumsum of dG (dgk) inside each chunk, summed over K: the scalar decay's."""
     p = bp.problem
-    _rev_cumsum_kernel[(p.NT, p.B * p.H)](dgk, dg, p.T, H=p.H, K=p.K, BT=p.chunk_size, DECAY=p.decay)
+    _rev_cumsum_kernel[(p.NT, p.B * p.H)](dgk, dg, p.T, H=p.H, K=p.K, BT=p.chunk_size)

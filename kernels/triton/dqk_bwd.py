@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import _dot_cast, _load_block, _load_vec
+from kernels.triton.common import _decay_head, _dot_cast, _head, _load_block, _load_vec
 
 if TYPE_CHECKING:
     from kernels.triton.chunk import Grads, Saved
@@ -63,33 +63,55 @@ def _dqk_bwd_kernel(
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
-    FUSED: tl.constexpr,
-    FINISH: tl.constexpr,
     K_INNER: tl.constexpr,
     VT_X: tl.constexpr,
-    SEQ: tl.constexpr,
-    DV_W: tl.constexpr,
 ):
     # dq, dk and dG of one chunk for the K columns [i_k BK, (i_k + 1) BK): the plain products through the
     # state (O's state term, S' = Gamma_last S + K_d^T Vt, W S); the relative-decay parts are left to
     # _intra_bwd_kernel. FUSED (no delta rule, no per-channel decay): the
     # intra-chunk part too, from M_qk = scale tril(dO V^T) (times the relative decay) summed over the same V
     # loop, so neither _dvt_bwd_kernel nor _intra_bwd_kernel runs and dq, dk are final here. FINISH
-    # (setting bwd.intra_first; no decay or the per-channel one): _intra_bwd_kernel ran first and left its
+    # (the plan's first: the per-channel decay): _intra_bwd_kernel ran first and left its
     # partial dq, dk in dq, dk and its dG in dgk; they are added here, and the chunk's dG reverse-cumsummed
     # into dg (the chunk's rows are all in this program, the cumsum a product with the upper triangle of
     # ones on the tensor cores), so no _rev_cumsum_kernel runs
-    # K_INNER (setting dqk.k_inner): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side.
+    # K_INNER (the plan's k_inner): the grid is (key blocks, chunks, B H), a chunk's key blocks side by side.
     # DV_W (the delta rule after the dvt backward): dvt holds dV = T^T dVt, not dVt, and
     # d(Gamma K) = T^T dW = -dV S^T needs no product with T.
-    # VT_X (setting bwd.vt_x): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
-    # T (X dS'^T) follows it, so the forward keeps no Vt
+    # VT_X (the plan's vt_x): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
+    # T (X dS'^T) follows it, so the forward keeps no Vt. A buffer a launch does not read is None.
+    # The op's backward (BackwardPlan.fused, .first, .dv_w, .seq):
+    FUSED: tl.constexpr = (not DELTA) and DECAY != "channel"
+    FINISH: tl.constexpr = DECAY == "channel"
+    DV_W: tl.constexpr = DELTA and FINISH
+    SEQ: tl.constexpr = (not DELTA) and FINISH
     i_t, i_k, i_bh = (
         tl.program_id(K_INNER).to(tl.int64),
         tl.program_id(1 - K_INNER).to(tl.int64),
         tl.program_id(2).to(tl.int64),
     )
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its chunk's states
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    dq += bh * K
+    dk += bh * K
+    dgk += bh * K
+    dq_out += bh * K
+    dk_out += bh * K
+    v += bh * V
+    vt += bh * V
+    do += bh * V
+    dvt += bh * V
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if FINISH:
+        dg += bh * K
+    if DELTA:
+        beta += bh
+        linv += bh * BT
+    h += (i_bh * NT + i_t) * K * V
+    dh += (i_bh * NT + i_t) * K * V
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
@@ -102,8 +124,8 @@ def _dqk_bwd_kernel(
         b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO V^T
     for i_v in range(V // BV):
         o_v = i_v * BV + tl.arange(0, BV)
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
+        p_v = o_t[:, None] * (H * V) + o_v[None, :]
+        p_s = o_k[:, None] * V + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         if DELTA:
             b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -122,9 +144,9 @@ def _dqk_bwd_kernel(
     if DELTA:
         # Vt = U - W S: dW = -dVt S^T; W = T (Gamma K) with T = L diag(beta): d(Gamma K) = T^T dW. First, so
         # that dVt S^T and T are dead before the decay's tiles load
-        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+        p_a = o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :]
         if VT_X or not DV_W:
-            b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+            b_beta = _load_vec(beta, o_t, m_t, H)
             b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
         if VT_X:
             # Vt dS'^T = T (X dS'^T), in the dot operands' precision (tf32 operands: more shared memory)
@@ -134,27 +156,22 @@ def _dqk_bwd_kernel(
             b_dkg = -b_dws
         else:
             b_dkg = tl.dot(tl.trans(_dot_cast(b_tm, LOWP)), _dot_cast(-b_dws, LOWP))
-    p_k = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    p_k = o_t[:, None] * (H * K) + o_k[None, :]
     if SEQ:
-        # (setting dqk.seq; the per-channel decay with the intra backward first) the same terms, each tile
+        # (the plan's seq: GLA, the per-channel decay without the delta rule) the same terms, each tile
         # loaded where it is first needed and dead after its last use, the finished dq stored before k loads
-        b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
-        b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
+        b_g = _load_block(gc, o_t, m_t, o_k, H, K)
+        b_gl = tl.load(gc + t_last * (H * K) + o_k)
         b_eg = tl.exp(b_g)
         b_dq = b_dqs * b_eg * scale
-        if DELTA:
-            b_dkg = b_dkg * b_eg
         b_dk = b_dkd * tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
         b_dgl = b_dgl * tl.exp(b_gl)
-        b_dg = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K) * b_dq
+        b_dg = _load_block(q, o_t, m_t, o_k, H, K) * b_dq
         b_dq += tl.load(dq + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
         tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
-        b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
+        b_k = _load_block(k, o_t, m_t, o_k, H, K)
         b_dg -= b_k * b_dk
         b_dgl += tl.sum(b_k * b_dk, 0)
-        if DELTA:
-            b_dk += b_dkg
-            b_dg += b_k * b_dkg
         b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
         tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
         b_dg = tl.where(o_t[:, None] == t_last, b_dg + b_dgl[None, :], b_dg)
@@ -162,17 +179,17 @@ def _dqk_bwd_kernel(
         b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
         tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
     else:
-        b_q = _load_block(q, o_t, m_t, o_k, i_b, i_h, T, H, K)
-        b_k = _load_block(k, o_t, m_t, o_k, i_b, i_h, T, H, K)
-        if DECAY == 2:
-            b_g = _load_block(gc, o_t, m_t, o_k, i_b, i_h, T, H, K)
-            b_gl = tl.load(gc + ((i_b * T + t_last) * H + i_h) * K + o_k)
+        b_q = _load_block(q, o_t, m_t, o_k, H, K)
+        b_k = _load_block(k, o_t, m_t, o_k, H, K)
+        if DECAY == "channel":
+            b_g = _load_block(gc, o_t, m_t, o_k, H, K)
+            b_gl = tl.load(gc + t_last * (H * K) + o_k)
             b_eg = tl.exp(b_g)
             b_ed = tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, float("-inf")))
             b_dgl = b_dgl * tl.exp(b_gl)
-        elif DECAY == 1:
-            b_g = _load_vec(gc, o_t, m_t, i_b, i_h, T, H)
-            b_gl = tl.load(gc + (i_b * T + t_last) * H + i_h)
+        elif DECAY == "scalar":
+            b_g = _load_vec(gc, o_t, m_t, H)
+            b_gl = tl.load(gc + t_last * H)
             b_0 = tl.zeros([BT, BK], dtype=tl.float32)
             b_eg = tl.exp(b_g)[:, None] + b_0
             b_ed = tl.exp(tl.where(m_t, b_gl - b_g, float("-inf")))[:, None] + b_0
@@ -196,7 +213,7 @@ def _dqk_bwd_kernel(
             # log-decay sees q * dq - k * dk of these terms (fp32 operands, as in _intra_bwd_kernel)
             o_c = i_t * BT + tl.arange(0, BT)
             m_m = (o_t[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-            if DECAY == 1:
+            if DECAY == "scalar":
                 b_dp = b_dp * tl.exp(tl.where(m_m, b_g[:, None] - b_g[None, :], float("-inf")))
             b_m = tl.where(m_m, b_dp, 0.0) * scale
             b_dqi = tl.dot(b_m, b_k)
@@ -211,18 +228,16 @@ def _dqk_bwd_kernel(
             tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_t[:, None])
             b_dk += tl.load(dk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
             tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_t[:, None])
-            if DECAY > 0:
-                # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T
-                # hold 0)
-                b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
-                b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
-                tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
+            # G = chunk-local cumsum(g): dg is the reverse cumsum of dG inside the chunk (rows past T hold 0)
+            b_dg += tl.load(dgk + p_k, mask=m_t[:, None], other=0.0).to(tl.float32)
+            b_dg = _rev_cumsum_by_dot(b_dg, BT, LOWP)
+            tl.store(dg + p_k, b_dg.to(dg.dtype.element_ty), mask=m_t[:, None])
         else:
             tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])
             tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
             # without a decay nothing reads dG (linear attention and the delta rule: 0.54 GB of fp32 at B8 T8K
             # H16 that used to be written and never read)
-            if DECAY > 0:
+            if DECAY != "none":
                 tl.store(dgk + p_k, b_dg, mask=m_t[:, None])
 
 
@@ -243,7 +258,7 @@ def dqk_backward(
     to finish, or final (grads.dq_out, grads.dk_out, grads.dg) where the plan has dqk last (`first`)."""
     p = bp.problem
     B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
-    delta = p.delta
+    delta = p.delta_rule
     # two kernels instead of one per chunk, for smaller register tiles: dq, dk, dG per K block of 64
     # (three [BT, BK] accumulators over the V loop), and the [BT, BT] matrices (M_qk, M_kk, dbeta, dv)
     BK, BVd = bp.dqk_bk, bp.dqk_bv
@@ -253,20 +268,20 @@ def dqk_backward(
         q,
         k,
         v,
-        saved.gc if saved.gc is not None else q,
-        beta if delta else q,
+        saved.gc,
+        beta,
         (saved.x if vt_x else saved.vt) if delta else v,
         saved.h,
         dh,
         do,
         g.dv if dv_w else dvt,
-        saved.linv if delta else saved.aqk,
+        saved.linv,
         g.dq,
         g.dk,
         g.dgk,
         g.dq_out,
         g.dk_out,
-        g.dg if g.dg is not None else g.dgk,
+        g.dg,
         scale,
         T,
         NT,
@@ -279,12 +294,8 @@ def dqk_backward(
         DECAY=p.decay,
         DELTA=delta,
         LOWP=p.lowp,
-        FUSED=bp.fused,
         K_INNER=bp.k_inner,
         VT_X=vt_x,
-        DV_W=dv_w,
-        SEQ=bp.seq,
-        FINISH=bp.first,
         num_warps=bp.dqk.warps,
         num_stages=bp.dqk.stages,
     )

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import _dot_cast, _load_qg, _load_vec
+from kernels.triton.common import _decay_head, _dot_cast, _head, _load_qg, _load_vec
 
 if TYPE_CHECKING:
     from kernels.triton.chunk import Grads, Saved
@@ -46,33 +46,52 @@ def _dvt_bwd_kernel(
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
     LOWP: tl.constexpr,
-    PRE_KG: tl.constexpr,
-    PRE_X: tl.constexpr,
     VT_X: tl.constexpr,
 ):
     # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
     # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel).
-    # PRE_X (setting bwd.x): X = V - (Gamma K) S as the forward state pass kept it, instead of from h and
-    # Gamma K here. VT_X (with PRE_X, setting bwd.vt_x): no Vt in memory; the V loop sums dO X^T and
-    # dO Vt^T = (dO X^T) T^T follows it
+    # x given (the plan's keep_x): X = V - (Gamma K) S as the forward state pass kept it, instead of from h
+    # and Gamma K (k: Gamma K for the per-channel decay) here. VT_X (with x, the plan's vt_x): no Vt in
+    # memory; the V loop sums dO X^T and dO Vt^T = (dO X^T) T^T follows it. A buffer a launch does not read
+    # or write is None
+    PRE_X: tl.constexpr = x is not None
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its chunk's state
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    k += bh * K
+    v += bh * V
+    vt += bh * V
+    do += bh * V
+    m_qk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if DELTA:
+        beta += bh
+        dvt += bh * V
+        dv += bh * V
+        dbeta += bh
+        akk += bh * BT
+        linv += bh * BT
+        m_kk += bh * BT
+    if PRE_X:
+        x += bh * V
+    h += (i_bh * NT + i_t) * K * V
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_c = tl.arange(0, BT)
     o_k = tl.arange(0, K)
-    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
+    p_a = o_t[:, None] * (H * BT) + o_c[None, :]
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO Vt^T
     if DELTA:
-        b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)
+        b_beta = _load_vec(beta, o_t, m_t, H)
         b_tm = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32) * b_beta[None, :]
         if not PRE_X:
-            b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, PRE_KG), LOWP)  # Gamma K
+            b_kg = _dot_cast(_load_qg(k, gc, o_t, m_t, H, K, DECAY), LOWP)  # Gamma K
         # dT = dVt V^T + dW (Gamma K)^T with dW = -dVt S^T, i.e. dVt (V - (Gamma K) S)^T
         b_dtm = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(V // BV):
         o_v = i_v * BV + tl.arange(0, BV)
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_v = o_t[:, None] * (H * V) + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         if VT_X:
             b_x = tl.load(x + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
@@ -84,7 +103,7 @@ def _dvt_bwd_kernel(
         b_dp += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_vt, LOWP)))
         if DELTA:
             if not PRE_X:
-                p_s = (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]
+                p_s = o_k[:, None] * V + o_v[None, :]
                 b_s = tl.load(h + p_s).to(tl.float32)  # [K, BV]
             b_dvt = tl.load(dvt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             if not PRE_X:
@@ -113,7 +132,7 @@ def _dvt_bwd_kernel(
         b_akk = tl.load(akk + p_a, mask=m_t[:, None], other=0.0)
         b_db += tl.sum(b_da * b_akk, 1)
         tl.store(m_kk + p_a, (b_da * b_beta[:, None]).to(m_kk.dtype.element_ty), mask=m_t[:, None])
-        tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_db, mask=m_t)
+        tl.store(dbeta + o_t * H, b_db, mask=m_t)
 
 
 def dvt_backward(
@@ -131,24 +150,24 @@ def dvt_backward(
     """M_qk and, for the delta rule, dv, dbeta and M_kk of every chunk into grads."""
     p = bp.problem
     B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
-    delta = p.delta
+    delta = p.delta_rule
     s, g = saved, grads
     _dvt_bwd_kernel[(NT, B * H)](
         s.kg if s.kg is not None else k,
         v,
-        s.gc if s.gc is not None else q,
-        beta if delta else q,
+        s.gc,
+        beta,
         s.vt if delta and not bp.vt_x else v,
         s.h,
         do,
         dvt,
-        s.akk if delta else s.aqk,
-        s.linv if delta else s.aqk,
+        s.akk,
+        s.linv,
         g.dv,
-        g.dbeta if delta else g.dq,
+        g.dbeta,
         g.m_qk,
         g.m_kk,
-        s.x if s.x is not None else v,
+        s.x,
         scale,
         T,
         NT,
@@ -160,8 +179,6 @@ def dvt_backward(
         DECAY=p.decay,
         DELTA=delta,
         LOWP=p.lowp,
-        PRE_KG=s.kg is not None,
-        PRE_X=s.x is not None,
         VT_X=bp.vt_x,
         num_warps=bp.dvt.warps,
         num_stages=bp.dvt.stages,

@@ -1,7 +1,7 @@
 """Stage 4 (or, with the plan's `first`, 2) of the backward: the relative-decay parts of dq, dk and dG
 through A_qk = rel(Q, K) and A_kk = rel(K, K), one program per 16-row block and block of key columns.
-Branches on DECAY (0/1 whole-chunk products; 2 triangular, with BOUNDED's dense diagonal) and on DELTA
-(M_kk). Not run for FUSED.
+Branches on DECAY ("none", "scalar": whole-chunk products; "channel": triangular, with BOUNDED's dense
+diagonal) and on DELTA (M_kk). Not run for FUSED.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import BC, _load_block, _load_row_block
+from kernels.triton.common import BC, _decay_head, _head, _load_block, _load_row_block
 from kernels.triton.intra_bwd_blocks import _rel_cols, _rel_cols_tri, _rel_diag, _rel_rows, _rel_rows_tri
 
 if TYPE_CHECKING:
@@ -34,8 +34,6 @@ def _rel_full(
     o_k,
     t0,
     r0,
-    i_b,
-    i_h,
     T,
     H: tl.constexpr,
     K: tl.constexpr,
@@ -59,8 +57,6 @@ def _rel_full(
         o_k,
         t0,
         r0,
-        i_b,
-        i_h,
         T,
         H,
         K,
@@ -84,8 +80,6 @@ def _rel_full(
         o_k,
         t0,
         r0,
-        i_b,
-        i_h,
         T,
         H,
         K,
@@ -119,20 +113,34 @@ def _intra_bwd_kernel(
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
-    LOWP: tl.constexpr,
-    FIRST: tl.constexpr,
-    FTZ: tl.constexpr,
 ):
     # gradients through the relative-decay products A_qk = rel(q, k), A_kk = rel(k, k), BC rows and the BK key
     # columns [i_k BK, (i_k + 1) BK) at a time (every term is separable over the key channel):
     # rel(x, y)_ri = sum_c x_rc y_ic exp(G_rc - G_ic); dx = rel_rows(M, y), dy = rel_cols(M, x),
-    # and the log-decay gets x * dx - y * dy
+    # and the log-decay gets x * dx - y * dy.
+    # fp32 (tf32) operands rather than bf16 ones: dG = x dx - y dy cancels, and the bounded path's
+    # e^75-scaled operands left dg at 2.1e-2 relative error in bf16 on the H200
+    LOWP: tl.constexpr = False
+    # the per-channel decay runs this kernel before dqk (the plan's first): its parts alone, dqk adds them
+    FIRST: tl.constexpr = DECAY == "channel"
     i_tc, i_k, i_bh = (
         tl.program_id(0).to(tl.int64),
         tl.program_id(1).to(tl.int64),
         tl.program_id(2).to(tl.int64),
     )
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    m_qk += bh * BT
+    m_kk += bh * BT
+    dq += bh * K
+    dk += bh * K
+    dgk += bh * K
+    dq_out += bh * K
+    dk_out += bh * K
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
     t0 = i_t * BT
@@ -144,12 +152,12 @@ def _intra_bwd_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     dense = 0
     b_gd = 0
-    if DECAY == 2:
+    if DECAY == "channel":
         if not BOUNDED:
             # unbounded gates: this block's diagonal goes dense, as with the bounded gate, when its own decay
             # is at most e^75 in each of these key columns
-            b_g0 = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, i_b, i_h, T, H, K)
-            b_g1 = _load_row_block(gc, tl.minimum(r0 + BC, T) - 1, o_k, i_b, i_h, T, H, K)
+            b_g0 = _load_row_block(gc, tl.minimum(r0, T - 1), o_k, T, H, K)
+            b_g1 = _load_row_block(gc, tl.minimum(r0 + BC, T) - 1, o_k, T, H, K)
             dense = (tl.max(b_g0 - b_g1, 0) <= 75.0).to(tl.int64)
             b_gd = tl.where(dense == 1, b_g0, b_g1)  # the anchor of _rel_cols_tri
         b_dq, b_dkr = _rel_rows_tri(
@@ -163,8 +171,6 @@ def _intra_bwd_kernel(
             t0,
             r0,
             i_c,
-            i_b,
-            i_h,
             T,
             H,
             K,
@@ -174,7 +180,6 @@ def _intra_bwd_kernel(
             DELTA,
             LOWP,
             dense,
-            FTZ,
         )
         b_dkc = _rel_cols_tri(
             m_qk,
@@ -188,8 +193,6 @@ def _intra_bwd_kernel(
             t0,
             r0,
             i_c,
-            i_b,
-            i_h,
             T,
             H,
             K,
@@ -200,7 +203,6 @@ def _intra_bwd_kernel(
             LOWP,
             dense,
             b_gd,
-            FTZ,
         )
     else:
         b_dq, b_dkr, b_dkc = _rel_full(
@@ -216,8 +218,6 @@ def _intra_bwd_kernel(
             o_k,
             t0,
             r0,
-            i_b,
-            i_h,
             T,
             H,
             K,
@@ -228,7 +228,7 @@ def _intra_bwd_kernel(
             LOWP,
         )
     # the diagonal block by positions: the blocks of an unbounded gate too steep to go dense
-    if DECAY == 2 and not BOUNDED:
+    if DECAY == "channel" and not BOUNDED:
         if dense == 0:
             b_dq, b_dkr, b_dkc = _rel_diag(
                 b_dq,
@@ -244,8 +244,6 @@ def _intra_bwd_kernel(
                 o_k,
                 t0,
                 r0,
-                i_b,
-                i_h,
                 T,
                 H,
                 K,
@@ -253,28 +251,27 @@ def _intra_bwd_kernel(
                 BC,
                 DELTA,
             )
-    b_q = _load_block(q, o_r, m_r, o_k, i_b, i_h, T, H, K)
-    b_k = _load_block(k, o_r, m_r, o_k, i_b, i_h, T, H, K)
+    b_q = _load_block(q, o_r, m_r, o_k, H, K)
+    b_k = _load_block(k, o_r, m_r, o_k, H, K)
     if DELTA:
         b_dk = b_dkc + b_dkr
         b_dg = b_q * b_dq + b_k * (b_dkr - b_dkc)
     else:
         b_dk = b_dkc
         b_dg = b_q * b_dq - b_k * b_dkc
-    p_k = ((i_b * T + o_r[:, None]) * H + i_h) * K + o_k[None, :]
+    p_k = o_r[:, None] * (H * K) + o_k[None, :]
     if FIRST:
-        # before the dqk kernel (setting bwd.intra_first): this part alone, which dqk adds to its own
+        # before the dqk kernel: this part alone, which dqk adds to its own
         tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_r[:, None])
         tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_r[:, None])
-        if DECAY > 0:
-            tl.store(dgk + p_k, b_dg.to(dgk.dtype.element_ty), mask=m_r[:, None])
+        tl.store(dgk + p_k, b_dg.to(dgk.dtype.element_ty), mask=m_r[:, None])
     else:
         # the final dq, dk go straight into tensors of the inputs' dtype (no cast pass afterwards)
         b_dq += tl.load(dq + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
         b_dk += tl.load(dk + p_k, mask=m_r[:, None], other=0.0).to(tl.float32)
         tl.store(dq_out + p_k, b_dq.to(dq_out.dtype.element_ty), mask=m_r[:, None])
         tl.store(dk_out + p_k, b_dk.to(dk_out.dtype.element_ty), mask=m_r[:, None])
-        if DECAY > 0:
+        if DECAY != "none":
             tl.store(dgk + p_k, tl.load(dgk + p_k, mask=m_r[:, None], other=0.0) + b_dg, mask=m_r[:, None])
 
 
@@ -284,14 +281,12 @@ def intra_backward(q: torch.Tensor, k: torch.Tensor, saved: Saved, grads: Grads,
     p = bp.problem
     B, T, H, K, BT, NT = p.B, p.T, p.H, p.K, p.chunk_size, p.NT
     g = grads
-    # tf32 rather than bf16 operands here: dG = x dx - y dy cancels, and the bounded path's e^75-scaled
-    # operands left dg at 2.1e-2 relative error in bf16 on the H200. One program per 16-row block and per
-    # block of BKi key columns (each term is separable over channels)
+    # one program per 16-row block and per block of BKi key columns (each term is separable over channels)
     BKi = bp.intra_bk
     _intra_bwd_kernel[(NT * (BT // BC), K // BKi, B * H)](
         q,
         k,
-        saved.gc if saved.gc is not None else q,
+        saved.gc,
         g.m_qk,
         g.m_kk,
         g.dq,
@@ -306,11 +301,8 @@ def intra_backward(q: torch.Tensor, k: torch.Tensor, saved: Saved, grads: Grads,
         BC=BC,
         BK=BKi,
         DECAY=p.decay,
-        DELTA=p.delta,
+        DELTA=p.delta_rule,
         BOUNDED=p.bounded,
-        LOWP=False,
-        FIRST=bp.first,
-        FTZ=bp.intra_ftz,
         num_warps=bp.intra.warps,
         num_stages=bp.intra.stages,
         maxnreg=bp.intra.maxnreg,

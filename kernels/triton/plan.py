@@ -1,13 +1,14 @@
 """The launch plan of the chunk kernels: from (op, shape, dtype, bounded gate, needs grad) every derived form,
 block size, warp count, stage count and register cap that the forward and backward launch code uses, as one
-frozen value computed before anything launches.
+frozen value computed before anything launches. The plan holds only what its rules choose: each form has
+one rule, a function of the problem and the named thresholds below.
 
     python -m kernels.triton.plan kda --B 8 --T 8192 --H 16          # what launches, and with what
-    python -m kernels.triton.plan kda_bounded --B 1 --T 65536 --H 16 --set state_fwd.early=2
+    python -m kernels.triton.plan kda_bounded --B 1 --T 65536 --H 16 --set state_fwd.warps=8
 
 The rules were chosen from per-kernel profiles on an H200 (132 SMs, 227 KB of shared memory a block) at the
-benchmark shapes; the figures behind them are in PERF.md beside this file. `overrides` changes a setting for
-profiling (`--set KEY=VALUE` in the scripts): every key is in SETTINGS with what it selects.
+benchmark shapes; the figures behind them are in PERF.md beside this file. `overrides` changes a launch
+setting for profiling (`--set KEY=VALUE` in the scripts): every key is in SETTINGS with what it selects.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kernels.triton.common import BC, INTERPRET
+from kernels.family import Decay
+from kernels.triton.common import INTERPRET
 
 # The state passes run one program per (batch, head, block of V columns), sequentially over the chunks.
 # FILL_PROGRAMS programs of 64 columns fill the H200 by themselves: from there on the forms that trade
@@ -35,38 +37,27 @@ MAX_GRID_Y = 65536
 # several stages overflow the 227 KB of shared memory
 PIPELINED_HEAD = 128
 
-# every setting that `overrides` can change, and what it selects (None: the rule below)
+# The launch settings that `overrides` can change (the scripts' `--set KEY=VALUE`, for profiling), and what
+# each selects: the launch options of a kernel (warps, stages, register cap, block size) and whether the
+# forward's launches are programmatic dependent ones. The forms the kernels compute in (the output inside
+# the state pass, the WY form, X kept, ...) are not settings: the rules below pick them from the problem, by
+# the named thresholds above (PERF.md has the measurements, and the forms tried and dropped)
 SETTINGS: dict[str, str] = {
     "cumsum.warps": "warps of the forward cumsum kernel (4)",
     "cumsum16.warps": "warps of the 16-bit-decay cumsum kernel (1)",
     "intra_fwd.warps": "warps of the intra forward (2 for GLA and the bounded no-grad KDA, else 4)",
     "intra_fwd.stages": "stages of the intra forward (1 for the per-channel decay, else 3)",
     "intra_fwd.maxnreg": "register cap of the intra forward (0: none; 168 / 128 for KDA, see _intra_forward)",
-    "intra_fwd.ftz": "1: the per-channel intra forward's exponentials as ex2.approx.ftz.f32 on a GPU",
     "solve.warps": "warps of the solve (1)",
     "solve.maxnreg": "register cap of the solve (0: none; 128 for 16-bit inputs)",
     "wu.warps": "warps of the W/U pass",
-    "fwd.tril": "1: without a gradient, L and A_qk stored and loaded block lower-triangular",
-    "fwd.log2": "1: the bounded no-grad forward's G stored times log2(e)",
-    "fwd.pdl": "1: the forward's kernels as programmatic dependent launches (sm_90+)",
-    "fwd.g16": "1: with fwd.log2 and 16-bit inputs, G's rows as uint16 decays within 16-row blocks",
-    "state_fwd.output": "1: the output inside the forward state pass, 0: _output_kernel after it",
-    "state_fwd.wy": "1: the no-grad delta rule's Vt formed inside the state pass (no W/U pass)",
-    "state_fwd.early": "where the forward state pass loads a chunk's small inputs: 0 used, 1 top, 2 ahead",
-    "state_fwd.unchain": "1: the forward state pass's chained products through _unchain",
-    "state_fwd.warps": "warps of the forward state pass",
+    "fwd.pdl": "1: the forward's kernels as programmatic dependent launches (sm_90+; profile_gpu.py sets 0)",
+    "state_fwd.warps": "warps of the forward state pass (8 unchains its chained products, see _unchain)",
     "state_fwd.bv": "V columns a program of the forward state pass",
     "state_fwd.stages": "stages of the forward state pass",
-    "bwd.x": "1: the differentiable delta-rule forward keeps X = V - (Gamma K) S for the backward",
-    "bwd.vt_x": "1: with bwd.x and the output in the state pass, no Vt kept (the backward forms it from X)",
-    "bwd.intra_first": "1: the intra backward before dqk (no _rev_cumsum_kernel)",
-    "state_bwd.early": "where the reverse state pass loads a chunk's decay: 0 used, 1 step top, 2 ahead",
-    "state_bwd.unchain": "1: the reverse state pass's chained product through _unchain",
-    "state_bwd.warps": "warps of the reverse state pass",
+    "state_bwd.warps": "warps of the reverse state pass (8 unchains its chained products)",
     "state_bwd.bv": "V columns a program of the reverse state pass",
     "state_bwd.stages": "stages of the reverse state pass",
-    "dqk.k_inner": "1: dqk's key blocks of one chunk launched side by side",
-    "dqk.seq": "1: dqk's epilogue loads each tile where first needed (the per-channel decay, intra first)",
     "dqk.warps": "warps of dqk (4)",
     "dqk.bk": "key columns a program of dqk (64)",
     "dqk.stages": "stages of dqk",
@@ -76,7 +67,6 @@ SETTINGS: dict[str, str] = {
     "intra_bwd.bk": "key columns a program of the intra backward (64 per-channel, else 128)",
     "intra_bwd.stages": "stages of the intra backward",
     "intra_bwd.maxnreg": "register cap of the intra backward (0: none)",
-    "intra_bwd.ftz": "1: the per-channel intra backward's exponentials as ex2.approx.ftz.f32 on a GPU",
 }
 
 _OVERRIDES: contextvars.ContextVar[Mapping[str, int | None]] = contextvars.ContextVar(
@@ -200,8 +190,8 @@ class Problem:
     K: int
     V: int
     chunk_size: int
-    decay: int  # 0 none, 1 scalar per head, 2 per key channel
-    delta: bool
+    decay: Decay  # kernels.family's word: none, scalar (per head), channel (per key)
+    delta_rule: bool
     bounded: bool
     lowp: bool  # 16-bit inputs (their dot operands in bf16)
     keep: bool  # a gradient wanted: the forward keeps what the backward reads
@@ -240,29 +230,41 @@ class ForwardPlan:
     out: bool  # the output inside the state pass (else _output_kernel after it)
     wy: bool  # the no-grad delta rule's Vt inside the state pass, no W/U pass
     keep_x: bool  # with a gradient: the WY form too, X kept for dvt, W alone from the W/U pass
-    vt_x: bool  # with keep_x and out: no Vt kept
+    vt_x: bool  # with keep_x: no Vt kept
     tril: bool  # L and A_qk stored and loaded block lower-triangular
     log2: bool  # G stored times log2(e)
     g16: bool  # G's rows as uint16 decays within 16-row blocks (_cumsum16_kernel)
     pdl: bool  # programmatic dependent launches
-    store_h: bool  # the chunk-entry states written
-    store_vt: bool  # Vt written
     cumsum: Kernel
     cumsum16: Kernel
     intra: Kernel
-    intra_ftz: bool
     solve: Kernel
     solve_prec: str
     wu: Kernel
     state: Kernel
     state_bv: int
-    state_early: int
-    state_unchain: bool
+    state_early: bool  # the state pass loads a chunk's small inputs at the top of its step, else where used
     output_bv: int
 
     @property
     def runs_wu(self) -> bool:
-        return self.problem.delta and not self.wy
+        return self.problem.delta_rule and not self.wy
+
+    @property
+    def store_h(self) -> bool:
+        # the chunk-entry states written: the backward or _output_kernel reads them
+        return self.problem.keep or not self.out
+
+    @property
+    def store_vt(self) -> bool:
+        # Vt written: the backward (unless it forms Vt from X) or _output_kernel reads it
+        return self.problem.delta_rule and self.store_h and not self.vt_x
+
+    @property
+    def state_unchain(self) -> bool:
+        # the state pass's chained products through _unchain where it runs 8 warps (with 4 the layouts are
+        # the same either way)
+        return self.state.warps > 4
 
 
 @dataclass(frozen=True)
@@ -272,12 +274,7 @@ class BackwardPlan:
     pre_x: bool  # the forward kept X
     state: Kernel
     state_bv: int
-    state_early: int
-    state_unchain: bool
-    fused: bool  # dqk does the intra-chunk part as well (no dvt, no intra backward)
-    first: bool  # the intra backward before dqk, which finishes dq, dk, dg
-    dv_w: bool  # dqk's V loop reads dvt's dV (the delta rule, intra first)
-    seq: bool  # dqk's epilogue loads each tile where first needed
+    state_early: bool  # the reverse state pass loads a chunk's decay at the top of its step, else where used
     k_inner: int  # dqk's grid: (key blocks, chunks, B H) if 1, else (chunks, key blocks, B H)
     dqk: Kernel
     dqk_bk: int
@@ -285,30 +282,53 @@ class BackwardPlan:
     dvt: Kernel
     intra: Kernel
     intra_bk: int
-    intra_ftz: bool
+
+    @property
+    def fused(self) -> bool:
+        # dqk does the intra-chunk part as well (no dvt, no intra backward): no delta rule, no per-channel
+        # decay
+        p = self.problem
+        return not p.delta_rule and p.decay != "channel"
+
+    @property
+    def first(self) -> bool:
+        # the intra backward before dqk, which finishes dq, dk, dg (the per-channel decay)
+        return self.problem.decay == "channel"
+
+    @property
+    def dv_w(self) -> bool:
+        # dqk's V loop reads dvt's dV (the delta rule, intra first)
+        return self.problem.delta_rule and self.first
+
+    @property
+    def seq(self) -> bool:
+        # dqk's epilogue loads each tile where first needed (GLA: the per-channel decay, no delta rule)
+        return not self.problem.delta_rule and self.first
+
+    @property
+    def state_unchain(self) -> bool:
+        return self.state.warps > 4
 
 
 def plan_forward(p: Problem) -> ForwardPlan:
     """The forward's launches for problem p (p.keep: with a gradient)."""
-    decay, delta, keep = p.decay, p.delta, p.keep
-    many = p.B * p.H >= MANY_HEADS
-    # few programs (B * H small) mean a long sequential state pass on part of the GPU, where the output and
-    # the W/U products are better left to passes that run every chunk in parallel
-    wy = delta and not keep and _switch("state_fwd.wy", many)
-    out = _switch("state_fwd.output", p.wide if keep else many)
-    keep_x = delta and keep and _switch("bwd.x", p.wide)
-    vt_x = keep_x and out and _switch("bwd.vt_x", decay != 2)
+    decay, delta, keep = p.decay, p.delta_rule, p.keep
+    # the state pass computes the output (and, for the delta rule, forms Vt in the WY form) where it has many
+    # programs: with a gradient where they fill the GPU (p.wide), without one from B * H >= MANY_HEADS. Few
+    # programs mean a long sequential pass on part of the GPU, where the output and the W/U products are
+    # better left to passes that run every chunk in parallel
+    out = p.wide if keep else p.B * p.H >= MANY_HEADS
+    wy = delta and out and not keep
+    keep_x = delta and out and keep
+    # (the per-channel decay's dqk spills with T applied to X there: it keeps Vt)
+    vt_x = keep_x and decay != "channel"
     # L and A_qk without their zeros above the diagonal blocks, where the state pass is their only reader
-    tril = not keep and out and (wy or not delta) and BC == 16 and _switch("fwd.tril", True)
-    log2 = decay == 2 and p.bounded and not keep and _switch("fwd.log2", True)
-    g16 = log2 and _g16(p.lowp)
-    pdl = p.pdl_capable and _switch("fwd.pdl", True)
+    tril = out and not keep
+    log2 = decay == "channel" and p.bounded and not keep
     bv = _block_v("state_fwd.bv", p.V, p.programs, wide=p.pipelined)
-    state_warps = _setting("state_fwd.warps", _big_warps(p.K * bv >= 128 * 64))
-    state_stages = _setting("state_fwd.stages", (2 if out else 3) if p.pipelined else 1)
     # a chunk's small inputs: at the top of the step, but where used for the scalar decay and for KDA's
     # differentiable forward with many programs
-    early = _setting("state_fwd.early", 0 if decay == 1 or (decay == 2 and delta and keep and p.wide) else 1)
+    late = decay == "scalar" or (decay == "channel" and delta and keep and p.wide)
     return ForwardPlan(
         problem=p,
         out=out,
@@ -317,22 +337,21 @@ def plan_forward(p: Problem) -> ForwardPlan:
         vt_x=vt_x,
         tril=tril,
         log2=log2,
-        g16=g16,
-        pdl=pdl,
-        store_h=keep or not out,
-        store_vt=delta and (keep or not out) and not vt_x,
+        g16=log2 and _g16(p.lowp),
+        pdl=p.pdl_capable and _switch("fwd.pdl", True),
         cumsum=Kernel(_setting("cumsum.warps", 4)),
         cumsum16=Kernel(_setting("cumsum16.warps", 1)),
         intra=_intra_forward(p),
-        intra_ftz=not INTERPRET and _switch("intra_fwd.ftz", True),
         solve=Kernel(_setting("solve.warps", 1), maxnreg=_cap("solve.maxnreg", 128 if p.lowp else None)),
         solve_prec="tf32" if p.lowp else "tf32x3",
         # 4 where the pass writes W alone (keep_x), else 8 at K or V >= 128
         wu=Kernel(_setting("wu.warps", 4 if keep_x else _big_warps(p.K >= 128 or p.V >= 128))),
-        state=Kernel(state_warps, stages=state_stages),
+        state=Kernel(
+            _setting("state_fwd.warps", _big_warps(p.K * bv >= 128 * 64)),
+            stages=_setting("state_fwd.stages", (2 if out else 3) if p.pipelined else 1),
+        ),
         state_bv=bv,
-        state_early=early,
-        state_unchain=_switch("state_fwd.unchain", state_warps > 4),
+        state_early=not late,
         output_bv=min(p.V, 64),
     )  # fmt: skip
 
@@ -340,51 +359,47 @@ def plan_forward(p: Problem) -> ForwardPlan:
 def _g16(lowp: bool) -> bool:
     # 16-bit inputs only: the uint16 decays' steps of 1/512 in the exponents (0.039% RMS) sit below bf16's
     # rounding of the operands, not below fp32's
-    return lowp and _switch("fwd.g16", True)
+    return lowp
 
 
 def _intra_forward(p: Problem) -> Kernel:
     # KDA with 16-bit inputs: at most 128 registers a thread (4 programs per SM instead of 2 unbounded or 3
     # bounded); the bounded gate's no-grad form 2 warps at 168 (6 programs, no spill); GLA 2 warps
-    capped = p.pipelined and p.decay == 2 and p.delta
+    capped = p.pipelined and p.decay == "channel" and p.delta_rule
     narrow = capped and not p.keep and p.bounded
-    warps = 2 if (p.pipelined and p.decay == 2 and not p.delta) or narrow else 4
+    warps = 2 if (p.pipelined and p.decay == "channel" and not p.delta_rule) or narrow else 4
     return Kernel(
         _setting("intra_fwd.warps", warps),
         # the per-channel decay's triangular loop runs 1-4 steps: unpipelined
-        stages=_setting("intra_fwd.stages", 1 if p.decay == 2 else 3),
+        stages=_setting("intra_fwd.stages", 1 if p.decay == "channel" else 3),
         maxnreg=_cap("intra_fwd.maxnreg", 168 if narrow else (128 if capped else None)),
     )
 
 
 def plan_backward(p: Problem, vt_x: bool, pre_x: bool) -> BackwardPlan:
     """The backward's launches for problem p, given what the forward kept (vt_x: X and no Vt; pre_x: X)."""
-    decay, delta = p.decay, p.delta
+    decay, delta = p.decay, p.delta_rule
     # many programs: the forward pass's 128-column blocks and 8 warps
     big = p.wide and p.pipelined
-    state_warps = _setting("state_bwd.warps", _big_warps(big))
-    fused = not delta and decay <= 1
-    # the intra backward first for the per-channel decay (dqk can reverse-cumsum its dG per key block)
-    first = not fused and decay != 1 and _switch("bwd.intra_first", decay == 2)
-    delta_no_decay = p.pipelined and decay == 0 and delta
+    delta_no_decay = p.pipelined and decay == "none" and delta
     dvt_stages = (3 if pre_x else 2) if p.pipelined else 1
-    kda = p.pipelined and decay == 2 and delta
+    kda = p.pipelined and decay == "channel" and delta
     return BackwardPlan(
         problem=p,
         vt_x=vt_x,
         pre_x=pre_x,
-        state=Kernel(state_warps, stages=_setting("state_bwd.stages", 2 if p.pipelined else 1)),
+        state=Kernel(
+            _setting("state_bwd.warps", _big_warps(big)),
+            stages=_setting("state_bwd.stages", 2 if p.pipelined else 1),
+        ),
         state_bv=_block_v("state_bwd.bv", p.V, p.programs, wide=big),
-        state_early=_setting("state_bwd.early", 1 if decay == 2 and not p.wide else 0),
-        state_unchain=_switch("state_bwd.unchain", state_warps > 4),
-        fused=fused,
-        first=first,
-        dv_w=delta and first,
-        seq=_switch("dqk.seq", not delta) and first and decay == 2,
-        k_inner=int(_switch("dqk.k_inner", True) and p.NT < MAX_GRID_Y),
+        # the chunk's decay at the top of the step for the per-channel decay with few programs
+        state_early=decay == "channel" and not p.wide,
+        # (grid axis 1 holds the chunks only below MAX_GRID_Y of them)
+        k_inner=int(p.NT < MAX_GRID_Y),
         dqk=Kernel(
             _setting("dqk.warps", 4),
-            stages=_setting("dqk.stages", (2 if delta and not decay else 3) if p.pipelined else 1),
+            stages=_setting("dqk.stages", (2 if delta and decay == "none" else 3) if p.pipelined else 1),
         ),
         dqk_bk=min(p.K, _setting("dqk.bk", 64)),
         dqk_bv=min(p.V, 64),
@@ -393,12 +408,18 @@ def plan_backward(p: Problem, vt_x: bool, pre_x: bool) -> BackwardPlan:
         # cap of 96 (5 instead of 4); the per-channel decay's triangular loops unpipelined
         intra=Kernel(
             _setting("intra_bwd.warps", 4),
-            stages=_setting("intra_bwd.stages", 1 if decay == 2 else (2 if delta_no_decay else 3)),
+            stages=_setting("intra_bwd.stages", 1 if decay == "channel" else (2 if delta_no_decay else 3)),
             maxnreg=_cap("intra_bwd.maxnreg", 128 if delta_no_decay else (96 if kda else None)),
         ),
-        intra_bk=min(p.K, _setting("intra_bwd.bk", 64 if decay == 2 else 128)),
-        intra_ftz=not INTERPRET and _switch("intra_bwd.ftz", True),
+        intra_bk=min(p.K, _setting("intra_bwd.bk", 64 if decay == "channel" else 128)),
     )  # fmt: skip
+
+
+# the plans' rules that follow from their fields, printed beside them
+_DERIVED = {
+    ForwardPlan: ("runs_wu", "store_h", "store_vt", "state_unchain"),
+    BackwardPlan: ("fused", "first", "dv_w", "seq", "state_unchain"),
+}
 
 
 def describe(plan: ForwardPlan | BackwardPlan) -> list[str]:
@@ -411,15 +432,15 @@ def describe(plan: ForwardPlan | BackwardPlan) -> list[str]:
         if isinstance(value, Kernel):
             value = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(value).items() if v is not None)
         lines.append(f"  {field.name}: {value}")
+    lines += [f"  {name}: {getattr(plan, name)}" for name in _DERIVED[type(plan)]]
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kernels.triton import VARIANTS
+    from kernels import family
 
-    names = [variant[0] for variant in VARIANTS]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("op", choices=names)
+    ap.add_argument("op", choices=[o.name for o in family.OPS])
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--H", type=int, default=16)
@@ -429,10 +450,10 @@ def main(argv: list[str] | None = None) -> None:
     add_override_argument(ap)
     args = ap.parse_args(argv)
     overrides_from_args(args)
-    (decay, delta, lower_bound), *_ = [variant[1:] for variant in VARIANTS if variant[0] == args.op]
+    op = family.op(args.op)
     base = Problem(
         B=args.B, T=args.T, H=args.H, K=args.D, V=args.D, chunk_size=args.chunk_size,
-        decay={None: 0, "scalar": 1, "channel": 2}[decay], delta=delta, bounded=lower_bound is not None,
+        decay=op.decay, delta_rule=op.delta_rule, bounded=op.lower_bound is not None,
         lowp=args.dtype != "fp32", keep=False, pdl_capable=True,
     )  # fmt: skip
     print(f"{args.op} B{args.B} T{args.T} H{args.H} K=V={args.D} {args.dtype} (on an sm_90 GPU)")

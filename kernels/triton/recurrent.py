@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import family
 from kernels.triton.common import INTERPRET
 
 
@@ -36,9 +37,9 @@ def _step_kernel(
     b_q = tl.load(q + i_bh * K + o_k).to(tl.float32)
     b_k = tl.load(k + i_bh * K + o_k).to(tl.float32)
     b_v = tl.load(v + i_bh * V + o_v).to(tl.float32)
-    if DECAY == 2:
+    if DECAY == "channel":
         b_s = b_s * tl.exp(tl.load(g + i_bh * K + o_k).to(tl.float32))[:, None]
-    elif DECAY == 1:
+    elif DECAY == "scalar":
         b_s = b_s * tl.exp(tl.load(g + i_bh).to(tl.float32))
     if DELTA:
         # erase what k reads out now, then write: S += beta k (v - S^T k)^T
@@ -61,7 +62,6 @@ def recurrent_step_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     B, H, K = q.shape
     V = v.shape[-1]
-    decay = 0 if g is None else (1 if g.dim() == 2 else 2)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     state = state.float().contiguous()
     new_state = torch.empty_like(state)
@@ -81,7 +81,7 @@ def recurrent_step_fwd(
         K=K,
         V=V,
         BV=BV,
-        DECAY=decay,
+        DECAY=family.decay_of(q, g),
         DELTA=beta is not None,
         num_warps=1 if INTERPRET else 4,
     )

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import BC, _dot_cast, _load_rows, _load_vec, _pdl_start
+from kernels.triton.common import BC, _dot_cast, _head, _load_rows, _load_vec, _pdl_start
 
 if TYPE_CHECKING:
     from kernels.triton.plan import ForwardPlan
@@ -24,23 +24,18 @@ def _a_block(
     t0,
     i: tl.constexpr,
     j: tl.constexpr,
-    i_b,
-    i_h,
     T,
     H: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
 ):
-    # block (i, j) (BC x BC) of diag(beta) A_kk inside the chunk starting at t0; rows past T are 0
+    # block (i, j) (BC x BC) of diag(beta) A_kk inside the chunk starting at t0 (akk, beta at the program's
+    # head); rows past T are 0
     o_b = tl.arange(0, BC)
     o_r = t0 + i * BC + o_b
     m_r = o_r < T
-    b_a = tl.load(
-        akk + ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :],
-        mask=m_r[:, None],
-        other=0.0,
-    )
-    return b_a * _load_vec(beta, o_r, m_r, i_b, i_h, T, H)[:, None]
+    b_a = tl.load(akk + o_r[:, None] * (H * BT) + (j * BC + o_b)[None, :], mask=m_r[:, None], other=0.0)
+    return b_a * _load_vec(beta, o_r, m_r, H)[:, None]
 
 
 @triton.jit
@@ -80,30 +75,34 @@ def _solve_kernel(
     # blocks (15 dependent steps of reductions) with fp32 FMA products; 3xTF32 products there: 0.309 ms
     _pdl_start(PDL)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    beta += bh
+    akk += bh * BT
+    linv += bh * BT
     t0 = i_t * BT
     NC: tl.constexpr = BT // BC
-    b_l00 = _inv_unit_lower(_a_block(akk, beta, t0, 0, 0, i_b, i_h, T, H, BT, BC), BC, PREC)
+    b_l00 = _inv_unit_lower(_a_block(akk, beta, t0, 0, 0, T, H, BT, BC), BC, PREC)
     if NC >= 2:
-        b_l11 = _inv_unit_lower(_a_block(akk, beta, t0, 1, 1, i_b, i_h, T, H, BT, BC), BC, PREC)
+        b_l11 = _inv_unit_lower(_a_block(akk, beta, t0, 1, 1, T, H, BT, BC), BC, PREC)
     if NC == 4:
-        b_l22 = _inv_unit_lower(_a_block(akk, beta, t0, 2, 2, i_b, i_h, T, H, BT, BC), BC, PREC)
-        b_l33 = _inv_unit_lower(_a_block(akk, beta, t0, 3, 3, i_b, i_h, T, H, BT, BC), BC, PREC)
-    _store_block(linv, b_l00, t0, 0, 0, i_b, i_h, T, H, BT, BC)
+        b_l22 = _inv_unit_lower(_a_block(akk, beta, t0, 2, 2, T, H, BT, BC), BC, PREC)
+        b_l33 = _inv_unit_lower(_a_block(akk, beta, t0, 3, 3, T, H, BT, BC), BC, PREC)
+    _store_block(linv, b_l00, t0, 0, 0, T, H, BT, BC)
     if NC >= 2:
         b_l10 = -tl.dot(
             b_l11,
-            tl.dot(_a_block(akk, beta, t0, 1, 0, i_b, i_h, T, H, BT, BC), b_l00, input_precision=PREC),
+            tl.dot(_a_block(akk, beta, t0, 1, 0, T, H, BT, BC), b_l00, input_precision=PREC),
             input_precision=PREC,
         )
-        _store_block(linv, b_l11, t0, 1, 1, i_b, i_h, T, H, BT, BC)
-        _store_block(linv, b_l10, t0, 1, 0, i_b, i_h, T, H, BT, BC)
+        _store_block(linv, b_l11, t0, 1, 1, T, H, BT, BC)
+        _store_block(linv, b_l10, t0, 1, 0, T, H, BT, BC)
     if NC == 4:
-        b_a20 = _a_block(akk, beta, t0, 2, 0, i_b, i_h, T, H, BT, BC)
-        b_a21 = _a_block(akk, beta, t0, 2, 1, i_b, i_h, T, H, BT, BC)
-        b_a30 = _a_block(akk, beta, t0, 3, 0, i_b, i_h, T, H, BT, BC)
-        b_a31 = _a_block(akk, beta, t0, 3, 1, i_b, i_h, T, H, BT, BC)
-        b_a32 = _a_block(akk, beta, t0, 3, 2, i_b, i_h, T, H, BT, BC)
+        b_a20 = _a_block(akk, beta, t0, 2, 0, T, H, BT, BC)
+        b_a21 = _a_block(akk, beta, t0, 2, 1, T, H, BT, BC)
+        b_a30 = _a_block(akk, beta, t0, 3, 0, T, H, BT, BC)
+        b_a31 = _a_block(akk, beta, t0, 3, 1, T, H, BT, BC)
+        b_a32 = _a_block(akk, beta, t0, 3, 2, T, H, BT, BC)
         b_l21 = -tl.dot(b_l22, tl.dot(b_a21, b_l11, input_precision=PREC), input_precision=PREC)
         b_l32 = -tl.dot(b_l33, tl.dot(b_a32, b_l22, input_precision=PREC), input_precision=PREC)
         b_s20 = tl.dot(b_a20, b_l00, input_precision=PREC) + tl.dot(b_a21, b_l10, input_precision=PREC)
@@ -113,20 +112,20 @@ def _solve_kernel(
         b_s30 = tl.dot(b_a30, b_l00, input_precision=PREC) + tl.dot(b_a31, b_l10, input_precision=PREC)
         b_s30 += tl.dot(b_a32, b_l20, input_precision=PREC)
         b_l30 = -tl.dot(b_l33, b_s30, input_precision=PREC)
-        _store_block(linv, b_l22, t0, 2, 2, i_b, i_h, T, H, BT, BC)
-        _store_block(linv, b_l33, t0, 3, 3, i_b, i_h, T, H, BT, BC)
-        _store_block(linv, b_l21, t0, 2, 1, i_b, i_h, T, H, BT, BC)
-        _store_block(linv, b_l32, t0, 3, 2, i_b, i_h, T, H, BT, BC)
-        _store_block(linv, b_l20, t0, 2, 0, i_b, i_h, T, H, BT, BC)
-        _store_block(linv, b_l31, t0, 3, 1, i_b, i_h, T, H, BT, BC)
-        _store_block(linv, b_l30, t0, 3, 0, i_b, i_h, T, H, BT, BC)
+        _store_block(linv, b_l22, t0, 2, 2, T, H, BT, BC)
+        _store_block(linv, b_l33, t0, 3, 3, T, H, BT, BC)
+        _store_block(linv, b_l21, t0, 2, 1, T, H, BT, BC)
+        _store_block(linv, b_l32, t0, 3, 2, T, H, BT, BC)
+        _store_block(linv, b_l20, t0, 2, 0, T, H, BT, BC)
+        _store_block(linv, b_l31, t0, 3, 1, T, H, BT, BC)
+        _store_block(linv, b_l30, t0, 3, 0, T, H, BT, BC)
     # the blocks above the diagonal are 0; the W/U kernel and the backward read L whole (ZERO_L; not where the
-    # state pass loads it block lower-triangular, setting fwd.tril)
+    # state pass loads it block lower-triangular, the plan's tril)
     if ZERO_L:
         o_t = t0 + tl.arange(0, BT)
         m_t = o_t < T
         o_c = tl.arange(0, BT)
-        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
+        p_a = o_t[:, None] * (H * BT) + o_c[None, :]
         tl.store(
             linv + p_a,
             tl.zeros([BT, BT], dtype=tl.float32).to(linv.dtype.element_ty),
@@ -141,8 +140,6 @@ def _store_block(
     t0,
     i: tl.constexpr,
     j: tl.constexpr,
-    i_b,
-    i_h,
     T,
     H: tl.constexpr,
     BT: tl.constexpr,
@@ -151,7 +148,7 @@ def _store_block(
     o_b = tl.arange(0, BC)
     o_r = t0 + i * BC + o_b
     tl.store(
-        linv + ((i_b * T + o_r[:, None]) * H + i_h) * BT + (j * BC + o_b)[None, :],
+        linv + o_r[:, None] * (H * BT) + (j * BC + o_b)[None, :],
         b_x.to(linv.dtype.element_ty),
         mask=(o_r < T)[:, None],
     )
@@ -173,32 +170,38 @@ def _wu_kernel(
     BT: tl.constexpr,
     DECAY: tl.constexpr,
     LOWP: tl.constexpr,
-    PRE_KG: tl.constexpr,
-    STORE_U: tl.constexpr,
 ):
-    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program.
-    # PRE_KG: k already holds Gamma K (written by the cumsum kernel). Without STORE_U only W (the state pass
-    # then forms Vt from L and V itself, setting bwd.x)
+    # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program. For the
+    # per-channel decay k holds Gamma K already (written by the intra forward). Without u (None) only W (the
+    # state pass then forms Vt from L and V itself, the plan's keep_x)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    k += bh * K
+    w += bh * K
+    v += bh * V
+    beta += bh
+    linv += bh * BT
+    if DECAY == "scalar":
+        gc += bh
+    if u is not None:
+        u += bh * V
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
-    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-    b_beta = _load_vec(beta, o_t, m_t, i_b, i_h, T, H)  # [BT]
+    p_a = o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :]
+    b_beta = _load_vec(beta, o_t, m_t, H)  # [BT]
     b_lf = tl.load(linv + p_a, mask=m_t[:, None], other=0.0).to(tl.float32)
     b_tm = _dot_cast(b_lf * b_beta[None, :], LOWP)
-    b_k = _load_rows(k, o_t, m_t, i_b, i_h, T, H, K)
-    if DECAY == 2 and not PRE_KG:
-        b_k = b_k * tl.exp(_load_rows(gc, o_t, m_t, i_b, i_h, T, H, K))
-    elif DECAY == 1:
-        b_k = b_k * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+    b_k = _load_rows(k, o_t, m_t, H, K)
+    if DECAY == "scalar":
+        b_k = b_k * tl.exp(_load_vec(gc, o_t, m_t, H))[:, None]
     b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, K]
-    p_w = ((i_b * T + o_t[:, None]) * H + i_h) * K + tl.arange(0, K)[None, :]
+    p_w = o_t[:, None] * (H * K) + tl.arange(0, K)[None, :]
     tl.store(w + p_w, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
-    if STORE_U:
-        b_v = _load_rows(v, o_t, m_t, i_b, i_h, T, H, V)
+    if u is not None:
+        b_v = _load_rows(v, o_t, m_t, H, V)
         b_u = tl.dot(b_tm, _dot_cast(b_v, LOWP))  # [BT, V]
-        p_u = ((i_b * T + o_t[:, None]) * H + i_h) * V + tl.arange(0, V)[None, :]
+        p_u = o_t[:, None] * (H * V) + tl.arange(0, V)[None, :]
         tl.store(u + p_u, b_u.to(u.dtype.element_ty), mask=m_t[:, None])
 
 
@@ -233,7 +236,6 @@ def solve(beta: torch.Tensor, akk: torch.Tensor, fp: ForwardPlan) -> torch.Tenso
 
 
 def wu(
-    q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     gc: torch.Tensor | None,
@@ -253,11 +255,11 @@ def wu(
     _wu_kernel[(NT, B * H)](
         kg if kg is not None else k,
         v,
-        gc if gc is not None else q,
+        gc,
         beta,
         linv,
         w,
-        u if u is not None else v,
+        u,
         T,
         H=H,
         K=K,
@@ -265,8 +267,6 @@ def wu(
         BT=BT,
         DECAY=p.decay,
         LOWP=p.lowp,
-        PRE_KG=kg is not None,
-        STORE_U=u is not None,
         num_warps=fp.wu.warps,
     )
     return w, u

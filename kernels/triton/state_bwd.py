@@ -13,8 +13,10 @@ import triton.language as tl
 
 from kernels.triton.common import (
     _chunk_small,
+    _decay_head,
     _decay_rows,
     _dot_cast,
+    _head,
     _key_decay_from,
     _key_decay_to_end,
     _load_qg,
@@ -49,62 +51,66 @@ def _state_bwd_kernel(
     BV: tl.constexpr,
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
-    HAS_DHT: tl.constexpr,
     LOWP: tl.constexpr,
     EARLY: tl.constexpr,
     UNCHAIN: tl.constexpr,
 ):
-    # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'.
-    # EARLY (setting state_bwd.early): the chunk's decay (_chunk_small) loaded where used (0), at the top of
-    # the chunk's step (1) or one chunk ahead (2)
+    # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'
+    # (dht: the final state's gradient where given; a buffer a launch does not read is None).
+    # EARLY (the plan's state_early): the chunk's decay (_chunk_small) loaded at the top of the chunk's
+    # step, else where used
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    aqk += bh * BT
+    do += bh * V
+    dvt += bh * V
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if DELTA:
+        w += bh * K
+    dh += i_bh * NT * K * V
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
-    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-    if HAS_DHT:
-        b_ds = tl.load(dht + p_s).to(tl.float32)
+    p_s = o_k[:, None] * V + o_v[None, :]
+    if dht is not None:
+        b_ds = tl.load(dht + i_bh * K * V + p_s).to(tl.float32)
     else:
         b_ds = tl.zeros([K, BV], dtype=tl.float32)
-    if EARLY == 2:
-        b_gv_n, _ = _chunk_small(gc, gc, NT - 1, i_b, i_h, T, H, K, BT, DECAY, False)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
-        if EARLY == 2:
-            b_gv = b_gv_n
-            b_gv_n, _ = _chunk_small(gc, gc, tl.maximum(i_t - 1, 0), i_b, i_h, T, H, K, BT, DECAY, False)
-        elif EARLY == 1:
-            b_gv, _ = _chunk_small(gc, gc, i_t, i_b, i_h, T, H, K, BT, DECAY, False)
-        tl.store(
-            dh + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :], b_ds.to(dh.dtype.element_ty)
-        )
+        if EARLY:
+            b_gv, _ = _chunk_small(gc, gc, i_t, T, H, K, BT, DECAY, False)
+        tl.store(dh + i_t * K * V + p_s, b_ds.to(dh.dtype.element_ty))
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
-        p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+        p_v = o_t[:, None] * (H * V) + o_v[None, :]
+        p_a = o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :]
         b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         if EARLY:
-            b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+            b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, H, K, DECAY)
         else:
-            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, T, H, K, DECAY)
         b_dvt = _unchain(tl.dot(tl.trans(_dot_cast(b_a, LOWP)), _dot_cast(b_do, LOWP)), T > 0, UNCHAIN)
         b_dvt += tl.dot(_dot_cast(b_kd, LOWP), _dot_cast(b_ds, LOWP))
         b_dvt = _unchain(b_dvt, T > 0, UNCHAIN and DELTA)  # (with the delta rule it feeds W^T dVt)
         tl.store(dvt + p_v, b_dvt.to(dvt.dtype.element_ty), mask=m_t[:, None])
         if EARLY:
-            b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
+            b_qg = _decay_rows(_load_rows(q, o_t, m_t, H, K), b_gv, DECAY)
         else:
-            b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
+            b_qg = _load_qg(q, gc, o_t, m_t, H, K, DECAY)
         b_ds_new = (
             b_ds * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_qg, LOWP)), _dot_cast(b_do, LOWP)) * scale
         )
         if DELTA:
-            b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
+            b_w = _load_rows(w, o_t, m_t, H, K)
             b_ds_new -= tl.dot(tl.trans(_dot_cast(b_w, LOWP)), _dot_cast(b_dvt, LOWP))
         b_ds = b_ds_new
-    tl.store(dh0 + p_s, b_ds)
+    tl.store(dh0 + i_bh * K * V + p_s, b_ds)
 
 
 def state_backward(
@@ -127,13 +133,13 @@ def state_backward(
     _state_bwd_kernel[(V // BV, B * H)](
         saved.qg if saved.qg is not None else q,
         saved.kd if saved.kd is not None else k,
-        saved.gc if saved.gc is not None else q,
-        saved.w if p.delta else k,
+        saved.gc,
+        saved.w,
         saved.aqk,
         do,
         dvt,
         dh,
-        dht.contiguous() if dht is not None else dh0,
+        dht.contiguous() if dht is not None else None,
         dh0,
         scale,
         T,
@@ -144,8 +150,7 @@ def state_backward(
         BT=BT,
         BV=BV,
         DECAY=p.decay,
-        DELTA=p.delta,
-        HAS_DHT=dht is not None,
+        DELTA=p.delta_rule,
         LOWP=p.lowp,
         EARLY=bp.state_early,
         UNCHAIN=bp.state_unchain,

@@ -14,8 +14,10 @@ import triton.language as tl
 
 from kernels.triton.common import (
     _chunk_small,
+    _decay_head,
     _decay_rows,
     _dot_cast,
+    _head,
     _key_decay_from,
     _key_decay_to_end,
     _load_qg,
@@ -60,52 +62,64 @@ def _state_fwd_kernel(
     BV: tl.constexpr,
     DECAY: tl.constexpr,
     DELTA: tl.constexpr,
-    HAS_H0: tl.constexpr,
-    STORE_HT: tl.constexpr,
     LOWP: tl.constexpr,
     OUT: tl.constexpr,
-    STORE_H: tl.constexpr,
-    STORE_VT: tl.constexpr,
     WY: tl.constexpr,
-    STORE_X: tl.constexpr,
     EARLY: tl.constexpr,
     UNCHAIN: tl.constexpr,
-    TRIL: tl.constexpr = 0,
-    LOG2: tl.constexpr = 0,
-    PDL: tl.constexpr = 0,
+    TRIL: tl.constexpr,
+    LOG2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (STORE_H: kept for
-    # the backward and, without OUT, for _output_kernel). OUT (setting state_fwd.output): also this V block of
-    # the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the state and Vt still in registers, instead of
-    # a separate pass that reads both back from memory. STORE_VT: Vt kept (the backward, _output_kernel).
-    # WY (setting state_fwd.wy, the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
-    # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
-    # STORE_X (with WY, setting bwd.x): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
-    # EARLY (setting state_fwd.early): the chunk's small inputs (_chunk_small) loaded where used (0), at the
-    # top of the chunk's step (1) or one chunk ahead (2). With WY, L is taken as loaded times diag(beta) X,
-    # beta on the rows of X (in registers).
-    # TRIL (setting fwd.tril): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
+    # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (h given: kept for
+    # the backward and, without OUT, for _output_kernel); h0, ht: the initial and final states where given.
+    # OUT (the plan's out): also this V block of the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the
+    # state and Vt still in registers, instead of a separate pass that reads both back from memory. vt
+    # given: Vt kept (the backward, _output_kernel).
+    # WY (the plan's wy or keep_x, the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg;
+    # k and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
+    # x given (with WY, the plan's keep_x): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
+    # A buffer a launch does not read or write is None.
+    # EARLY (the plan's state_early): the chunk's small inputs (_chunk_small) loaded at the top of the
+    # chunk's step, else where used. With WY, L is taken as loaded times diag(beta) X, beta on the rows of X
+    # (in registers).
+    # TRIL (the plan's tril): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
     # the zeros above not stored by the solve and the intra forward
     _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    kg += bh * K
+    v += bh * V
+    o += bh * V
+    aqk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if DELTA:
+        if WY:
+            linv += bh * BT
+            beta += bh
+        else:
+            w += bh * K
+            u += bh * V
+    if vt is not None:
+        vt += bh * V
+    if x is not None:
+        x += bh * V
+    if h is not None:
+        h += i_bh * NT * K * V
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
-    p_s = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
-    if HAS_H0:
-        b_s = tl.load(h0 + p_s).to(tl.float32)
+    p_s = o_k[:, None] * V + o_v[None, :]
+    if h0 is not None:
+        b_s = tl.load(h0 + i_bh * K * V + p_s).to(tl.float32)
     else:
         b_s = tl.zeros([K, BV], dtype=tl.float32)
-    if EARLY == 2:
-        b_gv_n, b_b_n = _chunk_small(gc, beta, 0, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2)
     for i_t in range(NT):
-        if EARLY == 2:
-            b_gv, b_b = b_gv_n, b_b_n
-            b_gv_n, b_b_n = _chunk_small(
-                gc, beta, tl.minimum(i_t + 1, NT - 1), i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2
-            )
-        elif EARLY == 1:
-            b_gv, b_b = _chunk_small(gc, beta, i_t, i_b, i_h, T, H, K, BT, DECAY, DELTA and WY, LOG2)
+        if EARLY:
+            b_gv, b_b = _chunk_small(gc, beta, i_t, T, H, K, BT, DECAY, DELTA and WY, LOG2)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         o_cb = tl.arange(0, BT)
@@ -113,66 +127,63 @@ def _state_fwd_kernel(
             m_tc = m_t[:, None] & (o_cb[None, :] // 16 <= o_cb[:, None] // 16)
         else:
             m_tc = m_t[:, None]
-        if STORE_H:
-            tl.store(
-                h + i_t * K * V + i_bh * NT * K * V + o_k[:, None] * V + o_v[None, :],
-                b_s.to(h.dtype.element_ty),
-            )
-        p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        if h is not None:
+            tl.store(h + i_t * K * V + p_s, b_s.to(h.dtype.element_ty))
+        p_v = o_t[:, None] * (H * V) + o_v[None, :]
         # the state as a dot operand: what h holds (bf16 for 16-bit inputs), so OUT matches _output_kernel
         b_sd = _dot_cast(b_s, LOWP)
         if DELTA:
             if WY:
                 # pseudo-values Vt = L diag(beta) (V - (Gamma K) S), the WY form of U - W S
-                b_kg = _load_rows(kg, o_t, m_t, i_b, i_h, T, H, K)
+                b_kg = _load_rows(kg, o_t, m_t, H, K)
                 if EARLY:
                     b_kg = _decay_rows(b_kg, b_gv, DECAY)
-                elif DECAY == 1:
-                    b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, i_b, i_h, T, H))[:, None]
+                elif DECAY == "scalar":
+                    b_kg = b_kg * tl.exp(_load_vec(gc, o_t, m_t, H))[:, None]
                 b_x = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
                 b_x -= _unchain(tl.dot(_dot_cast(b_kg, LOWP), b_sd), T > 0, UNCHAIN)
-                if STORE_X:
+                if x is not None:
                     tl.store(x + p_v, b_x.to(x.dtype.element_ty), mask=m_t[:, None])
                 # (the rows of L here and of A_qk below: one expression twice, left where the revision
                 # checked on the H200 computes them; hoisted above the branches it compiles in another order)
-                p_l = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+                p_l = o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :]
                 # L as loaded, beta on the rows of X: L (diag(beta) X)
                 b_tm = tl.load(linv + p_l, mask=m_tc, other=0.0)
                 if EARLY:
                     b_x = b_x * b_b[:, None]
                 else:
-                    b_x = b_x * _load_vec(beta, o_t, m_t, i_b, i_h, T, H)[:, None]
+                    b_x = b_x * _load_vec(beta, o_t, m_t, H)[:, None]
                 b_vt = _unchain(tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP)), T > 0, UNCHAIN)
             else:
                 # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
-                b_w = _load_rows(w, o_t, m_t, i_b, i_h, T, H, K)
+                b_w = _load_rows(w, o_t, m_t, H, K)
                 b_vt = tl.load(u + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
                 b_vt -= tl.dot(_dot_cast(b_w, LOWP), b_sd)
-            if STORE_VT:
+            if vt is not None:
                 tl.store(vt + p_v, b_vt.to(vt.dtype.element_ty), mask=m_t[:, None])
-            # the output reads Vt as stored (the input dtype), as _output_kernel does
-            b_vo = b_vt.to(vt.dtype.element_ty).to(tl.float32)
+            # the output reads Vt as stored (the input dtype, v's), as _output_kernel does
+            b_vo = b_vt.to(v.dtype.element_ty).to(tl.float32)
         else:
             b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
             b_vo = b_vt
         if OUT:
             if EARLY:
-                b_qg = _decay_rows(_load_rows(q, o_t, m_t, i_b, i_h, T, H, K), b_gv, DECAY)
+                b_qg = _decay_rows(_load_rows(q, o_t, m_t, H, K), b_gv, DECAY)
             else:
-                b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
-            p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+                b_qg = _load_qg(q, gc, o_t, m_t, H, K, DECAY)
+            p_a = o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :]
             b_a = tl.load(aqk + p_a, mask=m_tc, other=0.0)
             b_o = _unchain(tl.dot(_dot_cast(b_qg, LOWP), b_sd), T > 0, UNCHAIN) * scale
             b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vo, LOWP))
             tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         if EARLY:
-            b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY)
+            b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, H, K, DECAY)
         else:
-            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, i_b, i_h, T, H, K, DECAY, LOG2)
+            b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, T, H, K, DECAY)
         b_s = b_s * b_dl[:, None] + tl.dot(tl.trans(_dot_cast(b_kd, LOWP)), _dot_cast(b_vt, LOWP))
-    if STORE_HT:
-        tl.store(ht + p_s, b_s)
+    if ht is not None:
+        tl.store(ht + i_bh * K * V + p_s, b_s)
 
 
 @triton.jit
@@ -202,16 +213,25 @@ def _output_kernel(
         tl.program_id(1).to(tl.int64),
         tl.program_id(2).to(tl.int64),
     )
-    i_b, i_h = i_bh // H, i_bh % H
+    # the program's base pointers (its head's rows, its chunk's entering state)
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    v += bh * V
+    o += bh * V
+    aqk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if DELTA:
+        vt += bh * V
+    h += (i_bh * NT + i_t) * K * V
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
-    b_s = tl.load(h + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
-    b_qg = _load_qg(q, gc, o_t, m_t, i_b, i_h, T, H, K, DECAY, True)
-    p_a = ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
-    b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
-    p_v = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+    b_s = tl.load(h + o_k[:, None] * V + o_v[None, :]).to(tl.float32)
+    b_qg = _load_qg(q, gc, o_t, m_t, H, K, DECAY)
+    b_a = tl.load(aqk + o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :], mask=m_t[:, None], other=0.0)
+    p_v = o_t[:, None] * (H * V) + o_v[None, :]
     if DELTA:
         b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
     else:
@@ -254,24 +274,24 @@ def state_forward(
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
     BV = fp.state_bv
     h0 = initial_state.contiguous() if initial_state is not None else None
-    dummy = v  # a valid pointer (of Vt's dtype) for the buffers a launch does not touch
+    # (None for the buffers this launch does not touch)
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
         v,
-        gc if gc is not None else q,
-        w if w is not None else k,
-        u if u is not None else v,
-        vt if vt is not None else dummy,
-        h if h is not None else dummy,
-        h0 if h0 is not None else dummy,
-        ht if ht is not None else dummy,
+        gc,
+        w,
+        u,
+        vt,
+        h,
+        h0,
+        ht,
         qg if qg is not None else q,
         aqk,
         o,
         kg if kg is not None else k,
-        linv if linv is not None else dummy,
-        beta if beta is not None else dummy,
-        x if x is not None else dummy,
+        linv,
+        beta,
+        x,
         scale,
         T,
         NT,
@@ -281,15 +301,10 @@ def state_forward(
         BT=BT,
         BV=BV,
         DECAY=p.decay,
-        DELTA=p.delta,
-        HAS_H0=h0 is not None,
-        STORE_HT=output_final_state,
+        DELTA=p.delta_rule,
         LOWP=p.lowp,
         OUT=fp.out,
-        STORE_H=h is not None,
-        STORE_VT=vt is not None,
         WY=fp.wy or keep_x,
-        STORE_X=keep_x,
         UNCHAIN=fp.state_unchain,
         EARLY=fp.state_early,
         TRIL=fp.tril,
@@ -321,9 +336,9 @@ def output(
     _output_kernel[(NT, V // BVo, B * H)](
         qg if qg is not None else q,
         v,
-        gc if gc is not None else q,
+        gc,
         aqk,
-        vt if p.delta else v,
+        vt if p.delta_rule else v,
         h,
         o,
         scale,
@@ -335,7 +350,7 @@ def output(
         BT=BT,
         BV=BVo,
         DECAY=p.decay,
-        DELTA=p.delta,
+        DELTA=p.delta_rule,
         LOWP=p.lowp,
         num_warps=4,
     )
