@@ -341,7 +341,7 @@ def test_out_of_gpu_resources_names_the_call_and_the_fix(monkeypatch: pytest.Mon
 
 
 def test_overrides_apply_inside_their_block_and_name_bad_ones() -> None:
-    # the scripts' --set KEY=VALUE (profile_gpu.py, bench_gpu.py, check_kernels.py) and the tests' settings
+    # the scripts' --set KEY=VALUE (`benchmarks.speed`, check_kernels.py) and the tests' settings
     from kernels.triton import plan
 
     problem = plan.Problem(8, 8192, 16, 128, 128, 64, "channel", True, bounded=True, lowp=True, keep=True)
