@@ -51,7 +51,8 @@ SETTINGS: dict[str, str] = {
     "solve.warps": "warps of the solve (1)",
     "solve.maxnreg": "register cap of the solve (0: none; 128 for 16-bit inputs)",
     "wu.warps": "warps of the W/U pass",
-    "fwd.pdl": "1: the forward's kernels as programmatic dependent launches (sm_90+; `benchmarks.speed kernels` sets 0)",
+    "fwd.pdl": "1: the forward's kernels as programmatic dependent launches (sm_90+; "
+               "`benchmarks.speed kernels` sets 0)",
     "state_fwd.warps": "warps of the forward state pass (8 unchains its chained products, see _unchain)",
     "state_fwd.bv": "V columns a program of the forward state pass",
     "state_fwd.stages": "stages of the forward state pass",
