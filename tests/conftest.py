@@ -48,7 +48,8 @@ TRITON_FAST: dict[str, Callable[[dict], bool]] = {
 # The longest single tests (tens of seconds each on CI's two cores). pytest-xdist hands out the groups first,
 # then single tests in collection order: these go first, so that the workers end together rather than one
 # finishing a long test alone.
-LONGEST = ("test_faults.py::test_fault_injection_fast", "test_campaign.py::test_a_campaign",
+LONGEST = ("test_faults.py::test_fault_injection_fast", "test_campaign.py::test_a_deadline_runs",
+           "test_campaign.py::test_a_campaign",
            "test_saved_memory.py::test_lean_backward_under_bf16", "test_hybrid.py::test_kimi_hybrid_smoke",
            "test_triton.py::test_bounded_no_grad_g16[200",
            "test_triton.py::test_bounded_intra_forward_unmasked",

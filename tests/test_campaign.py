@@ -36,6 +36,7 @@ def _checkout(tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.slow  # real training runs through the detached supervisor: a minute on 2 cores
 def test_a_campaign_runs_its_stages_detached_and_a_fresh_one_skips_what_the_checkout_holds(
         tmp_path: Path) -> None:
     checkout = _checkout(tmp_path)
@@ -160,6 +161,7 @@ def _module():
     return module
 
 
+@pytest.mark.slow  # real training runs through the detached supervisor: a minute on 2 cores
 def test_a_deadline_runs_cell_by_cell_into_the_directories_of_the_stages_multirun(tmp_path: Path) -> None:
     checkout = _checkout(tmp_path)
     plan = tmp_path / "plan.txt"
