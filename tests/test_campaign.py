@@ -227,7 +227,9 @@ def test_under_a_deadline_a_long_cell_waits_and_shorter_later_ones_run(tmp_path:
     assert estimates[1] == pytest.approx(410.0)
     assert estimates[2] == pytest.approx(410.0)  # gdn at 2048: kda's speed there
     assert estimates[4] == pytest.approx(0.05 * 4 * 1000 + 10.0)  # kda at 1024: from 256, times 4
-    assert estimates[5] is None  # no run at 512, no gdn anywhere
+    # no gdn anywhere, no run at 512: any mixer's at the nearest length (256), times 2
+    assert estimates[5] == pytest.approx(0.05 * 2 * 1000 + 10.0)
+    assert campaign.estimate(cells[5], []) is None
     group, postponed = campaign.choose(cells, pending, 8 * 60.0, estimates)
     assert group == [1] and postponed == []
     group, postponed = campaign.choose(cells, pending, 6 * 60.0, estimates)

@@ -224,7 +224,7 @@ def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
 def estimate(cell: Cell, measured: list[dict[str, Any]]) -> float | None:
     """Seconds the cell's run should take at most (max_steps, no early stop): from finished runs of its
     mixer and length, else of its mixer at the nearest length scaled by length, else of any mixer at its
-    length; None when none of these exist. max_steps: the cell's override, else the measured runs'."""
+    length, else of any mixer at the nearest length scaled; None when no run is measured. max_steps: the cell's override, else the measured runs'."""
     mixer = cell.values.get("mixer")
     try:
         length = int(float(cell.values["task.seq_len"]))
@@ -238,6 +238,10 @@ def estimate(cell: Cell, measured: list[dict[str, Any]]) -> float | None:
         runs, scale = [m for m in same if m["seq_len"] == nearest], length / nearest
     if not runs:
         runs = [m for m in measured if m["seq_len"] == length]
+    if not runs and measured:
+        # a mixer not measured yet would otherwise count as fitting and be cut off by the deadline
+        nearest = min({m["seq_len"] for m in measured}, key=lambda n: (abs(n - length), -n))
+        runs, scale = [m for m in measured if m["seq_len"] == nearest], length / nearest
     if not runs:
         return None
     try:
