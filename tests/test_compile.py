@@ -137,14 +137,22 @@ def test_opcheck_without_state_or_gradient(keep: bool) -> None:
 def test_compiled_function_calls_the_op_opaquely_and_matches_eager() -> None:
     x = _args("channel", True, None)
     graphs: list[torch.fx.GraphModule] = []
+    # aot_autograd's forward and backward graphs, by name
+    joint: dict[str, list[torch.fx.GraphModule]] = {"fw": [], "bw": []}
 
     def recording_backend(gm, example_inputs):
         graphs.append(gm)
         from functorch.compile import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
-        keep = lambda g, _: make_boxed_func(g)  # run the traced graphs as they are
-        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+        def keep(name):
+            def compiler(g, _):
+                joint[name].append(g)
+                return make_boxed_func(g)  # run the traced graphs as they are
+
+            return compiler
+
+        return aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"))(gm, example_inputs)
 
     def layer(q, k, v, g, beta, h0):
         # glue on both sides of the op, as a mixer has
@@ -165,6 +173,14 @@ def test_compiled_function_calls_the_op_opaquely_and_matches_eager() -> None:
     targets = {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"}
     assert any("kda_harness.chunk_fwd" in t for t in targets), targets
     assert not any("triton_kernel_wrapper" in t for t in targets), targets
+
+    # the forward graph keeps the buffers, the backward graph reads them and runs no forward
+    def ops(name: str) -> list[str]:
+        return [str(n.target) for g in joint[name] for n in g.graph.nodes if n.op == "call_function"]
+
+    assert any("kda_harness.chunk_fwd" in t for t in ops("fw")), ops("fw")
+    assert any("kda_harness.chunk_bwd" in t for t in ops("bw")), ops("bw")
+    assert not any("kda_harness.chunk_fwd" in t for t in ops("bw")), ops("bw")
 
 
 @pytest.mark.slow
