@@ -5,14 +5,15 @@ and stops at instructions it does not know (our inline PTX). As custom ops with 
 implementations and a registered autograd formula, the compiler sees two ops, `kda_harness::chunk_fwd` and
 `kda_harness::chunk_bwd`, and fuses the glue around them.
 
-Like the eager path (`ChunkFunction`), the forward keeps what the backward reads and the backward only runs
-the backward kernels. A custom op returns tensors of shapes its fake implementation can state, so
-`chunk_fwd` returns the output, the final state and the buffers of `chunk.Saved` as a list, each absent one
-as an empty placeholder; which buffers exist, with what shape and dtype, is `chunk.saved_layout`: a
-function of the shapes, dtypes and switches (the plan's keep_x and vt_x follow from B * H and V, not from
-the device), which the fake and the real forward and the backward all compute. Without a gradient
-(`keep=False`, decided while tracing) the forward keeps nothing and returns no buffers. `triton_chunk`
-takes this path while compiling.
+Like the eager path (`ChunkFunction`), the forward keeps what the backward reads and the backward runs
+only the backward kernels. A custom op returns tensors whose shapes its fake implementation can state, so
+`chunk_fwd` returns the output, the final state and the buffers of `chunk.Saved` as a list, an empty 1-D
+placeholder for each one the plan does not keep. Which buffers exist, with what shape and dtype, is
+`chunk.saved_layout`, which the fake forward returns: a function of the shapes, dtypes and switches alone
+(the plan's keep_x and vt_x follow from B * H and V, not from the device; with dynamic shapes their
+thresholds become the compiler's guards). tests/test_compile.py checks it against the real forward's
+buffers for every op. Without a gradient (`keep=False`, read while tracing) the forward keeps nothing and
+returns no buffers. `triton_chunk` takes this path while compiling.
 """
 
 from __future__ import annotations
@@ -23,20 +24,13 @@ import torch
 
 from kernels.triton import chunk as _chunk
 
-_EMPTY = (0,)  # the shape returned for an output that does not exist (custom ops return tensors only)
+# the shape returned for an output that does not exist (custom ops return tensors only); no kept buffer has
+# one dimension, so chunk_bwd tells the absent ones by it
+_EMPTY = (0,)
 
 
 def _or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return t if t is not None else like.new_empty(_EMPTY, dtype=torch.float32)
-
-
-def _check_layout(saved: _chunk.Saved, layout: _chunk.Saved) -> None:
-    # the compiled graph was traced with the layout's buffers: a forward that keeps others would hand the
-    # backward wrong tensors, so it fails here, naming the buffer
-    for name, t, spec in zip(_chunk.Saved._fields, saved, layout, strict=True):
-        got = None if t is None else (tuple(t.shape), t.dtype)
-        if got != spec:
-            raise RuntimeError(f"chunk_forward kept {name} as {got}; chunk.saved_layout states {spec}")
 
 
 @torch.library.custom_op("kda_harness::chunk_fwd", mutates_args=())
@@ -62,7 +56,6 @@ def chunk_fwd(
         )
     if not keep:
         return o, _or_empty(ht, q), []
-    _check_layout(saved, _chunk.saved_layout(q, k, v, g, beta, chunk_size, lower_bound))
     return o, _or_empty(ht, q), [_or_empty(t, q) for t in saved]
 
 
@@ -97,8 +90,7 @@ def chunk_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg, dbeta, d initial_state), each in its input's dtype; empty where the input is None.
     `saved`: chunk_fwd's buffers (keep=True)."""
-    layout = _chunk.saved_layout(q, k, v, g, beta, chunk_size, lower_bound)
-    kept = _chunk.Saved(*(None if spec is None else t for t, spec in zip(saved, layout, strict=True)))
+    kept = _chunk.Saved(*(None if t.dim() == 1 else t for t in saved))
     with _chunk._resources(q, v, "chunk backward"):
         dq, dk, dv, dg, dbeta, dh0 = _chunk.chunk_backward(
             q, k, v, g, beta, scale, initial_state, do.contiguous(), dht, chunk_size, lower_bound, kept
