@@ -84,6 +84,23 @@ def test_fake_forward_states_the_real_buffers(name, decay, delta, lower_bound, w
         assert _described(fake) == _described(real), dtype
 
 
+def test_fake_forward_asks_no_device() -> None:
+    # the layout is a function of shapes, dtypes and switches: a fake CUDA forward (here without a GPU: the
+    # device is never asked) states the CPU one's buffers
+    x = make_inputs("channel", True, **SHAPE, seed=0)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, x["initial_state"], True, 16, None,
+            True)
+    layouts = []
+    for device in ("cpu", "cuda"):
+        with FakeTensorMode():
+            fake = [torch.empty(a.shape, dtype=a.dtype, device=device) if isinstance(a, torch.Tensor) else a
+                    for a in args]
+            out = chunk_fwd(*fake)
+        assert {t.device.type for t in (out[0], out[1], *out[2])} == {device}
+        layouts.append(_described(out))
+    assert layouts[0] == layouts[1]
+
+
 def test_backward_runs_no_forward_kernels(monkeypatch) -> None:
     # the forward keeps its buffers for the backward (as ChunkFunction does) instead of being run again
     calls = []
