@@ -13,13 +13,14 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 pytest.importorskip("triton")
 
 import kernels  # noqa: E402
 from benchmarks.common import make_inputs, rel_rms  # noqa: E402
 from kernels import family  # noqa: E402
-from kernels.triton import triton_chunk  # noqa: E402
+from kernels.triton import chunk, plan, triton_chunk  # noqa: E402
 from kernels.triton.chunk import INTERPRET  # noqa: E402
 from kernels.triton.compile import chunk_fwd, compiled_chunk  # noqa: E402
 
@@ -55,6 +56,83 @@ def test_custom_op_matches_eager_outputs_states_and_gradients(name, decay, delta
         assert rel_rms(eager, ours) < 1e-5
 
 
+def _described(out) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    o, ht, saved = out
+    return [(tuple(t.shape), t.dtype) for t in (o, ht, *saved)]
+
+
+# the layouts with the plan's keep_x and vt_x (X kept, no Vt) too: FILL_PROGRAMS lowered, so that the state
+# pass counts as filling the GPU at the tests' shapes (the interpreter's cost grows with B * H)
+@pytest.mark.parametrize("wide", [False, True], ids=["narrow", "wide"])
+@pytest.mark.parametrize("name,decay,delta,lower_bound", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_fake_forward_states_the_real_buffers(name, decay, delta, lower_bound, wide, monkeypatch) -> None:
+    # the compiled graph is traced with the fake forward's outputs and runs on the real one's: every saved
+    # buffer's shape and dtype must agree, for every op, precision, state and plan form
+    if wide:
+        monkeypatch.setattr(plan, "FILL_PROGRAMS", 1)
+    for dtype, with_state in ((torch.float32, True), (torch.bfloat16, False)):
+        x = make_inputs(decay, delta, **SHAPE, seed=0, lower_bound=lower_bound, with_state=with_state,
+                        dtype=dtype)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, x["initial_state"], with_state,
+                16, lower_bound, True)
+        fp = plan.plan_forward(chunk._problem(x["q"], x["v"], x["g"], x["beta"], 16, lower_bound, True))
+        assert fp.keep_x == (wide and delta)
+        real = chunk_fwd(*args)
+        with FakeTensorMode() as mode:
+            fake = chunk_fwd(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+        assert len(real[2]) == len(chunk.Saved._fields)
+        assert _described(fake) == _described(real), dtype
+
+
+def test_fake_forward_asks_no_device() -> None:
+    # the layout is a function of shapes, dtypes and switches: a fake CUDA forward (here without a GPU: the
+    # device is never asked) states the CPU one's buffers
+    x = make_inputs("channel", True, **SHAPE, seed=0)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, x["initial_state"], True, 16, None,
+            True)
+    layouts = []
+    for device in ("cpu", "cuda"):
+        with FakeTensorMode():
+            fake = [torch.empty(a.shape, dtype=a.dtype, device=device) if isinstance(a, torch.Tensor) else a
+                    for a in args]
+            out = chunk_fwd(*fake)
+        assert {t.device.type for t in (out[0], out[1], *out[2])} == {device}
+        layouts.append(_described(out))
+    assert layouts[0] == layouts[1]
+
+
+def test_backward_runs_no_forward_kernels(monkeypatch) -> None:
+    # the forward keeps its buffers for the backward (as ChunkFunction does) instead of being run again
+    calls = []
+    forward = chunk.chunk_forward
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("keep"))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(chunk, "chunk_forward", counted)
+    x = _args("channel", True, None)
+    inputs = [t for t in x.values() if t is not None]
+    o, ht = compiled_chunk(x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, x["initial_state"],
+                           True, 16, None)
+    assert calls == [True]
+    torch.autograd.grad(o.sum() + ht.sum(), inputs)
+    assert calls == [True]
+    with torch.no_grad():
+        compiled_chunk(x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, None, False, 16, None)
+    assert calls == [True, False]  # no gradient wanted: nothing kept
+
+
+@pytest.mark.parametrize("name,decay,delta,lower_bound",
+                         [v for v in VARIANTS if v[0] in ("gated_delta_rule", "kda")],
+                         ids=["gated_delta_rule", "kda"])
+def test_custom_op_matches_eager_with_x_kept(name, decay, delta, lower_bound, monkeypatch) -> None:
+    # the plan's keep_x (and, without the per-channel decay, vt_x): the backward reads X through the op's
+    # buffer list
+    monkeypatch.setattr(plan, "FILL_PROGRAMS", 1)
+    test_custom_op_matches_eager_outputs_states_and_gradients(name, decay, delta, lower_bound)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,decay,delta,lower_bound",
                          [v for v in VARIANTS if v[0] in ("gla", "gated_delta_rule", "kda_bounded")],
@@ -62,27 +140,36 @@ def test_custom_op_matches_eager_outputs_states_and_gradients(name, decay, delta
 def test_opcheck(name, decay, delta, lower_bound) -> None:
     x = _args(decay, delta, lower_bound)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, x["initial_state"], True, 16,
-            lower_bound)
+            lower_bound, True)
     torch.library.opcheck(chunk_fwd, args)
 
 
-def test_opcheck_without_state_or_gradient() -> None:
+@pytest.mark.parametrize("keep", [False, True])
+def test_opcheck_without_state_or_gradient(keep: bool) -> None:
     x = _args("channel", True, None, grad=False)
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, None, False, 16, None)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, None, False, 16, None, keep)
     torch.library.opcheck(chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
 
 
 def test_compiled_function_calls_the_op_opaquely_and_matches_eager() -> None:
     x = _args("channel", True, None)
     graphs: list[torch.fx.GraphModule] = []
+    # aot_autograd's forward and backward graphs, by name
+    joint: dict[str, list[torch.fx.GraphModule]] = {"fw": [], "bw": []}
 
     def recording_backend(gm, example_inputs):
         graphs.append(gm)
         from functorch.compile import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
-        keep = lambda g, _: make_boxed_func(g)  # run the traced graphs as they are
-        return aot_autograd(fw_compiler=keep, bw_compiler=keep)(gm, example_inputs)
+        def keep(name):
+            def compiler(g, _):
+                joint[name].append(g)
+                return make_boxed_func(g)  # run the traced graphs as they are
+
+            return compiler
+
+        return aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"))(gm, example_inputs)
 
     def layer(q, k, v, g, beta, h0):
         # glue on both sides of the op, as a mixer has
@@ -103,6 +190,14 @@ def test_compiled_function_calls_the_op_opaquely_and_matches_eager() -> None:
     targets = {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"}
     assert any("kda_harness.chunk_fwd" in t for t in targets), targets
     assert not any("triton_kernel_wrapper" in t for t in targets), targets
+
+    # the forward graph keeps the buffers, the backward graph reads them and runs no forward
+    def ops(name: str) -> list[str]:
+        return [str(n.target) for g in joint[name] for n in g.graph.nodes if n.op == "call_function"]
+
+    assert any("kda_harness.chunk_fwd" in t for t in ops("fw")), ops("fw")
+    assert any("kda_harness.chunk_bwd" in t for t in ops("bw")), ops("bw")
+    assert not any("kda_harness.chunk_fwd" in t for t in ops("bw")), ops("bw")
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ class Grads(NamedTuple):
     dg: torch.Tensor | None  # dg in g's shape and dtype (a decay)
 
 
-def _problem(q, v, g, beta, chunk_size, lower_bound, keep: bool):
+def _problem(q, v, g, beta, chunk_size, lower_bound, keep: bool, launch: bool = True):
     # (kernels.triton.plan is imported here, so that `python -m kernels.triton.plan` finds it not yet loaded)
     from kernels.triton import plan
 
@@ -76,8 +76,39 @@ def _problem(q, v, g, beta, chunk_size, lower_bound, keep: bool):
         B=B, T=T, H=H, K=K, V=v.shape[-1], chunk_size=chunk_size,
         decay=family.decay_of(q, g), delta_rule=beta is not None,
         bounded=lower_bound is not None, lowp=q.dtype != torch.float32, keep=keep,
-        pdl_capable=q.is_cuda and _gdc_on(q.device.index),
+        # (launch=False: for the buffers' layout, which programmatic launches do not change; the device is
+        # not asked)
+        pdl_capable=launch and q.is_cuda and _gdc_on(q.device.index),
     )  # fmt: skip
+
+
+def saved_layout(q, k, v, g, beta, chunk_size, lower_bound) -> Saved:
+    """(shape, dtype) of each buffer chunk_forward(keep=True) keeps for these inputs, None where it keeps
+    none: a function of the shapes, dtypes and switches alone (the plan's keep_x and vt_x through B * H and
+    V), so that the compiled path's fake forward can state the buffers (compile.py). It mirrors the stages'
+    allocations; tests/test_compile.py checks it against chunk_forward for every op."""
+    from kernels.triton import plan
+
+    fp = plan.plan_forward(_problem(q, v, g, beta, chunk_size, lower_bound, True, launch=False))
+    p = fp.problem
+    B, T, H, K, V, BT = p.B, p.T, p.H, p.K, p.V, p.chunk_size
+    # 16-bit inputs keep what only feeds dots in bf16 (also for fp16 inputs)
+    dots = torch.bfloat16 if p.lowp else torch.float32
+    rows = (B, T, H, BT)
+    channel = p.decay == "channel"
+    return Saved(
+        gc=(tuple(g.shape), torch.float32) if g is not None else None,
+        aqk=(rows, dots),
+        akk=(rows, torch.float32) if p.delta_rule else None,
+        linv=(rows, dots) if p.delta_rule else None,
+        w=(tuple(k.shape), k.dtype) if fp.runs_wu else None,
+        vt=(tuple(v.shape), v.dtype) if fp.store_vt else None,
+        h=((B, H, p.NT, K, V), dots),
+        qg=((B, T, H, K), dots) if channel else None,
+        kd=((B, T, H, K), dots) if channel else None,
+        kg=((B, T, H, K), dots) if channel and p.delta_rule and not fp.keep_x else None,
+        x=(tuple(v.shape), v.dtype) if fp.keep_x else None,
+    )
 
 
 def chunk_forward(

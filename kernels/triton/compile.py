@@ -5,20 +5,28 @@ and stops at instructions it does not know (our inline PTX). As custom ops with 
 implementations and a registered autograd formula, the compiler sees two ops, `kda_harness::chunk_fwd` and
 `kda_harness::chunk_bwd`, and fuses the glue around them.
 
-A custom op's outputs need shapes the fake implementation can state, and the forward's saved buffers depend
-on the op's switches, the dtype and, through the plan's keep_x and vt_x (X kept, no Vt), on the number of
-programs; so the compiled path saves only the op's inputs, and its backward runs the forward again with the
-buffers kept (`keep=True`), then the backward kernels. The eager path
-(`ChunkFunction`) keeps the buffers instead. `triton_chunk` takes this path while compiling.
+Like the eager path (`ChunkFunction`), the forward keeps what the backward reads and the backward runs
+only the backward kernels. A custom op returns tensors whose shapes its fake implementation can state, so
+`chunk_fwd` returns the output, the final state and the buffers of `chunk.Saved` as a list, an empty 1-D
+placeholder for each one the plan does not keep. Which buffers exist, with what shape and dtype, is
+`chunk.saved_layout`, which the fake forward returns: a function of the shapes, dtypes and switches alone
+(the plan's keep_x and vt_x follow from B * H and V, not from the device; with dynamic shapes their
+thresholds become the compiler's guards). tests/test_compile.py checks it against the real forward's
+buffers for every op. Without a gradient (`keep=False`, read while tracing) the forward keeps nothing and
+returns no buffers. `triton_chunk` takes this path while compiling.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 from kernels.triton import chunk as _chunk
 
-_EMPTY = (0,)  # the shape returned for an output that does not exist (custom ops return tensors only)
+# the shape returned for an output that does not exist (custom ops return tensors only); no kept buffer has
+# one dimension, so chunk_bwd tells the absent ones by it
+_EMPTY = (0,)
 
 
 def _or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -37,21 +45,32 @@ def chunk_fwd(
     output_final_state: bool,
     chunk_size: int,
     lower_bound: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32, or an empty tensor without one)."""
+    keep: bool,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """(o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32 or an empty tensor without one, the
+    buffers of chunk.Saved in its order with keep (an empty tensor for each one the plan does not keep),
+    else [])."""
     with _chunk._resources(q, v, "chunk forward"):
-        o, ht, _ = _chunk.chunk_forward(
-            q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=False
+        o, ht, saved = _chunk.chunk_forward(
+            q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=keep
         )
-    return o, _or_empty(ht, q)
+    if not keep:
+        return o, _or_empty(ht, q), []
+    return o, _or_empty(ht, q), [_or_empty(t, q) for t in saved]
 
 
 @chunk_fwd.register_fake
-def _chunk_fwd_fake(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
+def _chunk_fwd_fake(
+    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep
+):
     B, T, H, K = q.shape
     V = v.shape[-1]
     ht_shape = (B, H, K, V) if output_final_state else _EMPTY
-    return q.new_empty(B, T, H, V), q.new_empty(ht_shape, dtype=torch.float32)
+    o, ht = q.new_empty(B, T, H, V), q.new_empty(ht_shape, dtype=torch.float32)
+    if not keep:
+        return o, ht, []
+    layout = _chunk.saved_layout(q, k, v, g, beta, chunk_size, lower_bound)
+    return o, ht, [_or_empty(spec and q.new_empty(spec[0], dtype=spec[1]), q) for spec in layout]
 
 
 @torch.library.custom_op("kda_harness::chunk_bwd", mutates_args=())
@@ -67,14 +86,14 @@ def chunk_bwd(
     dht: torch.Tensor | None,
     chunk_size: int,
     lower_bound: float | None,
+    saved: Sequence[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dg, dbeta, d initial_state), each in its input's dtype; empty where the input is None."""
+    """(dq, dk, dv, dg, dbeta, d initial_state), each in its input's dtype; empty where the input is None.
+    `saved`: chunk_fwd's buffers (keep=True)."""
+    kept = _chunk.Saved(*(None if t.dim() == 1 else t for t in saved))
     with _chunk._resources(q, v, "chunk backward"):
-        _, _, saved = _chunk.chunk_forward(
-            q, k, v, g, beta, scale, initial_state, False, chunk_size, lower_bound, keep=True
-        )
         dq, dk, dv, dg, dbeta, dh0 = _chunk.chunk_backward(
-            q, k, v, g, beta, scale, initial_state, do.contiguous(), dht, chunk_size, lower_bound, saved
+            q, k, v, g, beta, scale, initial_state, do.contiguous(), dht, chunk_size, lower_bound, kept
         )
     return (
         dq.to(q.dtype),
@@ -87,7 +106,7 @@ def chunk_bwd(
 
 
 @chunk_bwd.register_fake
-def _chunk_bwd_fake(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, lower_bound):
+def _chunk_bwd_fake(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, lower_bound, saved):
     def like(t: torch.Tensor | None) -> torch.Tensor:
         return torch.empty_like(t) if t is not None else q.new_empty(_EMPTY, dtype=torch.float32)
 
@@ -95,17 +114,27 @@ def _chunk_bwd_fake(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size,
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound = inputs
-    ctx.save_for_backward(q, k, v, g, beta, initial_state)
+    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep = inputs
+    o, _, saved = output
+    # the buffers take no gradient; unused outputs' gradients stay None (no zero-filled h or A)
+    ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, *saved)
+    ctx.o_shape, ctx.keep = o.shape, keep
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.chunk_size, ctx.lower_bound = chunk_size, lower_bound
 
 
-def _backward(ctx, do, dht):
-    q, k, v, g, beta, initial_state = ctx.saved_tensors
+def _backward(ctx, do, dht, _dsaved):
+    if not ctx.keep:
+        # (compiled_chunk asks for keep wherever autograd may want a gradient)
+        raise RuntimeError("kda_harness::chunk_fwd ran with keep=False: it kept nothing for a backward")
+    q, k, v, g, beta, initial_state, *saved = ctx.saved_tensors
+    if do is None:
+        do = q.new_zeros(ctx.o_shape)
     dq, dk, dv, dg, dbeta, dh0 = chunk_bwd(
         q, k, v, g, beta, ctx.scale, initial_state, do,
-        dht if ctx.output_final_state else None, ctx.chunk_size, ctx.lower_bound,
+        dht if ctx.output_final_state else None, ctx.chunk_size, ctx.lower_bound, saved,
     )  # fmt: skip
     return (
         dq, dk, dv,
@@ -113,7 +142,7 @@ def _backward(ctx, do, dht):
         dbeta if beta is not None else None,
         None,
         dh0 if initial_state is not None else None,
-        None, None, None,
+        None, None, None, None,
     )  # fmt: skip
 
 
@@ -121,6 +150,12 @@ chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def compiled_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
-    """`triton_chunk`'s result through the custom ops: (o, final state or None)."""
-    o, ht = chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound)
+    """`triton_chunk`'s result through the custom ops: (o, final state or None). Whether a gradient is
+    wanted is read while tracing (the compiler guards on it): without one the forward keeps nothing."""
+    from kernels.triton import _wants_grad
+
+    keep = _wants_grad(q, k, v, g, beta, initial_state)
+    o, ht, _ = chunk_fwd(
+        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep
+    )
     return o, ht if output_final_state else None
