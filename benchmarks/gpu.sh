@@ -35,7 +35,7 @@
 # Alone (one 10-minute command each; both into OUT/lowp): which of the chunk op's 16-bit buffers makes KDA's
 # bf16 training go non-finite (benchmarks/lowp_buffers.py, Palindrome L=2048, 250 steps a variant):
 #   lowp        540  the fp32 path, the whole 16-bit path, M_qk/M_kk and the partial dq/dk rounded to bf16
-#   lowp_saved  540  the forward's saved W, Vt, h, Q exp(G), K exp(G_last - G) rounded to bf16, one at a time
+#   lowp_saved  540  the saved W, h, Q exp(G), K exp(G_last - G), A_qk, A_kk rounded to bf16, one at a time
 # Two trees (group `compare`: revcheck revbench; REV a git revision, checked out into a temporary worktree,
 # or a folder holding one's tree, e.g. from `git archive REV kernels tests benchmarks | tar -x -C .rev` on a
 # machine with the checkout but not its history):
@@ -263,7 +263,7 @@ for step in "${steps[@]}"; do
       brief 540 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants fp32 bf16_all m partial ;;
     lowp_saved)
       brief 540 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" \
-        --variants saved_w saved_vt saved_h saved_qg saved_kd ;;
+        --variants saved_w saved_h saved_qg saved_kd saved_aqk saved_akk ;;
     revcheck)
       for tree in "$OLD" "$ROOT"; do
         dir="$OUT/compare/$(side "$tree")"

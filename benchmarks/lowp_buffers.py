@@ -29,7 +29,11 @@ not edited):
 
 Rounding is cast to bf16 and back, so a variant differs from fp32 in that buffer's precision only, not in
 the kernels' dot operands. Each patch counts the values it changed: a variant whose patch never changed a
-value fails (a patch that silently does nothing), one whose buffer the plan does not keep is `absent`.
+value fails (a patch that silently does nothing); one whose buffer the plan does not keep is `absent`,
+one whose buffer is 16-bit in the fp32 path too (Vt follows v's dtype, bf16 under autocast) `already`.
+
+The CPU check runs every patch through Triton's interpreter; its numbers say nothing about training, and
+bf16_all is not meaningful there (the interpreter's bf16 dots overflow: non-finite at step 1).
 
 Writes DIR/lowp_buffers.csv (variant, step, loss, finite) and DIR/lowp_buffers.md (provenance, then a
 row per variant: the first non-finite step, the loss at a few steps). Rows of variants not run this time
@@ -38,7 +42,10 @@ are kept from an earlier run into the same DIR.
 On the H200 (each variant ~1 min at B=256; two commands under the 10-minute limit):
 
     python -m benchmarks.lowp_buffers --out $OUT/lowp --variants fp32 bf16_all m partial
-    python -m benchmarks.lowp_buffers --out $OUT/lowp --variants saved_w saved_vt saved_h saved_qg saved_kd
+    python -m benchmarks.lowp_buffers --out $OUT/lowp --variants saved_w saved_h saved_qg saved_kd \
+        saved_aqk saved_akk
+
+(`bash benchmarks/gpu.sh $OUT lowp lowp_saved` runs the same two.)
 """
 
 from __future__ import annotations
@@ -63,23 +70,29 @@ REPORT_STEPS = (1, 50, 100, 150, 200, 250)
 
 
 class Counter:
-    """What a variant's patch did: values changed, calls where its buffer was absent."""
+    """What a variant's patch did: values changed, calls where its buffer was absent or already 16-bit."""
 
     def __init__(self) -> None:
         self.changed = 0
         self.absent = 0
+        self.already: set[str] = set()
 
+    def rounded(self, t: Any) -> Any:
+        """t rounded to bf16 (in t's dtype), counted; t itself where it is 16-bit already."""
+        import torch
 
-def _rounded(t: Any) -> Any:
-    import torch
-
-    return t.to(torch.bfloat16).to(t.dtype)
+        if t.dtype != torch.float32:
+            self.already.add(str(t.dtype).removeprefix("torch."))
+            return t
+        r = t.to(torch.bfloat16).to(t.dtype)
+        self.changed += int((r != t).sum().item())
+        return r
 
 
 def _round_in_place(t: Any, counter: Counter) -> None:
-    r = _rounded(t)
-    counter.changed += int((r != t).sum().item())
-    t.copy_(r)
+    r = counter.rounded(t)
+    if r is not t:
+        t.copy_(r)
 
 
 @contextlib.contextmanager
@@ -171,8 +184,7 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
                     if t is None:
                         counter.absent += 1
                         return o, ht, saved
-                    r = _rounded(t)
-                    counter.changed += int((r != t).sum().item())
+                    r = counter.rounded(t)
                     # a new tensor, not t rounded in place: a saved buffer may share storage with another
                     return o, ht, saved._replace(**{field: r})
 
@@ -228,14 +240,18 @@ def train_variant(variant: str, run: Any, init: dict[str, Any],
             result = train_step(run, step, True, bad_step)
             bad_step = result.bad_step
             loss = math.nan if result.loss is None else result.loss
-            rows.append({"variant": variant, "step": step, "loss": loss, "finite": math.isfinite(loss)})
+            # (a non-finite gradient norm with a finite loss counts too)
+            finite = math.isfinite(loss) and result.divergence is None
+            rows.append({"variant": variant, "step": step, "loss": loss, "finite": finite})
             if result.divergence is not None:
                 status = f"non-finite at step {step}: {result.divergence}"
                 break
             optimizer.step()
             scheduler.step()
-            if counter.absent and not counter.changed:
+            if not counter.changed and counter.absent:
                 return rows, "absent: the plan keeps no such buffer"
+            if not counter.changed and counter.already:
+                return rows, f"already {'/'.join(sorted(counter.already))} in the fp32 path: nothing to round"
     if not counter.changed:
         raise RuntimeError(f"variant {variant}: its patch never changed a value; it does not reach the op")
     return rows, status if variant == "fp32" else f"{status} ({counter.changed} values rounded)"
