@@ -32,6 +32,10 @@
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
 #   paper_packing 400  sweep_packing --preset paper --jobs 3: paper-size runs packed against serial
 #   pilot       500  experiment=kimi_fig4_h200 at L=512 for 1,000 steps, lr 1e-3, 3 runs at a time
+# Alone (one 10-minute command each; both into OUT/lowp): which of the chunk op's 16-bit buffers makes KDA's
+# bf16 training go non-finite (benchmarks/lowp_buffers.py, Palindrome L=2048, 250 steps a variant):
+#   lowp        540  the fp32 path, the whole 16-bit path, M_qk/M_kk and the partial dq/dk rounded to bf16
+#   lowp_saved  540  the saved W, h, Q exp(G), K exp(G_last - G), A_qk, A_kk rounded to bf16, one at a time
 # Two trees (group `compare`: revcheck revbench; REV a git revision, checked out into a temporary worktree,
 # or a folder holding one's tree, e.g. from `git archive REV kernels tests benchmarks | tar -x -C .rev` on a
 # machine with the checkout but not its history):
@@ -60,7 +64,7 @@ for s in ${2:-kernels}; do
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
-compile|paper_packing|pilot|revcheck|revbench) steps+=("$s") ;;
+compile|paper_packing|pilot|lowp|lowp_saved|revcheck|revbench) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -255,6 +259,11 @@ for step in "${steps[@]}"; do
       brief 500 python3 train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu task.seq_len=512 \
         optim.lr=1e-3 trainer.max_steps=1000 "hydra.sweep.dir=$OUT/pilot"
       find "$OUT/pilot" -name '*.pt' -delete ;;  # checkpoints: the summaries and metrics are the result
+    lowp)
+      brief 540 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants fp32 bf16_all m partial ;;
+    lowp_saved)
+      brief 540 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" \
+        --variants saved_w saved_h saved_qg saved_kd saved_aqk saved_akk ;;
     revcheck)
       for tree in "$OLD" "$ROOT"; do
         dir="$OUT/compare/$(side "$tree")"

@@ -14,10 +14,10 @@ counted once. Sizes are scaled from the measured --batch x --seq-len to --scale-
 tensor scales when its first dimension is the batch or the batch's tokens, weights and their casts do not:
 choose a --batch and a --batch x --seq-len that are no width of the model, e.g. 3 x 128).
 
-The CPU's autocast is not CUDA's: CUDA runs `normalize` in fp32 (its output too), the CPU in bf16, and the
-CPU's RMSNorm is composed of saved elementwise ops where CUDA's is one fused node; the GPU run is the
-measurement, the CPU run the itemisation to read the glue from. `saved_storages` is the measuring tool the
-step benchmark and the tests share.
+The CPU's autocast is not CUDA's: the CPU's RMSNorm is composed of saved elementwise ops where CUDA's is
+one fused node (the L2 norm agrees: the layers widen q, k to fp32 ahead of it on both); the GPU run is the
+measurement, the CPU run the itemisation to read the glue from. `saved_storages` is the measuring tool
+the step benchmark and the tests share.
 """
 
 from __future__ import annotations

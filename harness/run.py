@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from harness.caches import share_compile_caches
 from harness.check import Decision, resolve_device
 from harness.config import EXTENDABLE, effective_precision, fast_step, validate
 from harness.data import EpochSampler, load_task
@@ -141,6 +142,11 @@ def _placement(cfg: DictConfig, run_dir: Path, meta: dict[str, Any],
     log.info("run dir %s | device %s | %s | %s | %s", run_dir, device,
              "bf16 autocast" if use_bf16 else "fp32", "compiled" if compiled else "eager",
              "lean backward" if lean else "plain backward")
+    if compiled:
+        # before the first compile: every job of a sweep on this machine reuses what the first one built
+        meta["compile_cache"] = share_compile_caches()
+        log.info("compile caches: inductor %s, triton %s", meta["compile_cache"]["inductor"],
+                 meta["compile_cache"]["triton"])
     # `auto` in the config does not say where the wall time was spent; analysis.report needs to know
     meta["device"] = str(device)
     return device, autocast, compiled, lean

@@ -22,6 +22,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from harness.caches import cache_counts
 from harness.check import Decision, Preflight, accept, preflight
 from harness.data import Batch, make_batch, to_device
 from harness.log import (
@@ -155,6 +156,8 @@ class Trainer:
             start_step=progress.step, max_steps=self.trainer.max_steps, batch_size=self.trainer.batch_size,
             seq_len=run.cfg.task.seq_len, device=run.device, train_time_s=progress.train_time_s)
         self.metrics: IO[str] | None = None
+        # the compile caches' counts before this launch's first step, to say in the summary what it found
+        self.cache_counts_before = cache_counts() if meta.get("compile") else None
 
     def fit(self) -> str:
         """Train from `progress.step` on; returns the status (completed | diverged). An interrupt saves the
@@ -226,6 +229,9 @@ class Trainer:
         # this launch's first step pays the one-time costs (compiling): the summary shows them
         if "first_step_s" not in self.meta:
             self.meta["first_step_s"] = round(time.perf_counter() - step_start, 3)
+            if self.cache_counts_before is not None:
+                before = self.cache_counts_before
+                self.meta["first_step_cache_counts"] = {k: n - before[k] for k, n in cache_counts().items()}
         progress.train_tokens += batch.inputs.numel()
         progress.wall_time_s = self._wall_time()
 

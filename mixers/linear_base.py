@@ -288,8 +288,10 @@ class LinearMixer(Mixer):
             q, k = F.relu(q), F.relu(k)
         if self.qk_norm:
             # unit keys keep the eigenvalues of I - beta k k^T in [1 - beta, 1]: the recurrence cannot blow up
+            # in fp32 on every device, as CUDA's autocast gives F.normalize (the CPU's gives bf16): the op
+            # picks its precision from q's dtype, and bf16 q, k (its 16-bit path) diverge in training
+            q, k = wide(q), wide(k)
             if self.lean_backward:
-                # in q's dtype: under CUDA's autocast F.normalize returns (and the op then saves) fp32
                 q, k = l2_norm(q), l2_norm(k)
             else:
                 q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)

@@ -55,7 +55,8 @@ LONGEST = ("test_faults.py::test_fault_injection_fast", "test_campaign.py::test_
            "test_triton.py::test_bounded_intra_forward_unmasked",
            "test_occupancy.py::test_forward_kernels_wait",
            "test_triton.py::test_bounded_no_grad_log2[200",
-           "test_compile.py::test_inductor_compiled_model_matches_eager", "test_campaign.py::test_stop")
+           "test_compile.py::test_inductor_compiled_model_matches_eager", "test_campaign.py::test_stop",
+           "test_caches.py::test_a_compiled_run")
 
 
 def _cost_rank(item: pytest.Item) -> int:

@@ -1,0 +1,78 @@
+"""harness/caches.py: a compiled run turns the compile caches on and shares one directory per machine for
+them, keeping what the user set in the environment; the summary says which directory and what the first
+step found there."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
+
+from harness import caches
+from harness.caches import INDUCTOR_DIR, SWITCHES, TRITON_DIR, default_root, share_compile_caches
+from harness.trainer import train
+from tests.test_train import MakeCfg
+
+MODULES = {"torch._inductor.config": inductor_config, "torch._functorch.config": functorch_config}
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """No cache variable set, the switches off, ~/.cache under tmp_path; all restored afterwards."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for module_name, switch, variable in SWITCHES:
+        monkeypatch.setattr(MODULES[module_name], switch, False)
+        if variable:
+            monkeypatch.delenv(variable, raising=False)
+    for variable in (INDUCTOR_DIR, TRITON_DIR):
+        monkeypatch.delenv(variable, raising=False)
+    return monkeypatch
+
+
+def test_the_caches_are_turned_on_in_one_directory_per_machine(clean_env: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    root = tmp_path / "xdg" / "kda_harness" / "compile"
+    assert default_root() == root
+    dirs = share_compile_caches()
+    assert dirs == {"inductor": str(root / "inductor"), "triton": str(root / "triton")}
+    assert (os.environ[INDUCTOR_DIR], os.environ[TRITON_DIR]) == (dirs["inductor"], dirs["triton"])
+    for module_name, switch, _ in SWITCHES:
+        assert getattr(MODULES[module_name], switch) is True, switch
+    assert set(caches.cache_counts()) == {"fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass",
+                                   "autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass"}
+
+
+def test_what_the_user_set_is_kept(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv(INDUCTOR_DIR, str(tmp_path / "mine"))
+    clean_env.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    dirs = share_compile_caches()
+    assert dirs["inductor"] == os.environ[INDUCTOR_DIR] == str(tmp_path / "mine")
+    assert dirs["triton"] == str(default_root() / "triton")
+    # the user's variable forces the FX graph cache: the switch is theirs; the others are turned on
+    assert inductor_config.fx_graph_cache is False
+    assert functorch_config.enable_autograd_cache is True
+
+
+@pytest.mark.slow  # inductor compiles the step on the CPU: ~2 min on two cores
+def test_a_compiled_run_uses_the_shared_caches_and_says_so(clean_env: pytest.MonkeyPatch, make_cfg: MakeCfg,
+                                                           tmp_path: Path) -> None:
+    summary = train(make_cfg("trainer.compile=true", "trainer.max_steps=1", "trainer.eval_every=1"),
+                    tmp_path / "run", mixer_name="attention")
+    root = default_root()
+    assert summary["compile"] is True
+    assert summary["compile_cache"] == {"inductor": str(root / "inductor"), "triton": str(root / "triton")}
+    # inductor wrote its compiled graphs there, and the first step compiled (a miss or a hit, each counted)
+    assert any((root / "inductor").iterdir())
+    counts = summary["first_step_cache_counts"]
+    assert counts["fxgraph_cache_miss"] + counts["fxgraph_cache_hit"] > 0, counts
+    assert f"compile caches: inductor {root / 'inductor'}" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_an_eager_run_leaves_the_environment_alone(clean_env: pytest.MonkeyPatch, make_cfg: MakeCfg,
+                                                   tmp_path: Path) -> None:
+    summary = train(make_cfg("trainer.max_steps=1", "trainer.eval_every=1"), tmp_path, mixer_name="attention")
+    assert summary["compile"] is False and "compile_cache" not in summary
+    assert INDUCTOR_DIR not in os.environ and TRITON_DIR not in os.environ
