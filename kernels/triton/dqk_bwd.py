@@ -52,6 +52,7 @@ def _dqk_bwd_kernel(
     dg,
     scale,
     T,
+    NT,
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -85,7 +86,6 @@ def _dqk_bwd_kernel(
     FINISH: tl.constexpr = DECAY == "channel"
     DV_W: tl.constexpr = DELTA and FINISH
     SEQ: tl.constexpr = (not DELTA) and FINISH
-    NT = tl.cdiv(T, BT)
     i_t, i_k, i_bh = (
         tl.program_id(K_INNER).to(tl.int64),
         tl.program_id(1 - K_INNER).to(tl.int64),
@@ -280,6 +280,7 @@ def dqk_backward(
         g.dg,
         scale,
         T,
+        NT,
         H=H,
         K=K,
         V=V,

@@ -31,11 +31,10 @@ if TYPE_CHECKING:
     from kernels.triton.plan import ForwardPlan
 
 
-# T is not specialised (nor NT, computed from it here): Triton 3.6 on the H200 miscompiled this kernel's WY
-# form specialised for one chunk (NT == 1, T <= 64): wrong outputs at T = 63 and an illegal memory access at
-# T = 16 and 32, while the interpreter and every T of more than one chunk were right; unspecialised,
-# T = 1..2048 all match
-@triton.jit(do_not_specialize=["T"])
+# T and NT are not specialised: Triton 3.6 on the H200 miscompiled this kernel's WY form specialised for one
+# chunk (NT == 1, T <= 64): wrong outputs at T = 63 and an illegal memory access at T = 16 and 32, while the
+# interpreter and every T of more than one chunk were right; unspecialised, T = 1..2048 all match
+@triton.jit(do_not_specialize=["T", "NT"])
 def _state_fwd_kernel(
     k,
     v,
@@ -53,6 +52,7 @@ def _state_fwd_kernel(
     x,
     scale,
     T,
+    NT,
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -84,7 +84,6 @@ def _state_fwd_kernel(
     WY: tl.constexpr = linv is not None
     OUT: tl.constexpr = o is not None
     LOWP: tl.constexpr = v.dtype.element_ty != tl.float32
-    NT = tl.cdiv(T, BT)
     _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
@@ -292,6 +291,7 @@ def state_forward(
         x,
         scale,
         T,
+        NT,
         H=H,
         K=K,
         V=V,
