@@ -83,7 +83,8 @@ def _state_fwd_kernel(
     DELTA: tl.constexpr = beta is not None
     WY: tl.constexpr = linv is not None
     OUT: tl.constexpr = o is not None
-    LOWP: tl.constexpr = v.dtype.element_ty != tl.float32
+    # k's dtype is q's (K exp(G_last - G) is kept in the op's dot dtype); v is bf16 in fp32-q,k training
+    LOWP: tl.constexpr = k.dtype.element_ty != tl.float32
     _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
