@@ -81,7 +81,7 @@ POINTER_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "
 DEFAULTS = dict(
     H=16, K=128, V=128, BT=64, BC=16, BK=64, BV=64, BW=32, DECAY="channel", DELTA=1, BOUNDED=1, LOWP=1,
     STORE_DECAYED=1, TRI=1, AUTO=0, PRE_KG=1, FUSED=0, DECAYED=0, HAS_H0=1, STORE_HT=1, HAS_DHT=1,
-    PREC="tf32",
+    PREC="tf32", ZERO="none",
 )  # fmt: skip
 LOWP_POINTERS = set("q k v qg kd kg aqk o do dq dk dv w u vt h dh".split())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import inspect
 import os
 import types
 
@@ -171,9 +172,22 @@ def record_launches(monkeypatch: pytest.MonkeyPatch, *kernels: str, run: bool = 
     launched: list = []
     for name in kernels:
         (module,) = [m for m in chunk.STAGES if name in vars(m)]
-        real = getattr(module, name) if run else None
-        monkeypatch.setattr(module, name, Recorder(name, launched, real))
+        real = getattr(module, name)
+        if not isinstance(real, Recorder):
+            params = inspect.signature(real.fn).parameters.values()
+            _RUNTIME_PARAMS[name] = [p.name for p in params if "constexpr" not in str(p.annotation)]
+        monkeypatch.setattr(module, name, Recorder(name, launched, real if run else None))
     return launched
+
+
+# each recorded kernel's run-time parameters, in order (the positional arguments of its launch)
+_RUNTIME_PARAMS: dict[str, list[str]] = {}
+
+
+def given(launch, pointer: str) -> bool:
+    # whether a recorded launch passes the buffer `pointer` (a switch the kernel reads from its buffers: the
+    # state pass's out is o given, its WY form L given)
+    return dict(zip(_RUNTIME_PARAMS[launch.kernel], launch.args, strict=True))[pointer] is not None
 
 
 @pytest.mark.parametrize("T", [63, 100, 200])
@@ -394,8 +408,8 @@ def test_many_programs_forms_match_naive(
     launched = record_launches(monkeypatch, "_state_fwd_kernel", "_dqk_bwd_kernel")
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 3, lower_bound=lower_bound)
     check_against_naive(inputs, lower_bound=lower_bound)
-    state = [kw for n, _, kw in launched if n == "_state_fwd_kernel"]
-    assert len(state) == 1 and state[0]["OUT"] and state[0]["WY"] == delta
+    state = [x for x in launched if x.kernel == "_state_fwd_kernel"]
+    assert len(state) == 1 and given(state[0], "o") and given(state[0], "linv") == delta
     # (X kept and, without the per-channel decay, no Vt: the backward forms it from X)
     fp, bp = _plans(1, 2, lower_bound, True, decay, delta, T=T, D=16)
     assert fp.keep_x == delta and fp.vt_x == (delta and decay != "channel")
@@ -403,7 +417,7 @@ def test_many_programs_forms_match_naive(
     launched.clear()
     check_no_grad_against_naive(inputs, lower_bound)
     assert [n for n, _, _ in launched] == ["_state_fwd_kernel"]  # (no W/U pass: the WY form)
-    assert launched[0].kwargs["WY"] == delta and launched[0].kwargs["TRIL"]
+    assert given(launched[0], "linv") == delta and launched[0].kwargs["TRIL"]
 
 
 @pytest.mark.parametrize("T,chunk_size", [(17, 64), (100, 64), (200, 64), (100, 16), (100, 32)])
@@ -730,9 +744,9 @@ def _forward_launches(
     if keep:
         chunk.chunk_backward(q, k, v, g, beta, 1.0, None, torch.zeros_like(v), None, 64, lower_bound, saved)
     launches = {}
-    for name, grid, kwargs in log:
-        assert name not in launches  # one launch per kernel
-        launches[name] = (grid, kwargs)
+    for launch in log:
+        assert launch.kernel not in launches  # one launch per kernel
+        launches[launch.kernel] = (launch.grid, launch.kwargs, launch)
     return launches
 
 
@@ -765,7 +779,8 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     # are in PERF.md): KDA with 16-bit inputs at K = V = 128, no kernel run
     wide = _forward_launches(monkeypatch, B=64, H=4, lower_bound=-5.0, keep=keep)  # B * H * V / 64 = 512
     state = wide["_state_fwd_kernel"][1]
-    assert state["OUT"] and state["WY"]  # the output and the WY products inside the state pass
+    # the output and the WY products inside the state pass (o and L given)
+    assert given(wide["_state_fwd_kernel"][2], "o") and given(wide["_state_fwd_kernel"][2], "linv")
     fp, bp = _plans(64, 4, -5.0, keep)
     assert fp.keep_x == keep and fp.store_h == keep and fp.store_vt == keep  # (X, h, Vt kept for a backward)
     if keep:
@@ -801,15 +816,16 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     # L and A_qk block lower-triangular, their upper zeros not stored, where the state pass is their only
     # reader (no gradient, the output and Vt inside it: the plan's tril); the backward reads them whole
     assert state["TRIL"] == (not keep)
-    assert wide["_intra_fwd_kernel"][1]["ZERO_QK"] == keep and wide["_solve_kernel"][1]["ZERO_L"] == keep
+    assert wide["_intra_fwd_kernel"][1]["ZERO"] == ("both" if keep else "none")
+    assert wide["_solve_kernel"][1]["ZERO_L"] == keep
 
     few = _forward_launches(monkeypatch, B=1, H=2, lower_bound=None, keep=keep)  # a long sequential pass
     state = few["_state_fwd_kernel"][1]
-    assert not state["OUT"] and not state["WY"]
+    assert not given(few["_state_fwd_kernel"][2], "o") and not given(few["_state_fwd_kernel"][2], "linv")
     fp, bp = _plans(1, 2, None, keep)
     assert not fp.keep_x
     # (the W/U and output passes read L and A_qk whole)
-    assert not state["TRIL"] and few["_intra_fwd_kernel"][1]["ZERO_QK"] and few["_solve_kernel"][1]["ZERO_L"]
+    assert not state["TRIL"] and few["_intra_fwd_kernel"][1]["ZERO"] != "none" and few["_solve_kernel"][1]["ZERO_L"]
     assert "_wu_kernel" in few and "_output_kernel" in few
     assert fp.store_vt and fp.store_h  # read by the output pass (and kept for the backward)
     if keep:
@@ -875,5 +891,5 @@ def test_launch_rules_yield_to_tune(monkeypatch: pytest.MonkeyPatch) -> None:
     assert wide["_intra_fwd_kernel"][1]["num_warps"] == 2
     state = wide["_state_fwd_kernel"][1]
     assert state["num_warps"] == 8 and state["UNCHAIN"]  # 8 warps: the chained products unchained
-    grid, dqk = wide["_dqk_bwd_kernel"]
+    grid, dqk, _ = wide["_dqk_bwd_kernel"]
     assert dqk["BK"] == 32 and grid == (4, 2, 64 * 4)  # (key blocks, chunks, B H)

@@ -36,7 +36,6 @@ def _rev_cumsum_by_dot(b_x, BT: tl.constexpr, LOWP: tl.constexpr):
 def _dqk_bwd_kernel(
     q,
     k,
-    v,
     gc,
     beta,
     vt,
@@ -61,8 +60,6 @@ def _dqk_bwd_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     DECAY: tl.constexpr,
-    DELTA: tl.constexpr,
-    LOWP: tl.constexpr,
     K_INNER: tl.constexpr,
     VT_X: tl.constexpr,
 ):
@@ -79,8 +76,12 @@ def _dqk_bwd_kernel(
     # DV_W (the delta rule after the dvt backward): dvt holds dV = T^T dVt, not dVt, and
     # d(Gamma K) = T^T dW = -dV S^T needs no product with T.
     # VT_X (the plan's vt_x): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
-    # T (X dS'^T) follows it, so the forward keeps no Vt. A buffer a launch does not read is None.
-    # The op's backward (BackwardPlan.fused, .first, .dv_w, .seq):
+    # T (X dS'^T) follows it, so the forward keeps no Vt. vt holds V itself without the delta rule.
+    # A buffer a launch does not read is None. The switches the buffers say: DELTA, beta given (the delta
+    # rule); LOWP, 16-bit inputs (bf16 dot operands). The op's backward (BackwardPlan.fused, .first, .dv_w,
+    # .seq):
+    DELTA: tl.constexpr = beta is not None
+    LOWP: tl.constexpr = q.dtype.element_ty != tl.float32
     FUSED: tl.constexpr = (not DELTA) and DECAY != "channel"
     FINISH: tl.constexpr = DECAY == "channel"
     DV_W: tl.constexpr = DELTA and FINISH
@@ -99,7 +100,6 @@ def _dqk_bwd_kernel(
     dgk += bh * K
     dq_out += bh * K
     dk_out += bh * K
-    v += bh * V
     vt += bh * V
     do += bh * V
     dvt += bh * V
@@ -127,10 +127,7 @@ def _dqk_bwd_kernel(
         p_v = o_t[:, None] * (H * V) + o_v[None, :]
         p_s = o_k[:, None] * V + o_v[None, :]
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-        if DELTA:
-            b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
-        else:
-            b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+        b_vt = tl.load(vt + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         b_s = tl.load(h + p_s).to(tl.float32)  # [BK, BV]
         b_dsn = tl.load(dh + p_s).to(tl.float32)
         b_dqs += tl.dot(_dot_cast(b_do, LOWP), tl.trans(_dot_cast(b_s, LOWP)))
@@ -267,7 +264,6 @@ def dqk_backward(
     _dqk_bwd_kernel[(K // BK, NT, B * H) if bp.k_inner else (NT, K // BK, B * H)](
         q,
         k,
-        v,
         saved.gc,
         beta,
         (saved.x if vt_x else saved.vt) if delta else v,
@@ -292,8 +288,6 @@ def dqk_backward(
         BK=BK,
         BV=BVd,
         DECAY=p.decay,
-        DELTA=delta,
-        LOWP=p.lowp,
         K_INNER=bp.k_inner,
         VT_X=vt_x,
         num_warps=bp.dqk.warps,

@@ -66,17 +66,19 @@ def _intra_fwd_kernel(
     BT: tl.constexpr,
     BC: tl.constexpr,
     DECAY: tl.constexpr,
-    DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
-    LOWP: tl.constexpr,
-    ZERO_KK: tl.constexpr,
-    ZERO_QK: tl.constexpr,
+    ZERO: tl.constexpr,
     LOG2: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # rows [r0, r0 + BC) of A_qk = scale * tril(Q Gamma (K / Gamma)^T) and A_kk = strict_tril(...K...); the
     # per-channel decay in _intra_fwd_tri, one BC-column block at a time. A buffer a launch does not read or
-    # write is None (gq: the plan's g16)
+    # write is None (gq: the plan's g16). ZERO: the blocks above the diagonal stored as zeros, in "none"
+    # (the plan's tril), "qk" (A_qk's) or "both" (A_kk's too: the dvt backward reads whole rows).
+    # Switches that the buffers already say: the delta rule is the launch with A_kk, and 16-bit inputs take
+    # bf16 dot operands
+    DELTA: tl.constexpr = akk is not None
+    LOWP: tl.constexpr = q.dtype.element_ty != tl.float32
     _pdl_start(PDL)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
@@ -119,8 +121,7 @@ def _intra_fwd_kernel(
             DELTA,
             BOUNDED,
             LOWP,
-            ZERO_KK,
-            ZERO_QK,
+            ZERO,
             LOG2,
         )
     else:
@@ -257,8 +258,7 @@ def _intra_fwd_tri(
     DELTA: tl.constexpr,
     BOUNDED: tl.constexpr,
     LOWP: tl.constexpr,
-    ZERO_KK: tl.constexpr,
-    ZERO_QK: tl.constexpr,
+    ZERO: tl.constexpr,
     LOG2: tl.constexpr,
 ):
     # the per-channel decay's rows [r0, r0 + BC) of A_qk and A_kk one BC-column block at a time, over only the
@@ -390,10 +390,10 @@ def _intra_fwd_tri(
     o_c = tl.arange(0, BT)
     m_z = m_r[:, None] & (o_c[None, :] >= (i_c + 1) * BC)
     b_z = tl.zeros([BC, BT], dtype=tl.float32)
-    if ZERO_QK:
+    if ZERO != "none":
         # (not where the state pass loads A_qk block lower-triangular, the plan's tril)
         tl.store(aqk + p_row + o_c[None, :], b_z.to(aqk.dtype.element_ty), mask=m_z)
-    if DELTA and ZERO_KK:
+    if DELTA and ZERO == "both":
         # (the solve reads only the blocks up to the diagonal; the dvt backward reads whole rows)
         tl.store(akk + p_row + o_c[None, :], b_z, mask=m_z)
 
@@ -445,11 +445,9 @@ def intra_forward(
         BT=BT,
         BC=BC,
         DECAY=decay,
-        DELTA=delta,
         BOUNDED=p.bounded,
-        LOWP=lowp,
-        ZERO_KK=keep,
-        ZERO_QK=not fp.tril,
+        # (keep and the plan's tril exclude each other: A_kk's zeros come with A_qk's)
+        ZERO="both" if keep else ("none" if fp.tril else "qk"),
         LOG2=fp.log2,
         PDL=fp.pdl,
         **({"launch_pdl": True} if fp.pdl else {}),

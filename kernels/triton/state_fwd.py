@@ -39,8 +39,6 @@ def _state_fwd_kernel(
     k,
     v,
     gc,
-    w,
-    u,
     vt,
     h,
     h0,
@@ -61,10 +59,6 @@ def _state_fwd_kernel(
     BT: tl.constexpr,
     BV: tl.constexpr,
     DECAY: tl.constexpr,
-    DELTA: tl.constexpr,
-    LOWP: tl.constexpr,
-    OUT: tl.constexpr,
-    WY: tl.constexpr,
     EARLY: tl.constexpr,
     UNCHAIN: tl.constexpr,
     TRIL: tl.constexpr,
@@ -73,18 +67,24 @@ def _state_fwd_kernel(
 ):
     # sequential over chunks for one (batch, head, V block): h[c] = state entering chunk c (h given: kept for
     # the backward and, without OUT, for _output_kernel); h0, ht: the initial and final states where given.
-    # OUT (the plan's out): also this V block of the chunk's output O = scale (Q Gamma) S + A_qk Vt, from the
-    # state and Vt still in registers, instead of a separate pass that reads both back from memory. vt
-    # given: Vt kept (the backward, _output_kernel).
-    # WY (the plan's wy or keep_x, the delta rule): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg;
-    # k and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel.
+    # OUT (o given, the plan's out): also this V block of the chunk's output O = scale (Q Gamma) S + A_qk Vt,
+    # from the state and Vt still in registers, instead of a separate pass that reads both back from memory.
+    # vt given: Vt kept (the backward, _output_kernel). DELTA: beta given (the delta rule).
+    # WY (linv given, the plan's wy or keep_x): Vt = L diag(beta) (V - (Gamma K) S) from L, Gamma K (kg; k
+    # and G without a per-channel decay) and V, so that no W/U pass runs; else Vt = U - W S from _wu_kernel,
+    # U in v's place and W in kg's.
     # x given (with WY, the plan's keep_x): X = V - (Gamma K) S kept for the dvt backward, in the input dtype.
-    # A buffer a launch does not read or write is None.
+    # A buffer a launch does not read or write is None; 16-bit inputs (LOWP) take bf16 dot operands.
     # EARLY (the plan's state_early): the chunk's small inputs (_chunk_small) loaded at the top of the
     # chunk's step, else where used. With WY, L is taken as loaded times diag(beta) X, beta on the rows of X
     # (in registers).
     # TRIL (the plan's tril): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
     # the zeros above not stored by the solve and the intra forward
+    DELTA: tl.constexpr = beta is not None
+    WY: tl.constexpr = linv is not None
+    OUT: tl.constexpr = o is not None
+    # k's dtype is q's (K exp(G_last - G) is kept in the op's dot dtype); v is bf16 in fp32-q,k training
+    LOWP: tl.constexpr = k.dtype.element_ty != tl.float32
     _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
@@ -93,17 +93,14 @@ def _state_fwd_kernel(
     k += bh * K
     kg += bh * K
     v += bh * V
-    o += bh * V
+    if OUT:
+        o += bh * V
     aqk += bh * BT
     if DECAY != "none":
         gc = _decay_head(gc, bh, K, DECAY)
-    if DELTA:
-        if WY:
-            linv += bh * BT
-            beta += bh
-        else:
-            w += bh * K
-            u += bh * V
+    if WY:
+        linv += bh * BT
+        beta += bh
     if vt is not None:
         vt += bh * V
     if x is not None:
@@ -155,9 +152,10 @@ def _state_fwd_kernel(
                     b_x = b_x * _load_vec(beta, o_t, m_t, H)[:, None]
                 b_vt = _unchain(tl.dot(_dot_cast(b_tm, LOWP), _dot_cast(b_x, LOWP)), T > 0, UNCHAIN)
             else:
-                # pseudo-values Vt = U - W S: the delta rule's correction against the entering state
-                b_w = _load_rows(w, o_t, m_t, H, K)
-                b_vt = tl.load(u + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
+                # pseudo-values Vt = U - W S: the delta rule's correction against the entering state (W in
+                # kg's place, U in v's)
+                b_w = _load_rows(kg, o_t, m_t, H, K)
+                b_vt = tl.load(v + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
                 b_vt -= tl.dot(_dot_cast(b_w, LOWP), b_sd)
             if vt is not None:
                 tl.store(vt + p_v, b_vt.to(vt.dtype.element_ty), mask=m_t[:, None])
@@ -274,22 +272,22 @@ def state_forward(
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
     BV = fp.state_bv
     h0 = initial_state.contiguous() if initial_state is not None else None
-    # (None for the buffers this launch does not touch)
+    # the delta rule's W/U form: U and W stand where the WY form reads V and Gamma K
+    wu = p.delta_rule and not (fp.wy or keep_x)
+    # (None for the buffers this launch does not touch: o without the plan's out, L without the WY form)
     _state_fwd_kernel[(V // BV, B * H)](
         kd if kd is not None else k,
-        v,
+        u if wu else v,
         gc,
-        w,
-        u,
         vt,
         h,
         h0,
         ht,
         qg if qg is not None else q,
         aqk,
-        o,
-        kg if kg is not None else k,
-        linv,
+        o if fp.out else None,
+        w if wu else (kg if kg is not None else k),
+        None if wu else linv,
         beta,
         x,
         scale,
@@ -301,10 +299,6 @@ def state_forward(
         BT=BT,
         BV=BV,
         DECAY=p.decay,
-        DELTA=p.delta_rule,
-        LOWP=p.lowp,
-        OUT=fp.out,
-        WY=fp.wy or keep_x,
         UNCHAIN=fp.state_unchain,
         EARLY=fp.state_early,
         TRIL=fp.tril,
