@@ -37,7 +37,7 @@ def test_records_every_launch_with_its_settings() -> None:
     dqk = _launch(lines, "_dqk_bwd_kernel")
     # K blocks of 64 first (a chunk's two side by side, dqk.k_inner), then NT chunks, B * H
     assert dqk.startswith("_dqk_bwd_kernel (2, 128, 128) ")
-    assert "DELTA=True" in dqk and "K_INNER=1" in dqk and "num_warps=4" in dqk
+    assert "DECAY=channel" in dqk and "K_INNER=1" in dqk and "num_warps=4" in dqk
     # the reverse state pass: 128-column blocks of 8 warps with many programs, 32 of 4 for a long pass of few
     wide = _launch(lines, "_state_bwd_kernel")
     assert wide.startswith("_state_bwd_kernel (1, 128) ") and "BV=128" in wide and "num_warps=8" in wide
