@@ -32,7 +32,8 @@ def _read_curve(run_dir: str) -> tuple[pd.DataFrame, str | None]:
     return pd.DataFrame(rows, columns=["step", "acc"]), None
 
 
-def _eval_curve(run_dir: str) -> pd.DataFrame:
+def eval_curve(run_dir: str) -> pd.DataFrame:
+    """(step, acc %) of a run's evals at its training length; empty where metrics.jsonl cannot be read."""
     return _read_curve(run_dir)[0]
 
 
@@ -69,7 +70,7 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
         ]
         per_seed = []
         for _, run in members.iterrows():
-            curve = _eval_curve(run["run_dir"])
+            curve = eval_curve(run["run_dir"])
             per_seed.append(curve.assign(seed=run["seed"]))
         merged = pd.concat(per_seed, ignore_index=True) if per_seed else pd.DataFrame(columns=["step", "acc"])
         if merged.empty:

@@ -10,6 +10,10 @@ Each claim is marked `reproduced`, `not reproduced` (with the cells that contrad
   `best_eval_acc`); both are tabulated, the claims are judged on `--metric` (default: the paper's);
 - convergence = `steps_to_threshold` (first eval step at eval acc >= 0.9) of the cell's best lr.
 
+Where the grid can differ from the paper: the cells below 0.99 that ran their whole step budget, with
+their eval acc at 80% of the steps and at the end (still learning or not); Mamba2 beside Mamba2 without its
+short convolution where both ran; the open parameters' values as the runs' configs set them.
+
 Cost: the wall time each finished run took (`wall_time_s`) summed by the kind of device it trained on
 (summary.json's `device`: GPU-hours and CPU-hours apart), seconds per step by mixer, length and device,
 and from the GPU runs only the projected cost of the paper's whole grid (`experiment=kimi_fig4`: 432 runs
@@ -29,6 +33,7 @@ import pandas as pd
 
 from analysis.cells import max_trained_steps, series_name
 from analysis.collect import collect_dirs, read_table
+from analysis.fig_steps import eval_curve
 
 MIXERS = ("kda", "gdn", "mamba2")  # the paper's order: the claims compare these
 METRICS = {"train": "best_train_acc", "eval": "best_eval_acc"}
@@ -38,6 +43,24 @@ PAPER_STEPS = 20_000
 PAPER_LENGTHS = (256, 512, 1024, 2048)
 SLACK = 0.01  # "KDA >= GDN" holds within one accuracy point (seed noise of a single run)
 DEVICE_KINDS = ("GPU", "CPU", "unknown")
+# A cell counts as solved from this accuracy on: experiment/kimi_fig4_h200 stops a run early there.
+SOLVED = 0.99
+# A run is still learning at its budget's end if its eval acc rose by more than this over its last 20% of
+# steps: above the wobble of one eval on 1,000 held-out sequences.
+STILL_LEARNING = 0.02
+LATE_FRACTION = 0.8  # where "the last 20% of steps" begins
+# Mamba2 without its short convolution (experiment/kimi_fig4_h200_noconv): the variant its override makes.
+NOCONV_VARIANT = "use_short_conv=false"
+# The open parameters the paper does not pin: (label, config column, the task whose runs have it or None)
+OPEN_PARAMETERS = (
+    ("MQAR key-value pairs", "task.params.num_pairs", "mqar"),
+    ("MQAR vocabulary", "task.params.vocab_size", "mqar"),
+    ("Palindrome vocabulary", "task.params.vocab_size", "palindrome"),
+    ("Stack: stacks", "task.params.num_stacks", "stack"),
+    ("Stack: elements", "task.params.num_elements", "stack"),
+    ("batch size", "trainer.batch_size", None),
+    ("max_steps", "trainer.max_steps", None),
+)
 MISSING = "–"  # a cell with no value (no 2L eval, a metric the run did not record)
 
 
@@ -70,7 +93,8 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
     done = runs[runs["status"] == "completed"].copy()
     if done.empty:
         return pd.DataFrame(
-            columns=["task", "series", "seq_len", "train", "eval", "lr", "steps_to_0.9", "eval@2L", "runs"]
+            columns=["task", "series", "seq_len", "train", "eval", "lr", "steps_to_0.9", "eval@2L", "runs",
+                     "run_dir", "steps_run", "max_steps", "early_stopped_at"]
         )
     done["series"] = _series(done)
     rows = []
@@ -84,6 +108,11 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
         row["steps_to_0.9"] = best.get("steps_to_threshold")
         twice = f"final_eval/acc@{2 * int(length)}"
         row["eval@2L"] = float(best[twice]) if twice in best and pd.notna(best[twice]) else float("nan")
+        # the best run itself, for the step-budget check: where its curve is and whether it ran to the end
+        row["run_dir"] = best.get("run_dir")
+        row["steps_run"] = pd.to_numeric(best.get("steps"), errors="coerce")
+        row["max_steps"] = pd.to_numeric(best.get("trainer.max_steps"), errors="coerce")
+        row["early_stopped_at"] = pd.to_numeric(best.get("early_stopped_at"), errors="coerce")
         rows.append(row)
     return pd.DataFrame(rows).sort_values(["task", "seq_len", "series"], ignore_index=True)
 
@@ -201,6 +230,121 @@ def _verdict(claim: str, against: list[str], missing: list[str], evidence: str) 
     return {"claim": claim, "verdict": verdict, "evidence": evidence}
 
 
+def _acc_at(curve: pd.DataFrame, step: float) -> float:
+    """Eval acc (a fraction) of the last eval at or before `step`; NaN if there is none."""
+    before = curve[curve["step"] <= step]
+    return float(before["acc"].iloc[-1]) / 100.0 if len(before) else float("nan")
+
+
+def budget_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """The cells whose best run stayed below SOLVED and ran its whole `trainer.max_steps` (not stopped
+    early), with its eval acc at LATE_FRACTION of the steps run and at its last eval, and whether it was
+    still learning (rose by more than STILL_LEARNING in between; None where the curve cannot tell)."""
+    rows = []
+    for _, c in cells.iterrows():
+        ran, budget = c.get("steps_run"), c.get("max_steps")
+        if pd.isna(c["eval"]) or c["eval"] >= SOLVED or pd.isna(ran) or pd.isna(budget) or ran < budget:
+            continue
+        if pd.notna(c.get("early_stopped_at")):
+            continue
+        run_dir = c.get("run_dir")
+        curve = eval_curve(run_dir) if isinstance(run_dir, str) else pd.DataFrame(columns=["step", "acc"])
+        curve = curve.sort_values("step")
+        late = _acc_at(curve, LATE_FRACTION * float(ran))
+        end = float(curve["acc"].iloc[-1]) / 100.0 if len(curve) else float("nan")
+        learning = None if pd.isna(late) or pd.isna(end) else bool(end - late > STILL_LEARNING)
+        rows.append({"task": c["task"], "series": c["series"], "seq_len": int(c["seq_len"]),
+                     "steps_run": int(ran), "acc_late": late, "acc_end": end, "still_learning": learning})
+    columns = ["task", "series", "seq_len", "steps_run", "acc_late", "acc_end", "still_learning"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def short_conv_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, length) with both Mamba2 and Mamba2 without its short conv: both metrics side by side."""
+    noconv = series_name("mamba2", NOCONV_VARIANT)
+    lowered = cells["series"].astype(str).str.lower()
+    with_conv = cells[cells["series"] == "mamba2"].set_index(["task", "seq_len"])
+    without = cells[lowered == noconv].set_index(["task", "seq_len"])
+    both = with_conv.index.intersection(without.index)
+    rows = [{"task": task, "seq_len": int(length),
+             **{f"{metric}_conv": with_conv.loc[(task, length), metric] for metric in METRICS},
+             **{f"{metric}_noconv": without.loc[(task, length), metric] for metric in METRICS}}
+            for task, length in both]
+    columns = ["task", "seq_len", "train_conv", "train_noconv", "eval_conv", "eval_noconv"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["task", "seq_len"], ignore_index=True)
+
+
+def _distinct(values: pd.Series) -> str:
+    """A column's distinct values, `null` for an unset one (the task's own default)."""
+    shown = {"null" if v is None or (isinstance(v, float) and math.isnan(v)) else
+             format(int(v), ",") if isinstance(v, (int, float)) and float(v).is_integer() else str(v)
+             for v in values}
+    return ", ".join(sorted(shown, key=lambda v: (len(v), v)))
+
+
+def open_parameters(runs: pd.DataFrame) -> list[tuple[str, str]]:
+    """(label, the distinct values the runs' configs give it) of each OPEN_PARAMETERS entry the table has."""
+    found = []
+    for label, column, task in OPEN_PARAMETERS:
+        if column not in runs:
+            continue
+        rows = runs if task is None else runs[runs["task"] == task]
+        if not len(rows):
+            continue
+        values = _distinct(rows[column])
+        unset = rows[rows[column].isna()]
+        if column == "task.params.num_pairs" and len(unset):
+            from tasks.mqar import default_num_pairs  # imports torch: only for a table that needs it
+
+            lengths = sorted({int(n) for n in unset["seq_len"].dropna()})
+            pairs = ", ".join(f"{default_num_pairs(n)} at {n}" for n in lengths)
+            values += f" (tasks/mqar.py's seq_len // 8{': ' + pairs if pairs else ''})"
+        found.append((label, values))
+    return found
+
+
+def differences(runs: pd.DataFrame, cells: pd.DataFrame) -> list[str]:
+    """The report's section on the grid's unpinned choices, each with the cells that show its effect."""
+    lines = ["## Where this grid can differ from the paper", "", "### The step budget", ""]
+    budget = budget_table(cells)
+    ran = max_trained_steps(runs)
+    lines.append(
+        f"The paper trains {PAPER_STEPS:,} steps, this grid at most "
+        f"{f'{ran:,} (its largest max_steps)' if ran else 'the max_steps it ran'}, so a cell still "
+        "learning at its end may reach more with the paper's budget (best lr; "
+        f"below {SOLVED} and run to its max_steps; still learning: eval acc rose by more than "
+        f"{STILL_LEARNING} over the last {1 - LATE_FRACTION:.0%} of its steps).")
+    lines.append("")
+    if budget.empty:
+        lines.append(f"No cell stayed below {SOLVED} through its whole step budget.")
+    else:
+        lines += ["| task | mixer | L | steps run | eval acc at 80% | at the end | still learning |",
+                  "|---|---|---:|---:|---:|---:|---|"]
+        for _, r in budget.iterrows():
+            learning = MISSING if r["still_learning"] is None else ("yes" if r["still_learning"] else "no")
+            lines.append(f"| {r['task']} | {r['series']} | {r['seq_len']} | {r['steps_run']:,} | "
+                         f"{_fmt(r['acc_late'], '.3f')} | {_fmt(r['acc_end'], '.3f')} | {learning} |")
+    lines += ["", "### Mamba2's short convolution", ""]
+    side = short_conv_table(cells)
+    noconv = series_name("mamba2", NOCONV_VARIANT)
+    if side.empty:
+        mamba = cells[cells["series"] == "mamba2"]
+        where = ", ".join(f"{t}@{int(n)}" for t, n in zip(mamba["task"], mamba["seq_len"], strict=True))
+        lines.append(f"No Mamba2 cell has a `{noconv}` twin yet (experiment/kimi_fig4_h200_noconv); the "
+                     f"cells that would show it: mamba2 at {where or 'every task and length of the grid'}.")
+    else:
+        lines += ["| task | L | peak train acc, conv | no conv | best eval acc, conv | no conv |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['task']} | {r['seq_len']} | {_fmt(r['train_conv'], '.3f')} | "
+                  f"{_fmt(r['train_noconv'], '.3f')} | {_fmt(r['eval_conv'], '.3f')} | "
+                  f"{_fmt(r['eval_noconv'], '.3f')} |" for _, r in side.iterrows()]
+    found = open_parameters(runs)
+    if found:
+        lines += ["", "### The other open parameters, as the runs' configs set them", ""]
+        lines += [f"- {label}: {values}" for label, values in found]
+    return lines + [""]
+
+
 def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     """Wall seconds per step by (mixer, length, device kind) from finished runs, hours spent per device kind,
     and from the GPU runs the projected cost of the paper's grid: 3 tasks x 12 runs per (mixer, length) x
@@ -274,8 +418,9 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
         )
     if cells.empty:
         lines.append("| (no finished run yet) | | | | | | | | |")
+    lines += ["", *differences(runs, cells)]
     per, totals = cost(runs)
-    lines += ["", "## Compute time", ""]
+    lines += ["## Compute time", ""]
     if totals:
         where = {"GPU": "on GPUs", "CPU": "on the CPU", "unknown": "on a device not recorded"}
         spent = []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from analysis.collect import collect_dirs
 from analysis.report import cell_table, cost, judge, main
@@ -137,7 +138,8 @@ def test_report_on_a_cpu_sweep_counts_cpu_hours_and_dashes_what_is_missing(tmp_p
     assert not re.search(r"\bnan\b", text, flags=re.IGNORECASE)
     header = next(line for line in text.splitlines() if line.startswith("| task | mixer |"))
     column = [c.strip() for c in header.split("|")].index("eval acc at 2L")
-    rows = [line for line in text.splitlines() if line.startswith(("| palindrome |", "| stack |"))]
+    cells = text.split("## Cells")[1].split("\n## ")[0]
+    rows = [line for line in cells.splitlines() if line.startswith(("| palindrome |", "| stack |"))]
     assert rows and all([c.strip() for c in row.split("|")][column] == "–" for row in rows)
 
 
@@ -163,3 +165,67 @@ def test_plot_draws_the_three_fig4_figures_from_the_right_data(tmp_path: Path) -
     evals = pd.read_csv(tmp_path / "eval" / "acc_vs_length.csv")
     kda = evals[(evals["task"] == "palindrome") & (evals["series"] == "kda") & (evals["seq_len"] == 1024)]
     assert kda["acc_mean"].iloc[0] == pytest.approx(95.0)
+
+
+def _run(root: Path, task: str, length: int, mixer: str, evals: list[float], *, max_steps: int = 1000,
+         early: int | None = None, variant: bool = False) -> None:
+    """A finished run directory: evals every max_steps / len(evals) steps (ending early at `early`)."""
+    overrides = [f"mixer={mixer}", "optim.lr=0.001", "seed=0", f"task={task}", f"task.seq_len={length}"]
+    overrides += ["mixer.use_short_conv=false"] if variant else []
+    run = root.joinpath(*overrides)
+    (run / ".hydra").mkdir(parents=True)
+    config = {"task": {"name": task, "seq_len": length, "params": {"vocab_size": 64}}, "optim": {"lr": 1e-3},
+              "mixer": {"use_short_conv": not variant}, "seed": 0,
+              "trainer": {"max_steps": max_steps, "batch_size": 32}}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    every = max_steps // len(evals)
+    steps = [every * (i + 1) for i in range(len(evals))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "train/acc": a + 0.01, "eval/acc": a})
+                                               + "\n" for s, a in zip(steps, evals, strict=True)))
+    summary = {"status": "completed", "best_eval_acc": max(evals), "best_train_acc": max(evals) + 0.01,
+               "steps": early or max_steps, "early_stopped_at": early, "task": task, "mixer": mixer,
+               "seq_len": length, "lr": 1e-3, "seed": 0, "wall_time_s": 1.0}
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(f"### {title}")[1].split("###")[0].split("\n## ")[0]
+
+
+def test_report_lists_the_cells_still_learning_when_their_step_budget_ended(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    _run(sweep, "palindrome", 1024, "kda", [0.2, 0.4, 0.5, 0.6, 0.7])  # rising to its last eval
+    _run(sweep, "palindrome", 1024, "gdn", [0.5, 0.6, 0.6, 0.6, 0.61])  # flat over its last 20%
+    _run(sweep, "mqar", 1024, "kda", [0.3, 0.5, 0.8, 0.9, 0.95], early=500)  # stopped early, solved or not
+    _run(sweep, "stack", 256, "kda", [0.9, 0.995, 0.999, 1.0, 1.0])  # solved
+    out = tmp_path / "REPORT.md"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    budget = _section(out.read_text(), "The step budget")
+    assert "20,000 steps" in budget and "at most 1,000" in budget
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]): [c.strip() for c in line.split("|")[4:8]]
+            for line in budget.splitlines() if line.startswith(("| palindrome", "| mqar", "| stack"))}
+    assert rows[("palindrome", "kda", "1024")] == ["1,000", "0.600", "0.700", "yes"]
+    assert rows[("palindrome", "gdn", "1024")] == ["1,000", "0.600", "0.610", "no"]
+    assert set(rows) == {("palindrome", "kda", "1024"), ("palindrome", "gdn", "1024")}
+    parameters = out.read_text().split("### The other open parameters")[1]
+    assert "- Palindrome vocabulary: 64" in parameters and "- batch size: 32" in parameters
+    assert "- max_steps: 1,000" in parameters and "MQAR key-value pairs" not in parameters
+
+
+def test_report_sets_mamba2_beside_mamba2_without_its_short_conv(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    _run(sweep, "palindrome", 256, "mamba2", [0.5, 0.9])
+    _run(sweep, "palindrome", 256, "mamba2", [0.3, 0.4], variant=True)
+    _run(sweep, "stack", 256, "mamba2", [0.5, 0.8])  # no twin without the conv: not in the table
+    out = tmp_path / "REPORT.md"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    side = _section(out.read_text(), "Mamba2's short convolution")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in side.splitlines()
+            if line.startswith(("| palindrome", "| stack"))]
+    assert rows == [["palindrome", "256", "0.910", "0.410", "0.900", "0.400"]]
+
+    alone = tmp_path / "alone"
+    _run(alone, "stack", 512, "mamba2", [0.5, 0.8])
+    assert main([str(alone), "--out", str(out)]) == 0
+    assert "twin yet" in out.read_text() and "mamba2 at stack@512" in out.read_text()
