@@ -23,7 +23,7 @@ many layers as the pattern has, our layers only), named as the analysis names th
 `--impls fla` builds the same backbone around FLA's layers (`fla.layers`, flash-linear-attention >= 0.6,
 with their short convolutions and fused norms) and FLA's fused linear cross-entropy over all positions
 (ignore_index -100), where FLA has the layer. `--variants` picks our step's forms: `default` (what
-`python train.py` runs on this device: compiled and lean on CUDA, eager on the CPU; the row says which),
+`python train.py` runs on this device: compiled on CUDA, eager on the CPU; the row says which),
 `eager`, `lean`, `compile`, `lean+compile`. A compiled row is measured after `torch._dynamo.reset()`, and
 fails (recorded, with the reason) if the compiler made no graph: a row labelled compiled ran compiled.
 Each row is printed beside the last committed figure of the same form (`benchmarks/anchors/
@@ -31,12 +31,15 @@ train_eaf2b28_h200.csv`, H200) and beside FLA's layers; the step before this ben
 (`train_a359d38_h200.csv`) closes the report.
 Writes DIR/bench_train.csv and DIR/bench_train.md (date, GPU, versions, commit on top), and
 DIR/bench_train_rest.csv: the "rest" of each step's GPU time by launching op and kernel, largest first.
+`--resume` keeps the rows DIR holds and measures the missing ones, so that a table larger than one
+session's device time fills over several (every row records its date and commit).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import inspect
 import math
 import sys
@@ -49,7 +52,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from benchmarks.common import ROOT, indexed_device, provenance, write_csv
+from benchmarks.common import ROOT, commit, indexed_device, provenance, write_csv
 from benchmarks.memory import SAVED, saved_split
 from harness import step as train
 from harness.config import fast_step
@@ -317,6 +320,43 @@ def _last() -> dict[tuple[str, str, str, int], dict[str, str]]:
         return {(r["impl"], r["task"], r["mixer"], int(r["T"])): r for r in csv.DictReader(f)}
 
 
+def _cell(text: str) -> Any:
+    # a CSV cell back as the value measure() wrote: int, float, bool or text
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _key(row: dict[str, Any]) -> tuple:
+    return (row["impl"], bool(row.get("default")), row["task"], row["mixer"], int(row.get("layers", 2)),
+            int(row["T"]), int(row["B"]))
+
+
+def load(out: Path) -> list[dict[str, Any]]:
+    """The rows of out/bench_train.csv that measured a step (with their "rest" listings), to be kept by a
+    --resume run; rows that recorded an error are measured again."""
+    path = out / "bench_train.csv"
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = [{k: _cell(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+    rows = [r for r in rows if "step_ms" in r]
+    rest: dict[tuple, list] = {}
+    if (out / "bench_train_rest.csv").exists():
+        with open(out / "bench_train_rest.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                key = (r["impl"], r["task"], r["mixer"], int(r["T"]))
+                rest.setdefault(key, []).append((float(r["ms"]), int(r["launches"]), r["op"], r["kernel"]))
+    for r in rows:
+        r["_rest"] = rest.get((r["impl"], r["task"], r["mixer"], int(r["T"])), [])
+    return rows
+
+
 def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True) -> None:
     # what the "rest" of each step's GPU time is made of, largest first
     fields = ["impl", "task", "mixer", "T", "ms", "launches", "op", "kernel"]
@@ -343,7 +383,7 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         other = fla.get((r["task"], r["mixer"], r["T"]))
         vs_fla = f"{r['step_ms'] / other['step_ms']:.2f}x" if other and r["impl"].startswith("ours") else ""
         split = " / ".join(f"{r[f'{c} ms']:.1f}" for c in CATEGORIES) if f"{CATEGORIES[0]} ms" in r else ""
-        peak = r["peak_gib"] if r["peak_gib"] is not None else "–"
+        peak = r["peak_gib"] if r.get("peak_gib") is not None else "–"
         saved = " / ".join(f"{r[f'saved {k} GiB']:.2f}" for k in SAVED) \
             if f"saved {SAVED[0]} GiB" in r else ""
         impl = r["impl"] + (" (default)" if r.get("default") else "")
@@ -379,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="inductor", help="torch.compile's backend")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows --out already holds and measure only the missing ones (a table "
+                             "filled over several sessions; each row names its date and commit)")
     args = parser.parse_args(argv)
     device = indexed_device(args.device)
     if device.type == "cuda":
@@ -399,7 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     names = list(args.variants) + ["compile"] * args.compile + ["lean"] * args.lean \
         + ["lean+compile"] * (args.compile and args.lean)
     ours = variants(names, device)
-    rows = []
+    rows = load(args.out) if args.resume else []
+    done = {_key(r) for r in rows}
+    measured_by = f"{datetime.date.today()} {commit()}"
+    if rows:
+        header += (f"; rows kept from earlier runs (--resume): {len(rows)}, each with its date and commit "
+                   "in the CSV")
     for task in args.tasks:
         for T in args.lengths:
             for mixer, pattern in models:
@@ -409,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
                     # FLA's layers in their own (eager) form: the reference point
                     forms = ours if impl == "ours" else [(False, False, False)]
                     for compiled, lean, default in forms:
+                        key = (_label(impl, lean, compiled), default, task, mixer,
+                               len(pattern) if pattern else 2, T, args.batch)
+                        if key in done:
+                            continue
                         try:
                             row = measure(impl, task, mixer, T, args, device, compiled, lean, default,
                                           pattern)
@@ -416,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
                             row = {"impl": _label(impl, lean, compiled), "default": default, "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,
                                    "error": f"{type(error).__name__}: {str(error).splitlines()[0][-160:]}"}
+                        row["measured"] = measured_by
                         print({k: v for k, v in row.items() if k != "_rest"}, flush=True)
                         rows.append(row)
                         # written after every row: a run cut off by a time limit keeps what it measured

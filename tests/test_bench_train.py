@@ -143,3 +143,29 @@ def test_bench_train_rejects_a_bad_pattern(capsys: pytest.CaptureFixture[str], t
         step.main(["--out", str(tmp_path), "--mixers", "--patterns", "kda*3,atention"])
     assert "--patterns kda*3,atention: model.pattern=[kda,kda,kda,atention]: 'atention' is not a mixer" in (
         capsys.readouterr().err)
+
+
+def test_resume_keeps_the_measured_rows_and_measures_the_missing(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    common = ["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--d-model", "32", "--mixers",
+              "attention", "--impls", "ours", "--warmup", "0", "--steps", "1", "--tasks", "palindrome",
+              "--no-profile"]
+    assert step.main([*common, "--lengths", "16"]) == 0
+    (first,) = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
+    measured = []
+    original = step.measure
+
+    def counting(impl, task, mixer, T, *args, **kwargs):
+        measured.append(T)
+        return original(impl, task, mixer, T, *args, **kwargs)
+
+    monkeypatch.setattr(step, "measure", counting)
+    assert step.main([*common, "--lengths", "16", "32", "--resume"]) == 0
+    assert measured == [32]  # the row at 16 is kept, not measured again
+    rows = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
+    assert [int(r["T"]) for r in rows] == [16, 32]
+    assert rows[0]["step_ms"] == first["step_ms"] and rows[0]["measured"] == first["measured"] != ""
+    assert "rows kept from earlier runs (--resume): 1," in (tmp_path / "bench_train.md").read_text()
+    # without --resume the table starts afresh
+    assert step.main([*common, "--lengths", "32"]) == 0
+    assert [int(r["T"]) for r in csv.DictReader(open(tmp_path / "bench_train.csv"))] == [32]
