@@ -186,7 +186,7 @@ _RUNTIME_PARAMS: dict[str, list[str]] = {}
 
 def given(launch, pointer: str) -> bool:
     # whether a recorded launch passes the buffer `pointer` (a switch the kernel reads from its buffers: the
-    # state pass's out is o given, its WY form L given)
+    # state pass's out is o given, its WY form L given, the dvt backward's VT_X vt absent)
     return dict(zip(_RUNTIME_PARAMS[launch.kernel], launch.args, strict=True))[pointer] is not None
 
 
@@ -798,7 +798,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         # the intra backward before dqk, which finishes dq, dk and reverse-cumsums dG: no cumsum kernel
         assert bp.first and "_rev_cumsum_kernel" not in wide
         assert wide["_dqk_bwd_kernel"][1]["K_INNER"] == 1  # a chunk's key blocks side by side
-        assert not wide["_dqk_bwd_kernel"][1]["VT_X"] and not wide["_dvt_bwd_kernel"][1]["VT_X"]
+        assert not wide["_dqk_bwd_kernel"][1]["VT_X"] and given(wide["_dvt_bwd_kernel"][2], "vt")
         assert not bp.seq  # KDA: q, k, G loaded together
         assert bp.dv_w  # d(Gamma K) from dvt's dv
         # the state passes' small inputs where used: KDA's differentiable wide forward and its reverse pass
@@ -810,7 +810,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
         rule = _forward_launches(monkeypatch, B=64, H=4, lower_bound=None, keep=True, decay="none")
         rule_fp = _plans(64, 4, None, True, decay="none")[0]
         assert rule_fp.keep_x and not rule_fp.store_vt
-        assert rule["_dqk_bwd_kernel"][1]["VT_X"] and rule["_dvt_bwd_kernel"][1]["VT_X"]
+        assert rule["_dqk_bwd_kernel"][1]["VT_X"] and not given(rule["_dvt_bwd_kernel"][2], "vt")
     else:
         assert state["EARLY"] == 1  # at the top of each chunk's step without a gradient
     # L and A_qk block lower-triangular, their upper zeros not stored, where the state pass is their only
@@ -829,7 +829,7 @@ def test_launch_rules_follow_the_number_of_programs(monkeypatch: pytest.MonkeyPa
     assert "_wu_kernel" in few and "_output_kernel" in few
     assert fp.store_vt and fp.store_h  # read by the output pass (and kept for the backward)
     if keep:
-        assert not few["_dqk_bwd_kernel"][1]["VT_X"] and not few["_dvt_bwd_kernel"][1]["VT_X"]
+        assert not few["_dqk_bwd_kernel"][1]["VT_X"] and given(few["_dvt_bwd_kernel"][2], "vt")
         assert not bp.pre_x and few["_dvt_bwd_kernel"][1]["num_stages"] == 2
         assert few["_state_bwd_kernel"][1]["num_stages"] == 2  # a long reverse pass keeps its pipelining
         assert bp.first and "_rev_cumsum_kernel" not in few

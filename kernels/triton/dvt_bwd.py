@@ -44,23 +44,25 @@ def _dvt_bwd_kernel(
     BT: tl.constexpr,
     BV: tl.constexpr,
     DECAY: tl.constexpr,
-    DELTA: tl.constexpr,
-    LOWP: tl.constexpr,
-    VT_X: tl.constexpr,
 ):
     # the [BT, BT] gradients of one chunk: M_qk = dA_qk, and for the delta rule dv = T^T dVt, dbeta and
     # M_kk = diag(beta) dA with dA = -L^T dL L^T (the relative-decay parts go to _intra_bwd_kernel).
     # x given (the plan's keep_x): X = V - (Gamma K) S as the forward state pass kept it, instead of from h
-    # and Gamma K (k: Gamma K for the per-channel decay) here. VT_X (with x, the plan's vt_x): no Vt in
-    # memory; the V loop sums dO X^T and dO Vt^T = (dO X^T) T^T follows it. A buffer a launch does not read
-    # or write is None
+    # and Gamma K (k: Gamma K for the per-channel decay) here. VT_X (vt absent, the plan's vt_x, with x): no
+    # Vt in memory; the V loop sums dO X^T and dO Vt^T = (dO X^T) T^T follows it. A buffer a launch does not
+    # read or write is None. DELTA: beta given (the delta rule). LOWP: 16-bit inputs, told by k's dtype, which
+    # is q's (Gamma K is kept in the op's dot dtype); v is bf16 in fp32-q,k training
     PRE_X: tl.constexpr = x is not None
+    VT_X: tl.constexpr = vt is None
+    DELTA: tl.constexpr = beta is not None
+    LOWP: tl.constexpr = k.dtype.element_ty != tl.float32
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its chunk's state
     bh = _head(i_bh // H, i_bh % H, T, H)
     k += bh * K
     v += bh * V
-    vt += bh * V
+    if not VT_X:
+        vt += bh * V
     do += bh * V
     m_qk += bh * BT
     if DECAY != "none":
@@ -157,7 +159,8 @@ def dvt_backward(
         v,
         s.gc,
         beta,
-        s.vt if delta and not bp.vt_x else v,
+        # (None where the forward kept X and no Vt: the plan's vt_x)
+        s.vt if delta else v,
         s.h,
         do,
         dvt,
@@ -177,9 +180,6 @@ def dvt_backward(
         BT=BT,
         BV=bp.dqk_bv,
         DECAY=p.decay,
-        DELTA=delta,
-        LOWP=p.lowp,
-        VT_X=bp.vt_x,
         num_warps=bp.dvt.warps,
         num_stages=bp.dvt.stages,
     )

@@ -50,15 +50,16 @@ def _state_bwd_kernel(
     BT: tl.constexpr,
     BV: tl.constexpr,
     DECAY: tl.constexpr,
-    DELTA: tl.constexpr,
-    LOWP: tl.constexpr,
     EARLY: tl.constexpr,
     UNCHAIN: tl.constexpr,
 ):
     # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'
     # (dht: the final state's gradient where given; a buffer a launch does not read is None).
     # EARLY (the plan's state_early): the chunk's decay (_chunk_small) loaded at the top of the chunk's
-    # step, else where used
+    # step, else where used. DELTA: w given (the delta rule). LOWP: 16-bit inputs, told by q (Q exp(G) is
+    # kept in the op's dot dtype; v is bf16 in fp32-q,k training)
+    DELTA: tl.constexpr = w is not None
+    LOWP: tl.constexpr = q.dtype.element_ty != tl.float32
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
     bh = _head(i_bh // H, i_bh % H, T, H)
@@ -150,8 +151,6 @@ def state_backward(
         BT=BT,
         BV=BV,
         DECAY=p.decay,
-        DELTA=p.delta_rule,
-        LOWP=p.lowp,
         EARLY=bp.state_early,
         UNCHAIN=bp.state_unchain,
         num_warps=bp.state.warps,
