@@ -15,6 +15,11 @@ SCORED = ("completed",)
 UNSCORED = ("diverged", "failed")
 
 
+# A cell of the expected grid (analysis.grid) with no finished run: marked in the same strip, never drawn as
+# an accuracy.
+NOT_RUN = "not yet run"
+
+
 # Kimi Linear Fig. 4's panel order; other tasks follow alphabetically.
 TASK_ORDER = ("palindrome", "mqar", "stack")
 
@@ -151,9 +156,38 @@ def max_trained_steps(table: pd.DataFrame) -> int | None:
     return int(steps.max()) if steps.notna().any() else None
 
 
-def step_budget_note(table: pd.DataFrame) -> str | None:
-    # Kimi Linear trains up to 20,000 steps; a sweep with fewer says so on its figures
+def _distinct(table: pd.DataFrame, column: str) -> list:
+    if column not in table:
+        return []
+    return sorted({v for v in table[column].dropna().tolist() if not isinstance(v, (list, dict))})
+
+
+def lr_text(lr: float) -> str:
+    """1e-3, 5e-4, 1.5e-3: a learning rate as the configs write it."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def budget_note(table: pd.DataFrame) -> str | None:
+    """What one run of the table was allowed, from the runs' configs: the step budget (beside Kimi Linear's
+    20,000), batch, learning rates, eval interval, early stop; None where no run recorded any of them."""
+    parts = []
     steps = max_trained_steps(table)
-    if steps is not None and steps < 20_000:
-        return f"at most {steps:,} training steps per run (Kimi Linear: up to 20,000)"
-    return None
+    if steps is not None:
+        parts.append(f"at most {steps:,} steps a run" + (" (Kimi Linear: 20,000)" if steps < 20_000 else ""))
+    batch = _distinct(table, "trainer.batch_size")
+    if batch:
+        parts.append("batch " + "/".join(f"{int(b):,}" for b in batch))
+    lrs = _distinct(table, "lr")
+    if lrs:
+        parts.append(("lr " if len(lrs) == 1 else "best of lr ") + ", ".join(lr_text(lr) for lr in lrs))
+    every = _distinct(table, "trainer.eval_every")
+    if every:
+        parts.append("eval every " + "/".join(f"{int(e):,}" for e in every) + " steps at L")
+    enabled = "trainer.early_stop.enabled"
+    stops = table[table[enabled].eq(True)] if enabled in table else table.iloc[:0]
+    if len(stops):
+        acc, evals = _distinct(stops, "trainer.early_stop.acc"), _distinct(stops, "trainer.early_stop.evals")
+        if len(acc) == 1 and len(evals) == 1:
+            parts.append(f"stopped early once eval acc ≥ {acc[0]:g} for {int(evals[0])} evals in a row")
+    return ", ".join(parts) if parts else None

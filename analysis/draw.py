@@ -3,6 +3,7 @@ band, the strip of runs not scored, legends, and a figure saved with the numbers
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -14,10 +15,14 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from analysis.cells import series_name  # noqa: E402
+from analysis.cells import NOT_RUN, series_name  # noqa: E402
 from analysis.colours import VARIANT_STYLES, mixer_colour  # noqa: E402
 
 STATUS_MARKERS = {"diverged": "x", "failed": "+"}
+
+
+# A cell not yet run: the series' own marker, open, in the strip (mamba2 and its variants stay apart).
+NOT_RUN_STYLE = {"markerfacecolor": "none", "markersize": 6, "markeredgewidth": 1.4}
 
 
 ACC_TICKS = [0, 20, 40, 60, 80, 100]
@@ -53,12 +58,23 @@ def legend_inches(series: list[str]) -> float:
     return 0.065 * max(longest, len("diverged (not scored)")) + 0.7
 
 
+def note_above(fig: plt.Figure, note: str | None, legend: float = 0.0) -> None:
+    """`note` above the panels: centred on them, not on the figure legend `legend` inches wide at their
+    right, and wrapped to their width at the small font (about 0.07 inches a character)."""
+    if not note:
+        return
+    width = fig.get_figwidth() - legend
+    lines = [part for line in note.splitlines() for part in textwrap.wrap(line, max(24, int(width / 0.07)))]
+    fig.suptitle("\n".join(lines), fontsize="small", x=0.5 * width / fig.get_figwidth())
+
+
 def save_figure(fig: plt.Figure, data: pd.DataFrame, out_dir: Path, name: str) -> list[Path]:
     """name.png, name.pdf and name.csv (the exact numbers drawn) in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf", out_dir / f"{name}.csv"]
     fig.savefig(paths[0], dpi=150)
-    fig.savefig(paths[1])
+    # no creation date: the same runs give the same committed file
+    fig.savefig(paths[1], metadata={"CreationDate": None})
     plt.close(fig)
     data.to_csv(paths[2], index=False)
     return paths
@@ -74,8 +90,8 @@ def length_axis(ax: plt.Axes, lengths: list[int]) -> None:
 
 
 def accuracy_axis(ax: plt.Axes, rows: list[str], label: str) -> dict[str, float]:
-    """0-100 % on y, and below it, when some runs were not scored, a grey strip with a row per status
-    (diverged, failed) for their markers; returns each row's y."""
+    """0-100 % on y, and below it, when some runs were not scored or some cells not run, a grey strip with
+    a row per status (diverged, failed, not yet run) for their markers; returns each row's y."""
     ys = {status: -13.0 - 10.0 * index for index, status in enumerate(rows)}
     bottom = min(ys.values()) - 7.0 if rows else -2.0
     ax.set_ylim(bottom, 102)
@@ -87,12 +103,13 @@ def accuracy_axis(ax: plt.Axes, rows: list[str], label: str) -> dict[str, float]
     return ys
 
 
-def dodge(values: pd.Series | np.ndarray, index: int, count: int, log: bool) -> np.ndarray:
+def dodge(values: pd.Series | np.ndarray, index: int, count: int, log: bool, spread: float = 1.0
+          ) -> np.ndarray:
     """x values moved a little per series (index of count), so that markers sharing an x stay apart:
-    by a factor of 2^(0.05 (index - centre)) on a log axis, by 0.6 % of the largest value on a linear one.
-    The figures' CSVs keep the true values."""
+    by a factor of 2^(0.05 (index - centre)) on a log axis, by 0.6 % of the largest value on a linear one
+    (times `spread`). The figures' CSVs keep the true values."""
     values = np.asarray(values, dtype=float)
-    shift = index - (count - 1) / 2
+    shift = (index - (count - 1) / 2) * spread
     if log:
         return values * 2.0 ** (0.05 * shift)
     return values + 0.006 * shift * (np.nanmax(np.abs(values)) if len(values) else 0.0)
@@ -100,20 +117,35 @@ def dodge(values: pd.Series | np.ndarray, index: int, count: int, log: bool) -> 
 
 def mark_unscored(ax: plt.Axes, points: pd.DataFrame, x: str, ys: dict[str, float], series: list[str],
                    styles: dict[str, dict[str, object]], log: bool) -> None:
-    """One marker per (series, x, status) in the strip: where runs diverged or failed."""
+    """One marker per (series, x, status) in the strip: where runs diverged or failed, or a cell is not
+    yet run (open markers, twice as far apart: a row of them at every length)."""
     for status, y in ys.items():
         at = points[points["status"] == status]
         for index, name in enumerate(series):
             xs = np.array(sorted(set(at[at["series"] == name][x].dropna())), dtype=float)
-            if len(xs):
+            if not len(xs):
+                continue
+            if status == NOT_RUN:
+                ax.plot(dodge(xs, index, len(series), log, spread=2.0), [y] * len(xs), linestyle="none",
+                        marker=styles[name]["marker"], color=styles[name]["color"], clip_on=False,
+                        **NOT_RUN_STYLE)
+            else:
                 ax.plot(dodge(xs, index, len(series), log), [y] * len(xs), linestyle="none",
                         marker=STATUS_MARKERS[status], markersize=7, markeredgewidth=1.6,
                         color=styles[name]["color"], clip_on=False)
 
 
 def status_handles(rows: list[str]) -> list[Line2D]:
-    return [Line2D([], [], linestyle="none", marker=STATUS_MARKERS[s], markersize=7, markeredgewidth=1.6,
+    return [Line2D([], [], linestyle="none", marker="o", color="0.35", label=f"{NOT_RUN} (open marker)",
+                   **NOT_RUN_STYLE) if s == NOT_RUN else
+            Line2D([], [], linestyle="none", marker=STATUS_MARKERS[s], markersize=7, markeredgewidth=1.6,
                    color="0.35", label=f"{s} (not scored)") for s in rows]
+
+
+def not_run_handles(series: list[str], styles: dict[str, dict[str, object]]) -> list[Line2D]:
+    """Legend entries for series with a cell not yet run where the figure has no x to mark it at."""
+    return [Line2D([], [], linestyle="none", marker=styles[name]["marker"], color=styles[name]["color"],
+                   label=f"{name} ({NOT_RUN})", **NOT_RUN_STYLE) for name in series]
 
 
 def seeds_label(series: str, n: pd.Series) -> str:
@@ -151,11 +183,13 @@ def figure_legend(fig: plt.Figure, axes: list[plt.Axes], series: list[str],
                    loc="outside right upper", fontsize="small")
 
 
-def panel_legend(ax: plt.Axes, series: list[str], styles: dict[str, dict[str, object]], rows: list[str]
-                 ) -> None:
-    """The panel's legend, below it (it hides no data): its lines, a proxy for each series with no
-    completed run, the status markers."""
+def panel_legend(ax: plt.Axes, series: list[str], styles: dict[str, dict[str, object]], rows: list[str],
+                 not_run: list[Line2D] | None = None) -> None:
+    """The panel's legend, below it (it hides no data): its lines, an entry per series not yet run there
+    (`not_run`), a proxy for each other series with no completed run, the status markers."""
     handles, labels = ax.get_legend_handles_labels()
+    handles += not_run or []
+    labels += [h.get_label() for h in not_run or []]
     handles += missing_series_handles(series, labels, styles) + status_handles(rows)
     if handles:
         ax.legend(handles=handles, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16),
@@ -164,7 +198,8 @@ def panel_legend(ax: plt.Axes, series: list[str], styles: dict[str, dict[str, ob
 
 def missing_series_handles(series: list[str], labels: list[str], styles: dict[str, dict[str, object]]
                             ) -> list[Line2D]:
-    """Legend entries for series drawn only as status markers (every run diverged or failed)."""
-    drawn = {label.split(" (n=")[0] for label in labels}
-    return [Line2D([], [], linestyle="none", marker="s", color=styles[name]["color"],
-                   label=f"{name} (no completed run)") for name in series if name not in drawn]
+    """Legend entries, in the series' own style, for series drawn only as markers in the strip (every run
+    diverged or failed, or none has run)."""
+    drawn = {label.split(" (n=")[0].split(f" ({NOT_RUN})")[0] for label in labels}
+    return [Line2D([], [], **styles[name], label=f"{name} (no completed run)")
+            for name in series if name not in drawn]

@@ -10,20 +10,26 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from analysis import draw
-from analysis.cells import METRICS, UNSCORED, series_order, task_order, with_unscored_rows
+from analysis.cells import METRICS, NOT_RUN, UNSCORED, series_order, task_order, with_unscored_rows
 
 
 def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path,
-                       label: str = METRICS["eval"][1], note: str | None = None) -> list[Path]:
+                       label: str = METRICS["eval"][1], note: str | None = None,
+                       pending: pd.DataFrame | None = None) -> list[Path]:
     """Kimi Fig. 4 (top): per task, peak accuracy vs training length at the best lr, seed band. `note`:
-    a line above the panels (e.g. the step budget, where it differs from the paper's)."""
-    frame_all = pd.concat([best, unscored], ignore_index=True)
+    lines above the panels (the budget, the grid's fill). `pending`: the grid's cells not yet run
+    (analysis.grid.not_run), each an open marker in the strip below 0 %, their lengths and series
+    on the axes."""
+    pending = pending if pending is not None else unscored.iloc[:0].assign(status=NOT_RUN)
+    marked = pd.concat([unscored, pending], ignore_index=True)
+    frame_all = pd.concat([best, marked], ignore_index=True)
     tasks = task_order(frame_all["task"])
     styles = draw.style(frame_all)
-    rows = [s for s in UNSCORED if (unscored["status"] == s).any()]
-    fig, axes = draw.panels(len(tasks), legend=draw.legend_inches(series_order(frame_all)))
+    rows = [s for s in (*UNSCORED, NOT_RUN) if (marked["status"] == s).any()]
+    legend = draw.legend_inches(series_order(frame_all))
+    fig, axes = draw.panels(len(tasks), legend=legend)
     for ax, task in zip(axes, tasks, strict=True):
-        frame, failed = best[best["task"] == task], unscored[unscored["task"] == task]
+        frame, failed = best[best["task"] == task], marked[marked["task"] == task]
         lengths = sorted({int(v) for v in frame_all[frame_all["task"] == task]["seq_len"]})
         series_names = series_order(frame_all[frame_all["task"] == task])
         for index, series in enumerate(series_names):
@@ -43,11 +49,16 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
         ax.set_xlabel("training sequence length (tokens)")
         ax.grid(alpha=0.3)
     draw.figure_legend(fig, axes, series_order(frame_all), styles, rows, best)
-    if note:
-        fig.suptitle(note, fontsize="small")
+    draw.note_above(fig, note, legend)
     columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "acc_mean", "acc_std", "acc_min",
                "acc_max", "n_seeds", "n_diverged", "n_failed"]
-    return draw.save_figure(fig, with_unscored_rows(best, unscored, columns), out_dir, "acc_vs_length")
+    data = with_unscored_rows(best, unscored, columns).assign(not_run=False)
+    if len(pending):
+        todo = pending[["task", "series", "mixer", "variant", "seq_len"]].assign(n_seeds=0, n_diverged=0,
+                                                                                   n_failed=0, not_run=True)
+        data = pd.concat([data, todo], ignore_index=True).sort_values(["task", "series", "seq_len"],
+                                                                      ignore_index=True)
+    return draw.save_figure(fig, data, out_dir, "acc_vs_length")
 
 
 def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: Path,
@@ -77,7 +88,8 @@ def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: 
     tasks = task_order(data["task"])
     styles = draw.style(data)
     series_all = series_order(data)
-    fig, axes = draw.panels(len(tasks), legend=draw.legend_inches(series_all))
+    legend = draw.legend_inches(series_all)
+    fig, axes = draw.panels(len(tasks), legend=legend)
     for ax, task in zip(axes, tasks, strict=True):
         frame = data[data["task"] == task]
         lengths = sorted({int(v) for v in frame["seq_len"]})
@@ -104,6 +116,5 @@ def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: 
                 Line2D([], [], color="0.35", marker="o", markerfacecolor="white", markersize=10,
                        linestyle="--", label="evaluated at 2L")]
     fig.legend(handles=handles, loc="outside right upper", fontsize="small")
-    if note:
-        fig.suptitle(note, fontsize="small")
+    draw.note_above(fig, note, legend)
     return draw.save_figure(fig, data, out_dir, "length_generalisation")

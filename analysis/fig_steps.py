@@ -49,13 +49,20 @@ def curves_left_out(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
 
 
 def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataFrame, length: int,
-                      out_dir: Path) -> list[Path]:
-    """Kimi Fig. 4 (bottom): per task, eval accuracy vs steps at one length, best lr, seed band; runs at
-    that length that diverged or failed are marked at the step they stopped."""
+                      out_dir: Path, pending: pd.DataFrame | None = None, note: str | None = None,
+                      max_steps: int | None = None) -> list[Path]:
+    """Kimi Fig. 4 (bottom): per task, eval accuracy vs steps at one length, one line per series at its best
+    lr, seed band; runs at that length that diverged or failed are marked at the step they stopped.
+    `pending`: the grid's cells not yet run (analysis.grid.not_run): a task with one at this length gets
+    its panel, each such series a legend entry, a panel without a line says so. `note`: lines above the
+    panels. `max_steps`: the step budget, the x axis's end in every panel (a line ending before it stopped
+    early, its task solved: only completed runs are drawn)."""
     if "run_dir" not in runs or runs["run_dir"].isna().all():
         raise ValueError("accuracy-vs-steps needs local run directories (metrics.jsonl); this table has none")
+    pending = pending if pending is not None else unscored.iloc[:0]
     at_length = best[best["seq_len"] == length]
-    if at_length.empty:
+    todo = pending[pending["seq_len"] == length]
+    if at_length.empty and todo.empty:
         raise ValueError(
             f"--length {length}: no completed runs at that length; lengths: "
             f"{sorted(int(v) for v in best['seq_len'].unique())}"
@@ -93,22 +100,23 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
                "acc_min", "acc_max", "n_seeds"]
     data = pd.concat(curves, ignore_index=True)[columns] if curves else pd.DataFrame(columns=columns)
     stopped = unscored[unscored["seq_len"] == length]
-    tasks = task_order(pd.concat([at_length["task"], stopped["task"]]))
-    styles = draw.style(pd.concat([at_length, stopped], ignore_index=True))
+    everything = pd.concat([at_length, stopped, todo], ignore_index=True)
+    tasks = task_order(everything["task"])
+    styles = draw.style(everything)
     rows = [s for s in UNSCORED if (stopped["status"] == s).any()]
     # a legend below each panel, one entry a line: the figure grows by their height
-    in_panel = [series_order(pd.concat([at_length[at_length["task"] == t], stopped[stopped["task"] == t]]))
-                for t in tasks]
+    in_panel = [series_order(everything[everything["task"] == t]) for t in tasks]
     entries = max(len(names) for names in in_panel) + len(rows)
     width = max([4.2] + [draw.legend_inches(names) for names in in_panel])
-    fig, axes = draw.panels(len(tasks), width=width, height=3.4 + 0.19 * entries)
+    fig, axes = draw.panels(len(tasks), width=width, height=3.4 + 0.19 * entries + 0.2 * bool(note))
     for ax, task in zip(axes, tasks, strict=True):
         frame, failed = data[data["task"] == task], stopped[stopped["task"] == task]
-        series_names = series_order(pd.concat([at_length[at_length["task"] == task], failed]))
+        series_names = series_order(everything[everything["task"] == task])
         last = float(max([*frame["step"], *failed["steps"].dropna(), 1]))
         # Series side by side around each eval step (markers at one step must not hide one another, as
         # when every run evaluates once): 1.5 % of the axis apart; the CSV keeps the true steps.
-        gap = 0.015 * last
+        end = float(max_steps) if max_steps else last
+        gap = 0.015 * end
         drawn = [name for name in series_names if (frame["series"] == name).any()]
         for index, series in enumerate(drawn):
             line = frame[frame["series"] == series].sort_values("step")
@@ -121,12 +129,18 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
             draw.band(ax, step, mean, std, line["n_seeds"].to_numpy(int), style["color"])
         ys = draw.accuracy_axis(ax, rows, "eval accuracy (%)")
         draw.mark_unscored(ax, failed, "steps", ys, series_names, styles, log=False)
-        # Steps from 0 to the last one drawn, in whole steps: matplotlib's own limits around a single eval
-        # step (19.0 to 21.0 for an eval at 20) read as fractional steps.
-        ax.set_xlim(0, last + gap * ((len(drawn) - 1) / 2 + 2))
+        if not drawn:
+            ax.text(0.5, 0.55, f"no completed run at L = {length:,} yet", transform=ax.transAxes,
+                    ha="center", va="center", color="0.45")
+        # Steps from 0 to the budget (else the last one drawn), in whole steps: matplotlib's own limits
+        # around a single eval step (19.0 to 21.0 for an eval at 20) read as fractional steps.
+        ax.set_xlim(0, max(end, last) + gap * ((len(drawn) - 1) / 2 + 2))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
         ax.set_title(f"{task}, length {length}")
         ax.set_xlabel("training steps")
         ax.grid(alpha=0.3)
-        draw.panel_legend(ax, series_names, styles, rows if len(failed) else [])
+        waiting = [name for name in series_names if (todo[todo["task"] == task]["series"] == name).any()]
+        draw.panel_legend(ax, series_names, styles, rows if len(failed) else [],
+                          draw.not_run_handles(waiting, styles))
+    draw.note_above(fig, note)
     return draw.save_figure(fig, data, out_dir, f"acc_vs_steps_len{length}")

@@ -2,6 +2,8 @@
 
     python -m analysis.plot runs/sweeps/kimi_fig4 --out runs/figures/kimi_fig4
     python -m analysis.plot table.csv --out figs --length 1024
+    python -m analysis.plot results/kimi_fig4_h200 --grid kimi_fig4_h200 kimi_fig4_h200_noconv \
+        --metric train --length 1024 --figures acc_vs_length acc_vs_steps --out results/kimi_fig4_h200/figures
 
 Writes, into --out:
 - `acc_vs_length.{png,pdf,csv}`: Kimi Linear Fig. 4 style; per task, peak eval accuracy vs training
@@ -13,6 +15,17 @@ Writes, into --out:
 - `lr_sensitivity.{png,pdf,csv}`: heat maps of accuracy per (mixer, lr), one per (task, length).
 - `acc_vs_state_size.{png,pdf,csv}`: accuracy vs the state a mixer keeps per sequence (log x).
 - `summary.md` + `summary.csv`: mixer x task x length -> best accuracy +- spread, steps to threshold.
+
+`--figures` writes only the ones named (acc_vs_length, length_generalisation, acc_vs_steps, lr_sensitivity,
+acc_vs_state_size, summary).
+
+`--grid EXPERIMENT...` names the experiments (conf/experiment/) whose sweeps the runs fill, for a grid that
+fills over time: their cells (task x series x length, analysis.grid) without a finished run are marked as
+not yet run (an open marker in the strip below 0 % of the accuracy-vs-length figure; a legend entry, and
+a panel for a task with none run, in the accuracy-vs-steps figure), never drawn as an accuracy, and the
+titles say how many of the grid's cells have run. The accuracy-vs-length, length-generalisation and
+accuracy-vs-steps figures state above their panels what a run was allowed (steps, batch, learning rates,
+eval interval, early stop: from the runs' configs).
 
 One module a figure: fig_length (the first two), fig_steps, fig_lr, fig_state, and summary; the numbers
 they draw come from analysis.cells, their shared drawing helpers from analysis.draw.
@@ -37,13 +50,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.cells import METRICS, best_lr, cells, scored_runs, step_budget_note, unscored_runs
+from analysis.cells import METRICS, best_lr, budget_note, cells, max_trained_steps, scored_runs, unscored_runs
 from analysis.collect import collect_dirs, read_table
 from analysis.fig_length import plot_acc_vs_length, plot_length_generalisation
 from analysis.fig_lr import plot_lr_sensitivity
 from analysis.fig_state import plot_acc_vs_state_size
 from analysis.fig_steps import curves_left_out, plot_acc_vs_steps
+from analysis.grid import fill_note, grid_cells, not_run
 from analysis.summary import write_summary
+
+FIGURES = ("acc_vs_length", "length_generalisation", "acc_vs_steps", "lr_sensitivity", "acc_vs_state_size",
+           "summary")
 
 
 def load(paths: list[Path]) -> pd.DataFrame:
@@ -56,9 +73,15 @@ def load(paths: list[Path]) -> pd.DataFrame:
     return collect_dirs(paths)
 
 
+def _lines(*parts: str | None) -> str | None:
+    return "\n".join(p for p in parts if p) or None
+
+
 def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
-             metric: str = "eval") -> list[Path]:
-    """Every figure and the summary; returns the files written. `metric`: a key of METRICS."""
+             metric: str = "eval", grid: pd.DataFrame | None = None,
+             figures: tuple[str, ...] = FIGURES) -> list[Path]:
+    """The figures named in `figures` (all by default) and the summary; returns the files written.
+    `metric`: a key of METRICS. `grid`: the cells the runs are meant to fill (analysis.grid.grid_cells)."""
     runs = scored_runs(table, metric)
     if runs.empty:
         raise ValueError(
@@ -68,23 +91,35 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
     unscored = unscored_runs(table)
     cell_table = cells(runs, unscored)
     best = best_lr(cell_table)
-    note = step_budget_note(table)
-    written = plot_acc_vs_length(best, unscored, out_dir, METRICS[metric][1], note)
-    written += plot_length_generalisation(runs, best, out_dir, note)
+    pending = not_run(grid, table) if grid is not None else None
+    budget = budget_note(table)
+    filled = fill_note(grid, pending) if grid is not None else None
+    note = _lines(budget, filled and f"{filled}; an open marker in the grey strip: a cell not yet run")
+    written = []
+    if "acc_vs_length" in figures:
+        written += plot_acc_vs_length(best, unscored, out_dir, METRICS[metric][1], note, pending)
+    if "length_generalisation" in figures:
+        written += plot_length_generalisation(runs, best, out_dir, _lines(budget, filled))
     has_dirs = "run_dir" in runs and runs["run_dir"].notna().any()
-    if has_dirs:
-        written += plot_acc_vs_steps(runs, best, unscored, length or int(best["seq_len"].max()), out_dir)
-    else:
+    if "acc_vs_steps" in figures and has_dirs:
+        at = length or int(best["seq_len"].max())
+        steps_note = _lines(budget, fill_note(grid, pending, at) if grid is not None else None,
+                            "a line that ends before the budget stopped early, its task solved")
+        budget_steps = max_trained_steps(table[table["seq_len"] == at])
+        written += plot_acc_vs_steps(runs, best, unscored, at, out_dir, pending, steps_note, budget_steps)
+    elif "acc_vs_steps" in figures:
         print("skipping accuracy vs steps: the table has no local run directories", file=sys.stderr)
-    written += plot_lr_sensitivity(cell_table, out_dir)
-    if best["state_size"].notna().any():
+    if "lr_sensitivity" in figures:
+        written += plot_lr_sensitivity(cell_table, out_dir)
+    if "acc_vs_state_size" in figures and best["state_size"].notna().any():
         written += plot_acc_vs_state_size(best, unscored, out_dir)
-    else:
+    elif "acc_vs_state_size" in figures:
         print("skipping accuracy vs state size: no state_size in the summaries", file=sys.stderr)
-    left_out = curves_left_out(runs) if has_dirs else []
+    left_out = curves_left_out(runs) if has_dirs and "acc_vs_steps" in figures else []
     for name, _, reason in left_out:
         print(f"left out of accuracy vs steps: {name}: {reason}", file=sys.stderr)
-    written += write_summary(table, best, unscored, out_dir, left_out)
+    if "summary" in figures:
+        written += write_summary(table, best, unscored, out_dir, left_out)
     return written
 
 
@@ -100,9 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", choices=list(METRICS), default="eval",
                         help="a run's accuracy: peak held-out eval accuracy (default), or the paper's peak "
                              "training accuracy (Kimi Linear Fig. 4)")
+    parser.add_argument("--grid", nargs="+", metavar="EXPERIMENT",
+                        help="experiments (conf/experiment/) whose sweeps the runs fill: their cells "
+                             "without a finished run are marked as not yet run")
+    parser.add_argument("--figures", nargs="+", choices=FIGURES, default=list(FIGURES),
+                        help="write only these (default: all)")
     args = parser.parse_args(argv)
     try:
-        written = plot_all(load(args.inputs), args.out, args.length, args.metric)
+        grid = grid_cells(args.grid) if args.grid else None
+        written = plot_all(load(args.inputs), args.out, args.length, args.metric, grid, tuple(args.figures))
     except ValueError as error:
         # A wrong path or an unusable table: the message says what to do, a traceback would only bury it.
         parser.error(str(error))

@@ -18,7 +18,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from analysis import collect, draw, fig_steps, plot
+from analysis import collect, draw, fig_steps, grid, plot
 from analysis.colours import mixer_colour
 
 # Under `pytest -n`: one worker runs this file, so its module fixtures draw each figure once.
@@ -66,9 +66,9 @@ def _acc(task: str, mixer: str, length: int, lr: float, seed: int, step: int) ->
 
 
 def _write_run(root: Path, task: str, mixer: str, length: int, lr: float, seed: int, status: str,
-               steps: list[int], extra_overrides: tuple[str, ...] = ()) -> None:
+               steps: list[int], extra_overrides: tuple[str, ...] = (), extra: dict | None = None) -> None:
     """A run directory as train.py leaves it: .hydra/, metrics.jsonl (an eval at each of `steps`; a
-    diverged run stops half way), summary.json."""
+    diverged run stops half way), summary.json (`extra`: more of its fields, e.g. the config it records)."""
     overrides = [f"task={task}", f"mixer={mixer}", f"task.seq_len={length}", f"optim.lr={lr}", f"seed={seed}",
                  *extra_overrides]
     run_dir = root / "/".join(sorted(overrides))
@@ -100,6 +100,7 @@ def _write_run(root: Path, task: str, mixer: str, length: int, lr: float, seed: 
                        error="RuntimeError: CUDA out of memory")
     if status == "diverged":
         summary["error"] = "loss became non-finite at step 537 (lr 0.001)"
+    summary.update(extra or {})
     (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
@@ -175,7 +176,8 @@ def _describe(fig: Figure) -> dict[str, object]:
         "problems": text_problems(fig),
         "texts": [t.get_text() for t in _drawn_texts(fig)],
         "lines": [{"panel": ax.get_title(), "label": line.get_label(), "xy": line.get_xydata().copy(),
-                   "marker": line.get_marker(), "colour": line.get_color()}
+                   "marker": line.get_marker(), "colour": line.get_color(),
+                   "open": str(line.get_markerfacecolor()) == "none"}
                   for ax in fig.axes for line in ax.get_lines()],
         "bands": [(ax.get_title(), len(c.get_paths())) for ax in fig.axes for c in ax.collections
                   if isinstance(c, PolyCollection)],
@@ -404,3 +406,94 @@ def test_a_missing_path_is_a_one_line_error(tmp_path: Path, capsys: pytest.Captu
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in error
     assert f"error: {tmp_path / 'no_such_sweep'} is neither a table" in error
+
+
+# The grid of experiment=kimi_fig4_h200 and _noconv, partly filled as it is over several sessions.
+GRID = ["kimi_fig4_h200", "kimi_fig4_h200_noconv"]
+BUDGET = {"trainer.max_steps": 5000, "trainer.batch_size": 256, "trainer.eval_every": 250,
+          "trainer.early_stop.enabled": True, "trainer.early_stop.acc": 0.99, "trainer.early_stop.evals": 2}
+
+
+@pytest.fixture(scope="module")
+def partial_grid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Four finished runs of the 48 cells (KDA's MQAR at 1,024 stopped early, solved), one run cut off
+    (GDN's MQAR at 1,024: incomplete) and one diverged (Mamba2's Stack at 256), drawn with --grid."""
+    root = tmp_path_factory.mktemp("partial_grid")
+    full = list(range(250, 5001, 250))
+    for task, mixer, length, steps, stop in (("palindrome", "kda", 1024, full, None),
+                                             ("mqar", "kda", 1024, [250, 500, 750, 1000, 1250], 1250),
+                                             ("palindrome", "kda", 2048, full, None),
+                                             ("stack", "gdn", 512, full, None)):
+        _write_run(root, task, mixer, length, 1e-3, 0, "completed", steps,
+                   extra={"config": BUDGET, "early_stopped_at": stop})
+    _write_run(root, "stack", "mamba2", 256, 1e-3, 0, "diverged", full, extra={"config": BUDGET})
+    _write_run(root, "mqar", "gdn", 1024, 1e-3, 0, "incomplete", full[:6],
+               extra={"config": BUDGET, "best_eval_acc": 0.2, "error": "interrupted"})
+    return _render(root, tmp_path_factory.mktemp("partial_figs"), "--grid", *GRID, "--length", "1024",
+                   "--figures", "acc_vs_length", "acc_vs_steps")
+
+
+def test_the_grid_has_the_48_cells_of_the_two_experiments() -> None:
+    cells = grid.grid_cells(GRID)
+    assert len(cells) == 48 and not cells.duplicated().any()
+    assert set(cells["task"]) == set(TASKS[:3]) and set(cells["seq_len"]) == set(LENGTHS)
+    assert {s.lower() for s in cells["series"]} == {"kda", "gdn", "mamba2", "mamba2 [use_short_conv=false]"}
+
+
+def test_a_cell_cut_off_is_not_run_and_takes_the_runs_spelling() -> None:
+    cells = grid.grid_cells(GRID)
+    table = pd.DataFrame([
+        {"task": "mqar", "mixer": "gdn", "variant": "", "seq_len": 1024, "status": "incomplete"},
+        {"task": "stack", "mixer": "mamba2", "variant": "", "seq_len": 256, "status": "diverged"},
+        {"task": "stack", "mixer": "mamba2", "variant": "use_short_conv=false", "seq_len": 256,
+         "status": "completed"},
+    ])
+    pending = grid.not_run(cells, table)
+    keys = set(zip(pending["task"], pending["series"], pending["seq_len"], strict=True))
+    assert len(pending) == 46 and ("mqar", "gdn", 1024) in keys  # cut off: trained again, so not run
+    assert ("stack", "mamba2", 256) not in keys  # diverged: run, and marked as such, not as not run
+    assert "mamba2 [use_short_conv=false]" in set(pending["series"])  # the runs' spelling, not False
+    assert grid.fill_note(cells, pending) == "2 of 48 cells run"
+
+
+def test_cells_not_yet_run_are_open_markers_below_zero_never_an_accuracy(partial_grid: dict) -> None:
+    figure = partial_grid["acc_vs_length"]
+    assert figure["problems"] == []
+    open_marks = [line for line in figure["lines"] if line["open"]]
+    # one mark per cell not run: 48 less the four completed and the diverged one (run, marked as such);
+    # the cut-off one is among them
+    assert sum(len(line["xy"]) for line in open_marks) == 48 - 5
+    assert all((line["xy"][:, 1] < -5).all() for line in open_marks)
+    on_scale = [line for line in figure["lines"] if not line["open"] and (line["xy"][:, 1] >= 0).any()]
+    drawn = {(line["panel"], line["colour"]) for line in on_scale}
+    assert drawn == {("palindrome", mixer_colour("kda")), ("mqar", mixer_colour("kda")),
+                     ("stack", mixer_colour("gdn"))}
+    texts = " ".join(figure["texts"])
+    for part in ("at most 5,000 steps a run", "batch 256", "lr 1e-3", "eval every 250 steps at L",
+                 "≥ 0.99 for 2 evals", "5 of 48 cells run"):
+        assert part in texts, part
+    assert "not yet run (open marker)" in figure["legends"]
+    data = pd.read_csv(partial_grid["out"] / "acc_vs_length.csv")
+    assert data["not_run"].sum() == 43 and data[data["not_run"]]["acc_mean"].isna().all()
+    assert (partial_grid["out"] / "acc_vs_length.png").stat().st_size < 300_000
+
+
+def test_steps_figure_has_a_panel_per_task_and_names_what_has_not_run(partial_grid: dict) -> None:
+    figure = partial_grid["acc_vs_steps_len1024"]
+    assert figure["problems"] == []
+    # the paper's layout: every task at L = 1,024, even Stack with no run there yet
+    assert [axis["panel"] for axis in figure["x_axes"]] == [f"{t}, length 1024" for t in TASKS[:3]]
+    assert all(axis["limits"][1] >= 5000 for axis in figure["x_axes"])  # the budget's whole x axis
+    curves = [line for line in figure["lines"] if not line["label"].startswith("_")]
+    assert {(line["panel"], line["label"]) for line in curves} == {
+        ("palindrome, length 1024", "kda (n=1), lr 0.001"), ("mqar, length 1024", "kda (n=1), lr 0.001")}
+    mqar = [line for line in curves if line["panel"].startswith("mqar")][0]
+    assert mqar["xy"][:, 0].max() < 1300  # stopped early, solved: the line ends there
+    legends = figure["legends"]
+    assert legends.count("gdn (not yet run)") == 3 and legends.count("kda (not yet run)") == 1
+    texts = figure["texts"]
+    assert "no completed run at L = 1,024 yet" in texts
+    assert any("2 of 12 cells at L = 1,024 run (5 of 48 cells in the grid)" in t for t in texts)
+    assert any("at most 5,000 steps a run" in t for t in texts)
+    steps = pd.read_csv(partial_grid["out"] / "acc_vs_steps_len1024.csv")
+    assert set(steps["series"]) == {"kda"}  # the run cut off is no curve
