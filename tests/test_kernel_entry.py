@@ -1,9 +1,12 @@
-"""The launch tooling's handling of a kernel's entry (benchmarks.launches): a tuple argument's pointers
-specialized one by one, the debug-only labels of inlined helpers left out of the compared PTX."""
+"""A kernel's entry: the base-pointer helpers of kernels/triton/common.py (_head, _at, _rows) in the
+interpreter, the family's parameter budget, and the launch tooling's handling of tuple arguments
+(benchmarks.launches: a tuple's pointers specialized one by one, the debug-only labels of inlined helpers
+left out of the compared PTX)."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 
 import pytest
 import torch
@@ -11,9 +14,48 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
+import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from benchmarks import launches  # noqa: E402
+from benchmarks.common import kernel_homes  # noqa: E402
+from kernels.triton.common import _head, _rows  # noqa: E402
+
+# the tile and head sizes; every other constexpr of a kernel is a flag (a switch or a form)
+SIZES = {"H", "K", "V", "BT", "BC", "BK", "BV"}
+
+
+def test_no_kernel_takes_more_than_22_parameters_or_6_flags() -> None:
+    # pointers of one kind come as a tuple where a kernel has many (keys, vals, states, ...), and a switch
+    # that a buffer or a dtype tells is read from it inside
+    over = {}
+    for name, module in kernel_homes().items():
+        params = inspect.signature(getattr(module, name).fn).parameters
+        flags = [n for n, p in params.items() if "constexpr" in str(p.annotation) and n not in SIZES]
+        if len(params) > 22 or len(flags) > 6:
+            over[name] = (len(params), flags)
+    assert not over, over
+
+
+@triton.jit
+def _copy_heads(xs, out, T, H: tl.constexpr, D: tl.constexpr):
+    # head i_bh of x ([B, T, H, D]) into out[i_bh] ([B H, T, D]), through _rows's moves of a tuple with a None
+    i_bh = tl.program_id(0).to(tl.int64)
+    x, none = _rows(xs, _head(i_bh, T, H), D)
+    tl.static_assert(none is None)
+    (out,) = _rows((out,), i_bh, T * D)
+    o_t = tl.arange(0, 16)
+    o_d = tl.arange(0, D)
+    b_x = tl.load(x + o_t[:, None] * (H * D) + o_d[None, :], mask=(o_t < T)[:, None], other=0.0)
+    tl.store(out + o_t[:, None] * D + o_d[None, :], b_x, mask=(o_t < T)[:, None])
+
+
+def test_rows_move_a_tuple_to_the_head_and_keep_none() -> None:
+    B, T, H, D = 2, 13, 3, 16
+    x = torch.randn(B, T, H, D)
+    out = torch.full((B * H, T, D), float("nan"))
+    _copy_heads[(B * H,)]((x, None), out, T, H=H, D=D)
+    assert torch.equal(out, x.permute(0, 2, 1, 3).reshape(B * H, T, D))
 
 
 def test_tuple_arguments_are_specialized_element_by_element() -> None:
