@@ -13,6 +13,14 @@ import os
 # On a GPU: `TRITON_INTERPRET=0 python -m pytest -m gpu tests/gpu` runs the compiled kernels instead.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under `pytest -n N` each worker gets its share of the cores for torch's OpenMP threads (and the processes
+# its tests start): N workers with a thread per core each oversubscribe the machine, and OpenMP's spinning
+# threads then make the small ops of these tests several times slower.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(
+        max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    )
+
 import sys  # noqa: E402
 import types  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402

@@ -85,15 +85,18 @@ def test_matches_reference(T: int, W: int, with_state: bool) -> None:
 # Wider channel counts (a partial channel tile at 20, one and several full tiles at 96 and 256) at the tile
 # configurations of short and long kernels (W <= 4, W > 4), with lengths around the time tiles' edges; the
 # default path's W and T are covered at C=48 by test_matches_reference.
+# Without an initial state at C=20 and 96 only: that branch reads no channel-dependent state, so C=256 adds
+# nothing to it. Two sequences: the second's offsets are those of any later one.
 WIDE = [(C, T, W) for C in (20, 256) for W in (4, 8) for T in (2, 63, 130)] + [
     (96, T, W) for W in (3, 5) for T in (1, 17, 100)]
+WIDE_CASES = [(C, T, W, with_state) for C, T, W in WIDE for with_state in (False, True)
+              if with_state or C != 256]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize("C,T,W", WIDE)
+@pytest.mark.parametrize("C,T,W,with_state", WIDE_CASES)
 def test_matches_reference_wide(C: int, T: int, W: int, with_state: bool) -> None:
-    check(3, T, C, W, with_state, seed=T + W)
+    check(2, T, C, W, with_state, seed=T + W)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

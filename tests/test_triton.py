@@ -43,9 +43,8 @@ ALL_SEVEN = [(o.name, o.decay, o.delta_rule, o.lower_bound) for o in family.OPS]
 # (name, decay, lower_bound): the delta-rule ops, for the tests of the solve and the WY state pass
 DELTA_OPS = [(o.name, o.decay, o.lower_bound) for o in family.OPS if o.delta_rule]
 
-def check_against_naive(
-    inputs: dict, lower_bound: float | None = None, chunk_size: int = 64, tol: float = TOL
-) -> None:
+def errors_against_naive(inputs: dict, lower_bound: float | None = None, chunk_size: int = 64) -> dict:
+    # relative RMS errors of the output, final state and every gradient against the float64 token loop
     names = [n for n, t in inputs.items() if t is not None]
     ours = {n: inputs[n].clone().requires_grad_(True) for n in names}
     ref = {n: inputs[n].double().requires_grad_(True) for n in names}
@@ -71,6 +70,13 @@ def check_against_naive(
     ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
     errors = {"o": rel_rms(o_ref, o), "final_state": rel_rms(ht_ref, ht)}
     errors.update({f"d{n}": rel_rms(ref[n].grad, ours[n].grad) for n in names})
+    return errors
+
+
+def check_against_naive(
+    inputs: dict, lower_bound: float | None = None, chunk_size: int = 64, tol: float = TOL
+) -> None:
+    errors = errors_against_naive(inputs, lower_bound, chunk_size)
     bad = {n: e for n, e in errors.items() if not e <= tol}
     assert not bad, f"relative RMS error above {tol}: {bad} (all: {errors})"
 
@@ -133,8 +139,12 @@ def check_no_grad_against_naive(
     return o, ht
 
 
-@pytest.mark.parametrize("T", [1, 63, 64, 100, 200])
-@pytest.mark.parametrize("with_state", [False, True])
+# (T, with_state): from an initial state at every length; without one (the kernels' other branch, which
+# does not depend on the number of chunks) at the lengths of one chunk
+LENGTHS = [(1, False), (63, False), (64, False), (1, True), (63, True), (64, True), (100, True), (200, True)]
+
+
+@pytest.mark.parametrize("T,with_state", LENGTHS)
 @pytest.mark.parametrize("name,decay,delta", OPS, ids=[op[0] for op in OPS])
 def test_chunk_matches_naive(name: str, decay: str, delta: bool, T: int, with_state: bool) -> None:
     B, H = (2, 1) if T <= 64 else (1, 2)
@@ -142,8 +152,7 @@ def test_chunk_matches_naive(name: str, decay: str, delta: bool, T: int, with_st
     check_against_naive(inputs)
 
 
-@pytest.mark.parametrize("T", [1, 63, 64, 100, 200])
-@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("T,with_state", LENGTHS)
 def test_kda_bounded_gate_matches_naive(T: int, with_state: bool) -> None:
     inputs = make_inputs(
         "channel", True, 1, T, 2, K=16, V=32, seed=3 * T, lower_bound=-5.0, with_state=with_state
@@ -151,7 +160,7 @@ def test_kda_bounded_gate_matches_naive(T: int, with_state: bool) -> None:
     check_against_naive(inputs, lower_bound=-5.0)
 
 
-@pytest.mark.parametrize("T", [1, 63, 100, 200])
+@pytest.mark.parametrize("T", [1, 63, 100])
 @pytest.mark.parametrize("name,decay", [("linear_attn", "none"), ("simple_gla", "scalar")])
 def test_intra_gradients_inside_the_dqk_kernel(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str, T: int
@@ -190,7 +199,7 @@ def given(launch, pointer: str) -> bool:
     return dict(zip(_RUNTIME_PARAMS[launch.kernel], launch.args, strict=True))[pointer] is not None
 
 
-@pytest.mark.parametrize("T", [63, 100, 200])
+@pytest.mark.parametrize("T", [63, 100])
 @pytest.mark.parametrize("name,decay,delta", [("gla", "channel", False), ("kda", "channel", True)])
 def test_unbounded_gates_dense_where_safe(name: str, decay: str, delta: bool, T: int) -> None:
     # unbounded gates: each 16-row block whose own decay is at most e^75 takes the bounded gate's dense
@@ -204,7 +213,7 @@ def test_unbounded_gates_dense_where_safe(name: str, decay: str, delta: bool, T:
     check_against_naive(inputs)
 
 
-@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize("T", [63, 127])
 @pytest.mark.parametrize(
     "name,decay,delta,lower_bound",
     [
@@ -230,9 +239,9 @@ def test_bf16_inverse(
     inputs = make_inputs(
         decay, delta, 1, T, 2, K=16, V=32, seed=T + 5, lower_bound=lower_bound, with_state=True
     )
-    check_against_naive(inputs, lower_bound=lower_bound, tol=2e-2)
-    with pytest.raises(AssertionError):
-        check_against_naive(inputs, lower_bound=lower_bound)  # the bf16 buffer is really in use
+    errors = errors_against_naive(inputs, lower_bound)
+    assert all(e <= 2e-2 for e in errors.values()), errors
+    assert not all(e <= TOL for e in errors.values()), errors  # the bf16 buffer is really in use
 
 
 @pytest.mark.parametrize(
@@ -261,9 +270,9 @@ def test_bf16_backward_buffers(
     inputs = make_inputs(
         decay, delta, 1, 100, 2, K=16, V=32, seed=7, lower_bound=lower_bound, with_state=True
     )
-    check_against_naive(inputs, lower_bound=lower_bound, tol=2e-2)
-    with pytest.raises(AssertionError):
-        check_against_naive(inputs, lower_bound=lower_bound)  # the bf16 buffers are really in use
+    errors = errors_against_naive(inputs, lower_bound)
+    assert all(e <= 2e-2 for e in errors.values()), errors
+    assert not all(e <= TOL for e in errors.values()), errors  # the bf16 buffers are really in use
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32])
@@ -381,15 +390,16 @@ def test_overrides_apply_inside_their_block_and_name_bad_ones() -> None:
         plan.plan_forward(problem).out = False  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+@pytest.mark.parametrize("chunk_size", [16, 32])
 def test_solve_at_every_chunk_size(chunk_size: int) -> None:
-    # the UT transform's inverse by products, chunks of 1, 2 and 4 blocks of 16 (the interpreter computes
-    # its products in fp32: this checks the launch and the block algebra)
+    # the UT transform's inverse by products, chunks of 1 and 2 blocks of 16 (the interpreter computes its
+    # products in fp32: this checks the launch and the block algebra); 4 blocks (chunks of 64) at the same
+    # shape is test_kda_bounded_gate_matches_naive at T=100 from an initial state
     inputs = make_inputs("channel", True, 1, 100, 2, K=16, V=32, seed=chunk_size + 1, lower_bound=-5.0)
     check_against_naive(inputs, lower_bound=-5.0, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize("T", [63, 127])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN, ids=[op[0] for op in ALL_SEVEN])
 def test_many_programs_forms_match_naive(
     monkeypatch: pytest.MonkeyPatch,
@@ -403,7 +413,7 @@ def test_many_programs_forms_match_naive(
     # and the WY products inside the forward state pass, X kept for the backward and (without the
     # per-channel decay) no Vt, the chunk's small inputs where used for KDA's differentiable forward, L and
     # A_qk triangular without a gradient. Forward and every gradient, and the no-grad forward, from an
-    # initial state, at one partial chunk and at four chunks with a partial last one
+    # initial state, at one partial chunk and at two chunks with a partial last one
     many_programs(monkeypatch)
     launched = record_launches(monkeypatch, "_state_fwd_kernel", "_dqk_bwd_kernel")
     inputs = make_inputs(decay, delta, 1, T, 2, K=16, V=32, seed=T + 3, lower_bound=lower_bound)
@@ -420,7 +430,7 @@ def test_many_programs_forms_match_naive(
     assert given(launched[0], "linv") == delta and launched[0].kwargs["TRIL"]
 
 
-@pytest.mark.parametrize("T,chunk_size", [(17, 64), (100, 64), (200, 64), (100, 16), (100, 32)])
+@pytest.mark.parametrize("T,chunk_size", [(17, 64), (100, 64), (100, 16), (100, 32)])
 @pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
 def test_no_grad_intra_forward_without_kk_zeros(
     monkeypatch: pytest.MonkeyPatch,
@@ -438,11 +448,11 @@ def test_no_grad_intra_forward_without_kk_zeros(
     inputs = make_inputs(decay, True, 1, T, 2, K=16, V=32, seed=T, lower_bound=lower_bound)
     assert inputs["initial_state"] is not None
     check_no_grad_against_naive(inputs, lower_bound, chunk_size)
-    if T == 200:
+    if (T, chunk_size) == (100, 64):
         check_against_naive(inputs, lower_bound=lower_bound, chunk_size=chunk_size)
 
 
-@pytest.mark.parametrize("T", [1, 63, 100, 200])
+@pytest.mark.parametrize("T", [1, 63, 100])
 def test_bounded_intra_forward_unmasked_blocks(monkeypatch: pytest.MonkeyPatch, T: int) -> None:
     # the bounded intra forward's decayed operands from the products' own fp32 tiles (Q E_r, K E_r, K E_d)
     # times [K] vectors, and its loop's blocks (all before the rows' own) stored without masks; with and
@@ -521,7 +531,7 @@ def test_bounded_no_grad_g16(monkeypatch: pytest.MonkeyPatch, T: int, chunk_size
             assert not gc[:, kept].isnan().any() and gc[:, ~kept].isnan().all()
 
 
-@pytest.mark.parametrize("T", [1, 63, 200])
+@pytest.mark.parametrize("T", [1, 63, 127])
 @pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
 def test_no_grad_akk_in_bf16(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str, lower_bound: float | None, T: int
@@ -551,7 +561,7 @@ def test_no_grad_akk_in_bf16(
 
 
 @pytest.mark.parametrize("many", [True, False])
-@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize("T", [63, 127])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
 def test_no_grad_tril_loads(
     monkeypatch: pytest.MonkeyPatch,
@@ -580,11 +590,11 @@ def test_no_grad_tril_loads(
     for x, zeros in zip((square[0], square[-1]) if delta else square, written, strict=True):
         upper = x[0, :16, :, 16:32]
         assert (upper == 0).all() if zeros else upper.isnan().all()
-    if T == 200:
+    if T > 64:
         check_against_naive(inputs, lower_bound=lower_bound, chunk_size=64)  # the backward reads them whole
 
 
-@pytest.mark.parametrize("T", [63, 200])
+@pytest.mark.parametrize("T", [63, 127])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", ALL_SEVEN)
 def test_state_passes_unchained_at_eight_warps(
     monkeypatch: pytest.MonkeyPatch,
@@ -597,7 +607,7 @@ def test_state_passes_unchained_at_eight_warps(
     # with 8 warps (what the state passes take on a GPU at the benchmark shapes; the interpreter runs 4), the
     # state passes' chained products (X, Vt, the output's state term; dVt) go through _unchain's run-time
     # branch. With the forms of many programs, which read and write every buffer, with a gradient (checked
-    # in full) and without one, at one partial chunk and at four chunks with a partial last one, with an
+    # in full) and without one, at one partial chunk and at two chunks with a partial last one, with an
     # initial state
     many_programs(monkeypatch)
     tune(monkeypatch, "state_fwd.warps", 8)
@@ -613,7 +623,7 @@ def test_state_passes_unchained_at_eight_warps(
     }
 
 
-@pytest.mark.parametrize("T,chunk_size", [(63, 64), (200, 64), (100, 16), (100, 32)])
+@pytest.mark.parametrize("T,chunk_size", [(63, 64), (127, 64), (100, 16), (100, 32)])
 @pytest.mark.parametrize("name,decay,lower_bound", DELTA_OPS)
 def test_wy_state_pass(
     monkeypatch: pytest.MonkeyPatch,
