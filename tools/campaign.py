@@ -224,7 +224,8 @@ def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
 def estimate(cell: Cell, measured: list[dict[str, Any]]) -> float | None:
     """Seconds the cell's run should take at most (max_steps, no early stop): from finished runs of its
     mixer and length, else of its mixer at the nearest length scaled by length, else of any mixer at its
-    length, else of any mixer at the nearest length scaled; None when no run is measured. max_steps: the cell's override, else the measured runs'."""
+    length, else of any mixer at the nearest length scaled; None when no run is measured. max_steps: the
+    cell's override, else the measured runs'."""
     mixer = cell.values.get("mixer")
     try:
         length = int(float(cell.values["task.seq_len"]))
