@@ -1,8 +1,7 @@
 """The pieces the stages of the chunk kernels share: the constants (the interpreter switch, the 16-row
 sub-chunk edge, the bounded gate's limit, the uint16 decay's steps), the dot-operand cast, the exponential,
-the programmatic-dependent-launch prologue, the base pointers' moves at a kernel's entry (_head, _at,
-_rows), the loads of a [rows, D] tile, and the per-chunk decay helpers of the state passes and the dv
-backward (branching on DECAY). No kernel here.
+the programmatic-dependent-launch prologue, the loads of a [rows, D] tile, and the per-chunk decay helpers
+of the state passes and the dv backward (branching on DECAY). No kernel here.
 """
 
 from __future__ import annotations
@@ -84,52 +83,20 @@ def _pdl_start(PDL: tl.constexpr):
 
 
 @triton.jit
-def _head(i_bh, T, H: tl.constexpr):
-    # the row of the [B, T, H, D] tensors where head i_bh = (batch, head) of the grid starts: each kernel
-    # moves its base pointers there once at entry (_rows), and token t of the head is then at x + t * H * D
-    i_b, i_h = i_bh // H, i_bh % H
+def _head(i_b, i_h, T, H: tl.constexpr):
+    # the row of the [B, T, H, D] tensors where head (i_b, i_h) starts: each kernel moves its base pointers
+    # there once (x += _head(...) * D), and token t of the head is then at x + t * H * D
     return i_b * T * H + i_h
-
-
-@triton.jit
-def _at(x, off):
-    # x moved by off elements; None (a buffer the launch does not pass) stays None
-    if x is not None:
-        x += off
-    return x
-
-
-@triton.jit
-def _rows(xs, row, D: tl.constexpr):
-    # the pointers of the tuple xs moved to row `row` of D elements (a head's first token of [B, T, H, D]
-    # tensors: row _head(...)), each None left None. One to six pointers: Triton builds a tuple that holds a
-    # None in a return statement, not in a loop. A kernel moves its pointers in one fixed order: the adds
-    # compile in the order they are written, so another order is other PTX (and other registers)
-    N: tl.constexpr = len(xs)
-    tl.static_assert(N <= 6, "_rows takes one to six pointers")
-    d = row * D
-    if N == 1:
-        return (_at(xs[0], d),)
-    elif N == 2:
-        return _at(xs[0], d), _at(xs[1], d)
-    elif N == 3:
-        return _at(xs[0], d), _at(xs[1], d), _at(xs[2], d)
-    elif N == 4:
-        return _at(xs[0], d), _at(xs[1], d), _at(xs[2], d), _at(xs[3], d)
-    elif N == 5:
-        return _at(xs[0], d), _at(xs[1], d), _at(xs[2], d), _at(xs[3], d), _at(xs[4], d)
-    else:
-        return _at(xs[0], d), _at(xs[1], d), _at(xs[2], d), _at(xs[3], d), _at(xs[4], d), _at(xs[5], d)
 
 
 @triton.jit
 def _decay_head(gc, bh, K: tl.constexpr, DECAY: tl.constexpr):
     # G's base pointer moved to head row bh (_head): G is [B, T, H] for the scalar decay, [B, T, H, K] for
-    # the per-channel one, None without a decay
+    # the per-channel one
     if DECAY == "channel":
-        gc = _at(gc, bh * K)
+        gc = gc + bh * K
     else:
-        gc = _at(gc, bh)
+        gc = gc + bh
     return gc
 
 

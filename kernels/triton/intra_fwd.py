@@ -25,7 +25,6 @@ from kernels.triton.common import (
     _load_rows,
     _load_vec,
     _pdl_start,
-    _rows,
 )
 
 if TYPE_CHECKING:
@@ -83,11 +82,21 @@ def _intra_fwd_kernel(
     _pdl_start(PDL)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
-    bh = _head(i_bh, T, H)
-    q, k = _rows((q, k), bh, K)
-    aqk, akk = _rows((aqk, akk), bh, BT)
-    gc = _decay_head(gc, bh, K, DECAY)
-    gq, qg, kd, kg = _rows((gq, qg, kd, kg), bh, K)
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    aqk += bh * BT
+    if DELTA:
+        akk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if gq is not None:
+        gq += bh * K
+    if DECAY == "channel":
+        qg += bh * K
+        kd += bh * K
+        if DELTA:
+            kg += bh * K
     NC: tl.constexpr = BT // BC
     i_t, i_c = i_tc // NC, i_tc % NC
     if DECAY == "channel":

@@ -11,17 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import (
-    BC,
-    _at,
-    _decay_head,
-    _dot_cast,
-    _head,
-    _load_rows,
-    _load_vec,
-    _pdl_start,
-    _rows,
-)
+from kernels.triton.common import BC, _dot_cast, _head, _load_rows, _load_vec, _pdl_start
 
 if TYPE_CHECKING:
     from kernels.triton.plan import ForwardPlan
@@ -86,9 +76,10 @@ def _solve_kernel(
     _pdl_start(PDL)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
-    bh = _head(i_bh, T, H)
-    beta = _at(beta, bh)
-    akk, linv = _rows((akk, linv), bh, BT)
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    beta += bh
+    akk += bh * BT
+    linv += bh * BT
     t0 = i_t * BT
     NC: tl.constexpr = BT // BC
     b_l00 = _inv_unit_lower(_a_block(akk, beta, t0, 0, 0, T, H, BT, BC), BC, PREC)
@@ -185,13 +176,16 @@ def _wu_kernel(
     # state pass then forms Vt from L and V itself, the plan's keep_x)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
-    bh = _head(i_bh, T, H)
-    k, w = _rows((k, w), bh, K)
-    v = _at(v, bh * V)
-    beta = _at(beta, bh)
-    linv = _at(linv, bh * BT)
-    gc = _decay_head(gc, bh, K, DECAY)
-    u = _at(u, bh * V)
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    k += bh * K
+    w += bh * K
+    v += bh * V
+    beta += bh
+    linv += bh * BT
+    if DECAY == "scalar":
+        gc += bh
+    if u is not None:
+        u += bh * V
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     p_a = o_t[:, None] * (H * BT) + tl.arange(0, BT)[None, :]

@@ -13,7 +13,6 @@ import triton
 import triton.language as tl
 
 from kernels.triton.common import (
-    _at,
     _chunk_small,
     _decay_head,
     _decay_rows,
@@ -25,7 +24,6 @@ from kernels.triton.common import (
     _load_rows,
     _load_vec,
     _pdl_start,
-    _rows,
     _unchain,
 )
 
@@ -38,14 +36,20 @@ if TYPE_CHECKING:
 # interpreter and every T of more than one chunk were right; unspecialised, T = 1..2048 all match
 @triton.jit(do_not_specialize=["T", "NT"])
 def _state_fwd_kernel(
-    keys,
-    vals,
-    o,
-    aqk,
-    linv,
+    k,
+    v,
     gc,
+    vt,
+    h,
+    h0,
+    ht,
+    q,
+    aqk,
+    o,
+    kg,
+    linv,
     beta,
-    states,
+    x,
     scale,
     T,
     NT,
@@ -75,27 +79,34 @@ def _state_fwd_kernel(
     # chunk's step, else where used. With WY, L is taken as loaded times diag(beta) X, beta on the rows of X
     # (in registers).
     # TRIL (the plan's tril): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
-    # the zeros above not stored by the solve and the intra forward.
-    # Tuples: keys (q, k, kg), vals (v, vt, x), states (h, h0, ht)
-    _pdl_start(PDL)
-    i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
-    bh = _head(i_bh, T, H)
-    v, vt, x = vals
-    h, h0, ht = states
-    q, k, kg = _rows(keys, bh, K)
-    v, o = _rows((v, o), bh, V)
-    aqk = _at(aqk, bh * BT)
-    gc = _decay_head(gc, bh, K, DECAY)
-    linv = _at(linv, bh * BT)
-    beta = _at(beta, bh)
-    vt, x = _rows((vt, x), bh, V)
-    h = _at(h, i_bh * NT * K * V)
+    # the zeros above not stored by the solve and the intra forward
     DELTA: tl.constexpr = beta is not None
     WY: tl.constexpr = linv is not None
     OUT: tl.constexpr = o is not None
     # k's dtype is q's (K exp(G_last - G) is kept in the op's dot dtype); v is bf16 in fp32-q,k training
     LOWP: tl.constexpr = k.dtype.element_ty != tl.float32
+    _pdl_start(PDL)
+    i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    k += bh * K
+    kg += bh * K
+    v += bh * V
+    if OUT:
+        o += bh * V
+    aqk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if WY:
+        linv += bh * BT
+        beta += bh
+    if vt is not None:
+        vt += bh * V
+    if x is not None:
+        x += bh * V
+    if h is not None:
+        h += i_bh * NT * K * V
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     p_s = o_k[:, None] * V + o_v[None, :]
@@ -201,13 +212,16 @@ def _output_kernel(
         tl.program_id(2).to(tl.int64),
     )
     # the program's base pointers (its head's rows, its chunk's entering state)
-    bh = _head(i_bh, T, H)
-    q = _at(q, bh * K)
-    v, o = _rows((v, o), bh, V)
-    aqk = _at(aqk, bh * BT)
-    gc = _decay_head(gc, bh, K, DECAY)
-    vt = _at(vt, bh * V)
-    h = _at(h, (i_bh * NT + i_t) * K * V)
+    bh = _head(i_bh // H, i_bh % H, T, H)
+    q += bh * K
+    v += bh * V
+    o += bh * V
+    aqk += bh * BT
+    if DECAY != "none":
+        gc = _decay_head(gc, bh, K, DECAY)
+    if DELTA:
+        vt += bh * V
+    h += (i_bh * NT + i_t) * K * V
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = tl.arange(0, K)
@@ -262,18 +276,20 @@ def state_forward(
     wu = p.delta_rule and not (fp.wy or keep_x)
     # (None for the buffers this launch does not touch: o without the plan's out, L without the WY form)
     _state_fwd_kernel[(V // BV, B * H)](
-        (
-            qg if qg is not None else q,
-            kd if kd is not None else k,
-            w if wu else (kg if kg is not None else k),
-        ),
-        (u if wu else v, vt, x),
-        o if fp.out else None,
-        aqk,
-        None if wu else linv,
+        kd if kd is not None else k,
+        u if wu else v,
         gc,
+        vt,
+        h,
+        h0,
+        ht,
+        qg if qg is not None else q,
+        aqk,
+        o if fp.out else None,
+        w if wu else (kg if kg is not None else k),
+        None if wu else linv,
         beta,
-        (h, h0, ht),
+        x,
         scale,
         T,
         NT,
