@@ -199,7 +199,7 @@ def test_cells_expand_in_order_and_pack_n_jobs_to_a_multirun() -> None:
 
 
 def _finished(root: Path, name: str, mixer: str, seq_len: int, wall: float, given: list[str],
-              status: str = "completed") -> None:
+              status: str = "completed", n_jobs: int | None = None) -> None:
     run = root / "results" / "x" / name
     (run / ".hydra").mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({
@@ -207,7 +207,9 @@ def _finished(root: Path, name: str, mixer: str, seq_len: int, wall: float, give
         "seq_len": seq_len, "task": "mqar", "config": {"trainer.max_steps": 1000}}))
     overrides = ["task=mqar", f"task.seq_len={seq_len}", f"mixer={mixer}", "seed=0", *given]
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweeper:\n    params:\n      seed: '0'\n  help:\n")
+    launcher = f"  launcher:\n    _target_: x\n    n_jobs: {n_jobs}\n" if n_jobs else ""
+    (run / ".hydra" / "hydra.yaml").write_text(
+        f"hydra:\n{launcher}  sweeper:\n    params:\n      seed: '0'\n  help:\n")
 
 
 def test_under_a_deadline_a_long_cell_waits_and_shorter_later_ones_run(tmp_path: Path) -> None:
@@ -239,3 +241,20 @@ def test_under_a_deadline_a_long_cell_waits_and_shorter_later_ones_run(tmp_path:
     group, postponed = campaign.choose(cells, [1, 2, 3, 5], 6 * 60.0, estimates)
     assert group == [5] and postponed == [1, 2, 3]
     assert campaign.choose(cells, [1, 2, 3], 6 * 60.0, estimates) == ([], [1, 2, 3])
+
+
+def test_a_lone_cell_is_timed_from_lone_runs_not_from_packed_ones(tmp_path: Path) -> None:
+    campaign = _module()
+    # gdn measured only three to a GPU at 512 (0.3 s a step); kda and mamba2 alone at 2048
+    _finished(tmp_path, "a", "gdn", 512, 300.0, ["experiment=e"], n_jobs=3)
+    _finished(tmp_path, "b", "kda", 2048, 100.0, ["experiment=e"], n_jobs=1)
+    _finished(tmp_path, "c", "mamba2", 2048, 60.0, ["experiment=e"])
+    runs = campaign.finished_runs(tmp_path)
+    assert sorted(run["n_jobs"] for run in runs) == [1, 1, 3]
+    alone, packed = campaign.expand([
+        ["experiment=e", "hydra.launcher.n_jobs=1", "task.seq_len=2048", "mixer=gdn", "task=mqar"],
+        ["experiment=e", "hydra.launcher.n_jobs=3", "task.seq_len=256", "mixer=gdn", "task=mqar"]])
+    # alone: the lone runs at its length (kda, mamba2), not gdn's packed step times four
+    assert campaign.estimate(alone, runs) == pytest.approx((0.1 + 0.06) / 2 * 1000 + 10.0)
+    # packed: gdn's own packed runs, halved for half the length
+    assert campaign.estimate(packed, runs) == pytest.approx(0.3 / 2 * 1000 + 10.0)
