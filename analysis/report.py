@@ -319,18 +319,15 @@ def mqar_load(runs: pd.DataFrame) -> pd.DataFrame:
     mqar = runs[runs["task"] == "mqar"] if "task" in runs else runs.iloc[:0]
     if mqar.empty:
         return pd.DataFrame(columns=columns)
-    from tasks.mqar import default_num_pairs  # imports torch: only for a table with MQAR runs
+    from tasks.mqar import counts  # imports torch: only for a table with MQAR runs
 
     rows = set()
     for _, run in mqar.iterrows():
         length = int(run["seq_len"])
         form = run.get("task.params.form")
         form = form if isinstance(form, str) else "kimi"
-        pairs = _int(run.get("task.params.num_pairs")) or default_num_pairs(length)
-        # kimi: the queries fill the sequence after the pairs and <sep> unless num_queries says how many;
-        # zoology: each key once
-        queries = (_int(run.get("task.params.num_queries")) or length - 2 * pairs - 1) if form == "kimi" \
-            else pairs
+        pairs, queries = counts(length, form, _int(run.get("task.params.num_pairs")),
+                                _int(run.get("task.params.num_queries")))
         heads, dim = _int(run.get("mixer.num_heads")), _int(run.get("mixer.head_dim"))
         batch = _int(run.get("trainer.batch_size"))
         rows.add((length, form, _int(run.get("task.params.vocab_size")), pairs, queries,

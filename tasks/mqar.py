@@ -81,6 +81,17 @@ def default_num_pairs(seq_len: int) -> int:
     return max(1, seq_len // 8)
 
 
+def counts(seq_len: int, form: str, num_pairs: int | None = None,
+           num_queries: int | None = None) -> tuple[int, int]:
+    """(pairs, queries) of one sequence with the defaults applied, unchecked (the task checks them): kimi's
+    queries fill the sequence after the pairs and <sep> unless num_queries says how many; zoology queries
+    each key once."""
+    n = default_num_pairs(seq_len) if num_pairs is None else num_pairs
+    if form != "kimi":
+        return n, n
+    return n, seq_len - 2 * n - 1 if num_queries is None else num_queries
+
+
 def _key_value_ranges(vocab_size: int) -> tuple[int, int]:
     """(number of keys, number of values) for ``vocab_size`` total ids."""
     num_keys = (vocab_size - FIRST_KEY) // 2
@@ -144,7 +155,7 @@ def _resolve(
         raise ValueError(
             f"mqar: seq_len={seq_len} is too short for one pair and one query; pass seq_len >= 4."
         )
-    n = default_num_pairs(seq_len) if num_pairs is None else num_pairs
+    n, m = counts(seq_len, form, num_pairs, num_queries)
     if n < 1:
         raise ValueError(f"mqar: num_pairs={num_pairs} must be >= 1 (or null for seq_len // 8).")
     num_keys, _ = _key_value_ranges(vocab_size)
@@ -162,7 +173,6 @@ def _resolve(
                 f"(2*num_pairs + 1 (<sep>) + 1 query positions); pass num_pairs <= {(seq_len - 2) // 2} "
                 "or a longer seq_len."
             )
-        m = room if num_queries is None else num_queries
         if not 1 <= m <= room:
             raise ValueError(
                 f"mqar: num_queries={num_queries} must be in [1, {room}] at seq_len={seq_len} with "

@@ -316,3 +316,16 @@ def test_100k_sequences_of_length_2048_take_seconds(module: ModuleType, params: 
     assert inputs.shape == (100_000, 2048)
     # generous: a few seconds when the machine is free, shared 2-core CI may be several times slower
     assert elapsed < 90.0
+
+
+@pytest.mark.parametrize(("seq_len", "form", "pairs", "queries"),
+                         [(256, "kimi", None, None), (257, "kimi", 20, 7), (256, "zoology", None, None),
+                          (100, "zoology", 9, None)])
+def test_mqar_counts_are_the_pairs_and_queries_generate_writes(
+        seq_len: int, form: str, pairs: int | None, queries: int | None) -> None:
+    # the report's MQAR load reads counts(); each query is one labelled position of the data
+    n, m = mqar.counts(seq_len, form, pairs, queries)
+    _, labels = mqar.generate(3, seq_len, seed=0, vocab_size=512, form=form, num_pairs=pairs,
+                              num_queries=queries)
+    assert ((labels != -100).sum(1) == m).all()
+    assert n == (pairs or seq_len // 8)
