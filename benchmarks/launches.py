@@ -22,7 +22,8 @@ launch of each op's no-grad forward and of its forward and backward with a gradi
 constexprs, dtypes, warps, stages and cap, compared kernel by kernel. With a KERNEL: that @triton.jit
 kernel alone; constexprs --const does not name take the values of the default bounded-KDA launch (DEFAULTS),
 those only one side has are 0 there (a new alternative, off); pointers are bf16 where the default launch
-passes 16-bit tensors (LOWP_POINTERS), fp32 elsewhere. The PTX is compared without debug info and with the
+passes 16-bit tensors (LOWP_POINTERS), fp32 elsewhere, a tuple parameter's pointers in their dtypes at the
+kernel's first launch. The PTX is compared without debug info (nor the labels that only it uses) and with the
 parameter loads sorted; an empty diff says the GPU runs the code checked at REV.
 
 `occupancy`: how many programs of each kernel fit on one SM: `cuobjdump --dump-resource-usage` reads each
@@ -100,30 +101,39 @@ def signature(fn, args: tuple, kwargs: dict, plain: tuple = ()) -> tuple[dict, d
     if len(args) != len(runtime):
         raise SystemExit(f"{fn.__name__}: {len(args)} positional arguments for {len(runtime)} parameters")
     for (name, _), a in zip(runtime, args, strict=True):
-        if a is None:
-            # a buffer the launch does not touch: a constexpr None, as the launcher specializes it
-            sig[name] = "constexpr"
-            consts[name] = None
-        elif isinstance(a, torch.Tensor):
-            sig[name] = "*" + POINTER_TYPES[a.dtype]
-            attrs[(index[name],)] = [["tt.divisibility", 16]]
-        elif isinstance(a, float):
-            sig[name] = "fp32"
-        elif name in plain:
-            sig[name] = "i32"
-        elif a == 1:
-            sig[name] = "constexpr"
-            consts[name] = 1
-        else:
-            sig[name] = "i32"
-            if a % 16 == 0:
-                attrs[(index[name],)] = [["tt.divisibility", 16]]
+        sig[name] = _specialize(a, (index[name],), name, plain, consts, attrs)
     for name, p in params:
         if "constexpr" in str(p.annotation):
             sig[name] = "constexpr"
             value = kwargs[name]
             consts[name] = int(value) if isinstance(value, bool) else value
     return sig, consts, attrs
+
+
+def _specialize(a, path: tuple, name: str, plain: tuple, consts: dict, attrs: dict):
+    # the signature type of argument `a` at `path` (a parameter's index, then its place in a tuple argument),
+    # its constant into `consts` and its hints into `attrs`, keyed by name for a whole parameter, by path
+    # inside a tuple
+    key = name if len(path) == 1 else path
+    if isinstance(a, tuple):
+        return tuple(_specialize(x, (*path, j), name, plain, consts, attrs) for j, x in enumerate(a))
+    if a is None:
+        # a buffer the launch does not touch: a constexpr None, as the launcher specializes it
+        consts[key] = None
+        return "constexpr"
+    if isinstance(a, torch.Tensor):
+        attrs[path] = [["tt.divisibility", 16]]
+        return "*" + POINTER_TYPES[a.dtype]
+    if isinstance(a, float):
+        return "fp32"
+    if name in plain:
+        return "i32"
+    if a == 1:
+        consts[key] = 1
+        return "constexpr"
+    if a % 16 == 0:
+        attrs[path] = [["tt.divisibility", 16]]
+    return "i32"
 
 
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(?:\.[^\s;]*)?([^;]*);")
@@ -284,14 +294,34 @@ def kernel_ptx(kernel: str, consts: dict) -> str:
         raise SystemExit(f"no kernel {kernel} in kernels.triton.chunk or its stage modules")
     fn = getattr(homes[kernel], kernel)
     sig, given = {}, {}
+    tuples = _tuple_params(kernel, fn)
     for name, p in inspect.signature(fn.fn).parameters.items():
         if "constexpr" in str(p.annotation):
             sig[name], given[name] = "constexpr", consts.get(name, 0)
+        elif name in tuples:
+            # every pointer a tuple parameter groups given, in its dtype at the first launch (fp32 where none)
+            sig[name] = tuple("*fp32" if x is None else "*" + POINTER_TYPES[x.dtype] for x in tuples[name])
         else:
             sig[name] = "fp32" if name == "scale" else "i32" if name in ("T", "NT") else (
                 "*bf16" if name in LOWP_POINTERS else "*fp32")
     src = ASTSource(fn=fn, signature=sig, constexprs=given)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+def _tuple_params(kernel: str, fn) -> dict[str, tuple]:
+    """The parameters of `kernel` that take a tuple of pointers, each with the tuple of its first launch
+    (the default op's first, at a small shape): how many pointers a tuple holds is the launch code's."""
+    from kernels.triton import VARIANTS
+
+    signature = inspect.signature(fn.fn).parameters.items()
+    params = [n for n, p in signature if "constexpr" not in str(p.annotation)]
+    ops = sorted((v[0] for v in VARIANTS), key=lambda op: op != "kda_bounded")
+    for op in ops:
+        for launches in record_launches(op, 1, 256, 2).values():
+            for launch in launches:
+                if launch.kernel == kernel:
+                    return {n: a for n, a in zip(params, launch.args, strict=True) if isinstance(a, tuple)}
+    return {}
 
 
 # entry points of `in_tree` (another tree's kernels, this toolkit): argv as strings, the answer on stdout
@@ -309,6 +339,13 @@ def print_launches(argv: list[str]) -> None:
             print(launch.kernel, launch.grid, " ".join(f"{k}={v}" for k, v in sorted(launch.kwargs.items())))
 
 
+def _arg_types(a):
+    # what of an argument its compiled kernel depends on beyond the constexprs: dtypes, None, tuples' contents
+    if isinstance(a, tuple):
+        return tuple(_arg_types(x) for x in a)
+    return str(a.dtype) if hasattr(a, "dtype") else type(a).__name__
+
+
 def print_launch_ptx(argv: list[str]) -> None:
     """ops (JSON) B T H D: one JSON line a launch of the no-grad forward and of forward and backward,
     with its PTX."""
@@ -319,7 +356,7 @@ def print_launch_ptx(argv: list[str]) -> None:
                    "forward and backward": phases[PHASES[1]] + phases[PHASES[2]]}
         for phase, launches in grouped.items():
             for launch in launches:
-                dtypes = [str(a.dtype) if hasattr(a, "dtype") else type(a).__name__ for a in launch.args]
+                dtypes = [_arg_types(a) for a in launch.args]
                 key = repr((launch.kernel, sorted(launch.kwargs.items()), dtypes))
                 if key not in cache:
                     cache[key] = compile_launch(launch).asm["ptx"]
@@ -328,15 +365,19 @@ def print_launch_ptx(argv: list[str]) -> None:
                                   "ptx": cache[key]}))
 
 
+_DEBUG_LABEL = re.compile(r"\$L__tmp\d+:")
+
+
 def instructions(ptx: str) -> tuple[int, list[str]]:
     """The number of kernel parameters, and the PTX body without the parameter declarations, debug
-    sections, comments, .loc lines and register numbers, its parameter loads sorted (a new, unused
-    pointer argument only shifts them)."""
+    sections, comments, .loc lines, the debug sections' labels ($L__tmp, which mark where an inlined
+    @triton.jit helper's code starts and ends) and register numbers, its parameter loads sorted (a new,
+    unused pointer argument only shifts them)."""
     body = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
     n_params, loads, lines = 0, [], []
     for line in body.splitlines():
         line = line.split("//")[0].strip()
-        if not line or line.startswith((".loc", ".file")):
+        if not line or line.startswith((".loc", ".file")) or _DEBUG_LABEL.fullmatch(line):
             continue
         if line.startswith(".param"):
             n_params += 1

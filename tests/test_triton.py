@@ -11,6 +11,7 @@ import contextvars
 import dataclasses
 import inspect
 import os
+import re
 import types
 
 # must precede the first triton import of the process; a GPU run of this file keeps the interpreter too
@@ -185,18 +186,27 @@ def record_launches(monkeypatch: pytest.MonkeyPatch, *kernels: str, run: bool = 
         if not isinstance(real, Recorder):
             params = inspect.signature(real.fn).parameters.values()
             _RUNTIME_PARAMS[name] = [p.name for p in params if "constexpr" not in str(p.annotation)]
+            _KERNEL_SOURCE[name] = inspect.getsource(real.fn)
         monkeypatch.setattr(module, name, Recorder(name, launched, real if run else None))
     return launched
 
 
 # each recorded kernel's run-time parameters, in order (the positional arguments of its launch)
 _RUNTIME_PARAMS: dict[str, list[str]] = {}
+_KERNEL_SOURCE: dict[str, str] = {}
 
 
 def given(launch, pointer: str) -> bool:
     # whether a recorded launch passes the buffer `pointer` (a switch the kernel reads from its buffers: the
-    # state pass's out is o given, its WY form L given, the dvt backward's VT_X vt absent)
-    return dict(zip(_RUNTIME_PARAMS[launch.kernel], launch.args, strict=True))[pointer] is not None
+    # state pass's out is o given, its WY form L given, the dvt backward's VT_X vt absent); a pointer inside a
+    # tuple parameter is named by the kernel's own unpacking of it at entry (`v, vt, x, o = vals`)
+    args = dict(zip(_RUNTIME_PARAMS[launch.kernel], launch.args, strict=True))
+    if pointer in args:
+        return args[pointer] is not None
+    for names, param in re.findall(r"^ +((?:\w+, )+\w+) = (\w+)$", _KERNEL_SOURCE[launch.kernel], re.M):
+        if param in args and pointer in names.split(", "):
+            return args[param][names.split(", ").index(pointer)] is not None
+    raise KeyError(f"{launch.kernel} has no pointer {pointer!r}")
 
 
 @pytest.mark.parametrize("T", [63, 100])

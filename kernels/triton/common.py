@@ -1,7 +1,8 @@
 """The pieces the stages of the chunk kernels share: the constants (the interpreter switch, the 16-row
 sub-chunk edge, the bounded gate's limit, the uint16 decay's steps), the dot-operand cast, the exponential,
-the programmatic-dependent-launch prologue, the loads of a [rows, D] tile, and the per-chunk decay helpers
-of the state passes and the dv backward (branching on DECAY). No kernel here.
+the programmatic-dependent-launch prologue, the base pointers' moves at a kernel's entry (_head,
+_rows), the loads of a [rows, D] tile, and the per-chunk decay helpers of the state passes and the dv
+backward (branching on DECAY). No kernel here.
 """
 
 from __future__ import annotations
@@ -83,16 +84,40 @@ def _pdl_start(PDL: tl.constexpr):
 
 
 @triton.jit
-def _head(i_b, i_h, T, H: tl.constexpr):
-    # the row of the [B, T, H, D] tensors where head (i_b, i_h) starts: each kernel moves its base pointers
-    # there once (x += _head(...) * D), and token t of the head is then at x + t * H * D
+def _head(i_bh, T, H: tl.constexpr):
+    # the row of the [B, T, H, D] tensors where head i_bh = (batch, head) of the grid starts: each kernel
+    # moves its base pointers there once at entry (_rows), and token t of the head is then at x + t * H * D
+    i_b, i_h = i_bh // H, i_bh % H
     return i_b * T * H + i_h
+
+
+@triton.jit
+def _rows(xs, row, D: tl.constexpr):
+    # the pointers of the tuple xs moved to row `row` of D elements (a head's first token of [B, T, H, D]
+    # tensors: row _head(...)). Every pointer must be given: Triton 3.6's compiler cannot return a None from
+    # a function, so a buffer a launch may leave out moves at the call site under `if x is not None`. The
+    # adds compile in the order written, and another order is other PTX (and other registers)
+    N: tl.constexpr = len(xs)
+    tl.static_assert(N <= 6, "_rows takes one to six pointers")
+    d = row * D
+    if N == 1:
+        return (xs[0] + d,)
+    elif N == 2:
+        return xs[0] + d, xs[1] + d
+    elif N == 3:
+        return xs[0] + d, xs[1] + d, xs[2] + d
+    elif N == 4:
+        return xs[0] + d, xs[1] + d, xs[2] + d, xs[3] + d
+    elif N == 5:
+        return xs[0] + d, xs[1] + d, xs[2] + d, xs[3] + d, xs[4] + d
+    else:
+        return xs[0] + d, xs[1] + d, xs[2] + d, xs[3] + d, xs[4] + d, xs[5] + d
 
 
 @triton.jit
 def _decay_head(gc, bh, K: tl.constexpr, DECAY: tl.constexpr):
     # G's base pointer moved to head row bh (_head): G is [B, T, H] for the scalar decay, [B, T, H, K] for
-    # the per-channel one
+    # the per-channel one (given: without a decay the call site skips it, as for _rows)
     if DECAY == "channel":
         gc = gc + bh * K
     else:

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import BC, G16_STEPS, LOG2E, _decay_head, _head, _load_rows, _pdl_start
+from kernels.triton.common import BC, G16_STEPS, LOG2E, _decay_head, _head, _load_rows, _pdl_start, _rows
 
 if TYPE_CHECKING:
     from kernels.triton.plan import BackwardPlan, ForwardPlan
@@ -35,7 +35,7 @@ def _cumsum_kernel(
     _pdl_start(PDL)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
-    bh = _head(i_bh // H, i_bh % H, T, H)
+    bh = _head(i_bh, T, H)
     g = _decay_head(g, bh, K, DECAY)
     gc = _decay_head(gc, bh, K, DECAY)
     o_t = i_t * BT + tl.arange(0, BT)
@@ -66,10 +66,7 @@ def _cumsum16_kernel(g, gc, gq, T, H: tl.constexpr, K: tl.constexpr, BT: tl.cons
     _pdl_start(PDL)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
-    bh = _head(i_bh // H, i_bh % H, T, H)
-    g += bh * K
-    gc += bh * K
-    gq += bh * K
+    g, gc, gq = _rows((g, gc, gq), _head(i_bh, T, H), K)
     NC: tl.constexpr = BT // 16
     i_t, i_c = i_tc // NC, i_tc % NC
     t0 = i_t * BT
@@ -101,7 +98,7 @@ def _rev_cumsum_kernel(dgk, dg, T, H: tl.constexpr, K: tl.constexpr, BT: tl.cons
     # scalar decay's (the per-channel decay's dqk reverse-cumsums its own, the plan's first), in g's dtype
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows (dgk [B, T, H, K], dg [B, T, H])
-    bh = _head(i_bh // H, i_bh % H, T, H)
+    bh = _head(i_bh, T, H)
     dgk += bh * K
     dg += bh
     o_t = i_t * BT + tl.arange(0, BT)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import _decay_head, _dot_cast, _head, _load_block, _load_vec
+from kernels.triton.common import _decay_head, _dot_cast, _head, _load_block, _load_vec, _rows
 
 if TYPE_CHECKING:
     from kernels.triton.chunk import Grads, Saved
@@ -34,22 +34,13 @@ def _rev_cumsum_by_dot(b_x, BT: tl.constexpr, LOWP: tl.constexpr):
 
 @triton.jit
 def _dqk_bwd_kernel(
-    q,
-    k,
+    keys,
+    grads,
+    vals,
     gc,
     beta,
-    vt,
-    h,
-    dh,
-    do,
-    dvt,
     linv,
-    dq,
-    dk,
-    dgk,
-    dq_out,
-    dk_out,
-    dg,
+    states,
     scale,
     T,
     NT,
@@ -78,10 +69,15 @@ def _dqk_bwd_kernel(
     # VT_X (the plan's vt_x): vt holds X = V - (Gamma K) S, not Vt = T X; the V loop sums X dS'^T and
     # T (X dS'^T) follows it, so the forward keeps no Vt. vt holds V itself without the delta rule.
     # A buffer a launch does not read is None. The switches the buffers say: DELTA, beta given (the delta
-    # rule); LOWP, 16-bit inputs (bf16 dot operands). The op's backward (BackwardPlan.fused, .first, .dv_w,
-    # .seq):
+    # rule); LOWP, 16-bit inputs (bf16 dot operands).
+    # Tuples: keys (q, k), grads (dq, dk, dgk, dq_out, dk_out, dg), vals (vt, do, dvt), states (h, dh)
+    q, k = keys
+    dq, dk, dgk, dq_out, dk_out, dg = grads
+    vt, do, dvt = vals
+    h, dh = states
     DELTA: tl.constexpr = beta is not None
     LOWP: tl.constexpr = q.dtype.element_ty != tl.float32
+    # the op's backward (BackwardPlan.fused, .first, .dv_w, .seq)
     FUSED: tl.constexpr = (not DELTA) and DECAY != "channel"
     FINISH: tl.constexpr = DECAY == "channel"
     DV_W: tl.constexpr = DELTA and FINISH
@@ -92,17 +88,10 @@ def _dqk_bwd_kernel(
         tl.program_id(2).to(tl.int64),
     )
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its chunk's states
-    bh = _head(i_bh // H, i_bh % H, T, H)
-    q += bh * K
-    k += bh * K
-    dq += bh * K
-    dk += bh * K
-    dgk += bh * K
-    dq_out += bh * K
+    bh = _head(i_bh, T, H)
+    q, k, dq, dk, dgk, dq_out = _rows((q, k, dq, dk, dgk, dq_out), bh, K)
     dk_out += bh * K
-    vt += bh * V
-    do += bh * V
-    dvt += bh * V
+    vt, do, dvt = _rows((vt, do, dvt), bh, V)
     if DECAY != "none":
         gc = _decay_head(gc, bh, K, DECAY)
     if FINISH:
@@ -110,8 +99,7 @@ def _dqk_bwd_kernel(
     if DELTA:
         beta += bh
         linv += bh * BT
-    h += (i_bh * NT + i_t) * K * V
-    dh += (i_bh * NT + i_t) * K * V
+    h, dh = _rows((h, dh), i_bh * NT + i_t, K * V)
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
@@ -262,22 +250,13 @@ def dqk_backward(
     dv_w, vt_x = bp.dv_w, bp.vt_x
     g = grads
     _dqk_bwd_kernel[(K // BK, NT, B * H) if bp.k_inner else (NT, K // BK, B * H)](
-        q,
-        k,
+        (q, k),
+        (g.dq, g.dk, g.dgk, g.dq_out, g.dk_out, g.dg),
+        ((saved.x if vt_x else saved.vt) if delta else v, do, g.dv if dv_w else dvt),
         saved.gc,
         beta,
-        (saved.x if vt_x else saved.vt) if delta else v,
-        saved.h,
-        dh,
-        do,
-        g.dv if dv_w else dvt,
         saved.linv,
-        g.dq,
-        g.dk,
-        g.dgk,
-        g.dq_out,
-        g.dk_out,
-        g.dg,
+        (saved.h, dh),
         scale,
         T,
         NT,

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import _decay_head, _dot_cast, _head, _load_qg, _load_vec
+from kernels.triton.common import _decay_head, _dot_cast, _head, _load_qg, _load_vec, _rows
 
 if TYPE_CHECKING:
     from kernels.triton.chunk import Grads, Saved
@@ -21,20 +21,13 @@ if TYPE_CHECKING:
 @triton.jit
 def _dvt_bwd_kernel(
     k,
-    v,
+    vals,
+    vt,
+    mats,
     gc,
     beta,
-    vt,
-    h,
-    do,
-    dvt,
-    akk,
-    linv,
-    dv,
     dbeta,
-    m_qk,
-    m_kk,
-    x,
+    h,
     scale,
     T,
     NT,
@@ -51,14 +44,17 @@ def _dvt_bwd_kernel(
     # and Gamma K (k: Gamma K for the per-channel decay) here. VT_X (vt absent, the plan's vt_x, with x): no
     # Vt in memory; the V loop sums dO X^T and dO Vt^T = (dO X^T) T^T follows it. A buffer a launch does not
     # read or write is None. DELTA: beta given (the delta rule). LOWP: 16-bit inputs, told by k's dtype, which
-    # is q's (Gamma K is kept in the op's dot dtype); v is bf16 in fp32-q,k training
+    # is q's (Gamma K is kept in the op's dot dtype); v is bf16 in fp32-q,k training.
+    # Tuples: vals (v, do, dvt, dv, x), the [B, T, H, V] buffers but vt; mats (akk, linv, m_qk, m_kk)
+    v, do, dvt, dv, x = vals
+    akk, linv, m_qk, m_kk = mats
     PRE_X: tl.constexpr = x is not None
     VT_X: tl.constexpr = vt is None
     DELTA: tl.constexpr = beta is not None
     LOWP: tl.constexpr = k.dtype.element_ty != tl.float32
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its chunk's state
-    bh = _head(i_bh // H, i_bh % H, T, H)
+    bh = _head(i_bh, T, H)
     k += bh * K
     v += bh * V
     if not VT_X:
@@ -69,12 +65,9 @@ def _dvt_bwd_kernel(
         gc = _decay_head(gc, bh, K, DECAY)
     if DELTA:
         beta += bh
-        dvt += bh * V
-        dv += bh * V
+        dvt, dv = _rows((dvt, dv), bh, V)
         dbeta += bh
-        akk += bh * BT
-        linv += bh * BT
-        m_kk += bh * BT
+        akk, linv, m_kk = _rows((akk, linv, m_kk), bh, BT)
     if PRE_X:
         x += bh * V
     h += (i_bh * NT + i_t) * K * V
@@ -156,21 +149,14 @@ def dvt_backward(
     s, g = saved, grads
     _dvt_bwd_kernel[(NT, B * H)](
         s.kg if s.kg is not None else k,
-        v,
-        s.gc,
-        beta,
+        (v, do, dvt, g.dv, s.x),
         # (None where the forward kept X and no Vt: the plan's vt_x)
         s.vt if delta else v,
-        s.h,
-        do,
-        dvt,
-        s.akk,
-        s.linv,
-        g.dv,
+        (s.akk, s.linv, g.m_qk, g.m_kk),
+        s.gc,
+        beta,
         g.dbeta,
-        g.m_qk,
-        g.m_kk,
-        s.x,
+        s.h,
         scale,
         T,
         NT,

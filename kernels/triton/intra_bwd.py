@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import BC, _decay_head, _head, _load_block, _load_row_block
+from kernels.triton.common import BC, _decay_head, _head, _load_block, _load_row_block, _rows
 from kernels.triton.intra_bwd_blocks import _rel_cols, _rel_cols_tri, _rel_diag, _rel_rows, _rel_rows_tri
 
 if TYPE_CHECKING:
@@ -129,16 +129,10 @@ def _intra_bwd_kernel(
         tl.program_id(2).to(tl.int64),
     )
     # the program's base pointers: its head's rows
-    bh = _head(i_bh // H, i_bh % H, T, H)
-    q += bh * K
-    k += bh * K
-    m_qk += bh * BT
-    m_kk += bh * BT
-    dq += bh * K
-    dk += bh * K
-    dgk += bh * K
-    dq_out += bh * K
-    dk_out += bh * K
+    bh = _head(i_bh, T, H)
+    q, k = _rows((q, k), bh, K)
+    m_qk, m_kk = _rows((m_qk, m_kk), bh, BT)
+    dq, dk, dgk, dq_out, dk_out = _rows((dq, dk, dgk, dq_out, dk_out), bh, K)
     if DECAY != "none":
         gc = _decay_head(gc, bh, K, DECAY)
     NC: tl.constexpr = BT // BC

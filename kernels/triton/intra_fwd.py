@@ -25,6 +25,7 @@ from kernels.triton.common import (
     _load_rows,
     _load_vec,
     _pdl_start,
+    _rows,
 )
 
 if TYPE_CHECKING:
@@ -82,9 +83,8 @@ def _intra_fwd_kernel(
     _pdl_start(PDL)
     i_tc, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
-    bh = _head(i_bh // H, i_bh % H, T, H)
-    q += bh * K
-    k += bh * K
+    bh = _head(i_bh, T, H)
+    q, k = _rows((q, k), bh, K)
     aqk += bh * BT
     if DELTA:
         akk += bh * BT
@@ -93,8 +93,7 @@ def _intra_fwd_kernel(
     if gq is not None:
         gq += bh * K
     if DECAY == "channel":
-        qg += bh * K
-        kd += bh * K
+        qg, kd = _rows((qg, kd), bh, K)
         if DELTA:
             kg += bh * K
     NC: tl.constexpr = BT // BC

@@ -11,7 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.common import BC, _dot_cast, _head, _load_rows, _load_vec, _pdl_start
+from kernels.triton.common import (
+    BC,
+    _dot_cast,
+    _head,
+    _load_rows,
+    _load_vec,
+    _pdl_start,
+    _rows,
+)
 
 if TYPE_CHECKING:
     from kernels.triton.plan import ForwardPlan
@@ -76,10 +84,9 @@ def _solve_kernel(
     _pdl_start(PDL)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
-    bh = _head(i_bh // H, i_bh % H, T, H)
+    bh = _head(i_bh, T, H)
     beta += bh
-    akk += bh * BT
-    linv += bh * BT
+    akk, linv = _rows((akk, linv), bh, BT)
     t0 = i_t * BT
     NC: tl.constexpr = BT // BC
     b_l00 = _inv_unit_lower(_a_block(akk, beta, t0, 0, 0, T, H, BT, BC), BC, PREC)
@@ -176,9 +183,8 @@ def _wu_kernel(
     # state pass then forms Vt from L and V itself, the plan's keep_x)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
-    bh = _head(i_bh // H, i_bh % H, T, H)
-    k += bh * K
-    w += bh * K
+    bh = _head(i_bh, T, H)
+    k, w = _rows((k, w), bh, K)
     v += bh * V
     beta += bh
     linv += bh * BT

@@ -21,6 +21,7 @@ from kernels.triton.common import (
     _key_decay_to_end,
     _load_qg,
     _load_rows,
+    _rows,
     _unchain,
 )
 
@@ -38,9 +39,7 @@ def _state_bwd_kernel(
     aqk,
     do,
     dvt,
-    dh,
-    dht,
-    dh0,
+    states,
     scale,
     T,
     NT,
@@ -54,7 +53,8 @@ def _state_bwd_kernel(
     UNCHAIN: tl.constexpr,
 ):
     # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'
-    # (dht: the final state's gradient where given; a buffer a launch does not read is None).
+    # (dht: the final state's gradient where given; a buffer a launch does not read is None). states: (dh,
+    # dht, dh0).
     # EARLY (the plan's state_early): the chunk's decay (_chunk_small) loaded at the top of the chunk's
     # step, else where used. DELTA: w given (the delta rule). LOWP: 16-bit inputs, told by q (Q exp(G) is
     # kept in the op's dot dtype; v is bf16 in fp32-q,k training)
@@ -62,12 +62,11 @@ def _state_bwd_kernel(
     LOWP: tl.constexpr = q.dtype.element_ty != tl.float32
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
-    bh = _head(i_bh // H, i_bh % H, T, H)
-    q += bh * K
-    k += bh * K
+    bh = _head(i_bh, T, H)
+    dh, dht, dh0 = states
+    q, k = _rows((q, k), bh, K)
     aqk += bh * BT
-    do += bh * V
-    dvt += bh * V
+    do, dvt = _rows((do, dvt), bh, V)
     if DECAY != "none":
         gc = _decay_head(gc, bh, K, DECAY)
     if DELTA:
@@ -139,9 +138,7 @@ def state_backward(
         saved.aqk,
         do,
         dvt,
-        dh,
-        dht.contiguous() if dht is not None else None,
-        dh0,
+        (dh, dht.contiguous() if dht is not None else None, dh0),
         scale,
         T,
         NT,

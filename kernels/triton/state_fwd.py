@@ -24,6 +24,7 @@ from kernels.triton.common import (
     _load_rows,
     _load_vec,
     _pdl_start,
+    _rows,
     _unchain,
 )
 
@@ -36,20 +37,12 @@ if TYPE_CHECKING:
 # interpreter and every T of more than one chunk were right; unspecialised, T = 1..2048 all match
 @triton.jit(do_not_specialize=["T", "NT"])
 def _state_fwd_kernel(
-    k,
-    v,
+    keys,
+    vals,
+    mats,
     gc,
-    vt,
-    h,
-    h0,
-    ht,
-    q,
-    aqk,
-    o,
-    kg,
-    linv,
     beta,
-    x,
+    states,
     scale,
     T,
     NT,
@@ -79,7 +72,12 @@ def _state_fwd_kernel(
     # chunk's step, else where used. With WY, L is taken as loaded times diag(beta) X, beta on the rows of X
     # (in registers).
     # TRIL (the plan's tril): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
-    # the zeros above not stored by the solve and the intra forward
+    # the zeros above not stored by the solve and the intra forward.
+    # Tuples: keys (q, k, kg), vals (v, vt, x, o), mats (aqk, linv), states (h, h0, ht)
+    q, k, kg = keys
+    v, vt, x, o = vals
+    aqk, linv = mats
+    h, h0, ht = states
     DELTA: tl.constexpr = beta is not None
     WY: tl.constexpr = linv is not None
     OUT: tl.constexpr = o is not None
@@ -88,10 +86,8 @@ def _state_fwd_kernel(
     _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
-    bh = _head(i_bh // H, i_bh % H, T, H)
-    q += bh * K
-    k += bh * K
-    kg += bh * K
+    bh = _head(i_bh, T, H)
+    q, k, kg = _rows((q, k, kg), bh, K)
     v += bh * V
     if OUT:
         o += bh * V
@@ -212,10 +208,9 @@ def _output_kernel(
         tl.program_id(2).to(tl.int64),
     )
     # the program's base pointers (its head's rows, its chunk's entering state)
-    bh = _head(i_bh // H, i_bh % H, T, H)
+    bh = _head(i_bh, T, H)
     q += bh * K
-    v += bh * V
-    o += bh * V
+    v, o = _rows((v, o), bh, V)
     aqk += bh * BT
     if DECAY != "none":
         gc = _decay_head(gc, bh, K, DECAY)
@@ -276,20 +271,16 @@ def state_forward(
     wu = p.delta_rule and not (fp.wy or keep_x)
     # (None for the buffers this launch does not touch: o without the plan's out, L without the WY form)
     _state_fwd_kernel[(V // BV, B * H)](
-        kd if kd is not None else k,
-        u if wu else v,
+        (
+            qg if qg is not None else q,
+            kd if kd is not None else k,
+            w if wu else (kg if kg is not None else k),
+        ),
+        (u if wu else v, vt, x, o if fp.out else None),
+        (aqk, None if wu else linv),
         gc,
-        vt,
-        h,
-        h0,
-        ht,
-        qg if qg is not None else q,
-        aqk,
-        o if fp.out else None,
-        w if wu else (kg if kg is not None else k),
-        None if wu else linv,
         beta,
-        x,
+        (h, h0, ht),
         scale,
         T,
         NT,
