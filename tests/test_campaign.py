@@ -258,3 +258,34 @@ def test_a_lone_cell_is_timed_from_lone_runs_not_from_packed_ones(tmp_path: Path
     assert campaign.estimate(alone, runs) == pytest.approx((0.1 + 0.06) / 2 * 1000 + 10.0)
     # packed: gdn's own packed runs, halved for half the length
     assert campaign.estimate(packed, runs) == pytest.approx(0.3 / 2 * 1000 + 10.0)
+
+
+@pytest.mark.parametrize("trained_one", [False, True])
+def test_a_campaign_whose_first_runs_fail_before_a_step_stops_there(tmp_path: Path,
+                                                                    trained_one: bool) -> None:
+    # a kernel that does not compile on the machine fails every run at step 0: the supervisor stops after
+    # three instead of launching the plan's other cells; one run that trained a step keeps it going
+    campaign = _module()
+    work = tmp_path / "work"
+    (work / "src" / "results").mkdir(parents=True)
+    (work / "brought.json").write_text("{}")
+    campaign._write_state(work, {"stages": [["experiment=e", "mixer=a,b,c,d,e,f"]],
+                                 "deadline": time.time() + 3600})
+    launched = []
+
+    def launch(index: int, overrides: list[str], label: str) -> int:
+        run = work / "src" / "results" / "x" / overrides[-1]
+        run.mkdir(parents=True)
+        steps = 40 if trained_one and not launched else 0
+        (run / "summary.json").write_text(json.dumps(
+            {"status": "failed", "steps": steps, "error": "CompilationError: at 36:15:\n    q, k = ..."}))
+        launched.append(overrides[-1])
+        return 1
+
+    ending = campaign.run_cells(work, campaign._state(work), launch, [])
+    if trained_one:
+        assert len(launched) == 6 and ending.startswith("done") and campaign.broken(work) is None
+        return
+    assert launched == ["mixer=a", "mixer=b", "mixer=c"]
+    assert ending.startswith("stopped: the 3 runs of this campaign all failed before their first step "
+                             "(CompilationError: at 36:15:)")

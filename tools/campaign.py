@@ -31,6 +31,10 @@ that would not end a minute before the deadline is postponed (left pending for t
 the next pending cell that fits runs instead, so the end of a hold fills with short runs rather than
 with a run that is lost. Cells that the checkout holds finished are skipped without a launch. When
 nothing pending fits, the supervisor ends and says so; `wait` and `status` list the postponed cells.
+
+A failed run is recorded and the campaign goes on, unless its first BROKEN_AFTER runs all failed before
+their first step: then the machine or checkout cannot train (a kernel its Triton does not compile), and
+the supervisor stops, naming the error, rather than failing every cell of the plan in turn.
 """
 
 from __future__ import annotations
@@ -69,6 +73,10 @@ MARGIN_S = 60.0
 # What train.py does not train again; their summaries also give a run's speed (a failed run is retried
 # and often ended at its first step).
 FINISHED_STATUSES = ("completed", "diverged")
+# A campaign whose first runs all fail before their first step has a machine or checkout that cannot train
+# (a kernel that does not compile there, a missing package), not a failed run among others: after this
+# many the supervisor stops instead of failing every cell of the plan in turn.
+BROKEN_AFTER = 3
 
 
 class CampaignError(RuntimeError):
@@ -396,6 +404,18 @@ def classify(work: Path) -> dict[str, list[tuple[str, str]]]:
     return groups
 
 
+def broken(work: Path) -> str | None:
+    """Why the campaign cannot train: BROKEN_AFTER or more runs finished here and every one failed before
+    its first step (the last one's error named); None once any run here took a step."""
+    summaries = [_summary(work / "src" / name) or {} for name, _ in classify(work)["finished"]]
+    if len(summaries) < BROKEN_AFTER or any(s.get("status") != "failed" or s.get("steps") for s in summaries):
+        return None
+    error = str(summaries[-1].get("error") or "no error recorded").splitlines()[0][:200]
+    return (f"the {len(summaries)} runs of this campaign all failed before their first step ({error}); "
+            f"stopped, the plan's other cells not launched: see {work}/stage-*.log, fix the cause and start "
+            "again (the failed runs train again)")
+
+
 def pack(work: Path, out: Path | None, running: bool = False) -> Path | None:
     """Archive every run finished since the copy (with `running`, the unfinished ones too, to look at,
     never to commit) into out/campaign-<time>.tar.gz; print the status table."""
@@ -417,6 +437,8 @@ def pack(work: Path, out: Path | None, running: bool = False) -> Path | None:
               f"{state.get('cells_pending', '-')}")
         for name, est in state.get("postponed", []):
             print(f"  postponed {name}: about {est / 60:.1f} min")
+    if state.get("broken"):
+        print(f"  BROKEN: {state['broken']}")
     if out is None or not groups["finished"]:
         return None
     out.mkdir(parents=True, exist_ok=True)
@@ -474,8 +496,11 @@ def supervise(work: Path) -> int:
             rc = launch(index, overrides, f"stage {index + 1}/{len(state['stages'])}")
             print(f"[{time.strftime('%H:%M:%S')}] stage {index + 1} exited {rc}", flush=True)
             state.setdefault("exits", []).append(rc)
+            state["broken"] = broken(work)
             _write_state(work, state)
-        ending = "done"
+            if state["broken"]:
+                break
+        ending = f"stopped: {state['broken']}" if state.get("broken") else "done"
     state.update(done=time.time(), stopped=bool(stopping))
     _write_state(work, state)
     print(f"[{time.strftime('%H:%M:%S')}] campaign {'stopped' if stopping else ending}", flush=True)
@@ -515,6 +540,10 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
         state.setdefault("exits", []).append(rc)
         state["cells_run"] += len(group)
         pending = [i for i in pending if i not in group]
+        state["broken"] = broken(work)
+        if state["broken"]:
+            _write_state(work, state)
+            return f"stopped: {state['broken']}"
     return "stopped"
 
 
