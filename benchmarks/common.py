@@ -190,9 +190,11 @@ def kernel_homes() -> dict[str, ModuleType]:
 PHASES = ("forward without a gradient", "forward with a gradient", "backward")
 
 
-def record_launches(op: str, B: int, T: int, H: int, D: int = 128) -> dict[str, list[Launch]]:
+def record_launches(op: str, B: int, T: int, H: int, D: int = 128,
+                    states: bool = False) -> dict[str, list[Launch]]:
     """Every kernel launch of `op` (a name of kernels.triton.VARIANTS) at [B, T, H, D] in bf16, by phase
-    (PHASES), from the launch code run on meta tensors with every kernel replaced by a Recorder."""
+    (PHASES), from the launch code run on meta tensors with every kernel replaced by a Recorder; with
+    `states`, from an initial state, with the final state and its gradient."""
     from kernels.triton import VARIANTS, chunk
 
     found = [v[1:] for v in VARIANTS if v[0] == op]
@@ -208,16 +210,17 @@ def record_launches(op: str, B: int, T: int, H: int, D: int = 128) -> dict[str, 
     no_decay = decay in (None, "none")
     g = None if no_decay else torch.empty((B, T, H, D)[: 3 if decay == "scalar" else 4], device="meta")
     beta = torch.empty(B, T, H, **meta) if delta else None
+    h0, dht = (torch.empty(B, H, D, D, device="meta") for _ in range(2)) if states else (None, None)
     # (the entry points' names before the split by stage: _chunk_fwd, _chunk_bwd)
     forward = getattr(chunk, "chunk_forward", None) or chunk._chunk_fwd
     backward = getattr(chunk, "chunk_backward", None) or chunk._chunk_bwd
     phases = {}
     try:
         for phase, keep in ((PHASES[0], False), (PHASES[1], True)):
-            o, _, saved = forward(q, k, v, g, beta, D**-0.5, None, False, 64, lower_bound, keep=keep)
+            o, _, saved = forward(q, k, v, g, beta, D**-0.5, h0, states, 64, lower_bound, keep=keep)
             phases[phase] = launches[:]
             launches.clear()
-        backward(q, k, v, g, beta, D**-0.5, None, torch.empty_like(o), None, 64, lower_bound, saved)
+        backward(q, k, v, g, beta, D**-0.5, h0, torch.empty_like(o), dht, 64, lower_bound, saved)
         phases[PHASES[2]] = launches[:]
     finally:
         for name, fn in real.items():

@@ -311,3 +311,44 @@ def test_forward_kernels_wait_for_the_one_before_under_pdl() -> None:
         (wait,) = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")]
         (launch,) = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.launch_dependents")]
         assert launch < wait < memory[0], name
+
+
+def test_every_launch_of_every_op_compiles_with_and_without_states() -> None:
+    # the interpreter runs a kernel's Python, not Triton's compiler, and accepts forms the compiler rejects
+    # (a helper that returns None fails to compile on Triton 3.6): each distinct launch of the seven ops'
+    # forwards and backward, without and with an initial state, the final state and its gradient, compiled
+    # for sm_90 with its real constexprs, dtypes, warps and stages
+    code = textwrap.dedent(
+        """
+        import torch
+        from benchmarks.common import record_launches
+        from benchmarks.launches import compile_launch
+        from kernels.triton import VARIANTS
+
+        def form(x):
+            if isinstance(x, tuple):
+                return tuple(map(form, x))
+            return str(x.dtype) if isinstance(x, torch.Tensor) else repr(x)
+
+        seen, failed = set(), []
+        for op, *_ in VARIANTS:
+            for states in (False, True):
+                for launches in record_launches(op, 1, 130, 2, 128, states=states).values():
+                    for launch in launches:
+                        key = (launch.kernel, form(launch.args), repr(sorted(launch.kwargs.items())))
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                        try:
+                            compile_launch(launch)
+                        except Exception as error:
+                            failed.append(f"{op} states={states} {launch.kernel}: {str(error)[-400:]}")
+        print(f"{len(seen)} launches", *failed, sep="\\n")
+        """
+    )
+    res = _run(["-c", code])
+    assert res.returncode == 0, res.stderr[-3000:]
+    count, *failed = res.stdout.strip().split("\n")
+    assert not failed, "\n".join(failed)
+    # every kernel of the family, in several forms
+    assert int(count.split()[0]) >= 40, res.stdout
