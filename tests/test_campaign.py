@@ -289,3 +289,39 @@ def test_a_campaign_whose_first_runs_fail_before_a_step_stops_there(tmp_path: Pa
     assert launched == ["mixer=a", "mixer=b", "mixer=c"]
     assert ending.startswith("stopped: the 3 runs of this campaign all failed before their first step "
                              "(CompilationError: at 36:15:)")
+
+
+def test_compile_caches_travel_in_parts_and_restore_beside_what_is_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a lent machine starts bare and sends back files of at most 16 MiB: its compile caches go back in
+    # parts, and the next machine's start adds them to its own, keeping what it has
+    campaign = _module()
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "first"))
+    entries = {"inductor/fxgraph/ab/entry": os.urandom(300_000), "triton/XYZ/k.cubin": os.urandom(200_000)}
+    for name, data in entries.items():
+        path = tmp_path / "first" / "kda_harness" / "compile" / name
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data)
+    monkeypatch.setattr(campaign, "PART_BYTES", 100_000)
+    parts = campaign.save_caches(tmp_path / "out")
+    assert len(parts) == 6 and all(part.stat().st_size <= 100_000 for part in parts)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in parts)
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "next"))
+    root = tmp_path / "next" / "kda_harness" / "compile"
+    (root / "triton" / "XYZ").mkdir(parents=True)
+    (root / "triton" / "XYZ" / "k.cubin").write_bytes(b"its own")
+    assert campaign.restore_caches(list(reversed(parts))) == 1
+    restored = root / "inductor" / "fxgraph" / "ab" / "entry"
+    assert restored.read_bytes() == entries["inductor/fxgraph/ab/entry"]
+    assert (root / "triton" / "XYZ" / "k.cubin").read_bytes() == b"its own"
+
+
+def test_with_caches_needs_out_before_anything_is_packed(tmp_path: Path) -> None:
+    command = [sys.executable, CAMPAIGN, "status", "--work", str(tmp_path / "w"), "--with-caches"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == \
+        "campaign: --with-caches packs the compile caches into --out: give --out DIR"

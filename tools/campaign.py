@@ -32,6 +32,11 @@ the next pending cell that fits runs instead, so the end of a hold fills with sh
 with a run that is lost. Cells that the checkout holds finished are skipped without a launch. When
 nothing pending fits, the supervisor ends and says so; `wait` and `status` list the postponed cells.
 
+A bare machine compiles every model again (13 to 49 s of a run's first step on the H200, against 3 to 4 s
+with warm caches). `stop --with-caches` (or `wait`) also packs the compile caches into --out, in parts of
+at most 15 MiB, and the next machine's `start --caches PARTS...` adds them to its own before the first run;
+carried here in an ignored directory (`.caches/`), they travel with the checkout to the next machine.
+
 A failed run is recorded and the campaign goes on, unless its first BROKEN_AFTER runs all failed before
 their first step: then the machine or checkout cannot train (a kernel its Triton does not compile), and
 the supervisor stops, naming the error, rather than failing every cell of the plan in turn.
@@ -57,6 +62,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness.caches import INDUCTOR_DIR, TRITON_DIR, default_root  # noqa: E402  (standard library only)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
 
 # A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
@@ -77,6 +83,10 @@ FINISHED_STATUSES = ("completed", "diverged")
 # (a kernel that does not compile there, a missing package), not a failed run among others: after this
 # many the supervisor stops instead of failing every cell of the plan in turn.
 BROKEN_AFTER = 3
+
+
+# A file that comes back from a lent machine is at most 16 MiB: a larger compile-cache archive goes in parts.
+PART_BYTES = 15 * 2**20
 
 
 class CampaignError(RuntimeError):
@@ -604,6 +614,61 @@ def stop(work: Path, grace_s: float) -> None:
         print("campaign: stopped; runs in flight checkpointed there and stay incomplete")
 
 
+def cache_dirs() -> dict[str, Path]:
+    """The compile caches' directories as the runs' harness/caches.py will use them (the environment's, else
+    one home per machine): {"inductor": dir, "triton": dir}."""
+    root = default_root()
+    return {name: Path(os.environ.get(variable) or root / name)
+            for name, variable in (("inductor", INDUCTOR_DIR), ("triton", TRITON_DIR))}
+
+
+def save_caches(out: Path) -> list[Path]:
+    """The compile caches (inductor's graphs, AOTAutograd's, Triton's binaries) as one archive under `out`,
+    split into parts of PART_BYTES when larger, so that the next machine's runs start warm (`start
+    --caches`); their keys hold the torch, Triton and GPU versions, so entries from another kind of
+    machine are simply never hit."""
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / f"compile-caches-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, directory in cache_dirs().items():
+            if directory.is_dir():
+                tar.add(directory, arcname=name)
+    size = archive.stat().st_size
+    if size <= PART_BYTES:
+        print(f"packed the compile caches into {archive} ({size} bytes)")
+        return [archive]
+    parts = []
+    with open(archive, "rb") as whole:
+        while chunk := whole.read(PART_BYTES):
+            parts.append(archive.with_name(f"{archive.name}.part{len(parts):02d}"))
+            parts[-1].write_bytes(chunk)
+    archive.unlink()
+    print(f"packed the compile caches into {len(parts)} parts {archive.name}.partNN ({size} bytes)")
+    return parts
+
+
+def restore_caches(files: list[Path]) -> int:
+    """Extract a save_caches archive (its parts in any order) into the compile caches' directories, keeping
+    every file already there; returns the files added."""
+    dirs = cache_dirs()
+    data = b"".join(path.read_bytes() for path in sorted(files))
+    added = 0
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            parts = Path(member.name).parts
+            if not member.isfile() or Path(member.name).is_absolute() or ".." in parts or len(parts) < 2 \
+                    or parts[0] not in dirs:
+                continue
+            target = dirs[parts[0]].joinpath(*parts[1:])
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tar.extractfile(member).read())
+            added += 1
+    print(f"compile caches: {added} file(s) added under {', '.join(map(str, dirs.values()))}")
+    return added
+
+
 def _safe_member(member: tarfile.TarInfo) -> bool:
     parts = Path(member.name).parts
     return (member.isfile() and not Path(member.name).is_absolute() and ".." not in parts and len(parts) > 1
@@ -663,12 +728,18 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--hold-minutes", type=float, default=None,
                                  help="the machine goes back this long after start: run cell by cell, "
                                  "only those expected to end before then")
+            command.add_argument("--caches", type=Path, nargs="+", default=None,
+                                 help="a compile-cache archive (or its parts) from --with-caches, restored "
+                                 "before the first run")
         if name in ("start", "wait"):
             command.add_argument("--minutes", type=float, default=0.0, help="wait this long, then pack")
         if name in ("start", "wait", "stop", "status"):
             command.add_argument("--out", type=Path, default=None, help="pack finished runs here ($OUT)")
             command.add_argument("--with-running", action="store_true",
                                  help="pack the unfinished runs too (to look at their metrics)")
+            command.add_argument("--with-caches", action="store_true",
+                                 help="also pack the compile caches into --out (for the next machine's "
+                                 "start --caches)")
         if name == "stop":
             command.add_argument("--grace", type=float, default=120.0,
                                  help="seconds the runs get to checkpoint before they are killed")
@@ -676,6 +747,9 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("archives", type=Path, nargs="+")
     command.add_argument("--into", type=Path, default=ROOT)
     args = parser.parse_args(argv)
+    if getattr(args, "with_caches", False) and args.out is None:
+        print("campaign: --with-caches packs the compile caches into --out: give --out DIR", file=sys.stderr)
+        return 2
     try:
         if args.command == "_supervise":
             return supervise(args.work)
@@ -684,12 +758,16 @@ def main(argv: list[str] | None = None) -> int:
                 unpack(archive, args.into)
             return 0
         if args.command == "start":
+            if args.caches:
+                restore_caches(args.caches)
             start(args.plans, args.work, args.source, args.hold_minutes)
         if args.command in ("start", "wait"):
             wait(args.work, args.minutes)
         if args.command == "stop":
             stop(args.work, args.grace)
         pack(args.work, args.out, args.with_running)
+        if getattr(args, "with_caches", False):
+            save_caches(args.out)
     except CampaignError as error:
         print(f"campaign: {error}", file=sys.stderr)
         return 2
