@@ -325,3 +325,31 @@ def test_with_caches_needs_out_before_anything_is_packed(tmp_path: Path) -> None
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip() == \
         "campaign: --with-caches packs the compile caches into --out: give --out DIR"
+
+
+def test_a_stage_of_many_jobs_runs_a_product_block_of_its_pending_cells() -> None:
+    # n_jobs = GPUs x runs per GPU: one multirun takes every pending cell it can express (a product of the
+    # swept keys' values), not only those that differ in the last key, so eight GPUs are not left with three
+    campaign = _module()
+    stage = ["experiment=e", "hydra.launcher.n_jobs=8", "mixer=a,b,c", "task=x,y,z"]
+    cells = campaign.expand([stage])
+    everything = list(range(9))
+    group, _ = campaign.choose(cells, everything, 600.0, {})
+    # 3 x 3 is more than 8: the block grows along the task first (a x {x,y,z}), then by whole rows (b)
+    assert group == [0, 1, 2, 3, 4, 5]
+    assert campaign.group_overrides([cells[i] for i in group])[2:] == ["mixer=a,b", "task=x,y,z"]
+    # (a, y) and (c, x) already ran: the lead's row takes x and z, then b's x and z; c's z waits for c's x
+    pending = [0, 2, 3, 4, 5, 7, 8]
+    group, _ = campaign.choose(cells, pending, 600.0, {})
+    assert group == [0, 2, 3, 5]
+    assert campaign.group_overrides([cells[i] for i in group])[2:] == ["mixer=a,b", "task=x,z"]
+    # nine jobs run the whole stage as its own multirun would
+    cells = campaign.expand([["experiment=e", "hydra.launcher.n_jobs=9", "mixer=a,b,c", "task=x,y,z"]])
+    group, _ = campaign.choose(cells, everything, 600.0, {})
+    assert group == everything
+    assert campaign.group_overrides([cells[i] for i in group]) == cells[0].overrides[:2] + ["mixer=a,b,c",
+                                                                                            "task=x,y,z"]
+    # a cell that does not fit before the deadline stays out, and so does the rest of its row (b): the
+    # block takes the rows that are whole
+    group, postponed = campaign.choose(cells, everything, 600.0, {4: 900.0})
+    assert postponed == [4] and group == [0, 1, 2, 6, 7, 8]

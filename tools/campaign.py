@@ -25,12 +25,14 @@ With `start ... --hold-minutes M` (the machine goes back M minutes after `start`
 runs the plan cell by cell instead: each stage's comma-separated values expand into cells (their
 cartesian product, the last key varying fastest), each run as a multirun of its own single values, so
 it lands in the directory the stage's multirun gives it. A stage with hydra.launcher.n_jobs=K > 1 runs
-up to K cells that differ only in its last swept key as one multirun, packed as before. Before each
-launch it estimates the cell's duration from the finished runs of the work copy (`estimate`); a cell
-that would not end a minute before the deadline is postponed (left pending for the next stretch) and
-the next pending cell that fits runs instead, so the end of a hold fills with short runs rather than
-with a run that is lost. Cells that the checkout holds finished are skipped without a launch. When
-nothing pending fits, the supervisor ends and says so; `wait` and `status` list the postponed cells.
+up to K of its pending cells at once, a block of them that one multirun gives (a product of values of its
+swept keys), packed as before; with K = GPUs x runs per GPU the launcher spreads them over every GPU.
+Before each launch it estimates the cell's duration from the finished runs of the work copy
+(`estimate`); a cell that would not end a minute before the deadline is postponed (left pending for the
+next stretch) and the next pending cell that fits runs instead, so the end of a hold fills with short
+runs rather than with a run that is lost. Cells that the checkout holds finished are skipped without a
+launch. When nothing pending fits, the supervisor ends and says so; `wait` and `status` list the
+postponed cells.
 
 A bare machine compiles every model again (13 to 49 s of a run's first step on the H200, against 3 to 4 s
 with warm caches). `stop --with-caches` (or `wait`) also packs the compile caches into --out, in parts of
@@ -165,14 +167,15 @@ def expand(stages: list[list[str]]) -> list[Cell]:
 
 
 def group_overrides(cells: list[Cell]) -> list[str]:
-    """The overrides of one multirun running `cells` (of one stage, differing only in the last swept key)."""
+    """The overrides of one multirun running `cells` (a product_block of one stage): each swept key with
+    the block's values, in plan order."""
     first = cells[0]
-    if len(cells) == 1:
-        return first.overrides
-    position = first.swept[-1]
-    key = first.overrides[position].split("=", 1)[0]
-    joined = ",".join(cell.overrides[position].split("=", 1)[1] for cell in cells)
-    return first.overrides[:position] + [f"{key}={joined}"] + first.overrides[position + 1:]
+    overrides = list(first.overrides)
+    for position in first.swept:
+        key = first.overrides[position].split("=", 1)[0]
+        values = dict.fromkeys(cell.overrides[position].split("=", 1)[1] for cell in cells)
+        overrides[position] = f"{key}={','.join(values)}"
+    return overrides
 
 
 def _number(text: Any) -> Any:
@@ -290,22 +293,39 @@ def estimate(cell: Cell, measured: list[dict[str, Any]]) -> float | None:
 def choose(cells: list[Cell], pending: list[int], left_s: float,
            estimates: dict[int, float | None]) -> tuple[list[int], list[int]]:
     """The next launch (indices into `cells`) and the pending cells postponed now. The first pending cell
-    in plan order that fits in `left_s` leads; a stage with n_jobs > 1 adds its next fitting cells that
-    differ only in the last swept key, up to n_jobs. An unknown estimate counts as fitting."""
-    group, postponed = [], []
+    in plan order that fits in `left_s` leads; a stage with n_jobs > 1 adds its other fitting cells, up to
+    n_jobs, as a block one multirun runs (product_block). An unknown estimate counts as fitting."""
+    fitting, postponed = [], []
     for i in pending:
         est = estimates.get(i)
-        if est is not None and est + MARGIN_S > left_s:
-            postponed.append(i)
-            continue
-        if not group:
-            group.append(i)
-            continue
-        lead, cell = cells[group[0]], cells[i]
-        if (cell.stage == lead.stage and len(group) < lead.n_jobs and lead.swept
-                and all(cell.overrides[p] == lead.overrides[p] for p in lead.swept[:-1])):
-            group.append(i)
-    return group, postponed
+        (postponed if est is not None and est + MARGIN_S > left_s else fitting).append(i)
+    if not fitting:
+        return [], postponed
+    lead = cells[fitting[0]]
+    same_stage = [i for i in fitting if cells[i].stage == lead.stage]
+    return product_block(cells, same_stage, lead.n_jobs), postponed
+
+
+def product_block(cells: list[Cell], candidates: list[int], n_jobs: int) -> list[int]:
+    """The largest block of `candidates` (cells of one stage, the first leading) that one multirun can run:
+    a cartesian product of values of the stage's swept keys, at most n_jobs cells, grown from the lead's
+    values key by key, the last (fastest) key first, each key's values in plan order. On a machine of G
+    GPUs with n_jobs = G x runs per GPU the launcher spreads the block over all of them."""
+    lead = cells[candidates[0]]
+    swept = lead.swept
+    if not swept or n_jobs <= 1:
+        return [candidates[0]]
+    index = {tuple(cells[i].overrides[p] for p in swept): i for i in candidates}
+    chosen = [[lead.overrides[p]] for p in swept]
+    for j in reversed(range(len(swept))):
+        for value in dict.fromkeys(key[j] for key in index):
+            if value in chosen[j]:
+                continue
+            trial = chosen[:j] + [chosen[j] + [value]] + chosen[j + 1:]
+            block = list(itertools.product(*trial))
+            if len(block) <= n_jobs and all(key in index for key in block):
+                chosen = trial
+    return sorted(index[key] for key in itertools.product(*chosen))
 
 
 def _alive(pid: int | None) -> bool:
