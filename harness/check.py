@@ -24,6 +24,9 @@ from harness.config import EXTENDABLE, compare, effective_precision, validate
 from harness.data import load_task
 from harness.rundir import FINISHED, FileUnreadable, ResumeRefused, RunDir
 
+# the GPU (an index among the visible ones) that hydra/launcher=local gave a job: trainer.device=auto takes it
+GPU_ENV = "KDA_HARNESS_GPU"
+
 
 class ConfigError(ValueError):
     """A config that cannot train, found before anything was written (the message names the value and the
@@ -38,11 +41,14 @@ def one_line_error(error: ConfigError) -> str:
 
 
 def resolve_device(spec: str, job_num: int | None = None) -> torch.device:
-    """trainer.device -> a torch.device; `auto` packs multirun jobs round-robin over the visible GPUs."""
+    """trainer.device -> a torch.device; `auto`: the GPU the local launcher gave the job (GPU_ENV: the
+    least busy one when it started), else multirun jobs round-robin by number over the visible GPUs."""
     if spec == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
-        return torch.device("cuda", (job_num or 0) % torch.cuda.device_count())
+        given = os.environ.get(GPU_ENV, "")
+        index = int(given) if given.isdigit() else (job_num or 0)
+        return torch.device("cuda", index % torch.cuda.device_count())
     if spec != "cpu" and not re.fullmatch(r"cuda(:\d+)?", spec):
         raise ValueError(f"trainer.device={spec!r}: choose auto, cpu, cuda or cuda:N")
     if spec.startswith("cuda") and not torch.cuda.is_available():

@@ -120,8 +120,8 @@ class TrainerConfig:
     eval_every: int = MISSING
     log_every: int = MISSING
     checkpoint_every: int = MISSING
-    # auto | cpu | cuda | cuda:N. auto in a multirun with several GPUs packs jobs round-robin:
-    # cuda:(job.num % device_count).
+    # auto | cpu | cuda | cuda:N. auto in a multirun with several GPUs: the GPU hydra/launcher=local gave
+    # the job (the one running the fewest of the sweep's jobs when it started), else cuda:(job.num % GPUs).
     device: str = MISSING
     precision: Precision = MISSING
     # torch.compile the model's body (embedding to final norm; the scored loss stays eager). Our Triton

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -40,3 +42,36 @@ def test_job_runs_with_its_share_of_the_cpu_threads(threads: int, tmp_path: Path
     finally:
         torch.set_num_threads(before)
     assert seen == [threads] and conn.sent == [("done", "result")]
+
+
+def test_least_loaded_takes_the_gpu_with_fewest_running_jobs() -> None:
+    assert launcher.least_loaded([], 4) == 0
+    assert launcher.least_loaded([0, 1, 0], 3) == 2
+    assert launcher.least_loaded([0, 1, 2, 0, 2], 3) == 1
+
+
+def test_a_job_that_starts_when_another_ends_takes_the_gpu_that_freed(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # two GPUs, two jobs at a time: job 0 runs long and job 1 ends first, so job 2 goes to job 1's GPU,
+    # where round-robin by number would put it beside job 0 and leave the other GPU idle
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(launcher, "setup_globals", lambda: None)
+    monkeypatch.setattr(launcher, "configure_log", lambda *args: None)
+
+    def job(conn, parent, context, config, task, state, threads, gpu=None) -> None:  # noqa: ANN001
+        num = config.hydra.job.num
+        time.sleep(2.0 if num == 0 else 0.2)
+        (tmp_path / f"job{num}").write_text(str(gpu))
+        conn.send(("done", num))
+
+    monkeypatch.setattr(launcher, "_job", job)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}, "hydra_logging": {},
+                                         "verbose": False}})
+    loader = SimpleNamespace(load_sweep_config=lambda base, overrides: OmegaConf.create(
+        {"hydra": {"job": {"name": "train"}, "sweep": {"dir": str(tmp_path)}}}))
+    local = launcher.LocalLauncher(n_jobs=2)
+    local.setup(hydra_context=SimpleNamespace(config_loader=loader), task_function=lambda cfg: None,
+                config=config)
+    assert local.launch([["a=1"], ["a=2"], ["a=3"]], initial_job_idx=0) == [0, 1, 2]
+    assert [(tmp_path / f"job{num}").read_text() for num in range(3)] == ["0", "1", "1"]

@@ -18,7 +18,7 @@ from helpers import CLI_TINY, read_wandb_records
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
-from harness.check import resolve_device
+from harness.check import GPU_ENV, resolve_device
 from harness.cli import CONFIG_DIR
 from harness.data import EpochSampler
 from harness.step import lr_factor
@@ -438,8 +438,15 @@ def test_command_line_multirun_goes_on_after_a_failing_job(tmp_path: Path) -> No
 def test_device_auto_packs_multirun_jobs_round_robin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv(GPU_ENV, raising=False)
     packed = [resolve_device("auto", job_num) for job_num in range(6)]
     assert packed == [torch.device("cuda", i) for i in (0, 1, 2, 3, 0, 1)]
+    # the GPU the local launcher gave the job wins over its number
+    monkeypatch.setenv(GPU_ENV, "2")
+    assert resolve_device("auto", 1) == torch.device("cuda", 2)
+    monkeypatch.setenv(GPU_ENV, "6")
+    assert resolve_device("auto", 1) == torch.device("cuda", 2)
+    monkeypatch.delenv(GPU_ENV)
     assert resolve_device("auto") == torch.device("cuda", 0)
     assert resolve_device("cuda:3") == torch.device("cuda", 3)
     with pytest.raises(ValueError, match="cuda:4"):

@@ -32,6 +32,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from harness.check import GPU_ENV
 from harness.rundir import FileUnreadable, ResumeRefused, RunDir, RunDirBusy, RunDirError
 
 log = logging.getLogger("kda_harness.launcher")
@@ -73,9 +74,12 @@ _REFUSALS = {cls.__name__: cls for cls in (RunDirBusy, ResumeRefused, RunDirErro
 
 def _job(conn: multiprocessing.connection.Connection, parent: int, hydra_context: HydraContext,
          sweep_config: DictConfig, task_function: TaskFunction, singleton_state: dict[Any, Any],
-         threads: int) -> None:
-    """One job, in its own process: its result goes back through `conn`."""
+         threads: int, gpu: int | None = None) -> None:
+    """One job, in its own process: its result goes back through `conn`; `gpu`, the GPU the launcher gave
+    it, is what trainer.device=auto takes."""
     _die_with_parent(parent)
+    if gpu is not None:
+        os.environ[GPU_ENV] = str(gpu)
     # the machine's cores shared among the jobs running at once (trainer.cpu_threads, if set, overrides):
     # torch's default of one thread per core in every job oversubscribes the CPU n_jobs-fold, and a GPU
     # run of a small model waits on its Python thread to launch kernels
@@ -137,6 +141,13 @@ def record_death(run_dir: Path, cause: str) -> bool:
     return True
 
 
+def least_loaded(busy: Sequence[int], gpus: int) -> int:
+    """The GPU (of `gpus`) running the fewest of `busy` (the GPUs of the jobs running now), the lowest on a
+    tie: a job that starts when another ends goes where that one was, not round-robin by its number onto a
+    GPU still busy while another idles (runs stopped early end at very different times)."""
+    return min(range(gpus), key=lambda gpu: (sum(b == gpu for b in busy), gpu))
+
+
 class LocalLauncher(Launcher):
     def __init__(self, n_jobs: int = 1, stop_timeout_s: float = 60.0) -> None:
         """`n_jobs` runs at once (<= 0: one per CPU core, less -n_jobs); on Ctrl-C the running jobs get
@@ -171,15 +182,21 @@ class LocalLauncher(Launcher):
         results: list[JobReturn | None] = [None] * len(configs)
         waiting = list(range(len(configs)))
         running: dict[int, tuple[Any, multiprocessing.connection.Connection]] = {}
+        # (device_count reads the driver without a CUDA context, so the jobs still fork cleanly)
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        on_gpu: dict[int, int] = {}
         try:
             while waiting or running:
                 while waiting and len(running) < self.n_jobs:
                     index = waiting.pop(0)
+                    gpu = least_loaded([on_gpu[i] for i in running], gpus) if gpus else None
+                    if gpu is not None:
+                        on_gpu[index] = gpu
                     receive, send = context.Pipe(duplex=False)
                     process = context.Process(
                         target=_job, name=f"job {initial_job_idx + index}",
                         args=(send, os.getpid(), self.hydra_context, configs[index], self.task_function,
-                              singleton_state, max(1, (os.cpu_count() or 1) // self.n_jobs)))
+                              singleton_state, max(1, (os.cpu_count() or 1) // self.n_jobs), gpu))
                     process.start()
                     send.close()
                     running[index] = (process, receive)
