@@ -54,7 +54,6 @@ def test_a_job_that_starts_when_another_ends_takes_the_gpu_that_freed(tmp_path: 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # two GPUs, two jobs at a time: job 0 runs long and job 1 ends first, so job 2 goes to job 1's GPU,
     # where round-robin by number would put it beside job 0 and leave the other GPU idle
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(launcher, "setup_globals", lambda: None)
     monkeypatch.setattr(launcher, "configure_log", lambda *args: None)

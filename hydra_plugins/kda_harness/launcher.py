@@ -182,8 +182,8 @@ class LocalLauncher(Launcher):
         results: list[JobReturn | None] = [None] * len(configs)
         waiting = list(range(len(configs)))
         running: dict[int, tuple[Any, multiprocessing.connection.Connection]] = {}
-        # (device_count reads the driver without a CUDA context, so the jobs still fork cleanly)
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        # device_count asks NVML, not the CUDA driver (is_available starts it): the jobs fork cleanly
+        gpus = torch.cuda.device_count()
         on_gpu: dict[int, int] = {}
         try:
             while waiting or running:
