@@ -44,6 +44,16 @@ def test_job_runs_with_its_share_of_the_cpu_threads(threads: int, tmp_path: Path
     assert seen == [threads] and conn.sent == [("done", "result")]
 
 
+def test_visible_gpus_counts_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert launcher.visible_gpus() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert launcher.visible_gpus() == 0
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("PATH", "")  # no nvidia-smi: no GPU to give
+    assert launcher.visible_gpus() == 0
+
+
 def test_least_loaded_takes_the_gpu_with_fewest_running_jobs() -> None:
     assert launcher.least_loaded([], 4) == 0
     assert launcher.least_loaded([0, 1, 0], 3) == 2
@@ -54,7 +64,7 @@ def test_a_job_that_starts_when_another_ends_takes_the_gpu_that_freed(tmp_path: 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # two GPUs, two jobs at a time: job 0 runs long and job 1 ends first, so job 2 goes to job 1's GPU,
     # where round-robin by number would put it beside job 0 and leave the other GPU idle
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(launcher, "visible_gpus", lambda: 2)
     monkeypatch.setattr(launcher, "setup_globals", lambda: None)
     monkeypatch.setattr(launcher, "configure_log", lambda *args: None)
 

@@ -19,6 +19,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -141,6 +142,22 @@ def record_death(run_dir: Path, cause: str) -> bool:
     return True
 
 
+def visible_gpus() -> int:
+    """How many GPUs the jobs will see, found without starting the CUDA driver in this process (forked jobs
+    cannot use a driver their parent started): CUDA_VISIBLE_DEVICES's entries where set, else nvidia-smi's
+    list, else 0. A wrong count only unbalances the jobs: each takes its GPU modulo the GPUs it sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([entry for entry in visible.split(",") if entry.strip() and entry.strip() != "-1"])
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    if listed.returncode != 0:
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
 def least_loaded(busy: Sequence[int], gpus: int) -> int:
     """The GPU (of `gpus`) running the fewest of `busy` (the GPUs of the jobs running now), the lowest on a
     tie: a job that starts when another ends goes where that one was, not round-robin by its number onto a
@@ -182,8 +199,7 @@ class LocalLauncher(Launcher):
         results: list[JobReturn | None] = [None] * len(configs)
         waiting = list(range(len(configs)))
         running: dict[int, tuple[Any, multiprocessing.connection.Connection]] = {}
-        # device_count asks NVML, not the CUDA driver (is_available starts it): the jobs fork cleanly
-        gpus = torch.cuda.device_count()
+        gpus = visible_gpus()
         on_gpu: dict[int, int] = {}
         try:
             while waiting or running:
