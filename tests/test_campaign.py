@@ -353,3 +353,19 @@ def test_a_stage_of_many_jobs_runs_a_product_block_of_its_pending_cells() -> Non
     # block takes the rows that are whole
     group, postponed = campaign.choose(cells, everything, 600.0, {4: 900.0})
     assert postponed == [4] and group == [0, 1, 2, 6, 7, 8]
+
+
+def test_left_prices_what_a_plan_still_has_to_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    campaign = _module()
+    # kda at 2048 ran (0.4 s a step); gdn at 2048 is priced from it, two cells at 256 run together
+    _finished(tmp_path, "a", "kda", 2048, 400.0, ["experiment=e"])
+    _finished(tmp_path, "b", "kda", 256, 50.0, ["experiment=e"], n_jobs=2)
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=e task.seq_len=2048 mixer=kda,gdn task=mqar\n"
+                    "experiment=e hydra.launcher.n_jobs=2 task.seq_len=256 mixer=kda task=stack,palindrome\n")
+    seconds = campaign.left([plan], tmp_path)
+    # gdn at 2048: 0.4 s x 1,000 steps + 10 s; the pair at 256: one launch of 0.05 x 1,000 + 10 s
+    assert seconds == pytest.approx(410.0 + 60.0)
+    out = capsys.readouterr().out
+    assert "3 of 4 cells left" in out and "at most 8 min of device time" in out
+    assert "stage 2 task=stack" in out and "(with 1 other(s) at once)" in out

@@ -7,6 +7,7 @@ while it is held, and starts bare the next time. So a grid that needs hours fill
     python tools/campaign.py wait --minutes 9 --out $OUT              # each following one
     python tools/campaign.py stop --out $OUT                          # the last one of the stretch
     python tools/campaign.py unpack /path/to/campaign-*.tar.gz        # here; commit the run directories
+    python tools/campaign.py left PLAN...                             # what is left, in device minutes
 
 `start` copies this checkout (its committed runs included) to `--work`, then runs the plan's stages there,
 one `python train.py -m <overrides>` after another, in a new process session that outlives the command.
@@ -577,6 +578,31 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
     return "stopped"
 
 
+def left(plans: list[Path], source: Path) -> float:
+    """What the plans still have to run against the checkout `source`: each pending cell with its estimate
+    (from the checkout's finished runs; at most max_steps, so early stopping only shortens it) and the
+    device minutes of them all, launched as a hold would group them; returns those seconds."""
+    cells = expand([stage for plan in plans for stage in read_plan(plan)])
+    runs = finished_runs(source)
+    pending = [i for i, cell in enumerate(cells) if not is_finished(cell, runs)]
+    estimates = {i: estimate(cells[i], runs) for i in pending}
+    total, unknown, todo = 0.0, 0, list(pending)
+    while todo:
+        group, _ = choose(cells, todo, float("inf"), estimates)
+        known = [estimates[i] for i in group if estimates[i] is not None]
+        unknown += len(group) - len(known)
+        total += max(known, default=0.0)
+        for i in group:
+            est = estimates[i]
+            print(f"  {cells[i]!r:60s} {'unknown' if est is None else f'{est / 60:5.1f} min'}"
+                  + (f"  (with {len(group) - 1} other(s) at once)" if len(group) > 1 else ""))
+        todo = [i for i in todo if i not in group]
+    print(f"{len(pending)} of {len(cells)} cells left in {', '.join(map(str, plans))}: at most "
+          f"{total / 60:.0f} min of device time" + (f", {unknown} cell(s) without an estimate" if unknown
+                                                    else "") + " (early stopping shortens it)")
+    return total
+
+
 def wait(work: Path, minutes: float) -> None:
     """Sleep up to `minutes`, or until the stages are done, printing progress once a minute."""
     deadline = time.monotonic() + 60 * minutes
@@ -763,6 +789,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "stop":
             command.add_argument("--grace", type=float, default=120.0,
                                  help="seconds the runs get to checkpoint before they are killed")
+    command = sub.add_parser("left", help="the cells the plans still have to run here, with estimates")
+    command.add_argument("plans", type=Path, nargs="+")
+    command.add_argument("--source", type=Path, default=ROOT, help="the checkout whose runs count (this one)")
     command = sub.add_parser("unpack")
     command.add_argument("archives", type=Path, nargs="+")
     command.add_argument("--into", type=Path, default=ROOT)
@@ -773,6 +802,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "_supervise":
             return supervise(args.work)
+        if args.command == "left":
+            left(args.plans, args.source)
+            return 0
         if args.command == "unpack":
             for archive in args.archives:
                 unpack(archive, args.into)
