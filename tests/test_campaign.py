@@ -369,3 +369,33 @@ def test_left_prices_what_a_plan_still_has_to_run(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     assert "3 of 4 cells left" in out and "at most 8 min of device time" in out
     assert "stage 2 task=stack" in out and "(with 1 other(s) at once)" in out
+
+
+def test_a_cell_that_an_earlier_stage_ran_is_not_launched_again(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    # a plan that runs a claim's cells first holds them again in the grid's stages: each runs once
+    campaign = _module()
+    work = tmp_path / "work"
+    (work / "src" / "results").mkdir(parents=True)
+    (work / "brought.json").write_text("{}")
+    stages = [["experiment=e", "mixer=b"], ["experiment=e", "mixer=a,b,c"]]
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 3600})
+    launched = []
+
+    def launch(index: int, overrides: list[str], label: str) -> int:
+        mixer = overrides[-1].split("=")[1]
+        run = work / "src" / "results" / "x" / mixer
+        (run / ".hydra").mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10}))
+        (run / ".hydra" / "overrides.yaml").write_text(f"- experiment=e\n- mixer={mixer}\n")
+        (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweeper:\n    params:\n  help:\n")
+        launched.append(mixer)
+        return 0
+
+    assert campaign.run_cells(work, campaign._state(work), launch, []).startswith("done")
+    assert launched == ["b", "a", "c"]
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=e mixer=b\nexperiment=e mixer=a,b,c\n")
+    capsys.readouterr()
+    assert campaign.left([plan], work / "src") == 0.0
+    assert "0 of 3 cells left" in capsys.readouterr().out

@@ -548,8 +548,10 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
     state.update(cells_skipped=len(cells) - len(pending), cells_run=0)
     while not stopping:
         left = state["deadline"] - time.time()
-        # re-read each time: a run finished in this stretch measures its mixer and length best
+        # re-read each time: a run finished in this stretch measures its mixer and length best, and a cell
+        # that an earlier stage also held (a plan that runs a claim's cells first) is done
         measured = finished_runs(src)
+        pending = [i for i in pending if not is_finished(cells[i], measured)]
         estimates = {i: estimate(cells[i], measured) for i in pending}
         group, postponed = choose(cells, pending, left, estimates)
         state.update(cells_pending=len(pending),
@@ -584,7 +586,12 @@ def left(plans: list[Path], source: Path) -> float:
     device minutes of them all, launched as a hold would group them; returns those seconds."""
     cells = expand([stage for plan in plans for stage in read_plan(plan)])
     runs = finished_runs(source)
-    pending = [i for i, cell in enumerate(cells) if not is_finished(cell, runs)]
+    # a cell an earlier stage also holds runs once (the same overrides, the same run directory)
+    first: dict[tuple, int] = {}
+    for i, cell in enumerate(cells):
+        first.setdefault(tuple(sorted((k, v) for k, v in cell.values.items() if not k.startswith("hydra"))),
+                         i)
+    pending = [i for i in sorted(first.values()) if not is_finished(cells[i], runs)]
     estimates = {i: estimate(cells[i], runs) for i in pending}
     total, unknown, todo = 0.0, 0, list(pending)
     while todo:
@@ -597,7 +604,7 @@ def left(plans: list[Path], source: Path) -> float:
             print(f"  {cells[i]!r:60s} {'unknown' if est is None else f'{est / 60:5.1f} min'}"
                   + (f"  (with {len(group) - 1} other(s) at once)" if len(group) > 1 else ""))
         todo = [i for i in todo if i not in group]
-    print(f"{len(pending)} of {len(cells)} cells left in {', '.join(map(str, plans))}: at most "
+    print(f"{len(pending)} of {len(first)} cells left in {', '.join(map(str, plans))}: at most "
           f"{total / 60:.0f} min of device time" + (f", {unknown} cell(s) without an estimate" if unknown
                                                     else "") + " (early stopping shortens it)")
     return total
