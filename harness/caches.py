@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 INDUCTOR_DIR, TRITON_DIR = "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"
+DIR_VARIABLES = (("inductor", INDUCTOR_DIR), ("triton", TRITON_DIR))
 # (config module, switch, the environment variable that forces it): turned on unless the variable is set
 SWITCHES = (
     ("torch._inductor.config", "fx_graph_cache", "TORCHINDUCTOR_FX_GRAPH_CACHE"),
@@ -40,15 +41,22 @@ def default_root() -> Path:
     return Path(base).expanduser() / "kda_harness" / "compile"
 
 
+def cache_dirs(root: Path | None = None) -> dict[str, Path]:
+    """{"inductor": dir, "triton": dir}: the directory the environment names, else root/inductor and
+    root/triton (root: default_root()); what share_compile_caches gives a run."""
+    root = default_root() if root is None else root
+    return {name: Path(os.environ.get(variable) or root / name) for name, variable in DIR_VARIABLES}
+
+
 def share_compile_caches(root: Path | None = None) -> dict[str, str]:
     """Turn on the compile caches and give inductor and Triton one directory per machine (root/inductor,
     root/triton) where the environment names none; returns {"inductor": dir, "triton": dir} as used.
     Call before the first compile: both read their directory from the environment when they write."""
-    root = default_root() if root is None else root
+    own = cache_dirs(root)
     dirs = {}
-    for name, variable in (("inductor", INDUCTOR_DIR), ("triton", TRITON_DIR)):
+    for name, variable in DIR_VARIABLES:
         if not os.environ.get(variable):
-            os.environ[variable] = str(root / name)
+            os.environ[variable] = str(own[name])
         dirs[name] = os.environ[variable]
     for module_name, switch, variable in SWITCHES:
         module = importlib.import_module(module_name)

@@ -19,8 +19,8 @@ runs in flight checkpoint and stay `incomplete` there; they are not packed, and 
 them again from step 0 (a checkpoint does not travel).
 
 A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
-(`#` starts a comment). Only the standard library and harness/rundir.py are used here, so `wait` and `stop`
-need no Hydra.
+(`#` starts a comment). Only the standard library, harness/rundir.py and harness/caches.py are used
+here, so `wait` and `stop` need no Hydra.
 
 With `start ... --hold-minutes M` (the machine goes back M minutes after `start` began) the supervisor
 runs the plan cell by cell instead: each stage's comma-separated values expand into cells (their
@@ -65,7 +65,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.caches import INDUCTOR_DIR, TRITON_DIR, default_root  # noqa: E402  (standard library only)
+from harness.caches import cache_dirs  # noqa: E402  (standard library only at import)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
 
 # A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
@@ -142,6 +142,8 @@ class Cell:
     def __init__(self, stage: int, overrides: list[str], swept: list[int], n_jobs: int) -> None:
         self.stage, self.overrides, self.swept, self.n_jobs = stage, overrides, swept, n_jobs
         self.values = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in overrides}
+        # what names its run (hydra.* and hydra/* configure the sweep): two cells alike here are one run
+        self.run_values = {k: v for k, v in self.values.items() if not k.startswith("hydra")}
 
     def __repr__(self) -> str:
         swept = [self.overrides[i] for i in self.swept]
@@ -247,7 +249,7 @@ def _alike(cell: Cell, run: dict[str, Any]) -> bool:
 
 def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
     """A finished run of the cell's kind recorded every override of the cell."""
-    mine = {k: _number(v) for k, v in cell.values.items() if not k.startswith("hydra")}
+    mine = {k: _number(v) for k, v in cell.run_values.items()}
     return any(_alike(cell, run) and all(run["overrides"].get(k) == v for k, v in mine.items())
                for run in runs)
 
@@ -589,8 +591,7 @@ def left(plans: list[Path], source: Path) -> float:
     # a cell an earlier stage also holds runs once (the same overrides, the same run directory)
     first: dict[tuple, int] = {}
     for i, cell in enumerate(cells):
-        first.setdefault(tuple(sorted((k, v) for k, v in cell.values.items() if not k.startswith("hydra"))),
-                         i)
+        first.setdefault(tuple(sorted(cell.run_values.items())), i)
     pending = [i for i in sorted(first.values()) if not is_finished(cells[i], runs)]
     estimates = {i: estimate(cells[i], runs) for i in pending}
     total, unknown, todo = 0.0, 0, list(pending)
@@ -665,14 +666,6 @@ def stop(work: Path, grace_s: float) -> None:
         print(f"campaign: the supervisor did not end within {grace_s:.0f} s; killed")
     else:
         print("campaign: stopped; runs in flight checkpointed there and stay incomplete")
-
-
-def cache_dirs() -> dict[str, Path]:
-    """The compile caches' directories as the runs' harness/caches.py will use them (the environment's, else
-    one home per machine): {"inductor": dir, "triton": dir}."""
-    root = default_root()
-    return {name: Path(os.environ.get(variable) or root / name)
-            for name, variable in (("inductor", INDUCTOR_DIR), ("triton", TRITON_DIR))}
 
 
 def save_caches(out: Path) -> list[Path]:
