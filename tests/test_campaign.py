@@ -399,3 +399,34 @@ def test_a_cell_that_an_earlier_stage_ran_is_not_launched_again(tmp_path: Path,
     capsys.readouterr()
     assert campaign.left([plan], work / "src") == 0.0
     assert "0 of 3 cells left" in capsys.readouterr().out
+
+
+def test_a_second_start_on_the_same_machine_keeps_the_runs_the_first_finished(tmp_path: Path) -> None:
+    # a hold that ran one plan and starts another: its finished runs, packed or not, must survive the new
+    # copy, stay out of `brought` (so the next pack takes them) and lose to the checkout's own copy
+    campaign = _module()
+    checkout = tmp_path / "checkout"
+    committed = checkout / "results" / "g" / "committed"
+    committed.mkdir(parents=True)
+    (committed / "summary.json").write_text('{"status": "completed", "steps": 7}')
+    work = tmp_path / "work"
+    campaign.snapshot(work, checkout)
+    for name, steps in (("new", 5), ("committed", 9)):
+        run = work / "src" / "results" / "g" / name
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "steps": steps}))
+        (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    flight = work / "src" / "results" / "g" / "in_flight"
+    flight.mkdir()
+    (flight / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    assert {n for n, _ in campaign.classify(work)["finished"]} == {"results/g/new", "results/g/committed"}
+
+    campaign.snapshot(work, checkout)
+    groups = campaign.classify(work)
+    assert [n for n, _ in groups["finished"]] == ["results/g/new"]
+    assert [n for n, _ in groups["brought"]] == ["results/g/committed"]
+    assert json.loads((work / "src" / "results/g/committed/summary.json").read_text())["steps"] == 7
+    assert not (work / "src" / "results/g/in_flight").exists() and not (work / "kept").exists()
+    archive = campaign.pack(work, tmp_path / "out")
+    with tarfile.open(archive) as tar:
+        assert "results/g/new/summary.json" in tar.getnames()

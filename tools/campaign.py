@@ -394,9 +394,18 @@ def _fingerprint(run: Path) -> str:
 
 def snapshot(work: Path, source: Path) -> Path:
     """Copy the checkout `source` to work/src and record which run directories it already holds. The
-    stages run from the copy, so a later sync of the checkout cannot change code under a running sweep."""
+    stages run from the copy, so a later sync of the checkout cannot change code under a running sweep.
+
+    A second `start` on a machine still held replaces an earlier copy: the runs that finished there and
+    that the checkout does not hold are kept (moved into the new copy, not counted as brought), so they are
+    skipped by the new stages and packed by the next `wait` or `stop` even if no archive took them yet."""
     src = work / "src"
+    kept = work / "kept"
     if src.exists():
+        shutil.rmtree(kept, ignore_errors=True)
+        for name, _ in classify(work)["finished"]:
+            (kept / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(src / name, kept / name)
         shutil.rmtree(src)
 
     def ignore(directory: str, names: list[str]) -> list[str]:
@@ -407,6 +416,20 @@ def snapshot(work: Path, source: Path) -> Path:
     shutil.copytree(source, src, symlinks=True, ignore=ignore)
     brought = {str(run.relative_to(src)): _fingerprint(run) for run in run_dirs(src)}
     (work / "brought.json").write_text(json.dumps(brought, indent=0) + "\n")
+    if kept.exists():
+        carried = 0
+        for run in run_dirs(kept):
+            name = str(run.relative_to(kept))
+            if name not in brought:  # the checkout's copy of a run (unpacked, committed) wins
+                if (src / name).exists():
+                    shutil.rmtree(src / name)
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(run, src / name)
+                carried += 1
+        shutil.rmtree(kept)
+        if carried:
+            print(f"kept {carried} run(s) that the earlier campaign in {work} finished (packed again by the "
+                  "next wait or stop)")
     return src
 
 
