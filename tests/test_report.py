@@ -268,3 +268,26 @@ def test_mqar_section_explains_kda_solving_mqar_at_2048_and_names_the_runs_that_
     assert "likeliest" not in "\n".join(mqar_section(runs, below, "train"))
     assert "has not run yet" in "\n".join(mqar_section(runs, cells.iloc[:0], "train"))
     assert mqar_section(runs.assign(task="stack"), cells, "train") == []
+
+
+def test_the_load_tests_say_whether_the_load_explains_kda_solving_mqar_at_2048() -> None:
+    grid = _mqar_runs().assign(variant="", best_train_acc=1.0, best_eval_acc=0.99, lr=1e-3,
+                               steps_to_threshold=1500)
+    heavier = _mqar_runs(**{"task.params.num_pairs": 512}).iloc[1:].assign(
+        variant="task.params.num_pairs=512", best_train_acc=0.2, best_eval_acc=0.18, lr=1e-3,
+        steps_to_threshold=None)
+    fewer = _mqar_runs(**{"task.params.num_queries": 256}).iloc[1:].assign(
+        variant="task.params.num_queries=256", best_train_acc=0.97, best_eval_acc=0.95, lr=1e-3,
+        steps_to_threshold=3000)
+    runs = pd.concat([grid, heavier], ignore_index=True)
+    cells = cell_table(runs)
+    text = "\n".join(mqar_section(runs, cells, "train"))
+    # the grid's load table keeps to the grid's runs; the test run has its own row with its own load
+    assert "| 2048 | kimi | 8,192 | 256 | 1,535 |" in text and "| 2048 | kimi | 8,192 | 512 |" not in text
+    assert "| task.params.num_pairs=512 | 512 | 1,023 | 2.00 | 0.200 | never |" in text
+    assert "the difference on claim 4 is this MQAR's load" in text
+    both = pd.concat([grid, heavier, fewer], ignore_index=True)
+    text = "\n".join(mqar_section(both, cell_table(both), "train"))
+    assert "| task.params.num_queries=256 | 256 | 256 | 1.00 | 0.970 | 3,000 |" in text
+    assert "under some of these loads only" in text
+    assert "No load-test run yet" in "\n".join(mqar_section(grid, cell_table(grid), "train"))
