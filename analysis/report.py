@@ -1,6 +1,7 @@
 """Kimi Linear §5.1's four claims about Fig. 4, judged on a sweep's runs, with what the sweep cost.
 
-    python -m analysis.report results/kimi_fig4_h200 --out results/kimi_fig4_h200/REPORT.md
+    python -m analysis.report results/kimi_fig4_h200 results/kimi_fig4_h200_load \\
+        --out results/kimi_fig4_h200/REPORT.md
 
 Each claim is marked `reproduced`, `not reproduced` (with the cells that contradict it) or `not testable`
 (the cells it needs are missing or unfinished, or the step budget cannot show it), from:
