@@ -260,6 +260,26 @@ def test_a_lone_cell_is_timed_from_lone_runs_not_from_packed_ones(tmp_path: Path
     assert campaign.estimate(packed, runs) == pytest.approx(0.3 / 2 * 1000 + 10.0)
 
 
+def test_a_cell_is_timed_from_runs_of_its_own_experiment_and_group_choices_first(tmp_path: Path) -> None:
+    campaign = _module()
+    # kda at 2048 in the 2-layer grid (0.1 s a step); a 4-layer hybrid of another experiment is slower
+    _finished(tmp_path, "a", "kda", 2048, 100.0, ["experiment=grid"])
+    _finished(tmp_path, "b", "kda", 2048, 200.0, ["experiment=hybrid", "experiment/hybrid=kda3_attn1"])
+    runs = campaign.finished_runs(tmp_path)
+    grid, ratio, other_ratio, first = campaign.expand([
+        ["experiment=grid", "task.seq_len=2048", "mixer=kda", "task=mqar"],
+        ["experiment=hybrid", "experiment/hybrid=kda3_attn1", "task.seq_len=2048", "mixer=kda", "task=mqar"],
+        ["experiment=hybrid", "experiment/hybrid=kda1_attn1", "task.seq_len=2048", "mixer=kda", "task=mqar"],
+        ["experiment=new", "task.seq_len=2048", "mixer=kda", "task=mqar"]])
+    assert campaign.estimate(grid, runs) == pytest.approx(0.1 * 1000 + 10.0)
+    assert campaign.estimate(ratio, runs) == pytest.approx(0.2 * 1000 + 10.0)
+    # a ratio not yet run: the runs of its experiment (the other ratio), not the 2-layer grid's
+    assert campaign.estimate(other_ratio, runs) == pytest.approx(0.2 * 1000 + 10.0)
+    # an experiment not yet run at all is timed from every alike run, as before (the hybrid's run set a
+    # group this cell does not, so only the grid's)
+    assert campaign.estimate(first, runs) == pytest.approx(0.1 * 1000 + 10.0)
+
+
 @pytest.mark.parametrize("trained_one", [False, True])
 def test_a_campaign_whose_first_runs_fail_before_a_step_stops_there(tmp_path: Path,
                                                                     trained_one: bool) -> None:

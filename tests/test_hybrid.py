@@ -371,6 +371,22 @@ def test_kimi_hybrid_grid_composes_with_every_ratio() -> None:
                      "attention": 4}
 
 
+def test_kimi_hybrid_h200_is_the_hybrid_grid_at_mqar_2048_with_the_fig4_h200_budget() -> None:
+    ratios = {p.stem for p in (CONF / "experiment" / "hybrid").glob("*.yaml")}
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        h200 = compose("config", overrides=["experiment=kimi_hybrid_h200"], return_hydra_config=True)
+        fig4 = compose("config", overrides=["experiment=kimi_fig4_h200"], return_hydra_config=True)
+        hybrid = compose("config", overrides=["experiment=kimi_hybrid"])
+    grid = {k: str(v).split(",") for k, v in h200.hydra.sweeper.params.items()}
+    assert set(grid["experiment/hybrid"]) == ratios
+    assert grid["task"] == ["mqar"] and grid["task.seq_len"] == ["2048"] and grid["seed"] == ["0"]
+    assert grid["optim.lr"] == ["0.001"]
+    assert h200.trainer == fig4.trainer and h200.task.eval_seq_lens == fig4.task.eval_seq_lens
+    assert h200.hydra.sweep.dir == "results/kimi_hybrid_h200"
+    # the model and the rest of the task are kimi_hybrid's own
+    assert h200.model == hybrid.model and h200.task.params == hybrid.task.params
+
+
 @pytest.mark.slow
 def test_kimi_hybrid_smoke_sweep_trains_every_ratio_and_plots_them(tmp_path: Path) -> None:
     """experiment=kimi_hybrid_smoke end to end on the CPU (~30 s on two cores): every ratio completes, the

@@ -267,6 +267,14 @@ def estimate(cell: Cell, measured: list[dict[str, Any]]) -> float | None:
     except (KeyError, ValueError):
         return None
     measured = [m for m in measured if m["step_s"] is not None and _alike(cell, m)]
+    # the model's shape comes from the experiment and its group choices (a hybrid's ratio, Mamba2 without its
+    # conv): runs of the cell's own choices time it first, then runs of its experiment, then any
+    shape = {k: _number(v) for k, v in cell.run_values.items() if k == "experiment" or "/" in k}
+    for keys in (shape, {k: v for k, v in shape.items() if k == "experiment"}):
+        mine = [m for m in measured if all(m["overrides"].get(k) == v for k, v in keys.items())]
+        if mine:
+            measured = mine
+            break
     measured = [m for m in measured if m.get("n_jobs", 1) == cell.n_jobs] or measured
     same = [m for m in measured if m["mixer"] == mixer]
     runs, scale = [m for m in same if m["seq_len"] == length], 1.0
