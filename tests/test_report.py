@@ -224,6 +224,8 @@ def test_report_sets_mamba2_beside_mamba2_without_its_short_conv(tmp_path: Path)
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in side.splitlines()
             if line.startswith(("| palindrome", "| stack"))]
     assert rows == [["palindrome", "256", "0.910", "0.410", "0.900", "0.400"]]
+    assert "why Mamba2 passes 50% at palindrome@256 (0.91 with, 0.41 without)" in side
+    assert "fails with and without" not in side and "even without it" not in side
 
     alone = tmp_path / "alone"
     _run(alone, "stack", 512, "mamba2", [0.5, 0.8])
@@ -291,3 +293,16 @@ def test_the_load_tests_say_whether_the_load_explains_kda_solving_mqar_at_2048()
     assert "| task.params.num_queries=256 | 256 | 256 | 1.00 | 0.970 | 3,000 |" in text
     assert "under some of these loads only" in text
     assert "No load-test run yet" in "\n".join(mqar_section(grid, cell_table(grid), "train"))
+
+
+def test_the_short_conv_verdict_names_where_the_conv_lifts_mamba2_where_it_fails_and_where_it_holds() -> None:
+    from analysis.report import short_conv_verdict
+
+    side = pd.DataFrame([
+        {"task": "palindrome", "seq_len": 2048, "train_conv": 0.92, "train_noconv": 0.15},
+        {"task": "mqar", "seq_len": 2048, "train_conv": 0.38, "train_noconv": 0.0},
+        {"task": "stack", "seq_len": 512, "train_conv": 0.99, "train_noconv": 0.97}])
+    text = "\n".join(short_conv_verdict(side, "train"))
+    assert "why Mamba2 passes 50% at palindrome@2048 (0.92 with, 0.15 without)" in text
+    assert "fails with and without it at mqar@2048 (0.38 with, 0.00 without)" in text
+    assert "even without it at stack@512 (0.99 with, 0.97 without)" in text
