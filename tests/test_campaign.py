@@ -450,3 +450,30 @@ def test_a_second_start_on_the_same_machine_keeps_the_runs_the_first_finished(tm
     archive = campaign.pack(work, tmp_path / "out")
     with tarfile.open(archive) as tar:
         assert "results/g/new/summary.json" in tar.getnames()
+
+
+def test_a_stage_that_places_its_run_is_finished_by_that_directory_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # two stages of one config into two directories (a run and its repeat) are two runs; a boolean typed
+    # False in the run's overrides and false in the plan is the same value
+    campaign = _module()
+    run = tmp_path / "results" / "check" / "eager"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10}))
+    (run / ".hydra" / "overrides.yaml").write_text("- mixer=kda\n- seed=0\n- trainer.compile=False\n")
+    (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweeper:\n    params:\n  help:\n")
+    common = "mixer=kda trainer.compile=false hydra.sweep.dir=results/check"
+    plan = tmp_path / "plan.txt"
+    plan.write_text(f"{common} seed=0 hydra.sweep.subdir=eager\n"
+                    f"{common} seed=0 hydra.sweep.subdir=eager_repeat\n"
+                    f"{common} seed=0,1 hydra.sweep.subdir=eager_seed${{seed}}\n")
+    cells = campaign.expand([stage for stage in campaign.read_plan(plan)])
+    assert [c.run_dir() for c in cells] == ["results/check/eager", "results/check/eager_repeat",
+                                            "results/check/eager_seed0", "results/check/eager_seed1"]
+    runs = campaign.finished_runs(tmp_path)
+    assert [campaign.is_finished(c, runs) for c in cells] == [True, False, False, False]
+    campaign.left([plan], tmp_path)
+    assert "3 of 4 cells left" in capsys.readouterr().out
+    # without a place of its own, the overrides decide, booleans in either case
+    (loose,) = campaign.expand([["mixer=kda", "trainer.compile=false", "seed=0"]])
+    assert loose.run_dir() is None and campaign.is_finished(loose, runs)

@@ -52,6 +52,7 @@ import io
 import itertools
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -73,6 +74,8 @@ RUN_FILES = ("summary.json", "metrics.jsonl", "train.log")
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 # Where run directories live in a checkout: archives unpack only below these.
 RUN_ROOTS = ("results", "runs")
+# the overrides that place a run's directory (a stage that sets both says where its run is written)
+SWEEP_PLACE = ("hydra.sweep.dir", "hydra.sweep.subdir")
 # Not copied to the work directory: version control, carried wheels, caches.
 SKIP = {".git", ".whl", ".device", ".gl", "__pycache__", ".pytest_cache", ".ruff_cache", "wandb",
         "outputs", "multirun", ".scratch"}
@@ -142,8 +145,22 @@ class Cell:
     def __init__(self, stage: int, overrides: list[str], swept: list[int], n_jobs: int) -> None:
         self.stage, self.overrides, self.swept, self.n_jobs = stage, overrides, swept, n_jobs
         self.values = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in overrides}
-        # what names its run (hydra.* and hydra/* configure the sweep): two cells alike here are one run
+        # what names its run (hydra.* and hydra/* configure the sweep): two cells alike here are one run,
+        # unless they set apart where it is written (eager and eager_repeat: one config, two directories)
         self.run_values = {k: v for k, v in self.values.items() if not k.startswith("hydra")}
+        self.run_key = tuple(sorted({**self.run_values, **{k: self.values[k] for k in SWEEP_PLACE
+                                                           if k in self.values}}.items()))
+
+    def run_dir(self) -> str | None:
+        """Where its run is written when the stage says so itself (hydra.sweep.dir and a subdir of literal
+        text or ${key} of the cell's own values), relative to the checkout; None otherwise."""
+        if not all(k in self.values for k in SWEEP_PLACE):
+            return None
+        try:
+            subdir = re.sub(r"\$\{([^}]+)\}", lambda m: self.values[m.group(1)], self.values[SWEEP_PLACE[1]])
+        except KeyError:
+            return None
+        return None if "$" in subdir else str(Path(self.values[SWEEP_PLACE[0]]) / subdir)
 
     def __repr__(self) -> str:
         swept = [self.overrides[i] for i in self.swept]
@@ -183,6 +200,9 @@ def group_overrides(cells: list[Cell]) -> list[str]:
 
 def _number(text: Any) -> Any:
     text = str(text).strip("'\"")
+    # Hydra takes True and true alike; overrides.yaml keeps the one typed
+    if text.lower() in ("true", "false"):
+        return text.lower()
     try:
         return float(text)
     except ValueError:
@@ -228,7 +248,8 @@ def finished_runs(src: Path) -> list[dict[str, Any]]:
         except OSError:
             continue
         pairs = [line[2:].split("=", 1) for line in lines if line.startswith("- ") and "=" in line]
-        entry = {"overrides": {key: _number(value) for key, value in pairs}, "step_s": None, "n_jobs": n_jobs}
+        entry = {"overrides": {key: _number(value) for key, value in pairs}, "step_s": None, "n_jobs": n_jobs,
+                 "dir": str(run.relative_to(src))}
         entry["given"] = set(entry["overrides"]) - params
         steps, wall = summary.get("steps"), summary.get("wall_time_s")
         first = summary.get("first_step_s") or 0.0
@@ -249,6 +270,9 @@ def _alike(cell: Cell, run: dict[str, Any]) -> bool:
 
 def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
     """A finished run of the cell's kind recorded every override of the cell."""
+    where = cell.run_dir()
+    if where is not None:
+        return any(run.get("dir") == where for run in runs)
     mine = {k: _number(v) for k, v in cell.run_values.items()}
     return any(_alike(cell, run) and all(run["overrides"].get(k) == v for k, v in mine.items())
                for run in runs)
@@ -622,7 +646,7 @@ def left(plans: list[Path], source: Path) -> float:
     # a cell an earlier stage also holds runs once (the same overrides, the same run directory)
     first: dict[tuple, int] = {}
     for i, cell in enumerate(cells):
-        first.setdefault(tuple(sorted(cell.run_values.items())), i)
+        first.setdefault(cell.run_key, i)
     pending = [i for i in sorted(first.values()) if not is_finished(cells[i], runs)]
     estimates = {i: estimate(cells[i], runs) for i in pending}
     total, unknown, todo = 0.0, 0, list(pending)
