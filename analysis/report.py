@@ -454,13 +454,12 @@ def load_tests(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[str
     for _, cell in tests.iterrows():
         match = runs[(runs["task"] == "mqar") & (runs["seq_len"] == 2048) & (_series(runs) == cell["series"])]
         load = mqar_load(match.iloc[:1]) if len(match) else pd.DataFrame()
-        row = load.iloc[0] if len(load) else None
+        row = load.iloc[0] if len(load) else {}
         acc = float(cell[metric])
         below.append(acc < 0.5)
         steps = cell.get("steps_to_0.9")
-        lines.append(f"| {cell['series'][len('kda ['):-1]} | {_n(None if row is None else row['pairs'])} | "
-                     f"{_n(None if row is None else row['queries'])} | "
-                     f"{_n(None if row is None else row['pairs_per_dim'], '.2f')} | {acc:.3f} | "
+        lines.append(f"| {cell['series'][len('kda ['):-1]} | {_n(row.get('pairs'))} | "
+                     f"{_n(row.get('queries'))} | {_n(row.get('pairs_per_dim'), '.2f')} | {acc:.3f} | "
                      f"{'never' if steps is None or pd.isna(steps) else f'{int(steps):,}'} |")
     lines.append("")
     if all(below):

@@ -269,7 +269,8 @@ def _alike(cell: Cell, run: dict[str, Any]) -> bool:
 
 
 def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
-    """A finished run of the cell's kind recorded every override of the cell."""
+    """A finished run sits in the directory the cell's stage names (Cell.run_dir), or, where it names
+    none, a finished run of the cell's kind recorded every override of the cell."""
     where = cell.run_dir()
     if where is not None:
         return any(run.get("dir") == where for run in runs)
