@@ -1,7 +1,7 @@
 """Kimi Linear §5.1's four claims about Fig. 4, judged on a sweep's runs, with what the sweep cost.
 
     python -m analysis.report results/kimi_fig4_h200 results/kimi_fig4_h200_load \\
-        --out results/kimi_fig4_h200/REPORT.md
+        results/kimi_fig4_h200_repeats --out results/kimi_fig4_h200/REPORT.md
 
 Each claim is marked `reproduced`, `not reproduced` (with the cells that contradict it) or `not testable`
 (the cells it needs are missing or unfinished, or the step budget cannot show it), from:
@@ -9,7 +9,10 @@ Each claim is marked `reproduced`, `not reproduced` (with the cells that contrad
 - the accuracy of a cell (task, mixer, length) = the best over its learning rates, in either metric:
   `train` (the paper's: peak training accuracy of the logged steps, `best_train_acc`) or `eval` (held-out,
   `best_eval_acc`); both are tabulated, the claims are judged on `--metric` (default: the paper's);
-- convergence = `steps_to_threshold` (first eval step at eval acc >= 0.9) of the cell's best lr.
+- convergence = `steps_to_threshold` (first eval step at eval acc >= 0.9) at the cell's best lr: with several
+  runs there (seeds, same-seed repeats), their median, a run that never got there counting as slowest;
+  claim 2 says where a gap is not yet a ranking (single runs against a larger spread between the runs of
+  any one cell, or runs that overlap).
 
 Where the grid can differ from the paper: the cells below 0.99 that ran their whole step budget, with
 their eval acc at 80% of the steps and at the end (still learning or not); Mamba2 beside Mamba2 without its
@@ -96,8 +99,8 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
     done = runs[runs["status"] == "completed"].copy()
     if done.empty:
         return pd.DataFrame(
-            columns=["task", "series", "seq_len", "train", "eval", "lr", "steps_to_0.9", "eval@2L", "runs",
-                     "run_dir", "steps_run", "max_steps", "early_stopped_at"]
+            columns=["task", "series", "seq_len", "train", "eval", "lr", "steps_to_0.9", "steps_all",
+                     "eval@2L", "runs", "run_dir", "steps_run", "max_steps", "early_stopped_at"]
         )
     done["series"] = _series(done)
     rows = []
@@ -108,7 +111,11 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
             row[name] = float(values.max()) if values is not None and values.notna().any() else float("nan")
         best = group.loc[pd.to_numeric(group["best_eval_acc"], errors="coerce").idxmax()]
         row["lr"] = float(best["lr"])
-        row["steps_to_0.9"] = best.get("steps_to_threshold")
+        # every run at that lr (seeds, repeats): the cell's steps to 0.9 is their median, its spread kept
+        at_lr = group[pd.to_numeric(group["lr"], errors="coerce") == row["lr"]]
+        reached = at_lr["steps_to_threshold"] if "steps_to_threshold" in at_lr else [None] * len(at_lr)
+        row["steps_all"] = tuple(sorted(_steps(v) for v in reached))
+        row["steps_to_0.9"] = median_steps(row["steps_all"])
         twice = f"final_eval/acc@{2 * int(length)}"
         row["eval@2L"] = float(best[twice]) if twice in best and pd.notna(best[twice]) else float("nan")
         # the best run itself, for the step-budget check: where its curve is and whether it ran to the end
@@ -118,6 +125,35 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
         row["early_stopped_at"] = pd.to_numeric(best.get("early_stopped_at"), errors="coerce")
         rows.append(row)
     return pd.DataFrame(rows).sort_values(["task", "seq_len", "series"], ignore_index=True)
+
+
+def _steps(value: Any) -> float:
+    """Steps to 0.9 of one run; inf where it never got there."""
+    number = pd.to_numeric(value, errors="coerce")
+    return math.inf if pd.isna(number) else float(number)
+
+
+def median_steps(steps: tuple[float, ...]) -> float:
+    """The median of runs' steps to 0.9, "never" (NaN) where the median run never got there."""
+    if not steps:
+        return float("nan")
+    ordered, half = sorted(steps), len(steps) // 2
+    middle = ordered[half] if len(steps) % 2 else (ordered[half - 1] + ordered[half]) / 2
+    return float("nan") if math.isinf(middle) else middle
+
+
+def _steps_text(value: float) -> str:
+    return "never" if math.isinf(value) or pd.isna(value) else f"{value:.0f}"
+
+
+def spreads(cells: pd.DataFrame) -> list[tuple[str, float, tuple[float, ...]]]:
+    """(cell, slowest / fastest, the runs' steps) per cell with several runs at its lr, all reaching 0.9."""
+    found = []
+    for _, c in cells.iterrows():
+        steps = c.get("steps_all") if "steps_all" in c else None
+        if isinstance(steps, tuple) and len(steps) > 1 and not any(math.isinf(v) for v in steps):
+            found.append((f"{c['series']} {c['task']}@{c['seq_len']}", max(steps) / min(steps), steps))
+    return sorted(found, key=lambda f: -f[1])
 
 
 def _pivot(cells: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -159,23 +195,35 @@ def judge(
         )
     )
     # 2. KDA converges much faster than GDN at 1024 on Palindrome and MQAR
-    missing, against, evidence = [], [], []
+    missing, against, evidence, caveats = [], [], [], []
+    measured = spreads(cells) if "steps_all" in cells else []
     for task in ("palindrome", "mqar"):
-        steps = {}
+        steps, ranges = {}, {}
         for series in ("kda", "gdn"):
             row = cells[(cells["task"] == task) & (cells["series"] == series) & (cells["seq_len"] == 1024)]
             steps[series] = None if row.empty else row["steps_to_0.9"].iloc[0]
+            runs = row["steps_all"].iloc[0] if not row.empty and "steps_all" in row else ()
+            ranges[series] = runs if isinstance(runs, tuple) else ()
         if any(v is None for v in steps.values()):
             missing.append(f"{task}@1024")
             continue
         k, g = (None if pd.isna(v) else int(v) for v in (steps["kda"], steps["gdn"]))
-        evidence.append(
-            f"{task}: kda {k if k is not None else 'never'}, gdn {g if g is not None else 'never'}"
-        )
+        shown = {}
+        for series, value in (("kda", k), ("gdn", g)):
+            runs = ranges[series]
+            text = "never" if value is None else str(value)
+            if len(runs) > 1:
+                text += f" (median of {len(runs)} runs: {', '.join(_steps_text(v) for v in runs)})"
+            shown[series] = text
+        evidence.append(f"{task}: kda {shown['kda']}, gdn {shown['gdn']}")
         if k is None and g is None:
             missing.append(f"{task}@1024 (neither reaches 0.9 in {max_steps or 'the'} steps)")
-        elif k is None or (g is not None and k * 1.5 > g):
+            continue
+        if k is None or (g is not None and k * 1.5 > g):
             against.append(evidence[-1])
+        caveat = _spread_caveat(task, k, g, ranges["kda"], ranges["gdn"], measured)
+        if caveat:
+            caveats.append(caveat)
     verdicts.append(
         _verdict(
             "2. KDA reaches 90% much sooner than GDN at length 1024 (Palindrome, MQAR; "
@@ -185,6 +233,8 @@ def judge(
             "; ".join(evidence) or "no cell at 1024",
         )
     )
+    if caveats:
+        verdicts[-1]["evidence"] += ". " + "; ".join(caveats)
     # 3. Mamba2 fails beyond the shortest length
     missing, against = [], []
     for task in tasks:
@@ -219,6 +269,32 @@ def judge(
         )
     )
     return verdicts
+
+
+def _spread_caveat(
+    task: str,
+    kda: int | None,
+    gdn: int | None,
+    kda_runs: tuple[float, ...],
+    gdn_runs: tuple[float, ...],
+    measured: list[tuple[str, float, tuple[float, ...]]],
+) -> str:
+    """Why a claim-2 gap at `task` is not yet a ranking, or "" where the runs settle it."""
+    if kda is None or gdn is None:
+        return ""
+    gap = max(kda, gdn) / min(kda, gdn)
+    if len(kda_runs) > 1 and len(gdn_runs) > 1:
+        # several runs each: a ranking only where every run of the faster mixer beats every run of the other
+        fast, slow = (kda_runs, gdn_runs) if kda <= gdn else (gdn_runs, kda_runs)
+        if max(fast) < min(slow):
+            return ""
+        return f"{task}: the runs' steps overlap, so this gap is not a ranking"
+    if measured and measured[0][1] >= gap:
+        where, ratio, runs = measured[0]
+        return (f"{task}: one run a mixer, and the runs of one cell ({where}: "
+                f"{', '.join(_steps_text(v) for v in runs)}) differ {ratio:.1f}x, no less than this gap "
+                f"({gap:.1f}x), so it is not yet a ranking")
+    return ""
 
 
 def _verdict(claim: str, against: list[str], missing: list[str], evidence: str) -> dict[str, str]:
@@ -580,11 +656,16 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
         "",
         "## Cells (best lr per cell)",
         "",
+        "Steps to 0.9: the first eval at or above 0.9; with several runs at the best lr (seeds, repeats), "
+        "their median, each run's in brackets.",
+        "",
         "| task | mixer | L | peak train acc | best eval acc | eval acc at 2L | lr | steps to 0.9 | runs |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for _, c in cells.iterrows():
         steps = "never" if pd.isna(c["steps_to_0.9"]) else int(c["steps_to_0.9"])
+        if len(c["steps_all"]) > 1:
+            steps = f"{steps} ({', '.join(_steps_text(v) for v in c['steps_all'])})"
         lines.append(
             f"| {c['task']} | {c['series']} | {c['seq_len']} | {_fmt(c['train'], '.3f')} | "
             f"{_fmt(c['eval'], '.3f')} | {_fmt(c['eval@2L'], '.3f')} | {c['lr']:g} | {steps} | {c['runs']} |"

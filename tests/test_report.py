@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from analysis.collect import collect_dirs
-from analysis.report import cell_table, cost, judge, main, mqar_load, mqar_section
+from analysis.report import cell_table, cost, judge, main, median_steps, mqar_load, mqar_section
 
 # Under `pytest -n`: one worker runs this file, so its module fixture is built once.
 pytestmark = pytest.mark.xdist_group("report")
@@ -306,3 +307,59 @@ def test_the_short_conv_verdict_names_where_the_conv_lifts_mamba2_where_it_fails
     assert "why Mamba2 passes 50% at palindrome@2048 (0.92 with, 0.15 without)" in text
     assert "fails with and without it at mqar@2048 (0.38 with, 0.00 without)" in text
     assert "even without it at stack@512 (0.99 with, 0.97 without)" in text
+
+
+def _claim2_cells(kda: tuple[float, ...], gdn: tuple[float, ...],
+                  other: tuple[float, ...] = ()) -> pd.DataFrame:
+    """The claim-2 cells at 1024 (steps of each run; inf: never) and, with `other`, a repeated cell."""
+    cells = [(task, series, 1024, steps) for task in ("palindrome", "mqar")
+             for series, steps in (("kda", kda), ("gdn", gdn))]
+    cells += [("stack", "mamba2", 2048, other)] if other else []
+    return pd.DataFrame([
+        {"task": task, "series": series, "seq_len": length, "train": 1.0, "eval": 1.0, "lr": 1e-3,
+         "steps_all": steps, "steps_to_0.9": median_steps(steps), "runs": len(steps)}
+        for task, series, length, steps in cells
+    ])
+
+
+def test_median_steps_counts_never_as_slowest() -> None:
+    assert median_steps((500.0,)) == 500.0
+    assert median_steps((500.0, 1500.0, math.inf)) == 1500.0
+    assert median_steps((500.0, 1500.0)) == 1000.0
+    assert math.isnan(median_steps((500.0, math.inf, math.inf)))
+    assert math.isnan(median_steps(()))
+
+
+def test_claim_2_says_when_its_gap_is_within_the_measured_run_to_run_spread() -> None:
+    # one run a mixer, KDA 3x sooner: reproduced, and no spread measured, so no caveat
+    claim = judge(_claim2_cells((250.0,), (750.0,)))[1]
+    assert claim["verdict"] == "reproduced" and "not yet a ranking" not in claim["evidence"]
+    # the same, with a repeated cell whose runs differ 4x: the 3x gap is within it
+    claim = judge(_claim2_cells((250.0,), (750.0,), other=(500.0, 2000.0)))[1]
+    assert claim["verdict"] == "reproduced"
+    assert "mamba2 stack@2048: 500, 2000) differ 4.0x, no less than this gap (3.0x)" in claim["evidence"]
+    # a spread smaller than the gap does not weaken it
+    claim = judge(_claim2_cells((250.0,), (750.0,), other=(500.0, 750.0)))[1]
+    assert "not yet a ranking" not in claim["evidence"]
+    # three seeds each, every KDA run sooner than every GDN run: a ranking, whatever the repeat says
+    claim = judge(_claim2_cells((250.0, 300.0, 500.0), (750.0, 1000.0, 1250.0), other=(500.0, 2000.0)))[1]
+    assert claim["verdict"] == "reproduced" and "not yet a ranking" not in claim["evidence"]
+    assert "kda 300 (median of 3 runs: 250, 300, 500)" in claim["evidence"]
+    # medians 3x apart but the runs overlap: judged on the medians, flagged as no ranking
+    claim = judge(_claim2_cells((250.0, 300.0, 1000.0), (750.0, 900.0, 1250.0)))[1]
+    assert claim["verdict"] == "reproduced" and "runs' steps overlap" in claim["evidence"]
+    # a KDA seed that never reaches 0.9 makes KDA's median the slower one
+    claim = judge(_claim2_cells((250.0, math.inf, math.inf), (750.0, 900.0, 1250.0)))[1]
+    assert claim["verdict"] == "not reproduced" and "kda never (median of 3 runs" in claim["evidence"]
+
+
+def test_cells_take_the_median_steps_of_the_runs_at_the_best_lr(tmp_path: Path) -> None:
+    runs = pd.DataFrame([
+        {"task": "mqar", "mixer": "kda", "variant": "", "seq_len": 1024, "lr": lr, "seed": seed,
+         "status": "completed", "best_eval_acc": acc, "best_train_acc": acc, "steps_to_threshold": steps}
+        for lr, seed, acc, steps in ((1e-3, 0, 0.99, 500), (1e-3, 1, 0.98, 1500), (1e-3, 2, 0.97, None),
+                                     (5e-4, 0, 0.95, 250))
+    ])
+    cell = cell_table(runs).iloc[0]
+    assert cell["lr"] == 1e-3 and cell["runs"] == 4
+    assert cell["steps_all"] == (500.0, 1500.0, math.inf) and cell["steps_to_0.9"] == 1500.0
