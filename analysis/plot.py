@@ -3,7 +3,8 @@
     python -m analysis.plot runs/sweeps/kimi_fig4 --out runs/figures/kimi_fig4
     python -m analysis.plot table.csv --out figs --length 1024
     python -m analysis.plot results/kimi_fig4_h200 --grid kimi_fig4_h200 kimi_fig4_h200_noconv \
-        --metric train --length 1024 --figures acc_vs_length acc_vs_steps --out results/kimi_fig4_h200/figures
+        --metric train --length 1024 --figures acc_vs_length acc_vs_steps length_generalisation \
+        --out results/kimi_fig4_h200/figures
 
 Writes, into --out:
 - `acc_vs_length.{png,pdf,csv}`: Kimi Linear Fig. 4 style; per task, peak eval accuracy vs training
