@@ -477,3 +477,102 @@ def test_a_stage_that_places_its_run_is_finished_by_that_directory_alone(
     # without a place of its own, the overrides decide, booleans in either case
     (loose,) = campaign.expand([["mixer=kda", "trainer.compile=false", "seed=0"]])
     assert loose.run_dir() is None and campaign.is_finished(loose, runs)
+
+
+def test_stop_with_checkpoints_carries_the_runs_in_flight_to_the_next_machine(tmp_path: Path) -> None:
+    # a hold ends mid-run: the stopped run travels with its checkpoint, and a fresh machine (a new copy of
+    # the same checkout, the run not in it) resumes it from that step instead of step 0
+    checkout = _checkout(tmp_path)
+    plan = tmp_path / "plan.txt"
+    plan.write_text(f"{TINY} hydra.launcher.n_jobs=1 mixer=gdn trainer.max_steps=100000 "
+                    "trainer.checkpoint_every=2\n")
+    work, out = tmp_path / "work", tmp_path / "out"
+    _campaign("start", plan, "--source", checkout, "--work", work)
+    deadline = time.monotonic() + 120
+    checkpoints: list[Path] = []
+    while not checkpoints and time.monotonic() < deadline:
+        time.sleep(0.5)
+        checkpoints = list((work / "src" / "results" / "campaign_test").rglob("checkpoint.pt"))
+    assert checkpoints, "the run never checkpointed"
+    stopped = _campaign("stop", "--work", work, "--out", out, "--with-checkpoints")
+    assert "1 run(s) in flight with their checkpoints" in stopped.stdout
+    run = checkpoints[0].parent
+    name = str(run.relative_to(work / "src"))
+    step = json.loads((run / "summary.json").read_text())["steps"]
+    assert step >= 2
+    (archive,) = out.glob("resume-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        assert f"{name}/checkpoint.pt" in tar.getnames() and f"{name}/.hydra/overrides.yaml" in tar.getnames()
+    assert not list(out.glob("campaign-*.tar.gz"))  # nothing finished: only the resume archive
+
+    work2 = tmp_path / "work2"
+    started = _campaign("start", plan, "--source", checkout, "--work", work2, "--resume", archive)
+    assert "resume: 1 run(s) put back with their checkpoints" in started.stdout
+    log = work2 / "src" / name / "train.log"
+    deadline = time.monotonic() + 120
+    while "resumed from" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    _campaign("stop", "--work", work2)
+    assert f"at step {step}" in log.read_text().split("resumed from", 1)[1].splitlines()[0]
+    records = [json.loads(line)["step"] for line in (work2 / "src" / name / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert records == sorted(set(records)), "the resumed run logged a step twice"
+
+
+def test_restore_puts_back_only_unfinished_runs_below_the_run_roots(tmp_path: Path) -> None:
+    campaign = _module()
+    src = tmp_path / "src"
+    done = src / "results" / "x" / "done"
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10}))
+    archive = _archive(tmp_path / "resume.tar.gz", {
+        "results/x/done/checkpoint.pt": b"old", "results/x/done/summary.json": b"{}",
+        "results/x/cut/checkpoint.pt": b"ckpt", "results/x/cut/.hydra/overrides.yaml": b"- mixer=kda\n"})
+    data = archive.read_bytes()
+    parts = [tmp_path / "resume.tar.gz.part01", tmp_path / "resume.tar.gz.part00"]
+    parts[1].write_bytes(data[:100])
+    parts[0].write_bytes(data[100:])
+    assert campaign.restore_checkpoints(parts, src) == 1
+    assert (src / "results" / "x" / "cut" / "checkpoint.pt").read_bytes() == b"ckpt"
+    assert (src / "results" / "x" / "cut" / ".hydra" / "overrides.yaml").exists()
+    assert not (done / "checkpoint.pt").exists()
+    evil = _archive(tmp_path / "evil.tar.gz", {"src/x/checkpoint.pt": b"x"})
+    with pytest.raises(campaign.CampaignError, match="refuses to restore"):
+        campaign.restore_checkpoints([evil], src)
+
+
+def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_that_does_not_fit(
+        tmp_path: Path) -> None:
+    campaign = _module()
+    work = tmp_path / "work"
+    src = work / "src"
+    # kda at 2048: 0.4 s a step, 10 s first step, 1000 steps: 410 s; a checkpoint at step 750 leaves 110 s
+    _finished(src, "a", "kda", 2048, 400.0, ["experiment=e"])
+    _finished(src, "b", "gdn", 2048, 400.0, ["experiment=e"], status="incomplete")
+    (src / "results" / "x" / "b" / "checkpoint.pt").write_bytes(b"ckpt")
+    summary = json.loads((src / "results" / "x" / "b" / "summary.json").read_text())
+    (src / "results" / "x" / "b" / "summary.json").write_text(json.dumps({**summary, "steps": 750}))
+    (work / "brought.json").write_text("{}")
+    stages = [["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=gdn,mamba2"]]
+    cells = campaign.expand(stages)
+    estimates = campaign.estimates_of(cells, [0, 1], campaign.finished_runs(src), campaign.partial_runs(src))
+    assert estimates[0] == pytest.approx(0.4 * 250 + 10.0) and estimates[1] == pytest.approx(410.0)
+
+    launched: list[list[str]] = []
+
+    def launch(index: int, overrides: list[str], label: str) -> int:
+        launched.append(overrides)
+        return 0
+
+    # 3 min left: gdn (110 s) fits, mamba2 (410 s) does not; with fill it starts anyway, once
+    for fill, expected in ((False, [["mixer=gdn"]]), (True, [["mixer=gdn"], ["mixer=mamba2"]])):
+        launched.clear()
+        campaign._write_state(work, {"stages": stages, "deadline": time.time() + 180, "fill": fill})
+        ending = campaign.run_cells(work, campaign._state(work), launch, [])
+        assert [o[-1:] for o in launched] == expected
+        assert ending.startswith("done") and ("none of the 1 pending" in ending) != fill
+    # below FILL_MIN_S nothing is filled
+    launched.clear()
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 60, "fill": True})
+    campaign.run_cells(work, campaign._state(work), launch, [])
+    assert launched == []

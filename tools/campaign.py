@@ -15,8 +15,11 @@ Every run the checkout already holds finished is skipped by train.py itself, so 
 where the committed results end. `wait`, `stop` and `start` end by packing every run directory that
 finished since the copy (summary.json, metrics.jsonl, train.log, .hydra/; never checkpoints) into one
 archive under `--out`, with a status table on the console. `stop` ends the stages with SIGTERM, so the
-runs in flight checkpoint and stay `incomplete` there; they are not packed, and the next stretch trains
-them again from step 0 (a checkpoint does not travel).
+runs in flight checkpoint and stay `incomplete` there; they are not packed with the finished runs. Without
+more, the next stretch trains them again from step 0; `stop --with-checkpoints` also packs them, checkpoint
+included, into a `resume-*` archive (in parts of at most 15 MiB), and the next machine's `start --resume
+PARTS...` puts them back into its copy, where train.py resumes each from its checkpoint. With `--fill`,
+a hold whose pending cells no longer fit starts the first of them anyway, for the stop to checkpoint.
 
 A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
 (`#` starts a comment). Only the standard library, harness/rundir.py and harness/caches.py are used
@@ -34,6 +37,10 @@ next stretch) and the next pending cell that fits runs instead, so the end of a 
 runs rather than with a run that is lost. Cells that the checkout holds finished are skipped without a
 launch. When nothing pending fits, the supervisor ends and says so; `wait` and `status` list the
 postponed cells.
+
+A carried checkpoint is a run's model, optimizer and schedule (about 22 MB for Fig. 4's model): a lent
+machine sends back 8 files a call, and its working tree with what is carried is at most 64 MiB, so
+checkpoints and compile caches (about 45 MB) may not both fit in one call.
 
 A bare machine compiles every model again (13 to 49 s of a run's first step on the H200, against 3 to 4 s
 with warm caches). `stop --with-caches` (or `wait`) also packs the compile caches into --out, in parts of
@@ -76,9 +83,10 @@ HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 RUN_ROOTS = ("results", "runs")
 # the overrides that place a run's directory (a stage that sets both says where its run is written)
 SWEEP_PLACE = ("hydra.sweep.dir", "hydra.sweep.subdir")
-# Not copied to the work directory: version control, carried wheels, caches.
-SKIP = {".git", ".whl", ".device", ".gl", "__pycache__", ".pytest_cache", ".ruff_cache", "wandb",
-        "outputs", "multirun", ".scratch"}
+# Not copied to the work directory: version control, carried wheels, caches and checkpoints (restored
+# from there by --caches and --resume).
+SKIP = {".git", ".whl", ".device", ".gl", ".caches", ".resume", "__pycache__", ".pytest_cache", ".ruff_cache",
+        "wandb", "outputs", "multirun", ".scratch"}
 # With a deadline, a cell runs only if its estimate ends this long before it: the estimate is a mean,
 # and the archive of the last call still has to be made.
 MARGIN_S = 60.0
@@ -93,6 +101,9 @@ BROKEN_AFTER = 3
 
 # A file that comes back from a lent machine is at most 16 MiB: a larger compile-cache archive goes in parts.
 PART_BYTES = 15 * 2**20
+# With --fill, the first pending cell that does not fit starts anyway while at least this much of the hold is
+# left: less would end before its first checkpoint could be worth carrying.
+FILL_MIN_S = 120.0
 
 
 class CampaignError(RuntimeError):
@@ -231,26 +242,52 @@ def _n_jobs(hydra_yaml: Path) -> int:
     return 1
 
 
+def _recorded(run: Path, src: Path) -> dict[str, Any] | None:
+    """A run directory's recorded overrides (values as numbers where they are), the keys of its own command
+    line (`given`: those less its experiment's sweeper params), n_jobs and its directory under `src`; None
+    without a readable .hydra/."""
+    try:
+        lines = (run / ".hydra" / "overrides.yaml").read_text().splitlines()
+        params = _sweeper_params(run / ".hydra" / "hydra.yaml")
+        n_jobs = _n_jobs(run / ".hydra" / "hydra.yaml")
+    except OSError:
+        return None
+    pairs = [line[2:].split("=", 1) for line in lines if line.startswith("- ") and "=" in line]
+    overrides = {key: _number(value) for key, value in pairs}
+    return {"overrides": overrides, "given": set(overrides) - params, "n_jobs": n_jobs,
+            "dir": str(run.relative_to(src))}
+
+
+def partial_runs(src: Path) -> list[dict[str, Any]]:
+    """The runs of the work copy that train.py would resume (a checkpoint, no final summary), as
+    `_recorded` gives them, with `steps`: those their summary or metrics say they hold."""
+    found = []
+    for run in run_dirs(src):
+        summary = _summary(run) or {}
+        if summary.get("status") in FINISHED_STATUSES or not (run / "checkpoint.pt").is_file():
+            continue
+        entry = _recorded(run, src)
+        if entry is None:
+            continue
+        steps = summary.get("steps")
+        entry["steps"] = steps if isinstance(steps, int) else (_last_step(run) or 0)
+        found.append(entry)
+    return found
+
+
 def finished_runs(src: Path) -> list[dict[str, Any]]:
-    """Every run of the work copy that train.py would not train again, with its recorded overrides (values
-    as numbers where they are), the keys of its own command line (`given`: those less its experiment's
-    sweeper params), and its speed where its summary gives one: seconds a step after the first, the
-    first step's seconds (compilation, warm-up), mixer, length, max_steps and n_jobs."""
+    """Every run of the work copy that train.py would not train again, as `_recorded` gives them, with
+    its speed where its summary gives one: seconds a step after the first, the first step's seconds
+    (compilation, warm-up), mixer, length and max_steps."""
     found = []
     for run in run_dirs(src):
         summary = _summary(run) or {}
         if summary.get("status") not in FINISHED_STATUSES:
             continue
-        try:
-            lines = (run / ".hydra" / "overrides.yaml").read_text().splitlines()
-            params = _sweeper_params(run / ".hydra" / "hydra.yaml")
-            n_jobs = _n_jobs(run / ".hydra" / "hydra.yaml")
-        except OSError:
+        entry = _recorded(run, src)
+        if entry is None:
             continue
-        pairs = [line[2:].split("=", 1) for line in lines if line.startswith("- ") and "=" in line]
-        entry = {"overrides": {key: _number(value) for key, value in pairs}, "step_s": None, "n_jobs": n_jobs,
-                 "dir": str(run.relative_to(src))}
-        entry["given"] = set(entry["overrides"]) - params
+        entry["step_s"] = None
         steps, wall = summary.get("steps"), summary.get("wall_time_s")
         first = summary.get("first_step_s") or 0.0
         if isinstance(steps, int) and steps >= 2 and isinstance(wall, (int, float)) \
@@ -268,19 +305,25 @@ def _alike(cell: Cell, run: dict[str, Any]) -> bool:
     return run["given"] <= set(cell.values)
 
 
-def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
-    """A finished run sits in the directory the cell's stage names (Cell.run_dir), or, where it names
-    none, a finished run of the cell's kind recorded every override of the cell."""
+def run_of(cell: Cell, runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run of `runs` that is the cell's: the one in the directory the cell's stage names
+    (Cell.run_dir), or, where it names none, one of the cell's kind that recorded every override of it."""
     where = cell.run_dir()
     if where is not None:
-        return any(run.get("dir") == where for run in runs)
+        return next((run for run in runs if run.get("dir") == where), None)
     mine = {k: _number(v) for k, v in cell.run_values.items()}
-    return any(_alike(cell, run) and all(run["overrides"].get(k) == v for k, v in mine.items())
-               for run in runs)
+    return next((run for run in runs if _alike(cell, run)
+                 and all(run["overrides"].get(k) == v for k, v in mine.items())), None)
 
 
-def estimate(cell: Cell, measured: list[dict[str, Any]]) -> float | None:
-    """Seconds the cell's run should take at most (max_steps, no early stop): from finished runs of its
+def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
+    """`runs` (finished_runs) holds the cell's run."""
+    return run_of(cell, runs) is not None
+
+
+def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0) -> float | None:
+    """Seconds the cell's run should take at most (max_steps less the `done` steps its checkpoint holds,
+    no early stop): from finished runs of its
     mixer and length, else of its mixer at the nearest length scaled by length, else of any mixer at its
     length, else of any mixer at the nearest length scaled; None when no run is measured. Runs packed as the
     cell will be (its stage's n_jobs) come first: one of three sharing a GPU steps about three times slower
@@ -323,7 +366,17 @@ def estimate(cell: Cell, measured: list[dict[str, Any]]) -> float | None:
         max_steps = max(known)
     # the first step (compilation) hardly depends on the length; the steps after it grow with it
     step_s = scale * sum(m["step_s"] for m in runs) / len(runs)
-    return step_s * max_steps + sum(m["first_s"] for m in runs) / len(runs)
+    return step_s * max(0, max_steps - done) + sum(m["first_s"] for m in runs) / len(runs)
+
+
+def estimates_of(cells: list[Cell], pending: list[int], measured: list[dict[str, Any]],
+                 partial: list[dict[str, Any]]) -> dict[int, float | None]:
+    """estimate() of each pending cell, less the steps of its run's checkpoint where it has one."""
+    found = {}
+    for i in pending:
+        run = run_of(cells[i], partial)
+        found[i] = estimate(cells[i], measured, done=run["steps"] if run else 0)
+    return found
 
 
 def choose(cells: list[Cell], pending: list[int], left_s: float,
@@ -610,8 +663,12 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
         # that an earlier stage also held (a plan that runs a claim's cells first) is done
         measured = finished_runs(src)
         pending = [i for i in pending if not is_finished(cells[i], measured)]
-        estimates = {i: estimate(cells[i], measured) for i in pending}
+        estimates = estimates_of(cells, pending, measured, partial_runs(src))
         group, postponed = choose(cells, pending, left, estimates)
+        if not group and pending and state.get("fill") and left >= FILL_MIN_S:
+            # the stop checkpoints it and --with-checkpoints carries it to the next machine
+            group, _ = choose(cells, pending, float("inf"), estimates)
+            postponed = [i for i in postponed if i not in group]
         state.update(cells_pending=len(pending),
                      postponed=[(repr(cells[i]), estimates[i]) for i in postponed])
         if not group:
@@ -649,7 +706,7 @@ def left(plans: list[Path], source: Path) -> float:
     for i, cell in enumerate(cells):
         first.setdefault(cell.run_key, i)
     pending = [i for i in sorted(first.values()) if not is_finished(cells[i], runs)]
-    estimates = {i: estimate(cells[i], runs) for i in pending}
+    estimates = estimates_of(cells, pending, runs, partial_runs(source))
     total, unknown, todo = 0.0, 0, list(pending)
     while todo:
         group, _ = choose(cells, todo, float("inf"), estimates)
@@ -680,7 +737,8 @@ def wait(work: Path, minutes: float) -> None:
             last_print = time.monotonic()
 
 
-def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | None = None) -> None:
+def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | None = None,
+          resume: list[Path] | None = None, fill: bool = False) -> None:
     began = time.time()
     state = _state(work)
     if _alive(state.get("pid")):
@@ -693,9 +751,12 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
     stages = [stage for plan in plans for stage in read_plan(plan)]
     work.mkdir(parents=True, exist_ok=True)
     snapshot(work, source)
+    if resume:
+        restore_checkpoints(resume, work / "src")
     state = {"plans": [str(plan) for plan in plans], "stages": stages, "started": time.time(), "stage": None}
     if hold_minutes is not None:
         state["deadline"] = began + 60 * hold_minutes
+        state["fill"] = fill
     _write_state(work, state)
     log = open(work / "campaign.log", "ab")
     supervisor = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_supervise", "--work",
@@ -735,9 +796,14 @@ def save_caches(out: Path) -> list[Path]:
         for name, directory in cache_dirs().items():
             if directory.is_dir():
                 tar.add(directory, arcname=name)
+    return _split(archive, "the compile caches")
+
+
+def _split(archive: Path, what: str) -> list[Path]:
+    """The archive as it is, or in parts of PART_BYTES (ARCHIVE.partNN) where it is larger."""
     size = archive.stat().st_size
     if size <= PART_BYTES:
-        print(f"packed the compile caches into {archive} ({size} bytes)")
+        print(f"packed {what} into {archive} ({size} bytes)")
         return [archive]
     parts = []
     with open(archive, "rb") as whole:
@@ -745,8 +811,62 @@ def save_caches(out: Path) -> list[Path]:
             parts.append(archive.with_name(f"{archive.name}.part{len(parts):02d}"))
             parts[-1].write_bytes(chunk)
     archive.unlink()
-    print(f"packed the compile caches into {len(parts)} parts {archive.name}.partNN ({size} bytes)")
+    print(f"packed {what} into {len(parts)} parts {archive.name}.partNN ({size} bytes)")
     return parts
+
+
+def save_checkpoints(work: Path, out: Path) -> list[Path]:
+    """The runs in flight that hold a checkpoint (after `stop`: the step each had finished), checkpoint,
+    metrics, log, summary and .hydra/ included, as one archive under `out` (in parts where larger), for the
+    next machine's `start --resume`; [] where none has one."""
+    src = work / "src"
+    runs = [src / name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
+    if not runs:
+        print("no run in flight holds a checkpoint: nothing to carry")
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / f"resume-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for run in runs:
+            paths = [run / f for f in ("checkpoint.pt", *RUN_FILES)]
+            for path in paths + [run / ".hydra" / f for f in HYDRA_FILES]:
+                if path.is_file():
+                    tar.add(path, arcname=str(path.relative_to(src)))
+    steps = ", ".join(f"{run.relative_to(src)} at step {(_summary(run) or {}).get('steps', '?')}"
+                      for run in runs)
+    return _split(archive, f"{len(runs)} run(s) in flight with their checkpoints ({steps})")
+
+
+def restore_checkpoints(files: list[Path], src: Path) -> int:
+    """Put the runs of a save_checkpoints archive (its parts in any order) into the work copy `src`, so
+    that train.py resumes them; a run the copy holds finished (its summary completed or diverged) is left
+    as it is. Returns the runs put back."""
+    data = b"".join(path.read_bytes() for path in sorted(files))
+    runs: dict[Path, list[tarfile.TarInfo]] = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        members = tar.getmembers()
+        bad = [m.name for m in members if not _safe_member(m) or m.name.startswith("campaign-logs/")]
+        if bad:
+            raise CampaignError(f"{files[0]}: refuses to restore {bad[:3]}: only run directories under "
+                                f"{RUN_ROOTS} travel")
+        for member in members:
+            path = Path(member.name)
+            run = path.parent.parent if path.parent.name == ".hydra" else path.parent
+            runs.setdefault(run, []).append(member)
+        restored, finished = 0, []
+        for run, members in sorted(runs.items()):
+            if (_summary(src / run) or {}).get("status") in FINISHED_STATUSES:
+                finished.append(str(run))
+                continue
+            for member in members:
+                target = src / member.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(member).read())
+            restored += 1
+    print(f"resume: {restored} run(s) put back with their checkpoints; train.py resumes each")
+    for run in finished:
+        print(f"  not put back {run}: the checkout holds it finished")
+    return restored
 
 
 def restore_caches(files: list[Path]) -> int:
@@ -833,6 +953,12 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--caches", type=Path, nargs="+", default=None,
                                  help="a compile-cache archive (or its parts) from --with-caches, restored "
                                  "before the first run")
+            command.add_argument("--resume", type=Path, nargs="+", default=None,
+                                 help="a resume archive (or its parts) from stop --with-checkpoints: its "
+                                 "runs go back into the copy and train on from their checkpoints")
+            command.add_argument("--fill", action="store_true",
+                                 help="with --hold-minutes: when no pending cell fits, start the first "
+                                 "anyway (for stop --with-checkpoints to carry)")
         if name in ("start", "wait"):
             command.add_argument("--minutes", type=float, default=0.0, help="wait this long, then pack")
         if name in ("start", "wait", "stop", "status"):
@@ -845,6 +971,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "stop":
             command.add_argument("--grace", type=float, default=120.0,
                                  help="seconds the runs get to checkpoint before they are killed")
+            command.add_argument("--with-checkpoints", action="store_true",
+                                 help="also pack the stopped runs with their checkpoints into --out (for the "
+                                 "next machine's start --resume)")
     command = sub.add_parser("left", help="the cells the plans still have to run here, with estimates")
     command.add_argument("plans", type=Path, nargs="+")
     command.add_argument("--source", type=Path, default=ROOT, help="the checkout whose runs count (this one)")
@@ -854,6 +983,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "with_caches", False) and args.out is None:
         print("campaign: --with-caches packs the compile caches into --out: give --out DIR", file=sys.stderr)
+        return 2
+    if getattr(args, "with_checkpoints", False) and args.out is None:
+        print("campaign: --with-checkpoints packs the stopped runs into --out: give --out DIR",
+              file=sys.stderr)
+        return 2
+    if getattr(args, "fill", False) and args.hold_minutes is None:
+        print("campaign: --fill starts cells that do not fit before the hold's end: give --hold-minutes M",
+              file=sys.stderr)
         return 2
     try:
         if args.command == "_supervise":
@@ -868,12 +1005,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start":
             if args.caches:
                 restore_caches(args.caches)
-            start(args.plans, args.work, args.source, args.hold_minutes)
+            start(args.plans, args.work, args.source, args.hold_minutes, args.resume, args.fill)
         if args.command in ("start", "wait"):
             wait(args.work, args.minutes)
         if args.command == "stop":
             stop(args.work, args.grace)
         pack(args.work, args.out, args.with_running)
+        if getattr(args, "with_checkpoints", False):
+            save_checkpoints(args.work, args.out)
         if getattr(args, "with_caches", False):
             save_caches(args.out)
     except CampaignError as error:
