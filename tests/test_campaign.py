@@ -81,13 +81,8 @@ def test_stop_ends_the_runs_in_flight_which_checkpoint_and_are_not_packed(tmp_pa
                     "trainer.checkpoint_every=2\n")
     work = tmp_path / "work"
     _campaign("start", plan, "--source", checkout, "--work", work)
-    deadline = time.monotonic() + 120
     # stopped once it has a checkpoint: a stop inside the first steps leaves none, and says so
-    checkpoints: list[Path] = []
-    while not checkpoints and time.monotonic() < deadline:
-        time.sleep(0.5)
-        checkpoints = list((work / "src" / "results" / "campaign_test").rglob("checkpoint.pt"))
-    assert checkpoints, "the run never checkpointed"
+    checkpoints = _first_checkpoint(work)
     metrics = [checkpoints[0].parent / "metrics.jsonl"]
     status = _campaign("status", "--work", work)
     assert "supervisor running" in status.stdout and "in flight 1" in status.stdout
@@ -103,6 +98,17 @@ def test_stop_ends_the_runs_in_flight_which_checkpoint_and_are_not_packed(tmp_pa
     stat = Path(f"/proc/{state['pid']}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # gone, or unreaped
     assert [p for p in Path("/proc").glob("[0-9]*") if str(work) in _where(p)] == []
+
+
+def _first_checkpoint(work: Path) -> list[Path]:
+    """The checkpoints of the campaign in `work` once its run has written one (within two minutes)."""
+    deadline = time.monotonic() + 120
+    checkpoints: list[Path] = []
+    while not checkpoints and time.monotonic() < deadline:
+        time.sleep(0.5)
+        checkpoints = list((work / "src" / "results" / "campaign_test").rglob("checkpoint.pt"))
+    assert checkpoints, "the run never checkpointed"
+    return checkpoints
 
 
 def _where(proc: Path) -> str:
@@ -488,12 +494,7 @@ def test_stop_with_checkpoints_carries_the_runs_in_flight_to_the_next_machine(tm
                     "trainer.checkpoint_every=2\n")
     work, out = tmp_path / "work", tmp_path / "out"
     _campaign("start", plan, "--source", checkout, "--work", work)
-    deadline = time.monotonic() + 120
-    checkpoints: list[Path] = []
-    while not checkpoints and time.monotonic() < deadline:
-        time.sleep(0.5)
-        checkpoints = list((work / "src" / "results" / "campaign_test").rglob("checkpoint.pt"))
-    assert checkpoints, "the run never checkpointed"
+    checkpoints = _first_checkpoint(work)
     stopped = _campaign("stop", "--work", work, "--out", out, "--with-checkpoints")
     assert "1 run(s) in flight with their checkpoints" in stopped.stdout
     run = checkpoints[0].parent

@@ -842,26 +842,18 @@ def restore_checkpoints(files: list[Path], src: Path) -> int:
     that train.py resumes them; a run the copy holds finished (its summary completed or diverged) is left
     as it is. Returns the runs put back."""
     data = b"".join(path.read_bytes() for path in sorted(files))
-    runs: dict[Path, list[tarfile.TarInfo]] = {}
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         members = tar.getmembers()
         bad = [m.name for m in members if not _safe_member(m) or m.name.startswith("campaign-logs/")]
         if bad:
             raise CampaignError(f"{files[0]}: refuses to restore {bad[:3]}: only run directories under "
                                 f"{RUN_ROOTS} travel")
-        for member in members:
-            path = Path(member.name)
-            run = path.parent.parent if path.parent.name == ".hydra" else path.parent
-            runs.setdefault(run, []).append(member)
         restored, finished = 0, []
-        for run, members in sorted(runs.items()):
+        for run, files_of_run in sorted(_by_run(members).items()):
             if (_summary(src / run) or {}).get("status") in FINISHED_STATUSES:
                 finished.append(str(run))
                 continue
-            for member in members:
-                target = src / member.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(tar.extractfile(member).read())
+            _extract(tar, files_of_run, src)
             restored += 1
     print(f"resume: {restored} run(s) put back with their checkpoints; train.py resumes each")
     for run in finished:
@@ -897,6 +889,22 @@ def _safe_member(member: tarfile.TarInfo) -> bool:
             and parts[0] in RUN_ROOTS + ("campaign-logs",))
 
 
+def _by_run(members: list[tarfile.TarInfo]) -> dict[Path, list[tarfile.TarInfo]]:
+    """An archive's files grouped by their run directory (a .hydra/ file belongs to the run above it)."""
+    runs: dict[Path, list[tarfile.TarInfo]] = {}
+    for member in members:
+        parent = Path(member.name).parent
+        runs.setdefault(parent.parent if parent.name == ".hydra" else parent, []).append(member)
+    return runs
+
+
+def _extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], into: Path) -> None:
+    for member in members:
+        destination = into / member.name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_bytes(tar.extractfile(member).read())
+
+
 def unpack(archive: Path, into: Path) -> None:
     """Extract an archive's run directories into the checkout `into`; a finished run already there with
     another summary is left as it is and named (delete it first to take the new one)."""
@@ -906,13 +914,7 @@ def unpack(archive: Path, into: Path) -> None:
         if bad:
             raise CampaignError(f"{archive}: refuses to unpack {bad[:3]}: only files under {RUN_ROOTS} "
                                 "travel")
-        runs: dict[Path, list[tarfile.TarInfo]] = {}
-        for member in members:
-            if member.name.startswith("campaign-logs/"):
-                continue
-            path = Path(member.name)
-            run = path.parent.parent if path.parent.name == ".hydra" else path.parent
-            runs.setdefault(run, []).append(member)
+        runs = _by_run([m for m in members if not m.name.startswith("campaign-logs/")])
         new, same, kept = 0, 0, []
         for run, files in sorted(runs.items()):
             target = into / run
@@ -926,10 +928,7 @@ def unpack(archive: Path, into: Path) -> None:
                 if (_summary(target) or {}).get("status") in ("completed", "diverged"):
                     kept.append(str(run))
                     continue
-            for member in files:
-                destination = into / member.name
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                destination.write_bytes(tar.extractfile(member).read())
+            _extract(tar, files, into)
             new += 1
     print(f"{archive.name}: {new} run(s) unpacked into {into}, {same} already there")
     for run in kept:
