@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ METRICS = {"train": "best_train_acc", "eval": "best_eval_acc"}
 PAPER_RUNS_PER_CELL = 4 * 3
 PAPER_STEPS = 20_000
 PAPER_LENGTHS = (256, 512, 1024, 2048)
+PAPER_LRS = (5e-5, 1e-4, 5e-4, 1e-3)  # experiment/kimi_fig4: a cell is its best of these
 SLACK = 0.01  # "KDA >= GDN" holds within one accuracy point (seed noise of a single run)
 DEVICE_KINDS = ("GPU", "CPU", "unknown")
 # A cell counts as solved from this accuracy on: experiment/kimi_fig4_h200 stops a run early there.
@@ -99,7 +101,7 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
     done = runs[runs["status"] == "completed"].copy()
     if done.empty:
         return pd.DataFrame(
-            columns=["task", "series", "seq_len", "train", "eval", "lr", "steps_to_0.9", "steps_all",
+            columns=["task", "series", "seq_len", "train", "eval", "lr", "lrs", "steps_to_0.9", "steps_all",
                      "eval@2L", "runs", "run_dir", "steps_run", "max_steps", "early_stopped_at"]
         )
     done["series"] = _series(done)
@@ -111,6 +113,7 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
             row[name] = float(values.max()) if values is not None and values.notna().any() else float("nan")
         best = group.loc[pd.to_numeric(group["best_eval_acc"], errors="coerce").idxmax()]
         row["lr"] = float(best["lr"])
+        row["lrs"] = tuple(sorted(set(pd.to_numeric(group["lr"], errors="coerce").dropna().astype(float))))
         # every run at that lr (seeds, repeats): the cell's steps to 0.9 is their median, its spread kept
         at_lr = group[pd.to_numeric(group["lr"], errors="coerce") == row["lr"]]
         reached = at_lr["steps_to_threshold"] if "steps_to_threshold" in at_lr else [None] * len(at_lr)
@@ -336,6 +339,32 @@ def budget_table(cells: pd.DataFrame) -> pd.DataFrame:
                      "steps_run": int(ran), "acc_late": late, "acc_end": end, "still_learning": learning})
     columns = ["task", "series", "seq_len", "steps_run", "acc_late", "acc_end", "still_learning"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def _lrs(lrs: tuple[float, ...]) -> str:
+    """Learning rates as the configs write them: 5e-5, 1e-3."""
+    return ", ".join(re.sub(r"e-0*(\d)", r"e-\1", f"{lr:.0e}") for lr in lrs)
+
+
+def lr_section(cells: pd.DataFrame, metric: str = "train") -> list[str]:
+    """Which learning rates the cells ran against the paper's four, and the cells below SOLVED that another
+    learning rate could still raise (and with them a claim's verdict)."""
+    if cells.empty:
+        return ["No finished run yet."]
+    paper = _lrs(PAPER_LRS)
+    counts = cells["lrs"].apply(_lrs).value_counts()
+    ran = "; ".join(f"{n} cell(s) at {lrs}" for lrs, n in sorted(counts.items(), key=lambda c: (-c[1], c[0])))
+    lines = [f"Kimi Linear takes each cell at its best of four learning rates ({paper}); here {ran}."]
+    short = cells[(cells[metric] < SOLVED) & (cells["lrs"].apply(len) < len(PAPER_LRS))]
+    if short.empty:
+        return lines + [f"Every cell below {SOLVED} ran all four."]
+    lines += [f"Below {SOLVED} on fewer learning rates than the paper's, so another may still raise them:",
+              "", "| task | mixer | L | peak train acc | best eval acc | learning rates run |",
+              "|---|---|---:|---:|---:|---|"]
+    lines += [f"| {c['task']} | {c['series']} | {c['seq_len']} | {_fmt(c['train'], '.3f')} | "
+              f"{_fmt(c['eval'], '.3f')} | {_lrs(c['lrs'])} |"
+              for _, c in short.iterrows()]
+    return lines
 
 
 def short_conv_table(cells: pd.DataFrame) -> pd.DataFrame:
@@ -571,6 +600,7 @@ def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train") 
             learning = MISSING if r["still_learning"] is None else ("yes" if r["still_learning"] else "no")
             lines.append(f"| {r['task']} | {r['series']} | {r['seq_len']} | {r['steps_run']:,} | "
                          f"{_fmt(r['acc_late'], '.3f')} | {_fmt(r['acc_end'], '.3f')} | {learning} |")
+    lines += ["", "### The learning rates", "", *lr_section(cells, metric)]
     lines += ["", "### Mamba2's short convolution", ""]
     side = short_conv_table(cells)
     noconv = series_name("mamba2", NOCONV_VARIANT)

@@ -13,7 +13,16 @@ import pytest
 import yaml
 
 from analysis.collect import collect_dirs
-from analysis.report import cell_table, cost, judge, main, median_steps, mqar_load, mqar_section
+from analysis.report import (
+    cell_table,
+    cost,
+    judge,
+    lr_section,
+    main,
+    median_steps,
+    mqar_load,
+    mqar_section,
+)
 
 # Under `pytest -n`: one worker runs this file, so its module fixture is built once.
 pytestmark = pytest.mark.xdist_group("report")
@@ -363,3 +372,20 @@ def test_cells_take_the_median_steps_of_the_runs_at_the_best_lr(tmp_path: Path) 
     cell = cell_table(runs).iloc[0]
     assert cell["lr"] == 1e-3 and cell["runs"] == 4
     assert cell["steps_all"] == (500.0, 1500.0, math.inf) and cell["steps_to_0.9"] == 1500.0
+
+
+def test_the_learning_rate_section_names_the_cells_another_lr_could_raise() -> None:
+    ran = [("kda", 1e-3, 0.995), ("gdn", 1e-3, 0.6), ("mamba2", 1e-3, 0.3), ("mamba2", 5e-4, 0.4)]
+    ran += [("attention", lr, 0.5) for lr in (5e-5, 1e-4, 5e-4, 1e-3)]
+    runs = pd.DataFrame([
+        {"task": "mqar", "mixer": mixer, "variant": "", "seq_len": 2048, "lr": lr, "seed": 0,
+         "status": "completed", "best_eval_acc": acc, "best_train_acc": acc, "steps_to_threshold": None}
+        for mixer, lr, acc in ran
+    ])
+    lines = lr_section(cell_table(runs))
+    assert lines[0].endswith("(5e-5, 1e-4, 5e-4, 1e-3); here 2 cell(s) at 1e-3; 1 cell(s) at 5e-4, 1e-3; "
+                             "1 cell(s) at 5e-5, 1e-4, 5e-4, 1e-3.")
+    rows = [line.split("|")[2].strip() for line in lines if line.startswith("| mqar")]
+    # kda is solved, attention ran all four: neither is listed
+    assert rows == ["gdn", "mamba2"]
+    assert "| mqar | mamba2 | 2048 | 0.400 | 0.400 | 5e-4, 1e-3 |" in lines
