@@ -268,7 +268,8 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
     step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    row["first_step_s"] = round(time.perf_counter() - t0, 2)
+    # milliseconds kept: a tiny eager CPU model's first step is a few of them, not 0
+    row["first_step_s"] = round(time.perf_counter() - t0, 4)
     if compiled:
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         if graphs == 0:
