@@ -287,6 +287,8 @@ class Trainer:
                       else "no checkpoint was saved yet: re-launching starts again from step 0")
             log.warning("interrupted (%s) inside step %d: %s", type(interrupt).__name__, self.progress.step,
                         resume)
+        # an interrupt inside a step leaves `steps` one step or more past what the checkpoint keeps
+        self.meta["checkpoint_step"] = self.saved
         if self.wandb is not None:
             self.wandb.summary["status"] = "incomplete"
             self.wandb.finish(exit_code=1)

@@ -499,8 +499,9 @@ def test_stop_with_checkpoints_carries_the_runs_in_flight_to_the_next_machine(tm
     assert "1 run(s) in flight with their checkpoints" in stopped.stdout
     run = checkpoints[0].parent
     name = str(run.relative_to(work / "src"))
-    step = json.loads((run / "summary.json").read_text())["steps"]
-    assert step >= 2
+    summary = json.loads((run / "summary.json").read_text())
+    step = summary["checkpoint_step"]
+    assert step >= 2 and summary["steps"] >= step
     (archive,) = out.glob("resume-*.tar.gz")
     with tarfile.open(archive) as tar:
         assert f"{name}/checkpoint.pt" in tar.getnames() and f"{name}/.hydra/overrides.yaml" in tar.getnames()
@@ -577,3 +578,19 @@ def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_th
     campaign._write_state(work, {"stages": stages, "deadline": time.time() + 60, "fill": True})
     campaign.run_cells(work, campaign._state(work), launch, [])
     assert launched == []
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--caches"])
+def test_missing_or_partial_parts_are_one_line_before_anything_starts(tmp_path: Path, flag: str) -> None:
+    work = tmp_path / "work"
+    archive = _archive(tmp_path / "a.tar.gz", {"results/x/cut/checkpoint.pt": os.urandom(50_000)})
+    half = tmp_path / "a.tar.gz.part00"
+    half.write_bytes(archive.read_bytes()[:20_000])  # its second part left behind
+    for given, message in ((tmp_path / "nowhere.part00", f"campaign: {flag} {tmp_path / 'nowhere.part00'} "
+                            "does not exist"),
+                           (half, f"campaign: {flag} a.tar.gz.part00: not one whole archive")):
+        result = subprocess.run([sys.executable, CAMPAIGN, "start", str(ROOT / "results" / "kimi_fig4_h200" /
+                                 "campaign.txt"), "--work", str(work), flag, str(given)],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not work.exists()

@@ -269,10 +269,17 @@ def partial_runs(src: Path) -> list[dict[str, Any]]:
         entry = _recorded(run, src)
         if entry is None:
             continue
-        steps = summary.get("steps")
-        entry["steps"] = steps if isinstance(steps, int) else (_last_step(run) or 0)
+        steps = _checkpoint_step(run)
+        entry["steps"] = steps if steps is not None else (_last_step(run) or 0)
         found.append(entry)
     return found
+
+
+def _checkpoint_step(run: Path) -> int | None:
+    """The step an interrupted run's checkpoint holds, as its summary records it (None without one)."""
+    summary = _summary(run) or {}
+    step = summary.get("checkpoint_step", summary.get("steps"))
+    return step if isinstance(step, int) else None
 
 
 def finished_runs(src: Path) -> list[dict[str, Any]]:
@@ -832,8 +839,7 @@ def save_checkpoints(work: Path, out: Path) -> list[Path]:
             for path in paths + [run / ".hydra" / f for f in HYDRA_FILES]:
                 if path.is_file():
                     tar.add(path, arcname=str(path.relative_to(src)))
-    steps = ", ".join(f"{run.relative_to(src)} at step {(_summary(run) or {}).get('steps', '?')}"
-                      for run in runs)
+    steps = ", ".join(f"{run.relative_to(src)} at step {_checkpoint_step(run)}" for run in runs)
     return _split(archive, f"{len(runs)} run(s) in flight with their checkpoints ({steps})")
 
 
@@ -841,7 +847,7 @@ def restore_checkpoints(files: list[Path], src: Path) -> int:
     """Put the runs of a save_checkpoints archive (its parts in any order) into the work copy `src`, so
     that train.py resumes them; a run the copy holds finished (its summary completed or diverged) is left
     as it is. Returns the runs put back."""
-    data = b"".join(path.read_bytes() for path in sorted(files))
+    data = read_parts(files, "--resume")
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         members = tar.getmembers()
         bad = [m.name for m in members if not _safe_member(m) or m.name.startswith("campaign-logs/")]
@@ -861,11 +867,29 @@ def restore_checkpoints(files: list[Path], src: Path) -> int:
     return restored
 
 
+def read_parts(files: list[Path], flag: str) -> bytes:
+    """The archive that `files` (one archive, or its parts in any order) make, checked readable whole;
+    CampaignError naming the file and the fix otherwise."""
+    missing = [str(path) for path in files if not path.is_file()]
+    if missing:
+        raise CampaignError(f"{flag} {missing[0]} does not exist: give the archive or all of its .partNN "
+                            "files as the stop that wrote them left them")
+    data = b"".join(path.read_bytes() for path in sorted(files))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.getmembers()
+    except (tarfile.TarError, EOFError, OSError) as error:
+        names = ", ".join(path.name for path in sorted(files))
+        raise CampaignError(f"{flag} {names}: not one whole archive ({type(error).__name__}); a part "
+                            "missing or cut short? give every .partNN of one archive") from None
+    return data
+
+
 def restore_caches(files: list[Path]) -> int:
     """Extract a save_caches archive (its parts in any order) into the compile caches' directories, keeping
     every file already there; returns the files added."""
     dirs = cache_dirs()
-    data = b"".join(path.read_bytes() for path in sorted(files))
+    data = read_parts(files, "--caches")
     added = 0
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         for member in tar.getmembers():
@@ -1002,7 +1026,11 @@ def main(argv: list[str] | None = None) -> int:
                 unpack(archive, args.into)
             return 0
         if args.command == "start":
+            # both checked before anything is copied or started
+            if args.resume:
+                read_parts(args.resume, "--resume")
             if args.caches:
+                read_parts(args.caches, "--caches")
                 restore_caches(args.caches)
             start(args.plans, args.work, args.source, args.hold_minutes, args.resume, args.fill)
         if args.command in ("start", "wait"):
