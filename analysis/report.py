@@ -236,6 +236,10 @@ def judge(
             "; ".join(evidence) or "no cell at 1024",
         )
     )
+    if against and not missing:
+        # two tasks only: the one that holds is part of the picture too
+        tasks = ", ".join(a.split(":")[0] for a in against)
+        verdicts[-1]["evidence"] = "; ".join(evidence) + f" (against the claim: {tasks})"
     if caveats:
         verdicts[-1]["evidence"] += ". " + "; ".join(caveats)
     # 3. Mamba2 fails beyond the shortest length

@@ -343,6 +343,7 @@ def test_claim_2_says_when_its_gap_is_within_the_measured_run_to_run_spread() ->
     # one run a mixer, KDA 3x sooner: reproduced, and no spread measured, so no caveat
     claim = judge(_claim2_cells((250.0,), (750.0,)))[1]
     assert claim["verdict"] == "reproduced" and "not yet a ranking" not in claim["evidence"]
+    assert "against the claim" not in claim["evidence"]
     # the same, with a repeated cell whose runs differ 4x: the 3x gap is within it
     claim = judge(_claim2_cells((250.0,), (750.0,), other=(500.0, 2000.0)))[1]
     assert claim["verdict"] == "reproduced"
@@ -360,6 +361,7 @@ def test_claim_2_says_when_its_gap_is_within_the_measured_run_to_run_spread() ->
     # a KDA seed that never reaches 0.9 makes KDA's median the slower one
     claim = judge(_claim2_cells((250.0, math.inf, math.inf), (750.0, 900.0, 1250.0)))[1]
     assert claim["verdict"] == "not reproduced" and "kda never (median of 3 runs" in claim["evidence"]
+    assert "(against the claim: palindrome, mqar)" in claim["evidence"]
 
 
 def test_cells_take_the_median_steps_of_the_runs_at_the_best_lr(tmp_path: Path) -> None:
