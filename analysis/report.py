@@ -198,7 +198,7 @@ def judge(
         )
     )
     # 2. KDA converges much faster than GDN at 1024 on Palindrome and MQAR
-    missing, against, evidence, caveats = [], [], [], []
+    missing, against, evidence, caveats, against_tasks = [], [], [], [], []
     measured = spreads(cells) if "steps_all" in cells else []
     for task in ("palindrome", "mqar"):
         steps, ranges = {}, {}
@@ -224,6 +224,7 @@ def judge(
             continue
         if k is None or (g is not None and k * 1.5 > g):
             against.append(evidence[-1])
+            against_tasks.append(task)
         caveat = _spread_caveat(task, k, g, ranges["kda"], ranges["gdn"], measured)
         if caveat:
             caveats.append(caveat)
@@ -238,8 +239,7 @@ def judge(
     )
     if against and not missing:
         # two tasks only: the one that holds is part of the picture too
-        tasks = ", ".join(a.split(":")[0] for a in against)
-        verdicts[-1]["evidence"] = "; ".join(evidence) + f" (against the claim: {tasks})"
+        verdicts[-1]["evidence"] = "; ".join(evidence) + f" (against the claim: {', '.join(against_tasks)})"
     if caveats:
         verdicts[-1]["evidence"] += ". " + "; ".join(caveats)
     # 3. Mamba2 fails beyond the shortest length

@@ -362,6 +362,9 @@ def test_claim_2_says_when_its_gap_is_within_the_measured_run_to_run_spread() ->
     claim = judge(_claim2_cells((250.0, math.inf, math.inf), (750.0, 900.0, 1250.0)))[1]
     assert claim["verdict"] == "not reproduced" and "kda never (median of 3 runs" in claim["evidence"]
     assert "(against the claim: palindrome, mqar)" in claim["evidence"]
+    # the claims after it still judge every task (no Mamba2 cell here: each one named missing)
+    mamba2 = judge(_claim2_cells((250.0, math.inf, math.inf), (750.0, 900.0, 1250.0)))[2]
+    assert mamba2["verdict"] == "not testable" and "stack@2048" in mamba2["evidence"]
 
 
 def test_cells_take_the_median_steps_of_the_runs_at_the_best_lr(tmp_path: Path) -> None:
