@@ -534,13 +534,13 @@ def test_restore_puts_back_only_unfinished_runs_below_the_run_roots(tmp_path: Pa
     parts = [tmp_path / "resume.tar.gz.part01", tmp_path / "resume.tar.gz.part00"]
     parts[1].write_bytes(data[:100])
     parts[0].write_bytes(data[100:])
-    assert campaign.restore_checkpoints(parts, src) == 1
+    assert campaign.restore_checkpoints(campaign.read_parts(parts, "--resume"), src) == 1
     assert (src / "results" / "x" / "cut" / "checkpoint.pt").read_bytes() == b"ckpt"
     assert (src / "results" / "x" / "cut" / ".hydra" / "overrides.yaml").exists()
     assert not (done / "checkpoint.pt").exists()
     evil = _archive(tmp_path / "evil.tar.gz", {"src/x/checkpoint.pt": b"x"})
     with pytest.raises(campaign.CampaignError, match="refuses to restore"):
-        campaign.restore_checkpoints([evil], src)
+        campaign.restore_checkpoints(campaign.read_parts([evil], "--resume"), src)
 
 
 def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_that_does_not_fit(

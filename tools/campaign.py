@@ -269,15 +269,14 @@ def partial_runs(src: Path) -> list[dict[str, Any]]:
         entry = _recorded(run, src)
         if entry is None:
             continue
-        steps = _checkpoint_step(run)
+        steps = _checkpoint_step(summary)
         entry["steps"] = steps if steps is not None else (_last_step(run) or 0)
         found.append(entry)
     return found
 
 
-def _checkpoint_step(run: Path) -> int | None:
+def _checkpoint_step(summary: dict[str, Any]) -> int | None:
     """The step an interrupted run's checkpoint holds, as its summary records it (None without one)."""
-    summary = _summary(run) or {}
     step = summary.get("checkpoint_step", summary.get("steps"))
     return step if isinstance(step, int) else None
 
@@ -745,7 +744,7 @@ def wait(work: Path, minutes: float) -> None:
 
 
 def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | None = None,
-          resume: list[Path] | None = None, fill: bool = False) -> None:
+          resume: bytes | None = None, fill: bool = False) -> None:
     began = time.time()
     state = _state(work)
     if _alive(state.get("pid")):
@@ -839,21 +838,18 @@ def save_checkpoints(work: Path, out: Path) -> list[Path]:
             for path in paths + [run / ".hydra" / f for f in HYDRA_FILES]:
                 if path.is_file():
                     tar.add(path, arcname=str(path.relative_to(src)))
-    steps = ", ".join(f"{run.relative_to(src)} at step {_checkpoint_step(run)}" for run in runs)
+    steps = ", ".join(f"{run.relative_to(src)} at step {_checkpoint_step(_summary(run) or {})}"
+                      for run in runs)
     return _split(archive, f"{len(runs)} run(s) in flight with their checkpoints ({steps})")
 
 
-def restore_checkpoints(files: list[Path], src: Path) -> int:
-    """Put the runs of a save_checkpoints archive (its parts in any order) into the work copy `src`, so
-    that train.py resumes them; a run the copy holds finished (its summary completed or diverged) is left
-    as it is. Returns the runs put back."""
-    data = read_parts(files, "--resume")
+def restore_checkpoints(data: bytes, src: Path) -> int:
+    """Put the runs of a save_checkpoints archive (read_parts' bytes) into the work copy `src`, so that
+    train.py resumes them; a run the copy holds finished (its summary completed or diverged) is left as it
+    is. Returns the runs put back."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         members = tar.getmembers()
-        bad = [m.name for m in members if not _safe_member(m) or m.name.startswith("campaign-logs/")]
-        if bad:
-            raise CampaignError(f"{files[0]}: refuses to restore {bad[:3]}: only run directories under "
-                                f"{RUN_ROOTS} travel")
+        _refuse_unsafe(members, "--resume", "restore", logs=False)
         restored, finished = 0, []
         for run, files_of_run in sorted(_by_run(members).items()):
             if (_summary(src / run) or {}).get("status") in FINISHED_STATUSES:
@@ -913,6 +909,14 @@ def _safe_member(member: tarfile.TarInfo) -> bool:
             and parts[0] in RUN_ROOTS + ("campaign-logs",))
 
 
+def _refuse_unsafe(members: list[tarfile.TarInfo], source: str, verb: str, logs: bool) -> None:
+    """CampaignError naming the members outside the run roots (or the campaign's logs, unless `logs`)."""
+    bad = [m.name for m in members
+           if not _safe_member(m) or (not logs and m.name.startswith("campaign-logs/"))]
+    if bad:
+        raise CampaignError(f"{source}: refuses to {verb} {bad[:3]}: only files under {RUN_ROOTS} travel")
+
+
 def _by_run(members: list[tarfile.TarInfo]) -> dict[Path, list[tarfile.TarInfo]]:
     """An archive's files grouped by their run directory (a .hydra/ file belongs to the run above it)."""
     runs: dict[Path, list[tarfile.TarInfo]] = {}
@@ -934,10 +938,7 @@ def unpack(archive: Path, into: Path) -> None:
     another summary is left as it is and named (delete it first to take the new one)."""
     with tarfile.open(archive, "r:gz") as tar:
         members = tar.getmembers()
-        bad = [m.name for m in members if not _safe_member(m)]
-        if bad:
-            raise CampaignError(f"{archive}: refuses to unpack {bad[:3]}: only files under {RUN_ROOTS} "
-                                "travel")
+        _refuse_unsafe(members, str(archive), "unpack", logs=True)
         runs = _by_run([m for m in members if not m.name.startswith("campaign-logs/")])
         new, same, kept = 0, 0, []
         for run, files in sorted(runs.items()):
@@ -949,7 +950,7 @@ def unpack(archive: Path, into: Path) -> None:
                 if present.read_bytes() == data:
                     same += 1
                     continue
-                if (_summary(target) or {}).get("status") in ("completed", "diverged"):
+                if (_summary(target) or {}).get("status") in FINISHED_STATUSES:
                     kept.append(str(run))
                     continue
             _extract(tar, files, into)
@@ -1026,13 +1027,11 @@ def main(argv: list[str] | None = None) -> int:
                 unpack(archive, args.into)
             return 0
         if args.command == "start":
-            # both checked before anything is copied or started
-            if args.resume:
-                read_parts(args.resume, "--resume")
+            # both read and checked before anything is copied or started
+            resume = read_parts(args.resume, "--resume") if args.resume else None
             if args.caches:
-                read_parts(args.caches, "--caches")
                 restore_caches(args.caches)
-            start(args.plans, args.work, args.source, args.hold_minutes, args.resume, args.fill)
+            start(args.plans, args.work, args.source, args.hold_minutes, resume, args.fill)
         if args.command in ("start", "wait"):
             wait(args.work, args.minutes)
         if args.command == "stop":
