@@ -113,9 +113,10 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
             row[name] = float(values.max()) if values is not None and values.notna().any() else float("nan")
         best = group.loc[pd.to_numeric(group["best_eval_acc"], errors="coerce").idxmax()]
         row["lr"] = float(best["lr"])
-        row["lrs"] = tuple(sorted(set(pd.to_numeric(group["lr"], errors="coerce").dropna().astype(float))))
+        lrs = pd.to_numeric(group["lr"], errors="coerce")
+        row["lrs"] = tuple(sorted(set(lrs.dropna().astype(float))))
         # every run at that lr (seeds, repeats): the cell's steps to 0.9 is their median, its spread kept
-        at_lr = group[pd.to_numeric(group["lr"], errors="coerce") == row["lr"]]
+        at_lr = group[lrs == row["lr"]]
         reached = at_lr["steps_to_threshold"] if "steps_to_threshold" in at_lr else [None] * len(at_lr)
         row["steps_all"] = tuple(sorted(_steps(v) for v in reached))
         row["steps_to_0.9"] = median_steps(row["steps_all"])
