@@ -107,7 +107,7 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
     done["series"] = _series(done)
     rows = []
     for (task, series, length), group in done.groupby(["task", "series", "seq_len"]):
-        row = {"task": task, "series": series, "seq_len": int(length), "runs": len(group)}
+        row = {"task": task, "series": series, "seq_len": int(length)}
         for name, column in METRICS.items():
             values = pd.to_numeric(group.get(column), errors="coerce") if column in group else None
             row[name] = float(values.max()) if values is not None and values.notna().any() else float("nan")
@@ -117,6 +117,7 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
         row["lrs"] = tuple(sorted(set(lrs.dropna().astype(float))))
         # every run at that lr (seeds, repeats): the cell's steps to 0.9 is their median, its spread kept
         at_lr = group[lrs == row["lr"]]
+        row["runs"] = len(at_lr)
         reached = at_lr["steps_to_threshold"] if "steps_to_threshold" in at_lr else [None] * len(at_lr)
         row["steps_all"] = tuple(sorted(_steps(v) for v in reached))
         row["steps_to_0.9"] = median_steps(row["steps_all"])
@@ -692,7 +693,8 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
         "## Cells (best lr per cell)",
         "",
         "Steps to 0.9: the first eval at or above 0.9; with several runs at the best lr (seeds, repeats), "
-        "their median, each run's in brackets.",
+        "their median, each run's in brackets. Runs: those at the cell's best lr; the other lrs run follow "
+        "it.",
         "",
         "| task | mixer | L | peak train acc | best eval acc | eval acc at 2L | lr | steps to 0.9 | runs |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -701,9 +703,11 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
         steps = "never" if pd.isna(c["steps_to_0.9"]) else int(c["steps_to_0.9"])
         if len(c["steps_all"]) > 1:
             steps = f"{steps} ({', '.join(_steps_text(v) for v in c['steps_all'])})"
+        others = tuple(lr for lr in c["lrs"] if lr != c["lr"])
+        lr = f"{c['lr']:g}" + (f" (also {_lrs(others)})" if others else "")
         lines.append(
             f"| {c['task']} | {c['series']} | {c['seq_len']} | {_fmt(c['train'], '.3f')} | "
-            f"{_fmt(c['eval'], '.3f')} | {_fmt(c['eval@2L'], '.3f')} | {c['lr']:g} | {steps} | {c['runs']} |"
+            f"{_fmt(c['eval'], '.3f')} | {_fmt(c['eval@2L'], '.3f')} | {lr} | {steps} | {c['runs']} |"
         )
     if cells.empty:
         lines.append("| (no finished run yet) | | | | | | | | |")

@@ -22,6 +22,7 @@ from analysis.report import (
     median_steps,
     mqar_load,
     mqar_section,
+    render,
 )
 
 # Under `pytest -n`: one worker runs this file, so its module fixture is built once.
@@ -375,8 +376,12 @@ def test_cells_take_the_median_steps_of_the_runs_at_the_best_lr(tmp_path: Path) 
                                      (5e-4, 0, 0.95, 250))
     ])
     cell = cell_table(runs).iloc[0]
-    assert cell["lr"] == 1e-3 and cell["runs"] == 4
+    # the runs counted are those the median is over; the other lr is named beside the best one
+    assert cell["lr"] == 1e-3 and cell["runs"] == 3
     assert cell["steps_all"] == (500.0, 1500.0, math.inf) and cell["steps_to_0.9"] == 1500.0
+    runs["run_dir"], runs["device"], runs["steps"], runs["wall_time_s"] = "", "cpu", 5000, 100.0
+    row = "| mqar | kda | 1024 | 0.990 | 0.990 | – | 0.001 (also 5e-4) | 1500 (500, 1500, never) | 3 |"
+    assert row in render(runs, "train", "x")
 
 
 def test_the_learning_rate_section_names_the_cells_another_lr_could_raise() -> None:
