@@ -264,6 +264,13 @@ def test_a_lone_cell_is_timed_from_lone_runs_not_from_packed_ones(tmp_path: Path
     assert campaign.estimate(alone, runs) == pytest.approx((0.1 + 0.06) / 2 * 1000 + 10.0)
     # packed: gdn's own packed runs, halved for half the length
     assert campaign.estimate(packed, runs) == pytest.approx(0.3 / 2 * 1000 + 10.0)
+    # n_jobs counts over the machine's GPUs: eight jobs on eight GPUs run alone, 24 three to a GPU
+    (spread,) = campaign.expand([["experiment=e", "hydra.launcher.n_jobs=8", "task.seq_len=2048",
+                                  "mixer=gdn", "task=mqar"]])
+    assert campaign.estimate(spread, runs, gpus=8) == campaign.estimate(alone, runs)
+    (three,) = campaign.expand([["experiment=e", "hydra.launcher.n_jobs=24", "task.seq_len=256",
+                                 "mixer=gdn", "task=mqar"]])
+    assert campaign.estimate(three, runs, gpus=8) == campaign.estimate(packed, runs)
 
 
 def test_a_cell_is_timed_from_runs_of_its_own_experiment_and_group_choices_first(tmp_path: Path) -> None:
@@ -594,3 +601,77 @@ def test_missing_or_partial_parts_are_one_line_before_anything_starts(tmp_path: 
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and not work.exists()
+
+
+def _scored(root: Path, name: str, overrides: list[str], acc: float | None, max_steps: int = 1000,
+            status: str = "completed", seq_len: int = 256) -> None:
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({
+        "status": status, "steps": max_steps, "seq_len": seq_len, "best_train_acc": acc,
+        "config": {"trainer.max_steps": max_steps}}))
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+
+
+def test_extend_plans_the_unsolved_cells_again_at_their_best_run_merged_into_products(tmp_path: Path) -> None:
+    campaign = _module()
+    root = tmp_path / "results" / "grid"
+    for task, length, lr, acc in (("a", 1024, "0.001", 0.5), ("a", 1024, "0.0005", 0.7),  # best: 5e-4
+                                  ("b", 1024, "0.001", 0.6), ("b", 1024, "0.0005", 0.4),
+                                  ("c", 1024, "0.001", 0.999),  # solved: not again
+                                  ("a", 2048, "0.001", 0.3), ("b", 2048, "0.001", 0.2)):
+        _scored(root, f"{task}{length}{lr}", ["experiment=e", f"task={task}", f"task.seq_len={length}",
+                                              f"optim.lr={lr}", "seed=0"], acc, seq_len=length)
+    # a cell that already has a run of the longer budget, and one whose only run diverged
+    _scored(root, "d", ["experiment=e", "task=d", "task.seq_len=512", "optim.lr=0.001", "seed=0"], 0.4)
+    _scored(root, "d_long", ["experiment=e", "task=d", "task.seq_len=512", "optim.lr=0.001", "seed=0",
+                             "trainer.max_steps=20000"], 0.6, max_steps=20000)
+    _scored(root, "e", ["experiment=e", "task=e", "task.seq_len=512", "optim.lr=0.001", "seed=0"], None,
+            status="diverged")
+    plan = campaign.extend([root], tmp_path, 20000, 0.99, "best_train_acc", ["hydra/launcher=x"])
+    lines = [line for line in plan.splitlines() if not line.startswith("#")]
+    tail = "hydra.sweep.dir=results/grid trainer.max_steps=20000"
+    # longest first, then lowest first; the two cells at 2048 differ in the task alone and share a stage,
+    # the two at 1024 differ in their best lr too and do not
+    assert lines == [
+        f"experiment=e hydra/launcher=x task=b,a task.seq_len=2048 optim.lr=0.001 seed=0 {tail}",
+        f"experiment=e hydra/launcher=x task=b task.seq_len=1024 optim.lr=0.001 seed=0 {tail}",
+        f"experiment=e hydra/launcher=x task=a task.seq_len=1024 optim.lr=0.0005 seed=0 {tail}",
+    ]
+    assert "(5 cell(s))" not in plan and "(4 cell(s))" in plan
+    assert "all diverged" in plan and str(root / "e") in plan
+    # what it plans is a plan: its stages expand into exactly those cells
+    written = tmp_path / "plan.txt"
+    written.write_text(plan)
+    cells = campaign.expand(campaign.read_plan(written))
+    assert sorted((c.values["task"], c.values["task.seq_len"]) for c in cells) == [
+        ("a", "1024"), ("a", "2048"), ("b", "1024"), ("b", "2048")]
+
+
+def test_extend_of_a_real_sweep_runs_the_longer_budget_beside_it(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    tiny = TINY.replace("hydra.sweep.dir=results/campaign_test", f"hydra.sweep.dir={sweep}")
+    train = [sys.executable, str(ROOT / "train.py"), "-m", *tiny.split(), "mixer=kda", "optim.lr=3e-3,1e-2"]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    subprocess.run(train, cwd=ROOT, env=env, check=True, capture_output=True, timeout=240)
+    accs = {json.loads(p.read_text())["lr"]: json.loads(p.read_text())["best_train_acc"]
+            for p in sweep.rglob("summary.json")}
+    best = max(accs, key=accs.get)
+    plan = _campaign("extend", sweep, "--max-steps", 8, "--with", "hydra/launcher=local").stdout
+    (line,) = [line for line in plan.splitlines() if not line.startswith("#")]
+    assert float(line.split("optim.lr=")[1].split()[0]) == best
+    subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *line.split()], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=240)
+    longer = [json.loads(p.read_text()) for p in sweep.rglob("summary.json")]
+    assert sorted(s["steps"] for s in longer) == [6, 6, 8]
+    assert [s["lr"] for s in longer if s["steps"] == 8] == [best]
+    # planned again, the cell is held at that budget now: nothing left
+    again = _campaign("extend", sweep, "--max-steps", 8).stdout
+    assert "(0 cell(s))" in again and len(again.splitlines()) == 1
+
+
+def test_extend_names_a_missing_results_directory_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, CAMPAIGN, "extend", tmp_path / "nope", "--max-steps", "10"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "nope is not a directory" in result.stderr
+    assert len(result.stderr.splitlines()) == 1

@@ -8,6 +8,7 @@ while it is held, and starts bare the next time. So a grid that needs hours fill
     python tools/campaign.py stop --out $OUT                          # the last one of the stretch
     python tools/campaign.py unpack /path/to/campaign-*.tar.gz        # here; commit the run directories
     python tools/campaign.py left PLAN...                             # what is left, in device minutes
+    python tools/campaign.py extend RESULTS... --max-steps 20000      # a plan: unsolved cells, longer
 
 `start` copies this checkout (its committed runs included) to `--work`, then runs the plan's stages there,
 one `python train.py -m <overrides>` after another, in a new process session that outlives the command.
@@ -74,6 +75,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.caches import cache_dirs  # noqa: E402  (standard library only at import)
+from harness.gpus import visible_gpus  # noqa: E402  (standard library only)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
 
 # A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
@@ -327,14 +329,15 @@ def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
     return run_of(cell, runs) is not None
 
 
-def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0) -> float | None:
+def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: int = 1) -> float | None:
     """Seconds the cell's run should take at most (max_steps less the `done` steps its checkpoint holds,
     no early stop): from finished runs of its
     mixer and length, else of its mixer at the nearest length scaled by length, else of any mixer at its
     length, else of any mixer at the nearest length scaled; None when no run is measured. Runs packed as the
-    cell will be (its stage's n_jobs) come first: one of three sharing a GPU steps about three times slower
-    than one alone, and scaled by length that would keep a lone run postponed forever. max_steps: the
-    cell's override, else the measured runs'."""
+    cell will be (its stage's n_jobs over the machine's `gpus`: the launcher spreads them) come first: one of
+    three sharing a GPU steps about three times slower than one alone, and scaled by length that would keep
+    a lone run postponed forever. The measured runs count as run on one GPU (all of ours were). max_steps:
+    the cell's override, else the measured runs'."""
     mixer = cell.values.get("mixer")
     try:
         length = int(float(cell.values["task.seq_len"]))
@@ -349,7 +352,8 @@ def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0) -> float
         if mine:
             measured = mine
             break
-    measured = [m for m in measured if m.get("n_jobs", 1) == cell.n_jobs] or measured
+    per_gpu = -(-cell.n_jobs // max(1, gpus))
+    measured = [m for m in measured if m.get("n_jobs", 1) == per_gpu] or measured
     same = [m for m in measured if m["mixer"] == mixer]
     runs, scale = [m for m in same if m["seq_len"] == length], 1.0
     if not runs and same:
@@ -376,12 +380,12 @@ def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0) -> float
 
 
 def estimates_of(cells: list[Cell], pending: list[int], measured: list[dict[str, Any]],
-                 partial: list[dict[str, Any]]) -> dict[int, float | None]:
+                 partial: list[dict[str, Any]], gpus: int = 1) -> dict[int, float | None]:
     """estimate() of each pending cell, less the steps of its run's checkpoint where it has one."""
     found = {}
     for i in pending:
         run = run_of(cells[i], partial)
-        found[i] = estimate(cells[i], measured, done=run["steps"] if run else 0)
+        found[i] = estimate(cells[i], measured, done=run["steps"] if run else 0, gpus=gpus)
     return found
 
 
@@ -669,7 +673,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
         # that an earlier stage also held (a plan that runs a claim's cells first) is done
         measured = finished_runs(src)
         pending = [i for i in pending if not is_finished(cells[i], measured)]
-        estimates = estimates_of(cells, pending, measured, partial_runs(src))
+        estimates = estimates_of(cells, pending, measured, partial_runs(src), state.get("gpus", 1))
         group, postponed = choose(cells, pending, left, estimates)
         if not group and pending and state.get("fill") and left >= FILL_MIN_S:
             # the stop checkpoints it and --with-checkpoints carries it to the next machine
@@ -701,7 +705,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
     return "stopped"
 
 
-def left(plans: list[Path], source: Path) -> float:
+def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
     """What the plans still have to run against the checkout `source`: each pending cell with its estimate
     (from the checkout's finished runs; at most max_steps, so early stopping only shortens it) and the
     device minutes of them all, launched as a hold would group them; returns those seconds."""
@@ -712,7 +716,7 @@ def left(plans: list[Path], source: Path) -> float:
     for i, cell in enumerate(cells):
         first.setdefault(cell.run_key, i)
     pending = [i for i in sorted(first.values()) if not is_finished(cells[i], runs)]
-    estimates = estimates_of(cells, pending, runs, partial_runs(source))
+    estimates = estimates_of(cells, pending, runs, partial_runs(source), gpus)
     total, unknown, todo = 0.0, 0, list(pending)
     while todo:
         group, _ = choose(cells, todo, float("inf"), estimates)
@@ -728,6 +732,102 @@ def left(plans: list[Path], source: Path) -> float:
           f"{total / 60:.0f} min of device time" + (f", {unknown} cell(s) without an estimate" if unknown
                                                     else "") + " (early stopping shortens it)")
     return total
+
+
+# What tells the runs of one cell apart: `extend` trains a cell again at the best of its runs.
+RUN_OF_CELL = ("optim.lr", "seed", "trainer.max_steps")
+
+
+def _cell_runs(results: Path, metric: str) -> dict[tuple, list[dict[str, Any]]]:
+    """The finished runs under `results`, by cell (their recorded overrides less RUN_OF_CELL), each with
+    its overrides in recorded order, its `metric` (None where it has none), max_steps and seq_len."""
+    cells: dict[tuple, list[dict[str, Any]]] = {}
+    runs = {path.parent for name in ("summary.json", "metrics.jsonl") for path in results.rglob(name)}
+    for run in sorted(runs):
+        summary = _summary(run) or {}
+        if summary.get("status") not in FINISHED_STATUSES:
+            continue
+        try:
+            lines = (run / ".hydra" / "overrides.yaml").read_text().splitlines()
+        except OSError:
+            continue
+        ordered = [line[2:] for line in lines if line.startswith("- ") and "=" in line]
+        key = tuple(sorted(o for o in ordered if o.split("=", 1)[0] not in RUN_OF_CELL))
+        value = summary.get(metric)
+        cells.setdefault(key, []).append({
+            "overrides": ordered, "dir": run,
+            "metric": float(value) if isinstance(value, (int, float)) and value == value else None,
+            "max_steps": (summary.get("config") or {}).get("trainer.max_steps", summary.get("steps")),
+            "seq_len": summary.get("seq_len") or 0,
+        })
+    return cells
+
+
+def _merge(stages: list[dict[str, list[str]]]) -> list[dict[str, list[str]]]:
+    """Stages (key -> values) merged where they differ in one key's values only, until none do: each result
+    is still a product of its values, so one multirun runs its cells, several at once; each keeps the place
+    of the first stage merged into it."""
+    changed = True
+    while changed:
+        changed = False
+        for key in sorted({k for stage in stages for k in stage}):
+            out: list[dict[str, list[str]]] = []
+            into: dict[tuple, dict[str, list[str]]] = {}
+            for stage in stages:
+                rest = tuple(sorted((k, tuple(v)) for k, v in stage.items() if k != key))
+                if key in stage and rest in into:
+                    into[rest][key] += [v for v in stage[key] if v not in into[rest][key]]
+                    continue
+                copy = {k: list(v) for k, v in stage.items()}
+                if key in stage:
+                    into[rest] = copy
+                out.append(copy)
+            if len(out) < len(stages):
+                stages, changed = out, True
+    return stages
+
+
+def extend(results: list[Path], source: Path, max_steps: int, below: float, metric: str,
+           launcher: list[str]) -> str:
+    """A plan that trains every cell of `results` whose best finished run stayed below `below` on `metric`
+    again with trainer.max_steps=`max_steps`, at that run's overrides (its lr, its seed), into the same
+    results directory; cells that a run of at least that budget already holds are left out. Longest
+    sequences first; cells that differ in one key's values share a stage."""
+    stages, notes = [], []
+    for root in results:
+        if not root.is_dir():
+            raise CampaignError(f"results {root} is not a directory: give the directory a sweep wrote its "
+                                "runs into (e.g. results/kimi_fig4_h200)")
+        place = str(root.resolve().relative_to(source.resolve())) if root.resolve().is_relative_to(
+            source.resolve()) else str(root)
+        for runs in _cell_runs(root, metric).values():
+            if any(isinstance(run["max_steps"], int) and run["max_steps"] >= max_steps for run in runs):
+                continue
+            scored = [run for run in runs if run["metric"] is not None]
+            if not scored:
+                notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
+                continue
+            best = max(scored, key=lambda run: run["metric"])
+            if best["metric"] >= below:
+                continue
+            overrides = [o for o in best["overrides"] if not o.startswith("trainer.max_steps=")]
+            overrides.sort(key=lambda o: not o.startswith("experiment="))
+            stage = {o.split("=", 1)[0]: [o.split("=", 1)[1]] for o in overrides}
+            stage["hydra.sweep.dir"] = [place]
+            stage["trainer.max_steps"] = [str(max_steps)]
+            stages.append((best["seq_len"], best["metric"], stage))
+    stages.sort(key=lambda entry: (-entry[0], entry[1]))
+    merged = _merge([stage for _, _, stage in stages])
+    lines = [f"# extend: every cell of {', '.join(map(str, results))} whose best run has {metric} < "
+             f"{below:g}, again with trainer.max_steps={max_steps} at that run's lr and seed "
+             f"({len(stages)} cell(s))", *notes]
+    for stage in merged:
+        keys = list(stage)
+        head = [k for k in keys if k == "experiment"]
+        args = [f"{k}={','.join(stage[k])}" for k in head] + launcher
+        args += [f"{k}={','.join(stage[k])}" for k in keys if k not in head]
+        lines.append(" ".join(shlex.quote(arg) for arg in args))
+    return "\n".join(lines) + "\n"
 
 
 def wait(work: Path, minutes: float) -> None:
@@ -763,6 +863,8 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
     if hold_minutes is not None:
         state["deadline"] = began + 60 * hold_minutes
         state["fill"] = fill
+        # a stage's n_jobs spread over the GPUs: each cell steps as fast as the runs per GPU let it
+        state["gpus"] = max(1, visible_gpus())
     _write_state(work, state)
     log = open(work / "campaign.log", "ab")
     supervisor = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_supervise", "--work",
@@ -1001,6 +1103,21 @@ def main(argv: list[str] | None = None) -> int:
     command = sub.add_parser("left", help="the cells the plans still have to run here, with estimates")
     command.add_argument("plans", type=Path, nargs="+")
     command.add_argument("--source", type=Path, default=ROOT, help="the checkout whose runs count (this one)")
+    command.add_argument("--gpus", type=int, default=None,
+                         help="the GPUs of the machine that will run the plans (default: this one's, at "
+                         "least 1): a stage's n_jobs spread over them")
+    command = sub.add_parser("extend", help="a plan that trains the unsolved cells of results again, "
+                             "longer")
+    command.add_argument("results", type=Path, nargs="+", help="results directories (a sweep's dir)")
+    command.add_argument("--max-steps", type=int, required=True, help="the longer budget (trainer.max_steps)")
+    command.add_argument("--below", type=float, default=0.99,
+                         help="a cell whose best run is below this is unsolved (default 0.99)")
+    command.add_argument("--metric", default="best_train_acc",
+                         help="the summary field judged (default best_train_acc, Kimi Fig. 4's)")
+    command.add_argument("--with", dest="launcher", default="",
+                         help="overrides put in every stage, e.g. 'hydra/launcher=joblib_gpu "
+                         "hydra.launcher.n_jobs=8'")
+    command.add_argument("--source", type=Path, default=ROOT, help="the checkout (this one)")
     command = sub.add_parser("unpack")
     command.add_argument("archives", type=Path, nargs="+")
     command.add_argument("--into", type=Path, default=ROOT)
@@ -1020,7 +1137,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "_supervise":
             return supervise(args.work)
         if args.command == "left":
-            left(args.plans, args.source)
+            left(args.plans, args.source, args.gpus or max(1, visible_gpus()))
+            return 0
+        if args.command == "extend":
+            print(extend(args.results, args.source, args.max_steps, args.below, args.metric,
+                         shlex.split(args.launcher)), end="")
             return 0
         if args.command == "unpack":
             for archive in args.archives:

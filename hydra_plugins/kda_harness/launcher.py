@@ -19,7 +19,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.check import GPU_ENV
+from harness.gpus import visible_gpus
 from harness.rundir import FileUnreadable, ResumeRefused, RunDir, RunDirBusy, RunDirError
 
 log = logging.getLogger("kda_harness.launcher")
@@ -140,22 +140,6 @@ def record_death(run_dir: Path, cause: str) -> bool:
     except RunDirError:
         return False
     return True
-
-
-def visible_gpus() -> int:
-    """How many GPUs the jobs will see, found without starting the CUDA driver in this process (forked jobs
-    cannot use a driver their parent started): CUDA_VISIBLE_DEVICES's entries where set, else nvidia-smi's
-    list, else 0. A wrong count only unbalances the jobs: each takes its GPU modulo the GPUs it sees."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([entry for entry in visible.split(",") if entry.strip() and entry.strip() != "-1"])
-    try:
-        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    if listed.returncode != 0:
-        return 0
-    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
 
 
 def least_loaded(busy: Sequence[int], gpus: int) -> int:

@@ -1,0 +1,23 @@
+"""How many GPUs a machine gives its jobs, found with the standard library alone (the campaign tool runs
+without torch or Hydra)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+
+def visible_gpus() -> int:
+    """How many GPUs the jobs will see, found without starting the CUDA driver in this process (forked jobs
+    cannot use a driver their parent started): CUDA_VISIBLE_DEVICES's entries where set, else nvidia-smi's
+    list, else 0. A wrong count only unbalances the jobs: each takes its GPU modulo the GPUs it sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([entry for entry in visible.split(",") if entry.strip() and entry.strip() != "-1"])
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    if listed.returncode != 0:
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
