@@ -156,6 +156,48 @@ def max_trained_steps(table: pd.DataFrame) -> int | None:
     return int(steps.max()) if steps.notna().any() else None
 
 
+# What one run of a cell repeats: a run of these at a larger trainer.max_steps supersedes it.
+SAME_RUN = ["task", "mixer", "variant", "seq_len", "lr", "seed"]
+
+
+def longest_budget(table: pd.DataFrame) -> pd.DataFrame:
+    """The table less each run that a completed run of the same cell, lr and seed at a larger
+    trainer.max_steps supersedes: a cell trained again at a longer budget (the paper's, for the cells the
+    shorter one left unsolved) counts at that budget, never as a second seed beside its shorter run."""
+    if "trainer.max_steps" not in table or table.empty:
+        return table
+    keys = [k for k in SAME_RUN if k in table]
+    frame = table.assign(_budget=pd.to_numeric(table["trainer.max_steps"], errors="coerce"),
+                         _variant=table["variant"].fillna("") if "variant" in table else "")
+    keys = [("_variant" if k == "variant" else k) for k in keys]
+    done = frame[frame["status"].isin(SCORED)]
+    longest = done.groupby(keys, dropna=False)["_budget"].max().rename("_longest").reset_index()
+    merged = frame.reset_index().merge(longest, on=keys, how="left").set_index("index")
+    superseded = merged["_budget"] < merged["_longest"]
+    return table.loc[~superseded.reindex(table.index, fill_value=False)]
+
+
+def _min_budget(table: pd.DataFrame) -> float:
+    return float(pd.to_numeric(table["trainer.max_steps"], errors="coerce").min())
+
+
+def budgets(table: pd.DataFrame) -> str | None:
+    """The step budgets of the table's runs in words: "at most 5,000 steps a run", or with cells trained
+    longer "5,000 steps a run, 20,000 for 3 of 48 cells"; None where no run recorded one."""
+    if "trainer.max_steps" not in table:
+        return None
+    frame = _with_series(table).assign(_budget=pd.to_numeric(table["trainer.max_steps"], errors="coerce"))
+    frame = frame[frame["_budget"].notna()]
+    if frame.empty:
+        return None
+    per_cell = frame.groupby(["task", "series", "seq_len"])["_budget"].max()
+    values = sorted(per_cell.unique())
+    if len(values) == 1:
+        return f"at most {int(values[0]):,} steps a run"
+    longer = ", ".join(f"{int(v):,} for {int((per_cell == v).sum())}" for v in values[1:])
+    return f"{int(values[0]):,} steps a run, {longer} of {len(per_cell)} cells"
+
+
 def _distinct(table: pd.DataFrame, column: str) -> list:
     if column not in table:
         return []
@@ -174,7 +216,7 @@ def budget_note(table: pd.DataFrame) -> str | None:
     parts = []
     steps = max_trained_steps(table)
     if steps is not None:
-        parts.append(f"at most {steps:,} steps a run" + (" (Kimi Linear: 20,000)" if steps < 20_000 else ""))
+        parts.append(budgets(table) + (" (Kimi Linear: 20,000)" if _min_budget(table) < 20_000 else ""))
     batch = _distinct(table, "trainer.batch_size")
     if batch:
         parts.append("batch " + "/".join(f"{int(b):,}" for b in batch))

@@ -51,7 +51,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.cells import METRICS, best_lr, budget_note, cells, max_trained_steps, scored_runs, unscored_runs
+from analysis.cells import (
+    METRICS,
+    best_lr,
+    budget_note,
+    cells,
+    longest_budget,
+    max_trained_steps,
+    scored_runs,
+    unscored_runs,
+)
 from analysis.collect import collect_dirs, read_table
 from analysis.fig_length import plot_acc_vs_length, plot_length_generalisation
 from analysis.fig_lr import plot_lr_sensitivity
@@ -83,6 +92,7 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
              figures: tuple[str, ...] = FIGURES) -> list[Path]:
     """The figures named in `figures` (all by default) and the summary; returns the files written.
     `metric`: a key of METRICS. `grid`: the cells the runs are meant to fill (analysis.grid.grid_cells)."""
+    table = longest_budget(table)
     runs = scored_runs(table, metric)
     if runs.empty:
         raise ValueError(
@@ -104,8 +114,14 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
     has_dirs = "run_dir" in runs and runs["run_dir"].notna().any()
     if "acc_vs_steps" in figures and has_dirs:
         at = length or int(best["seq_len"].max())
-        steps_note = _lines(budget, fill_note(grid, pending, at) if grid is not None else None,
-                            "a line that ends before the budget stopped early, its task solved")
+        ran = []
+        if "trainer.max_steps" in table:
+            budgets = pd.to_numeric(table.loc[table["seq_len"] == at, "trainer.max_steps"], errors="coerce")
+            ran = sorted({int(v) for v in budgets.dropna()})
+        ends = ("a line that ends before the budget stopped early, its task solved" if len(ran) < 2 else
+                f"a line ends at its run's budget ({' or '.join(f'{v:,}' for v in ran)} steps) or before it, "
+                "stopped early, its task solved")
+        steps_note = _lines(budget, fill_note(grid, pending, at) if grid is not None else None, ends)
         budget_steps = max_trained_steps(table[table["seq_len"] == at])
         written += plot_acc_vs_steps(runs, best, unscored, at, out_dir, pending, steps_note, budget_steps)
     elif "acc_vs_steps" in figures:

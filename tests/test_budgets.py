@@ -1,0 +1,70 @@
+"""A cell trained again at a longer budget (`tools/campaign.py extend`): its longer run stands for it in the
+figures and the report, never as a second seed beside the shorter one, and what both cost is still spent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.cells import budgets, longest_budget
+from analysis.plot import plot_all
+from analysis.report import render
+
+
+def _run(mixer: str, task: str, acc: float, max_steps: int = 5000, seed: int = 0, lr: float = 1e-3,
+         status: str = "completed", steps_to: float | None = None, length: int = 1024) -> dict:
+    return {"task": task, "mixer": mixer, "variant": "", "seq_len": length, "lr": lr, "seed": seed,
+            "status": status, "best_train_acc": acc, "best_eval_acc": acc, "final_eval_acc": acc,
+            "steps_to_threshold": steps_to, "trainer.max_steps": max_steps, "steps": max_steps,
+            "wall_time_s": max_steps / 10, "device": "cuda:0", "run_dir": None}
+
+
+def test_a_longer_completed_run_of_the_same_cell_lr_and_seed_supersedes_the_shorter() -> None:
+    table = pd.DataFrame([
+        _run("kda", "palindrome", 0.79),                            # superseded
+        _run("kda", "palindrome", 0.99, max_steps=20000),
+        _run("kda", "palindrome", 0.70, lr=5e-4),                    # another lr: kept
+        _run("kda", "palindrome", 0.80, seed=1),                     # another seed: kept
+        _run("gdn", "palindrome", 0.94),                             # its longer run failed: kept
+        _run("gdn", "palindrome", float("nan"), max_steps=20000, status="failed"),
+    ])
+    kept = longest_budget(table)
+    assert list(kept.index) == [1, 2, 3, 4, 5]
+    assert longest_budget(kept).equals(kept)
+
+
+def test_budgets_in_words() -> None:
+    one = pd.DataFrame([_run("kda", "mqar", 1.0), _run("gdn", "mqar", 1.0)])
+    assert budgets(one) == "at most 5,000 steps a run"
+    mixed = pd.DataFrame([_run("kda", "mqar", 1.0), _run("gdn", "mqar", 0.9, max_steps=20000),
+                          _run("kda", "stack", 1.0), _run("gdn", "stack", 1.0)])
+    assert budgets(mixed) == "5,000 steps a run, 20,000 for 1 of 4 cells"
+
+
+def test_the_report_judges_the_longer_run_and_spends_both(tmp_path: Path) -> None:
+    table = pd.DataFrame([
+        _run("kda", "palindrome", 0.79, steps_to=None),
+        _run("kda", "palindrome", 0.995, max_steps=20000, steps_to=9000),
+        _run("gdn", "palindrome", 0.99, steps_to=750),
+        _run("kda", "mqar", 1.0, steps_to=750), _run("gdn", "mqar", 1.0, steps_to=2250),
+    ])
+    text = render(table, "train", "x")
+    assert "Runs: 5 (5 completed; 1 superseded by a longer run of its cell, lr and seed" in text
+    # one run a cell: the 20,000-step run's accuracy and steps, not a median with the shorter one
+    assert "| palindrome | kda | 1024 | 0.995 | 0.995 | – | 0.001 | 9000 | 1 |" in text
+    assert "palindrome: kda ran 20,000 steps, gdn 5,000, so their schedules differ" in text
+    assert "mqar: kda ran" not in text
+    assert "this grid 5,000 steps a run, 20,000 for 1 of 4 cells" in text
+    # the compute time counts all five runs: 4 x 500 s + 2,000 s
+    assert "Spent over the finished runs: 1.11 GPU-hours (5 runs on GPUs)" in text
+
+
+def test_the_figures_draw_the_longer_run_as_the_cell(tmp_path: Path) -> None:
+    table = pd.DataFrame([
+        _run("kda", "palindrome", 0.79), _run("kda", "palindrome", 0.995, max_steps=20000),
+        _run("gdn", "palindrome", 0.99),
+    ])
+    plot_all(table, tmp_path, figures=("acc_vs_length",), metric="train")
+    drawn = pd.read_csv(tmp_path / "acc_vs_length.csv").set_index("series")
+    assert drawn.loc["kda", "acc_mean"] == 99.5 and drawn.loc["kda", "n_seeds"] == 1
