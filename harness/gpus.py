@@ -21,3 +21,11 @@ def visible_gpus() -> int:
     if listed.returncode != 0:
         return 0
     return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+def visible_subset(indices: list[int]) -> str:
+    """CUDA_VISIBLE_DEVICES for a job given the machine's GPUs `indices` (0 .. visible_gpus() - 1): the
+    entries of the inherited CUDA_VISIBLE_DEVICES where one is set, else the indices themselves."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",") if e.strip() and e.strip() != "-1"] if visible else []
+    return ",".join(entries[i] if i < len(entries) else str(i) for i in indices)

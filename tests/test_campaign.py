@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -306,7 +307,7 @@ def test_a_campaign_whose_first_runs_fail_before_a_step_stops_there(tmp_path: Pa
                                  "deadline": time.time() + 3600})
     launched = []
 
-    def launch(index: int, overrides: list[str], label: str) -> int:
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
         run = work / "src" / "results" / "x" / overrides[-1]
         run.mkdir(parents=True)
         steps = 40 if trained_one and not launched else 0
@@ -402,6 +403,10 @@ def test_left_prices_what_a_plan_still_has_to_run(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     assert "3 of 4 cells left" in out and "at most 8 min of device time" in out
     assert "stage 2 task=stack" in out and "(with 1 other(s) at once)" in out
+    # on two GPUs gdn takes one for 410 s; the pair, one run a GPU there (n_jobs=2 over 2 GPUs, so timed
+    # from the lone kda run scaled to 256: 60 s each), runs one after the other on the second GPU beside it
+    two = campaign.left([plan], tmp_path, gpus=2)
+    assert two == pytest.approx(410.0)
 
 
 def test_a_cell_that_an_earlier_stage_ran_is_not_launched_again(tmp_path: Path,
@@ -415,7 +420,7 @@ def test_a_cell_that_an_earlier_stage_ran_is_not_launched_again(tmp_path: Path,
     campaign._write_state(work, {"stages": stages, "deadline": time.time() + 3600})
     launched = []
 
-    def launch(index: int, overrides: list[str], label: str) -> int:
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
         mixer = overrides[-1].split("=")[1]
         run = work / "src" / "results" / "x" / mixer
         (run / ".hydra").mkdir(parents=True)
@@ -569,7 +574,7 @@ def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_th
 
     launched: list[list[str]] = []
 
-    def launch(index: int, overrides: list[str], label: str) -> int:
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
         launched.append(overrides)
         return 0
 
@@ -675,3 +680,58 @@ def test_extend_names_a_missing_results_directory_in_one_line(tmp_path: Path) ->
                             capture_output=True, text=True)
     assert result.returncode == 2 and "nope is not a directory" in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+def test_on_several_gpus_groups_run_side_by_side_and_the_next_takes_the_gpu_that_freed(
+        tmp_path: Path) -> None:
+    campaign = _module()
+    work = tmp_path / "work"
+    (work / "src" / "results").mkdir(parents=True)
+    (work / "brought.json").write_text("{}")
+    # one run at a time a stage (n_jobs=1), two GPUs: a and b side by side; b ends first, so c takes its
+    # GPU while a still runs, then d (a later stage) the same one
+    stages = [["experiment=e", "hydra.launcher.n_jobs=1", "mixer=a,b,c"], ["experiment=e", "mixer=d"]]
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 3600, "gpus": 2})
+    lock = threading.Lock()
+    started, active, most = [], [0], [0]
+    took = {"a": 3.0, "b": 0.2, "c": 0.2, "d": 0.1}
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        name = overrides[-1].split("=")[1]
+        with lock:
+            started.append((name, devices))
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(took[name])
+        run = work / "src" / "results" / "x" / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10}))
+        (run / ".hydra" / "overrides.yaml").write_text(f"- experiment=e\n- mixer={name}\n")
+        (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweeper:\n    params:\n  help:\n")
+        with lock:
+            active[0] -= 1
+        return 0
+
+    ending = campaign.run_cells(work, campaign._state(work), launch, [])
+    assert ending.startswith("done: every cell has run")
+    assert started == [("a", [0]), ("b", [1]), ("c", [1]), ("d", [1])]
+    assert most[0] == 2 and campaign._state(work)["cells_run"] == 4
+
+
+def test_a_group_on_some_gpus_sees_those_of_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.gpus import visible_subset
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_subset([2, 3]) == "2,3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert visible_subset([0, 2]) == "4,6"
+
+
+def test_a_stage_that_packs_runs_takes_only_the_gpus_it_needs() -> None:
+    campaign = _module()
+    cells = campaign.expand([["experiment=e", "hydra.launcher.n_jobs=24", "mixer=a,b,c,d,e,f,g"]])
+    # 24 jobs on 8 GPUs: three a GPU; with two GPUs free a block holds six cells
+    group, _ = campaign.choose(cells, list(range(7)), 600.0, {}, free=2, gpus=8)
+    assert len(group) == 6 and campaign.per_gpu(cells[0], 8) == 3
+    group, _ = campaign.choose(cells, list(range(7)), 600.0, {}, free=8, gpus=8)
+    assert len(group) == 7

@@ -31,7 +31,9 @@ runs the plan cell by cell instead: each stage's comma-separated values expand i
 cartesian product, the last key varying fastest), each run as a multirun of its own single values, so
 it lands in the directory the stage's multirun gives it. A stage with hydra.launcher.n_jobs=K > 1 runs
 up to K of its pending cells at once, a block of them that one multirun gives (a product of values of its
-swept keys), packed as before; with K = GPUs x runs per GPU the launcher spreads them over every GPU.
+swept keys), packed as before; with K = GPUs x runs per GPU the launcher spreads them over every GPU. On a
+machine of several GPUs a block takes only the GPUs its runs need (its CUDA_VISIBLE_DEVICES), and the
+next pending cell that fits, of any stage, starts on the idle ones beside it.
 Before each launch it estimates the cell's duration from the finished runs of the work copy
 (`estimate`); a cell that would not end a minute before the deadline is postponed (left pending for the
 next stretch) and the next pending cell that fits runs instead, so the end of a hold fills with short
@@ -56,6 +58,7 @@ the supervisor stops, naming the error, rather than failing every cell of the pl
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as futures
 import io
 import itertools
 import json
@@ -75,7 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.caches import cache_dirs  # noqa: E402  (standard library only at import)
-from harness.gpus import visible_gpus  # noqa: E402  (standard library only)
+from harness.gpus import visible_gpus, visible_subset  # noqa: E402  (standard library only)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
 
 # A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
@@ -352,8 +355,8 @@ def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: in
         if mine:
             measured = mine
             break
-    per_gpu = -(-cell.n_jobs // max(1, gpus))
-    measured = [m for m in measured if m.get("n_jobs", 1) == per_gpu] or measured
+    packed = per_gpu(cell, gpus)
+    measured = [m for m in measured if m.get("n_jobs", 1) == packed] or measured
     same = [m for m in measured if m["mixer"] == mixer]
     runs, scale = [m for m in same if m["seq_len"] == length], 1.0
     if not runs and same:
@@ -389,11 +392,12 @@ def estimates_of(cells: list[Cell], pending: list[int], measured: list[dict[str,
     return found
 
 
-def choose(cells: list[Cell], pending: list[int], left_s: float,
-           estimates: dict[int, float | None]) -> tuple[list[int], list[int]]:
+def choose(cells: list[Cell], pending: list[int], left_s: float, estimates: dict[int, float | None],
+           free: int | None = None, gpus: int = 1) -> tuple[list[int], list[int]]:
     """The next launch (indices into `cells`) and the pending cells postponed now. The first pending cell
     in plan order that fits in `left_s` leads; a stage with n_jobs > 1 adds its other fitting cells, up to
-    n_jobs, as a block one multirun runs (product_block). An unknown estimate counts as fitting."""
+    n_jobs, as a block one multirun runs (product_block). An unknown estimate counts as fitting. With
+    `free` of the machine's `gpus` idle, the block is at most what they hold at the stage's runs per GPU."""
     fitting, postponed = [], []
     for i in pending:
         est = estimates.get(i)
@@ -402,7 +406,13 @@ def choose(cells: list[Cell], pending: list[int], left_s: float,
         return [], postponed
     lead = cells[fitting[0]]
     same_stage = [i for i in fitting if cells[i].stage == lead.stage]
-    return product_block(cells, same_stage, lead.n_jobs), postponed
+    limit = lead.n_jobs if free is None else min(lead.n_jobs, free * per_gpu(lead, gpus))
+    return product_block(cells, same_stage, limit), postponed
+
+
+def per_gpu(cell: Cell, gpus: int) -> int:
+    """How many of its stage's runs share one GPU: the launcher spreads n_jobs over the machine's GPUs."""
+    return -(-cell.n_jobs // max(1, gpus))
 
 
 def product_block(cells: list[Cell], candidates: list[int], n_jobs: int) -> list[int]:
@@ -624,16 +634,22 @@ def supervise(work: Path) -> int:
 
     def on_term(signum: int, _frame: Any) -> None:
         stopping.append(signum)
-        if child and child[-1].poll() is None:
-            os.killpg(child[-1].pid, signal.SIGTERM)
+        for process in child:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
 
-    def launch(index: int, overrides: list[str], label: str) -> int:
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
         command = [sys.executable, "train.py", "-m", *overrides]
         print(f"[{time.strftime('%H:%M:%S')}] {label}: {shlex.join(command[1:])}", flush=True)
+        # a group on some of the machine's GPUs sees only those: its launcher spreads its jobs over them
+        env = None if devices is None else {**os.environ, "CUDA_VISIBLE_DEVICES": visible_subset(devices)}
         with open(work / f"stage-{index + 1:02d}.log", "ab") as log:
-            child.append(subprocess.Popen(command, cwd=src, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-            return child[-1].wait()
+            process = subprocess.Popen(command, cwd=src, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+            child.append(process)
+            if stopping:  # the stop came while this group was starting
+                os.killpg(process.pid, signal.SIGTERM)
+            return process.wait()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -661,54 +677,78 @@ def supervise(work: Path) -> int:
 
 def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int]) -> str:
     """The deadline's loop: launch the next cell (or group) that fits until none pending does; says why
-    it ended."""
+    it ended. On a machine of several GPUs (state["gpus"]) a group takes the GPUs its runs need (`launch`
+    gets their indices) and the next group starts on the idle ones, from any stage, while it runs."""
     src = work / "src"
     cells = expand(state["stages"])
     finished = finished_runs(src)
     pending = [i for i, cell in enumerate(cells) if not is_finished(cell, finished)]
     state.update(cells_skipped=len(cells) - len(pending), cells_run=0)
-    while not stopping:
-        left = state["deadline"] - time.time()
-        # re-read each time: a run finished in this stretch measures its mixer and length best, and a cell
-        # that an earlier stage also held (a plan that runs a claim's cells first) is done
-        measured = finished_runs(src)
-        pending = [i for i in pending if not is_finished(cells[i], measured)]
-        estimates = estimates_of(cells, pending, measured, partial_runs(src), state.get("gpus", 1))
-        group, postponed = choose(cells, pending, left, estimates)
-        if not group and pending and state.get("fill") and left >= FILL_MIN_S:
-            # the stop checkpoints it and --with-checkpoints carries it to the next machine
-            group, _ = choose(cells, pending, float("inf"), estimates)
-            postponed = [i for i in postponed if i not in group]
-        state.update(cells_pending=len(pending),
-                     postponed=[(repr(cells[i]), estimates[i]) for i in postponed])
-        if not group:
-            _write_state(work, state)
-            if not pending:
-                return "done: every cell has run"
-            return (f"done for this hold: none of the {len(pending)} pending cell(s) fits in the "
-                    f"{left / 60:.1f} min left; they run next stretch")
-        lead = cells[group[0]]
-        state.update(stage=lead.stage + 1, stage_started=time.time())
-        _write_state(work, state)
-        known = [estimates[i] for i in group if estimates[i] is not None]
-        guess = f"about {max(known) / 60:.1f} min" if len(known) == len(group) else "estimate unknown"
-        rc = launch(lead.stage, group_overrides([cells[i] for i in group]),
-                    f"{', '.join(map(repr, (cells[i] for i in group)))} ({guess}, {left / 60:.1f} min left)")
-        print(f"[{time.strftime('%H:%M:%S')}] exited {rc}", flush=True)
-        state.setdefault("exits", []).append(rc)
-        state["cells_run"] += len(group)
-        pending = [i for i in pending if i not in group]
-        state["broken"] = broken(work)
-        if state["broken"]:
-            _write_state(work, state)
-            return f"stopped: {state['broken']}"
-    return "stopped"
+    gpus = max(1, int(state.get("gpus", 1)))
+    free = list(range(gpus))
+    running: dict[futures.Future, tuple[list[int], list[int]]] = {}
+    ending = "stopped"
+    with futures.ThreadPoolExecutor(max_workers=gpus) as pool:
+        while not stopping:
+            group: list[int] = []
+            if free and not state.get("broken"):
+                left = state["deadline"] - time.time()
+                # re-read each time: a run finished in this stretch measures its mixer and length best, and
+                # a cell that an earlier stage also held (a plan that runs a claim's cells first) is done
+                measured = finished_runs(src)
+                pending = [i for i in pending if not is_finished(cells[i], measured)]
+                estimates = estimates_of(cells, pending, measured, partial_runs(src), gpus)
+                group, postponed = choose(cells, pending, left, estimates, len(free), gpus)
+                if not group and not running and pending and state.get("fill") and left >= FILL_MIN_S:
+                    # the stop checkpoints it and --with-checkpoints carries it to the next machine
+                    group, _ = choose(cells, pending, float("inf"), estimates, len(free), gpus)
+                    postponed = [i for i in postponed if i not in group]
+                state.update(cells_pending=len(pending),
+                             postponed=[(repr(cells[i]), estimates[i]) for i in postponed])
+            if group:
+                lead = cells[group[0]]
+                need = -(-len(group) // per_gpu(lead, gpus))
+                devices, free = free[:need], free[need:]
+                pending = [i for i in pending if i not in group]
+                state.update(stage=lead.stage + 1, stage_started=time.time())
+                _write_state(work, state)
+                known = [estimates[i] for i in group if estimates[i] is not None]
+                guess = f"about {max(known) / 60:.1f} min" if len(known) == len(group) else "estimate unknown"
+                where = f", GPU {','.join(map(str, devices))}" if gpus > 1 else ""
+                label = (f"{', '.join(map(repr, (cells[i] for i in group)))} ({guess}, {left / 60:.1f} min "
+                         f"left{where})")
+                running[pool.submit(launch, lead.stage, group_overrides([cells[i] for i in group]), label,
+                                    devices if gpus > 1 else None)] = (group, devices)
+                continue
+            if not running:
+                _write_state(work, state)
+                if state.get("broken"):
+                    ending = f"stopped: {state['broken']}"
+                elif not pending:
+                    ending = "done: every cell has run"
+                else:
+                    ending = (f"done for this hold: none of the {len(pending)} pending cell(s) fits in the "
+                              f"{left / 60:.1f} min left; they run next stretch")
+                break
+            done, _ = futures.wait(list(running), timeout=5.0, return_when=futures.FIRST_COMPLETED)
+            for future in done:
+                group, devices = running.pop(future)
+                rc = future.result()
+                print(f"[{time.strftime('%H:%M:%S')}] exited {rc}", flush=True)
+                state.setdefault("exits", []).append(rc)
+                state["cells_run"] += len(group)
+                free = sorted(free + devices)
+                # a broken machine launches nothing more; what runs still ends (it may be the one that trains)
+                state["broken"] = state.get("broken") or broken(work)
+                _write_state(work, state)
+    return ending
 
 
 def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
     """What the plans still have to run against the checkout `source`: each pending cell with its estimate
     (from the checkout's finished runs; at most max_steps, so early stopping only shortens it) and the
-    device minutes of them all, launched as a hold would group them; returns those seconds."""
+    device minutes of them all, launched as a hold would group them (side by side on a machine of several
+    GPUs, each group on the first GPUs to come free); returns those seconds."""
     cells = expand([stage for plan in plans for stage in read_plan(plan)])
     runs = finished_runs(source)
     # a cell an earlier stage also holds runs once (the same overrides, the same run directory)
@@ -717,17 +757,22 @@ def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
         first.setdefault(cell.run_key, i)
     pending = [i for i in sorted(first.values()) if not is_finished(cells[i], runs)]
     estimates = estimates_of(cells, pending, runs, partial_runs(source), gpus)
-    total, unknown, todo = 0.0, 0, list(pending)
+    unknown, todo = 0, list(pending)
+    free_at = [0.0] * max(1, gpus)
     while todo:
-        group, _ = choose(cells, todo, float("inf"), estimates)
+        now = min(free_at)
+        idle = [g for g, at in enumerate(free_at) if at <= now]
+        group, _ = choose(cells, todo, float("inf"), estimates, len(idle), len(free_at))
         known = [estimates[i] for i in group if estimates[i] is not None]
         unknown += len(group) - len(known)
-        total += max(known, default=0.0)
+        for g in idle[:-(-len(group) // per_gpu(cells[group[0]], len(free_at)))]:
+            free_at[g] = now + max(known, default=0.0)
         for i in group:
             est = estimates[i]
             print(f"  {cells[i]!r:60s} {'unknown' if est is None else f'{est / 60:5.1f} min'}"
                   + (f"  (with {len(group) - 1} other(s) at once)" if len(group) > 1 else ""))
         todo = [i for i in todo if i not in group]
+    total = max(free_at)
     print(f"{len(pending)} of {len(first)} cells left in {', '.join(map(str, plans))}: at most "
           f"{total / 60:.0f} min of device time" + (f", {unknown} cell(s) without an estimate" if unknown
                                                     else "") + " (early stopping shortens it)")
