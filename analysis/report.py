@@ -674,16 +674,16 @@ def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
 
 
 def render(runs: pd.DataFrame, metric: str, source: str) -> str:
-    spent = runs
+    all_runs = runs
     runs = longest_budget(runs)
-    superseded = len(spent) - len(runs)
+    superseded = len(all_runs) - len(runs)
     cells = cell_table(runs)
     verdicts = judge(cells, metric, max_steps=max_trained_steps(runs))
-    counts = spent["status"].value_counts().to_dict() if "status" in spent else {}
+    counts = all_runs["status"].value_counts().to_dict() if "status" in all_runs else {}
     lines = [
         f"# Kimi Linear Fig. 4 on this harness: {source}",
         "",
-        f"Runs: {len(spent)} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items())) or 'none'}"
+        f"Runs: {len(all_runs)} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items())) or 'none'}"
         + (f"; {superseded} superseded by a longer run of its cell, lr and seed, counted only in the compute "
            "time" if superseded else "") + "). "
         f"Claims judged on the {'paper' if metric == 'train' else 'held-out'} metric "
@@ -721,7 +721,7 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
     if cells.empty:
         lines.append("| (no finished run yet) | | | | | | | | |")
     lines += ["", *differences(runs, cells, metric)]
-    per, totals = cost(spent)
+    per, totals = cost(all_runs)
     lines += ["## Compute time", ""]
     if totals:
         where = {"GPU": "on GPUs", "CPU": "on the CPU", "unknown": "on a device not recorded"}
