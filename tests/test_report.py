@@ -303,7 +303,20 @@ def test_the_load_tests_say_whether_the_load_explains_kda_solving_mqar_at_2048()
     text = "\n".join(mqar_section(both, cell_table(both), "train"))
     assert "| task.params.num_queries=256 | 256 | 256 | 1.00 | 0.970 | 3,000 |" in text
     assert "under some of these loads only" in text
-    assert "No load-test run yet" in "\n".join(mqar_section(grid, cell_table(grid), "train"))
+    untested = "\n".join(mqar_section(grid, cell_table(grid), "train"))
+    assert "No load-test run yet" in untested and "The likeliest reason" in untested
+    # once tested, the hypothesis is no longer the likeliest reason but what the runs below weigh
+    assert "The likeliest reason" not in text and "The load-test runs below test the two" in text
+    # solved under every load: said so; GDN's own cell at 2048 says whether it is KDA alone
+    easy = pd.concat([grid, fewer.assign(variant="task.params.num_pairs=512", best_train_acc=0.99)],
+                     ignore_index=True)
+    gdn = grid.iloc[1:].assign(mixer="gdn", best_train_acc=0.987)
+    text = "\n".join(mqar_section(easy, cell_table(pd.concat([easy, gdn], ignore_index=True)), "train"))
+    assert "neither the pairs nor the queries explains claim 4" in text
+    assert "GDN cell at 2048 passes 50% too (0.99): this MQAR is within reach of delta-rule mixers" in text
+    text = "\n".join(mqar_section(easy, cell_table(pd.concat([easy, gdn.assign(best_train_acc=0.2)],
+                                                             ignore_index=True)), "train"))
+    assert "GDN cell at 2048 stays below 50% (0.20): here KDA alone solves it" in text
 
 
 def test_the_short_conv_verdict_names_where_the_conv_lifts_mamba2_where_it_fails_and_where_it_holds() -> None:
