@@ -735,3 +735,35 @@ def test_a_stage_that_packs_runs_takes_only_the_gpus_it_needs() -> None:
     assert len(group) == 6 and campaign.per_gpu(cells[0], 8) == 3
     group, _ = campaign.choose(cells, list(range(7)), 600.0, {}, free=8, gpus=8)
     assert len(group) == 7
+
+
+def test_a_moved_hold_decides_what_still_starts(tmp_path: Path) -> None:
+    campaign = _module()
+    work = tmp_path / "work"
+    src = work / "src"
+    _finished(src, "a", "kda", 2048, 400.0, ["experiment=e"])  # 410 s a kda run at 2048
+    (work / "brought.json").write_text("{}")
+    stages = [["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=kda", "seed=1"]]
+    launched: list[list[str]] = []
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        launched.append(overrides)
+        return 0
+
+    # started with 3 min left: the run does not fit; a later command that knows the machine has 20 min
+    # left moves the hold, and it starts
+    for moved, expected in ((None, 0), (20.0, 1), (1.0, 0)):
+        launched.clear()
+        campaign._write_state(work, {"stages": stages, "deadline": time.time() + 180})
+        (work / campaign.HOLD_FILE).unlink(missing_ok=True)
+        if moved is not None:
+            (work / campaign.HOLD_FILE).write_text(repr(time.time() + 60 * moved))
+        ending = campaign.run_cells(work, campaign._state(work), launch, [])
+        assert len(launched) == expected, (moved, ending)
+
+
+def test_moving_the_hold_of_no_running_campaign_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, CAMPAIGN, "wait", "--work", tmp_path / "work", "--hold-minutes",
+                             "20"], capture_output=True, text=True)
+    assert result.returncode == 2 and "no campaign running" in result.stderr
+    assert len(result.stderr.splitlines()) == 1

@@ -4,7 +4,8 @@ A lent GPU machine runs one command at most ten minutes, keeps a detached proces
 while it is held, and starts bare the next time. So a grid that needs hours fills a stretch at a time:
 
     python tools/campaign.py start PLAN... --hold-minutes 20 --minutes 8 --out $OUT  # first command
-    python tools/campaign.py wait --minutes 9 --out $OUT              # each following one
+    python tools/campaign.py wait --minutes 9 --out $OUT              # each following one (with
+                                                                      # --hold-minutes M: a new hold)
     python tools/campaign.py stop --out $OUT                          # the last one of the stretch
     python tools/campaign.py unpack /path/to/campaign-*.tar.gz        # here; commit the run directories
     python tools/campaign.py left PLAN...                             # what is left, in device minutes
@@ -37,9 +38,10 @@ next pending cell that fits, of any stage, starts on the idle ones beside it.
 Before each launch it estimates the cell's duration from the finished runs of the work copy
 (`estimate`); a cell that would not end a minute before the deadline is postponed (left pending for the
 next stretch) and the next pending cell that fits runs instead, so the end of a hold fills with short
-runs rather than with a run that is lost. Cells that the checkout holds finished are skipped without a
-launch. When nothing pending fits, the supervisor ends and says so; `wait` and `status` list the
-postponed cells.
+runs rather than with a run that is lost. `wait --hold-minutes M` (or `start` again on the running
+campaign) moves the hold to M minutes from then, once the lender has said how much time the machine has
+left. Cells that the checkout holds finished are skipped without a launch. When nothing pending fits,
+the supervisor ends and says so; `wait` and `status` list the postponed cells.
 
 A carried checkpoint is a run's model, optimizer and schedule (about 22 MB for Fig. 4's model): a lent
 machine sends back 8 files a call, and its working tree with what is carried is at most 64 MiB, so
@@ -92,6 +94,9 @@ SWEEP_PLACE = ("hydra.sweep.dir", "hydra.sweep.subdir")
 # from there by --caches and --resume).
 SKIP = {".git", ".whl", ".device", ".gl", ".caches", ".resume", "__pycache__", ".pytest_cache", ".ruff_cache",
         "wandb", "outputs", "multirun", ".scratch"}
+# A later command's new end of the hold (seconds since the epoch), which the supervisor reads before each
+# launch: the machine's time left is known only once it has started.
+HOLD_FILE = "hold"
 # With a deadline, a cell runs only if its estimate ends this long before it: the estimate is a mean,
 # and the archive of the last call still has to be made.
 MARGIN_S = 60.0
@@ -594,7 +599,7 @@ def pack(work: Path, out: Path | None, running: bool = False) -> Path | None:
         for name, detail in groups[kind]:
             print(f"  {kind:8s} {name}: {detail}")
     if state.get("deadline"):
-        print(f"  deadline in {(state['deadline'] - time.time()) / 60:.1f} min; cells run "
+        print(f"  deadline in {(_deadline(work, state) - time.time()) / 60:.1f} min; cells run "
               f"{state.get('cells_run', 0)}, skipped as finished {state.get('cells_skipped', 0)}, pending "
               f"{state.get('cells_pending', '-')}")
         for name, est in state.get("postponed", []):
@@ -691,6 +696,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
     with futures.ThreadPoolExecutor(max_workers=gpus) as pool:
         while not stopping:
             group: list[int] = []
+            state["deadline"] = _deadline(work, state)
             if free and not state.get("broken"):
                 left = state["deadline"] - time.time()
                 # re-read each time: a run finished in this stretch measures its mixer and length best, and
@@ -875,6 +881,28 @@ def extend(results: list[Path], source: Path, max_steps: int, below: float, metr
     return "\n".join(lines) + "\n"
 
 
+def _deadline(work: Path, state: dict[str, Any]) -> float:
+    """The end of the hold: as a later `--hold-minutes` moved it, else as `start` set it."""
+    try:
+        return float((work / HOLD_FILE).read_text())
+    except (OSError, ValueError):
+        return state["deadline"]
+
+
+def move_hold(work: Path, minutes: float) -> None:
+    """Let the running campaign launch cells that end up to `minutes` from now (instead of its start's
+    --hold-minutes), e.g. once the lender says how much of the machine's time is left."""
+    state = _state(work)
+    if not _alive(state.get("pid")):
+        raise CampaignError(f"no campaign running in {work}: --hold-minutes moves a running one's hold "
+                            "(start one with start ... --hold-minutes M)")
+    if not state.get("deadline"):
+        raise CampaignError(f"the campaign in {work} runs its stages whole (started without --hold-minutes): "
+                            "it has no hold to move")
+    (work / HOLD_FILE).write_text(repr(time.time() + 60 * minutes))
+    print(f"hold moved: no cell starts that would end later than {minutes:.1f} min from now")
+
+
 def wait(work: Path, minutes: float) -> None:
     """Sleep up to `minutes`, or until the stages are done, printing progress once a minute."""
     deadline = time.monotonic() + 60 * minutes
@@ -895,12 +923,15 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
     if _alive(state.get("pid")):
         print(f"campaign already running in {work} (pid {state['pid']}, stage {state.get('stage')}): "
               "not started again")
+        if hold_minutes is not None and state.get("deadline"):
+            move_hold(work, hold_minutes - (time.time() - began))
         return
     if work.resolve().is_relative_to(source.resolve()):
         raise CampaignError(f"--work {work} is inside the checkout {source}: give a directory outside it "
                             "(e.g. /tmp/campaign), where a sync of the checkout cannot reach the runs")
     stages = [stage for plan in plans for stage in read_plan(plan)]
     work.mkdir(parents=True, exist_ok=True)
+    (work / HOLD_FILE).unlink(missing_ok=True)  # an earlier campaign's
     snapshot(work, source)
     if resume:
         restore_checkpoints(resume, work / "src")
@@ -1132,6 +1163,10 @@ def main(argv: list[str] | None = None) -> int:
                                  "anyway (for stop --with-checkpoints to carry)")
         if name in ("start", "wait"):
             command.add_argument("--minutes", type=float, default=0.0, help="wait this long, then pack")
+        if name == "wait":
+            command.add_argument("--hold-minutes", type=float, default=None,
+                                 help="move the running campaign's hold: no cell starts that would end "
+                                 "later than this many minutes from now")
         if name in ("start", "wait", "stop", "status"):
             command.add_argument("--out", type=Path, default=None, help="pack finished runs here ($OUT)")
             command.add_argument("--with-running", action="store_true",
@@ -1198,6 +1233,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.caches:
                 restore_caches(args.caches)
             start(args.plans, args.work, args.source, args.hold_minutes, resume, args.fill)
+        if args.command == "wait" and args.hold_minutes is not None:
+            move_hold(args.work, args.hold_minutes)
         if args.command in ("start", "wait"):
             wait(args.work, args.minutes)
         if args.command == "stop":
