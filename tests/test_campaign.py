@@ -645,6 +645,11 @@ def test_extend_plans_the_unsolved_cells_again_at_their_best_run_merged_into_pro
     ]
     assert "(5 cell(s))" not in plan and "(4 cell(s))" in plan
     assert "all diverged" in plan and str(root / "e") in plan
+    # the same cells in another results directory are stages of their own, never hydra.sweep.dir=a,b
+    other = tmp_path / "results" / "other"
+    shutil.copytree(root / "b20480.001", other / "b")
+    both = campaign.extend([root, other], tmp_path, 20000, 0.99, "best_train_acc", [])
+    assert "hydra.sweep.dir=results/other" in both and "results/grid,results/other" not in both
     # what it plans is a plan: its stages expand into exactly those cells
     written = tmp_path / "plan.txt"
     written.write_text(plan)

@@ -821,7 +821,8 @@ def _merge(stages: list[dict[str, list[str]]]) -> list[dict[str, list[str]]]:
     changed = True
     while changed:
         changed = False
-        for key in sorted({k for stage in stages for k in stage}):
+        # hydra.* settings are not swept: two results directories stay two stages
+        for key in sorted({k for stage in stages for k in stage if not k.startswith("hydra")}):
             out: list[dict[str, list[str]]] = []
             into: dict[tuple, dict[str, list[str]]] = {}
             for stage in stages:
