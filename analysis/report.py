@@ -651,9 +651,11 @@ def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train") 
                   f"{_fmt(r['eval_noconv'], '.3f')} |" for _, r in side.iterrows()]
         lines += ["", *short_conv_verdict(side, metric)]
     lines += mqar_section(runs, cells, metric)
-    found = open_parameters(runs)
+    # the grid's own runs: a variant (the load tests, Mamba2 without its conv) is described where it is shown
+    plain = runs[runs["variant"].fillna("") == ""] if "variant" in runs else runs
+    found = open_parameters(plain)
     if found:
-        lines += ["", "### The other open parameters, as the runs' configs set them", ""]
+        lines += ["", "### The other open parameters, as the grid's runs' configs set them", ""]
         lines += [f"- {label}: {values}" for label, values in found]
     return lines + [""]
 

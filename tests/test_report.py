@@ -412,3 +412,13 @@ def test_the_learning_rate_section_names_the_cells_another_lr_could_raise() -> N
     # kda is solved, attention ran all four: neither is listed
     assert rows == ["gdn", "mamba2"]
     assert "| mqar | mamba2 | 2048 | 0.400 | 0.400 | 5e-4, 1e-3 |" in lines
+
+
+def test_the_open_parameters_are_the_grids_own_not_a_load_tests() -> None:
+    grid = _mqar_runs().assign(variant="", best_train_acc=1.0, best_eval_acc=0.99, lr=1e-3, seed=0,
+                               steps_to_threshold=1500, run_dir=None, device="cuda:0", steps=5000,
+                               wall_time_s=500.0)
+    heavier = grid.iloc[1:].assign(**{"task.params.num_pairs": 512, "variant": "task.params.num_pairs=512"})
+    text = render(pd.concat([grid, heavier], ignore_index=True), "train", "x")
+    listed = text.split("### The other open parameters")[1].split("## Compute time")[0]
+    assert "MQAR key-value pairs: null (tasks/mqar.py's seq_len // 8" in listed and "512" not in listed
