@@ -42,7 +42,7 @@ def test_budgets_in_words() -> None:
     assert budgets(mixed) == "5,000 steps a run, 20,000 for 1 of 4 cells"
 
 
-def test_the_report_judges_the_longer_run_and_spends_both(tmp_path: Path) -> None:
+def test_the_report_judges_the_longer_run_and_spends_both() -> None:
     table = pd.DataFrame([
         _run("kda", "palindrome", 0.79, steps_to=None),
         _run("kda", "palindrome", 0.995, max_steps=20000, steps_to=9000),
