@@ -895,8 +895,10 @@ def move_hold(work: Path, minutes: float) -> None:
     --hold-minutes), e.g. once the lender says how much of the machine's time is left."""
     state = _state(work)
     if not _alive(state.get("pid")):
-        raise CampaignError(f"no campaign running in {work}: --hold-minutes moves a running one's hold "
-                            "(start one with start ... --hold-minutes M)")
+        # not an error: the campaign may have ended for want of time, and this call still packs its runs
+        print(f"campaign: no campaign running in {work}, so no hold to move (`start` again runs what is "
+              "left)", file=sys.stderr)
+        return
     if not state.get("deadline"):
         raise CampaignError(f"the campaign in {work} runs its stages whole (started without --hold-minutes): "
                             "it has no hold to move")
