@@ -252,18 +252,24 @@ def _n_jobs(hydra_yaml: Path) -> int:
     return 1
 
 
+def _override_lines(run: Path) -> list[str]:
+    """A run directory's overrides as .hydra/overrides.yaml records them (`key=value`, as typed, in order);
+    OSError without the file."""
+    lines = (run / ".hydra" / "overrides.yaml").read_text().splitlines()
+    return [line[2:] for line in lines if line.startswith("- ") and "=" in line]
+
+
 def _recorded(run: Path, src: Path) -> dict[str, Any] | None:
     """A run directory's recorded overrides (values as numbers where they are), the keys of its own command
     line (`given`: those less its experiment's sweeper params), n_jobs and its directory under `src`; None
     without a readable .hydra/."""
     try:
-        lines = (run / ".hydra" / "overrides.yaml").read_text().splitlines()
+        lines = _override_lines(run)
         params = _sweeper_params(run / ".hydra" / "hydra.yaml")
         n_jobs = _n_jobs(run / ".hydra" / "hydra.yaml")
     except OSError:
         return None
-    pairs = [line[2:].split("=", 1) for line in lines if line.startswith("- ") and "=" in line]
-    overrides = {key: _number(value) for key, value in pairs}
+    overrides = {key: _number(value) for key, value in (line.split("=", 1) for line in lines)}
     return {"overrides": overrides, "given": set(overrides) - params, "n_jobs": n_jobs,
             "dir": str(run.relative_to(src))}
 
@@ -471,13 +477,14 @@ def _write_state(work: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, work / "state.json")
 
 
+def runs_under(root: Path) -> list[Path]:
+    """Every run directory (one holding a summary.json or a metrics.jsonl) below `root`."""
+    return sorted({path.parent for name in ("summary.json", "metrics.jsonl") for path in root.rglob(name)})
+
+
 def run_dirs(src: Path) -> list[Path]:
-    """Every run directory (one holding a summary.json or a metrics.jsonl) under the checkout's run roots."""
-    found = set()
-    for root in RUN_ROOTS:
-        for name in ("summary.json", "metrics.jsonl"):
-            found.update(path.parent for path in (src / root).rglob(name))
-    return sorted(found)
+    """Every run directory under the checkout's run roots."""
+    return sorted({run for root in RUN_ROOTS for run in runs_under(src / root)})
 
 
 def _summary(run: Path) -> dict[str, Any] | None:
@@ -793,16 +800,15 @@ def _cell_runs(results: Path, metric: str) -> dict[tuple, list[dict[str, Any]]]:
     """The finished runs under `results`, by cell (their recorded overrides less RUN_OF_CELL), each with
     its overrides in recorded order, its `metric` (None where it has none), max_steps and seq_len."""
     cells: dict[tuple, list[dict[str, Any]]] = {}
-    runs = {path.parent for name in ("summary.json", "metrics.jsonl") for path in results.rglob(name)}
-    for run in sorted(runs):
+    for run in runs_under(results):
         summary = _summary(run) or {}
         if summary.get("status") not in FINISHED_STATUSES:
             continue
         try:
-            lines = (run / ".hydra" / "overrides.yaml").read_text().splitlines()
+            # as typed: a directory is named by the text (use_short_conv=False), not by its value
+            ordered = _override_lines(run)
         except OSError:
             continue
-        ordered = [line[2:] for line in lines if line.startswith("- ") and "=" in line]
         key = tuple(sorted(o for o in ordered if o.split("=", 1)[0] not in RUN_OF_CELL))
         value = summary.get(metric)
         cells.setdefault(key, []).append({
