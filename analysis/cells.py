@@ -198,7 +198,8 @@ def budgets(table: pd.DataFrame) -> str | None:
     return f"{int(values[0]):,} steps a run, {longer} of {len(per_cell)} cells"
 
 
-def _distinct(table: pd.DataFrame, column: str) -> list:
+def distinct(table: pd.DataFrame, column: str) -> list:
+    """The column's distinct values, sorted (none where the table lacks it)."""
     if column not in table:
         return []
     return sorted({v for v in table[column].dropna().tolist() if not isinstance(v, (list, dict))})
@@ -217,19 +218,19 @@ def budget_note(table: pd.DataFrame) -> str | None:
     steps = max_trained_steps(table)
     if steps is not None:
         parts.append(budgets(table) + (" (Kimi Linear: 20,000)" if _min_budget(table) < 20_000 else ""))
-    batch = _distinct(table, "trainer.batch_size")
+    batch = distinct(table, "trainer.batch_size")
     if batch:
         parts.append("batch " + "/".join(f"{int(b):,}" for b in batch))
-    lrs = _distinct(table, "lr")
+    lrs = distinct(table, "lr")
     if lrs:
         parts.append(("lr " if len(lrs) == 1 else "best of lr ") + ", ".join(lr_text(lr) for lr in lrs))
-    every = _distinct(table, "trainer.eval_every")
+    every = distinct(table, "trainer.eval_every")
     if every:
         parts.append("eval every " + "/".join(f"{int(e):,}" for e in every) + " steps at L")
     enabled = "trainer.early_stop.enabled"
     stops = table[table[enabled].eq(True)] if enabled in table else table.iloc[:0]
     if len(stops):
-        acc, evals = _distinct(stops, "trainer.early_stop.acc"), _distinct(stops, "trainer.early_stop.evals")
+        acc, evals = distinct(stops, "trainer.early_stop.acc"), distinct(stops, "trainer.early_stop.evals")
         if len(acc) == 1 and len(evals) == 1:
             parts.append(f"stopped early once eval acc ≥ {acc[0]:g} for {int(evals[0])} evals in a row")
     return ", ".join(parts) if parts else None

@@ -56,6 +56,7 @@ from analysis.cells import (
     best_lr,
     budget_note,
     cells,
+    distinct,
     longest_budget,
     max_trained_steps,
     scored_runs,
@@ -114,13 +115,10 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
     has_dirs = "run_dir" in runs and runs["run_dir"].notna().any()
     if "acc_vs_steps" in figures and has_dirs:
         at = length or int(best["seq_len"].max())
-        ran = []
-        if "trainer.max_steps" in table:
-            budgets = pd.to_numeric(table.loc[table["seq_len"] == at, "trainer.max_steps"], errors="coerce")
-            ran = sorted({int(v) for v in budgets.dropna()})
+        ran = distinct(table[table["seq_len"] == at], "trainer.max_steps")
         ends = ("a line that ends before the budget stopped early, its task solved" if len(ran) < 2 else
-                f"a line ends at its run's budget ({' or '.join(f'{v:,}' for v in ran)} steps) or before it, "
-                "stopped early, its task solved")
+                f"a line ends at its run's budget ({' or '.join(f'{int(v):,}' for v in ran)} steps) or "
+                "before it, stopped early, its task solved")
         steps_note = _lines(budget, fill_note(grid, pending, at) if grid is not None else None, ends)
         budget_steps = max_trained_steps(table[table["seq_len"] == at])
         written += plot_acc_vs_steps(runs, best, unscored, at, out_dir, pending, steps_note, budget_steps)
