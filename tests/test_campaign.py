@@ -687,6 +687,54 @@ def test_extend_names_a_missing_results_directory_in_one_line(tmp_path: Path) ->
     assert len(result.stderr.splitlines()) == 1
 
 
+def test_seeds_plans_every_cell_at_its_best_lr_of_the_grid_budget_leaving_held_seeds_out(
+        tmp_path: Path) -> None:
+    campaign = _module()
+    root = tmp_path / "results" / "grid"
+    common = ["experiment=e", "seed=0"]
+    for task, length, lr, acc in (("a", 1024, "0.001", 0.5), ("a", 1024, "0.0005", 0.7),  # best: 5e-4
+                                  ("b", 1024, "0.001", 0.999), ("b", 256, "0.001", 0.9)):
+        _scored(root, f"{task}{length}{lr}", [*common, f"task={task}", f"task.seq_len={length}",
+                                              f"optim.lr={lr}"], acc, seq_len=length)
+    # b@1024 holds seed 1 at its best lr already (typed 1e-3 there): only seed 2 is left
+    _scored(root, "b1024s1", ["experiment=e", "seed=1", "task=b", "task.seq_len=1024", "optim.lr=1e-3"], 0.98,
+            seq_len=1024)
+    # a longer run of b@256 at another lr scores higher: it does not pick the lr of the seeds
+    _scored(root, "b256long", [*common, "task=b", "task.seq_len=256", "optim.lr=0.0005",
+                               "trainer.max_steps=20000"], 1.0, max_steps=20000)
+    _scored(root, "c", [*common, "task=c", "task.seq_len=512", "optim.lr=0.001"], None, status="diverged")
+    plan = campaign.seeds([root], tmp_path, [1, 2], "best_train_acc", ["hydra/launcher=x"], {1024: "8"})
+    lines = [line for line in plan.splitlines() if not line.startswith("#")]
+    where = "hydra.sweep.dir=results/grid"
+    assert lines == [
+        f"experiment=e hydra/launcher=x task=a task.seq_len=1024 optim.lr=0.0005 {where} seed=1,2 "
+        "hydra.launcher.n_jobs=8",
+        f"experiment=e hydra/launcher=x task=b task.seq_len=1024 optim.lr=0.001 {where} seed=2 "
+        "hydra.launcher.n_jobs=8",
+        f"experiment=e hydra/launcher=x task=b task.seq_len=256 optim.lr=0.001 {where} seed=1,2",
+    ]
+    assert "(3 cell(s) with seeds to run)" in plan and "all diverged" in plan
+    written = tmp_path / "plan.txt"
+    written.write_text(plan)
+    cells = campaign.expand(campaign.read_plan(written))
+    assert sorted((c.values["task"], c.values["task.seq_len"], c.values["seed"]) for c in cells) == [
+        ("a", "1024", "1"), ("a", "1024", "2"), ("b", "1024", "2"), ("b", "256", "1"), ("b", "256", "2")]
+    # every seed held: nothing left
+    assert campaign.seeds([root], tmp_path, [0], "best_train_acc", [], {}).count("\nexperiment=") == 0
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--n-jobs", "2048:8", "campaign: --n-jobs '2048:8': each item is LENGTH=JOBS, e.g. 2048=8,256=24"),
+    ("--seeds", "one", "campaign: --seeds 'one': give integers, e.g. 1,2"),
+])
+def test_seeds_names_a_bad_option_in_one_line(tmp_path: Path, flag: str, value: str, message: str) -> None:
+    args = ["--seeds", "1,2", "--n-jobs", "2048=8"]
+    args[args.index(flag) + 1] = value
+    result = subprocess.run([sys.executable, CAMPAIGN, "seeds", str(tmp_path), *args], capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and result.stderr.strip() == message
+
+
 def test_on_several_gpus_groups_run_side_by_side_and_the_next_takes_the_gpu_that_freed(
         tmp_path: Path) -> None:
     campaign = _module()
@@ -721,6 +769,35 @@ def test_on_several_gpus_groups_run_side_by_side_and_the_next_takes_the_gpu_that
     assert ending.startswith("done: every cell has run")
     assert started == [("a", [0]), ("b", [1]), ("c", [1]), ("d", [1])]
     assert most[0] == 2 and campaign._state(work)["cells_run"] == 4
+
+
+def test_a_later_stages_copy_of_a_cell_in_flight_does_not_start_beside_it(tmp_path: Path) -> None:
+    campaign = _module()
+    work = tmp_path / "work"
+    (work / "src" / "results").mkdir(parents=True)
+    (work / "brought.json").write_text("{}")
+    # a plan that runs one cell first (typed 1e-3) and again in a later stage (typed 0.001): on two GPUs the
+    # copy must not start on the free one while the first runs, nor after it finished
+    stages = [["experiment=e", "hydra.launcher.n_jobs=1", "optim.lr=1e-3", "mixer=a"],
+              ["experiment=e", "hydra.launcher.n_jobs=1", "optim.lr=0.001", "mixer=b,a"]]
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 3600, "gpus": 2})
+    started = []
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        name = overrides[-1].split("=")[1]
+        started.append(name)
+        time.sleep(1.0 if name == "a" else 0.1)
+        run = work / "src" / "results" / "x" / f"{name}{len(started)}"
+        (run / ".hydra").mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10}))
+        (run / ".hydra" / "overrides.yaml").write_text(f"- experiment=e\n- optim.lr={overrides[2][8:]}\n"
+                                                       f"- mixer={name}\n")
+        (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweeper:\n    params:\n  help:\n")
+        return 0
+
+    ending = campaign.run_cells(work, campaign._state(work), launch, [])
+    assert ending.startswith("done: every cell has run")
+    assert started == ["a", "b"]
 
 
 def test_a_group_on_some_gpus_sees_those_of_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ while it is held, and starts bare the next time. So a grid that needs hours fill
     python tools/campaign.py unpack /path/to/campaign-*.tar.gz        # here; commit the run directories
     python tools/campaign.py left PLAN...                             # what is left, in device minutes
     python tools/campaign.py extend RESULTS... --max-steps 20000      # a plan: unsolved cells, longer
+    python tools/campaign.py seeds RESULTS... --seeds 1,2            # a plan: every cell, more seeds
 
 `start` copies this checkout (its committed runs included) to `--work`, then runs the plan's stages there,
 one `python train.py -m <overrides>` after another, in a new process session that outlives the command.
@@ -73,6 +74,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,11 +168,12 @@ class Cell:
     def __init__(self, stage: int, overrides: list[str], swept: list[int], n_jobs: int) -> None:
         self.stage, self.overrides, self.swept, self.n_jobs = stage, overrides, swept, n_jobs
         self.values = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in overrides}
-        # what names its run (hydra.* and hydra/* configure the sweep): two cells alike here are one run,
-        # unless they set apart where it is written (eager and eager_repeat: one config, two directories)
+        # what names its run (hydra.* and hydra/* configure the sweep): two cells alike here are one run
+        # (values as numbers: 1e-3 and 0.001 alike), unless they set apart where it is written (eager and
+        # eager_repeat: one config, two directories)
         self.run_values = {k: v for k, v in self.values.items() if not k.startswith("hydra")}
-        self.run_key = tuple(sorted({**self.run_values, **{k: self.values[k] for k in SWEEP_PLACE
-                                                           if k in self.values}}.items()))
+        self.run_key = tuple(sorted((k, _number(v)) for k, v in {
+            **self.run_values, **{k: self.values[k] for k in SWEEP_PLACE if k in self.values}}.items()))
 
     def run_dir(self) -> str | None:
         """Where its run is written when the stage says so itself (hydra.sweep.dir and a subdir of literal
@@ -722,7 +725,9 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 lead = cells[group[0]]
                 need = -(-len(group) // per_gpu(lead, gpus))
                 devices, free = free[:need], free[need:]
-                pending = [i for i in pending if i not in group]
+                # a later stage's copy of a cell in flight must not start beside it on another GPU
+                launched = {cells[i].run_key for i in group}
+                pending = [i for i in pending if cells[i].run_key not in launched]
                 state.update(stage=lead.stage + 1, stage_started=time.time())
                 _write_state(work, state)
                 known = [estimates[i] for i in group if estimates[i] is not None]
@@ -845,6 +850,52 @@ def _merge(stages: list[dict[str, list[str]]]) -> list[dict[str, list[str]]]:
     return stages
 
 
+def _cells_of(results: list[Path], source: Path, metric: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """(the results directory as a plan names it, the finished runs of one cell) for every cell of
+    `results`, checked to be directories first."""
+    for root in results:
+        if not root.is_dir():
+            raise CampaignError(f"results {root} is not a directory: give the directory a sweep wrote its "
+                                "runs into (e.g. results/kimi_fig4_h200)")
+    for root in results:
+        place = str(root.resolve().relative_to(source.resolve())) if root.resolve().is_relative_to(
+            source.resolve()) else str(root)
+        for runs in _cell_runs(root, metric).values():
+            yield place, runs
+
+
+def _value(overrides: list[str], key: str) -> Any:
+    """The value of `key` among a run's recorded overrides, as _number reads it; None where not given."""
+    for override in overrides:
+        name, _, value = override.partition("=")
+        if name == key:
+            return _number(value)
+    return None
+
+
+def _plan_lines(stages: list[tuple[int, float, dict[str, list[str]]]], launcher: list[str]) -> list[str]:
+    """Stages (seq_len, metric, key -> values) as plan lines: longest sequences first, then the lowest
+    metric; cells that differ in one key's values share a line; the experiment, then `launcher`, lead."""
+    stages = sorted(stages, key=lambda entry: (-entry[0], entry[1]))
+    lines = []
+    for stage in _merge([stage for _, _, stage in stages]):
+        keys = list(stage)
+        head = [k for k in keys if k == "experiment"]
+        args = [f"{k}={','.join(stage[k])}" for k in head] + launcher
+        args += [f"{k}={','.join(stage[k])}" for k in keys if k not in head]
+        lines.append(" ".join(shlex.quote(arg) for arg in args))
+    return lines
+
+
+def _stage_of(overrides: list[str], drop: tuple[str, ...], place: str) -> dict[str, list[str]]:
+    """A run's overrides less the keys in `drop`, experiment first, into results directory `place`."""
+    kept = [o for o in overrides if o.split("=", 1)[0] not in drop]
+    kept.sort(key=lambda o: not o.startswith("experiment="))
+    stage = {o.split("=", 1)[0]: [o.split("=", 1)[1]] for o in kept}
+    stage["hydra.sweep.dir"] = [place]
+    return stage
+
+
 def extend(results: list[Path], source: Path, max_steps: int, below: float, metric: str,
            launcher: list[str]) -> str:
     """A plan that trains every cell of `results` whose best finished run stayed below `below` on `metric`
@@ -852,40 +903,67 @@ def extend(results: list[Path], source: Path, max_steps: int, below: float, metr
     results directory; cells that a run of at least that budget already holds are left out. Longest
     sequences first; cells that differ in one key's values share a stage."""
     stages, notes = [], []
-    for root in results:
-        if not root.is_dir():
-            raise CampaignError(f"results {root} is not a directory: give the directory a sweep wrote its "
-                                "runs into (e.g. results/kimi_fig4_h200)")
-        place = str(root.resolve().relative_to(source.resolve())) if root.resolve().is_relative_to(
-            source.resolve()) else str(root)
-        for runs in _cell_runs(root, metric).values():
-            if any(isinstance(run["max_steps"], int) and run["max_steps"] >= max_steps for run in runs):
-                continue
-            scored = [run for run in runs if run["metric"] is not None]
-            if not scored:
-                notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
-                continue
-            best = max(scored, key=lambda run: run["metric"])
-            if best["metric"] >= below:
-                continue
-            overrides = [o for o in best["overrides"] if not o.startswith("trainer.max_steps=")]
-            overrides.sort(key=lambda o: not o.startswith("experiment="))
-            stage = {o.split("=", 1)[0]: [o.split("=", 1)[1]] for o in overrides}
-            stage["hydra.sweep.dir"] = [place]
-            stage["trainer.max_steps"] = [str(max_steps)]
-            stages.append((best["seq_len"], best["metric"], stage))
-    stages.sort(key=lambda entry: (-entry[0], entry[1]))
-    merged = _merge([stage for _, _, stage in stages])
-    lines = [f"# extend: every cell of {', '.join(map(str, results))} whose best run has {metric} < "
-             f"{below:g}, again with trainer.max_steps={max_steps} at that run's lr and seed "
-             f"({len(stages)} cell(s))", *notes]
-    for stage in merged:
-        keys = list(stage)
-        head = [k for k in keys if k == "experiment"]
-        args = [f"{k}={','.join(stage[k])}" for k in head] + launcher
-        args += [f"{k}={','.join(stage[k])}" for k in keys if k not in head]
-        lines.append(" ".join(shlex.quote(arg) for arg in args))
-    return "\n".join(lines) + "\n"
+    for place, runs in _cells_of(results, source, metric):
+        if any(isinstance(run["max_steps"], int) and run["max_steps"] >= max_steps for run in runs):
+            continue
+        scored = [run for run in runs if run["metric"] is not None]
+        if not scored:
+            notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
+            continue
+        best = max(scored, key=lambda run: run["metric"])
+        if best["metric"] >= below:
+            continue
+        stage = _stage_of(best["overrides"], ("trainer.max_steps",), place)
+        stage["trainer.max_steps"] = [str(max_steps)]
+        stages.append((best["seq_len"], best["metric"], stage))
+    head = (f"# extend: every cell of {', '.join(map(str, results))} whose best run has {metric} < "
+            f"{below:g}, again with trainer.max_steps={max_steps} at that run's lr and seed "
+            f"({len(stages)} cell(s))")
+    return "\n".join([head, *notes, *_plan_lines(stages, launcher)]) + "\n"
+
+
+def parse_n_jobs(text: str) -> dict[int, str]:
+    """'2048=8,256=24' -> {2048: '8', 256: '24'}: hydra.launcher.n_jobs for the cells of each length."""
+    table = {}
+    for item in filter(None, text.split(",")):
+        length, _, jobs = item.partition("=")
+        if not (length.strip().isdigit() and jobs.strip().isdigit()):
+            raise CampaignError(f"--n-jobs {text!r}: each item is LENGTH=JOBS, e.g. 2048=8,256=24")
+        table[int(length)] = jobs.strip()
+    return table
+
+
+def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, launcher: list[str],
+          n_jobs: dict[int, str]) -> str:
+    """A plan that trains every cell of `results` with each seed of `wanted` at the learning rate of its
+    best run among those of the grid's budget (the smallest trainer.max_steps of the cell: a longer run,
+    such as extend's, does not pick the lr), into the same results directory; seeds that the cell holds at
+    that lr and budget are left out. A cell of length L runs with hydra.launcher.n_jobs=n_jobs[L] where
+    given. Longest sequences first."""
+    stages, notes = [], []
+    for place, runs in _cells_of(results, source, metric):
+        budgets = [run["max_steps"] for run in runs if isinstance(run["max_steps"], int)]
+        at_budget = [run for run in runs if run["max_steps"] == min(budgets, default=None)]
+        scored = [run for run in at_budget if run["metric"] is not None]
+        if not scored:
+            notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
+            continue
+        best = max(scored, key=lambda run: run["metric"])
+        lr = _value(best["overrides"], "optim.lr")
+        held = {_value(run["overrides"], "seed") for run in at_budget
+                if _value(run["overrides"], "optim.lr") == lr}
+        missing = [str(seed) for seed in wanted if float(seed) not in held]
+        if not missing:
+            continue
+        stage = _stage_of(best["overrides"], ("seed",), place)
+        stage["seed"] = missing
+        if best["seq_len"] in n_jobs:
+            stage["hydra.launcher.n_jobs"] = [n_jobs[best["seq_len"]]]
+        stages.append((best["seq_len"], best["metric"], stage))
+    head = (f"# seeds: every cell of {', '.join(map(str, results))} again with seed "
+            f"{','.join(map(str, wanted))} at the lr of its best run by {metric} ({len(stages)} cell(s) "
+            "with seeds to run)")
+    return "\n".join([head, *notes, *_plan_lines(stages, launcher)]) + "\n"
 
 
 def _deadline(work: Path, state: dict[str, Any]) -> float:
@@ -1207,6 +1285,17 @@ def main(argv: list[str] | None = None) -> int:
                          help="overrides put in every stage, e.g. 'hydra/launcher=joblib_gpu "
                          "hydra.launcher.n_jobs=8'")
     command.add_argument("--source", type=Path, default=ROOT, help="the checkout (this one)")
+    command = sub.add_parser("seeds", help="a plan that trains every cell of results with more seeds, at "
+                             "its best lr")
+    command.add_argument("results", type=Path, nargs="+", help="results directories (a sweep's dir)")
+    command.add_argument("--seeds", required=True, help="the seeds to add, e.g. 1,2")
+    command.add_argument("--metric", default="best_train_acc",
+                         help="the summary field that picks the best lr (default best_train_acc)")
+    command.add_argument("--with", dest="launcher", default="",
+                         help="overrides put in every stage, e.g. 'hydra/launcher=joblib_gpu'")
+    command.add_argument("--n-jobs", default="",
+                         help="hydra.launcher.n_jobs by length, LENGTH=JOBS,..., e.g. 2048=8,1024=8,512=24")
+    command.add_argument("--source", type=Path, default=ROOT, help="the checkout (this one)")
     command = sub.add_parser("unpack")
     command.add_argument("archives", type=Path, nargs="+")
     command.add_argument("--into", type=Path, default=ROOT)
@@ -1231,6 +1320,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "extend":
             print(extend(args.results, args.source, args.max_steps, args.below, args.metric,
                          shlex.split(args.launcher)), end="")
+            return 0
+        if args.command == "seeds":
+            try:
+                wanted = [int(seed) for seed in args.seeds.split(",")]
+            except ValueError:
+                raise CampaignError(f"--seeds {args.seeds!r}: give integers, e.g. 1,2") from None
+            print(seeds(args.results, args.source, wanted, args.metric, shlex.split(args.launcher),
+                        parse_n_jobs(args.n_jobs)), end="")
             return 0
         if args.command == "unpack":
             for archive in args.archives:
