@@ -32,10 +32,11 @@
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
 #   paper_packing 400  sweep_packing --preset paper --jobs 3: paper-size runs packed against serial
 #   pilot       500  experiment=kimi_fig4_h200 at L=512 for 1,000 steps, lr 1e-3, 3 runs at a time
-# Alone (one 10-minute command each; both into OUT/lowp): which of the chunk op's 16-bit buffers makes KDA's
+# Alone (one 10-minute command each; all into OUT/lowp): which of the chunk op's 16-bit buffers makes KDA's
 # bf16 training go non-finite (benchmarks/lowp_buffers.py, Palindrome L=2048, 250 steps a variant):
 #   lowp        540  the fp32 path, the whole 16-bit path, M_qk/M_kk and the partial dq/dk rounded to bf16
 #   lowp_saved  540  the saved W, h, Q exp(G), K exp(G_last - G), A_qk, A_kk rounded to bf16, one at a time
+#   lowp_fwd    400  the forward's A_qk and decayed Q, K, its L, its W rounded where made, one at a time
 # Two trees (group `compare`: revcheck revbench; REV a git revision, checked out into a temporary worktree,
 # or a folder holding one's tree, e.g. from `git archive REV kernels tests benchmarks | tar -x -C .rev` on a
 # machine with the checkout but not its history):
@@ -64,7 +65,7 @@ for s in ${2:-kernels}; do
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
-compile|paper_packing|pilot|lowp|lowp_saved|revcheck|revbench) steps+=("$s") ;;
+compile|paper_packing|pilot|lowp|lowp_saved|lowp_fwd|revcheck|revbench) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -264,6 +265,8 @@ for step in "${steps[@]}"; do
     lowp_saved)
       brief 540 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" \
         --variants saved_w saved_h saved_qg saved_kd saved_aqk saved_akk ;;
+    lowp_fwd)
+      brief 400 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants fwd_intra fwd_linv fwd_wu ;;
     revcheck)
       for tree in "$OLD" "$ROOT"; do
         dir="$OUT/compare/$(side "$tree")"

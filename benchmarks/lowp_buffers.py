@@ -26,6 +26,12 @@ not edited):
     saved_F    fp32 path, the forward's saved buffer F (Saved.F: w, vt, h, qg, kd by default; aqk, akk,
                linv, kg, x on request) rounded to bf16 for the backward (the forward's own output
                unchanged: only what the backward reads)
+    fwd_F      fp32 path, the forward's buffers F rounded to bf16 where its stage returns them, so the
+               forward's later stages (its state recurrence and output) read them rounded, as the backward
+               does: fwd_intra (A_qk and the decayed Q, K of the intra forward; A_kk stays fp32 in
+               the 16-bit path too), fwd_linv (the solve's L), fwd_wu (W). The 16-bit path's dot
+               operands and chunk states h are formed inside the kernels and rounded by none of these:
+               bf16_all failing where every other variant trains points there.
 
 Rounding is cast to bf16 and back, so a variant differs from fp32 in that buffer's precision only, not in
 the kernels' dot operands. Each patch counts the values it changed: a variant whose patch never changed a
@@ -39,13 +45,14 @@ Writes DIR/lowp_buffers.csv (variant, step, loss, finite) and DIR/lowp_buffers.m
 row per variant: the first non-finite step, the loss at a few steps). Rows of variants not run this time
 are kept from an earlier run into the same DIR.
 
-On the H200 (each variant ~1 min at B=256; two commands under the 10-minute limit):
+On the H200 (each variant ~1 min at B=256; three commands under the 10-minute limit):
 
     python -m benchmarks.lowp_buffers --out $OUT/lowp --variants fp32 bf16_all m partial
     python -m benchmarks.lowp_buffers --out $OUT/lowp --variants saved_w saved_h saved_qg saved_kd \
         saved_aqk saved_akk
+    python -m benchmarks.lowp_buffers --out $OUT/lowp --variants fwd_intra fwd_linv fwd_wu
 
-(`bash benchmarks/gpu.sh $OUT lowp lowp_saved` runs the same two.)
+(`bash benchmarks/gpu.sh $OUT lowp lowp_saved lowp_fwd` runs the same three.)
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import importlib
 import math
 import os
 import sys
@@ -63,7 +71,12 @@ from typing import Any
 
 DEFAULT_SAVED = ("w", "vt", "h", "qg", "kd")
 OTHER_SAVED = ("aqk", "akk", "linv", "kg", "x")
-VARIANTS = ("fp32", "bf16_all", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED))
+# the stage (module of kernels.triton, function) and which of its returned buffers the 16-bit path keeps in
+# bf16 (A_kk stays fp32 there when training; U follows v's dtype in both paths)
+FORWARD = {"intra": ("intra_fwd", "intra_forward", (0, 2, 3, 4)), "linv": ("solve", "solve", (0,)),
+           "wu": ("solve", "wu", (0,))}
+VARIANTS = ("fp32", "bf16_all", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED),
+            *(f"fwd_{f}" for f in FORWARD))
 ALL_VARIANTS = (*VARIANTS, *(f"saved_{f}" for f in OTHER_SAVED))
 FIELDS = ["variant", "step", "loss", "finite"]
 REPORT_STEPS = (1, 50, 100, 150, 200, 250)
@@ -191,6 +204,24 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
                 return chunk_forward
 
             stack.enter_context(_patched(chunk, "chunk_forward", rounding_saved))
+        elif variant.removeprefix("fwd_") in FORWARD:
+            module_name, function, positions = FORWARD[variant.removeprefix("fwd_")]
+            module = importlib.import_module(f"kernels.triton.{module_name}")
+
+            def rounding_returned(original: Callable[..., Any]) -> Callable[..., Any]:
+                def stage(*args: Any, **kwargs: Any) -> Any:
+                    out = original(*args, **kwargs)
+                    inputs = {t.untyped_storage().data_ptr() for t in args if isinstance(t, torch.Tensor)}
+                    returned = out if isinstance(out, tuple) else (out,)
+                    for t in (returned[i] for i in positions):
+                        # in place: two returned buffers may share storage; never an input handed back
+                        if t is not None and t.untyped_storage().data_ptr() not in inputs:
+                            _round_in_place(t, counter)
+                    return out
+
+                return stage
+
+            stack.enter_context(_patched(module, function, rounding_returned))
         else:
             raise ValueError(f"variant {variant!r} is unknown; use one of {ALL_VARIANTS}")
         yield

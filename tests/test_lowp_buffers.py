@@ -1,0 +1,61 @@
+"""benchmarks/lowp_buffers.py's forward variants on the CPU (Triton's interpreter): each rounds what the
+16-bit path keeps in bf16 where its stage returns it, so the forward's own output moves, and nothing else."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from benchmarks import lowp_buffers
+from kernels.triton import solve, triton_chunk
+
+
+def _inputs() -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, K = 1, 37, 2, 16  # an odd length: the last chunk partial
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, K, generator=gen)
+    g = -0.2 * torch.nn.functional.softplus(torch.randn(B, T, H, K, generator=gen))
+    beta = torch.sigmoid(torch.randn(B, T, H, generator=gen))
+    return q, k, v, g, beta
+
+
+def _bf16_exact(t: torch.Tensor) -> bool:
+    return bool((t.to(torch.bfloat16).to(t.dtype) == t).all())
+
+
+@pytest.mark.parametrize("variant", ["fwd_intra", "fwd_linv", "fwd_wu"])
+def test_a_forward_variant_moves_the_forwards_output_and_leaves_a_kk_in_fp32(
+        variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v, g, beta = _inputs()
+    plain, _ = triton_chunk(q, k, v, g, beta, chunk_size=16)
+    seen: list[torch.Tensor] = []
+    solve_original = solve.solve
+
+    def solve_seeing(beta: torch.Tensor, akk: torch.Tensor, fp: object) -> torch.Tensor:
+        seen.append(akk.clone())
+        return solve_original(beta, akk, fp)
+
+    model = SimpleNamespace(mixers=[SimpleNamespace(chunk_op=triton_chunk)])
+    counter = lowp_buffers.Counter()
+    # (patched first, so that fwd_linv's patch wraps this one and rounds what it returns)
+    monkeypatch.setattr(solve, "solve", solve_seeing)
+    with lowp_buffers.variant_patch(variant, model, counter):
+        rounded, _ = model.mixers[0].chunk_op(q, k, v, g, beta, chunk_size=16)
+    assert model.mixers[0].chunk_op is triton_chunk and solve.solve is solve_seeing  # patches undone
+    assert counter.changed > 0
+    difference = (rounded - plain).abs().max().item()
+    # bf16's rounding (2^-9 relative) moves the output, by far less than the output itself
+    assert 0 < difference < 0.05 * plain.abs().max().item()
+    # A_kk reaches the solve unrounded (fp32 in the 16-bit path too)
+    assert seen and not _bf16_exact(seen[0])
+
+
+def test_an_unknown_variant_names_the_choices() -> None:
+    model = SimpleNamespace(mixers=[])
+    with pytest.raises(ValueError, match="fwd_wu"), lowp_buffers.variant_patch("fwd_nope", model,
+                                                                               lowp_buffers.Counter()):
+        pass
