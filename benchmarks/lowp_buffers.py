@@ -204,7 +204,7 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
                 return chunk_forward
 
             stack.enter_context(_patched(chunk, "chunk_forward", rounding_saved))
-        elif variant.removeprefix("fwd_") in FORWARD:
+        elif variant.startswith("fwd_") and variant.removeprefix("fwd_") in FORWARD:
             module_name, function, positions = FORWARD[variant.removeprefix("fwd_")]
             module = importlib.import_module(f"kernels.triton.{module_name}")
 

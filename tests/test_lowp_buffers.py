@@ -54,8 +54,9 @@ def test_a_forward_variant_moves_the_forwards_output_and_leaves_a_kk_in_fp32(
     assert seen and not _bf16_exact(seen[0])
 
 
-def test_an_unknown_variant_names_the_choices() -> None:
+@pytest.mark.parametrize("variant", ["fwd_nope", "intra"])
+def test_an_unknown_variant_names_the_choices(variant: str) -> None:
     model = SimpleNamespace(mixers=[])
-    with pytest.raises(ValueError, match="fwd_wu"), lowp_buffers.variant_patch("fwd_nope", model,
+    with pytest.raises(ValueError, match="fwd_wu"), lowp_buffers.variant_patch(variant, model,
                                                                                lowp_buffers.Counter()):
         pass
