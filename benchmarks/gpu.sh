@@ -36,7 +36,7 @@
 # bf16 training go non-finite (benchmarks/lowp_buffers.py, Palindrome L=2048, 250 steps a variant):
 #   lowp        540  the fp32 path, the whole 16-bit path, M_qk/M_kk and the partial dq/dk rounded to bf16
 #   lowp_saved  540  the saved W, h, Q exp(G), K exp(G_last - G), A_qk, A_kk rounded to bf16, one at a time
-#   lowp_fwd    400  the forward's A_qk and decayed Q, K, its L, its W rounded where made, one at a time
+#   lowp_fwd    500  q, k into the op; the forward's A_qk and decayed Q, K, its L, its W: rounded, one at a time
 # Two trees (group `compare`: revcheck revbench; REV a git revision, checked out into a temporary worktree,
 # or a folder holding one's tree, e.g. from `git archive REV kernels tests benchmarks | tar -x -C .rev` on a
 # machine with the checkout but not its history):
@@ -266,7 +266,7 @@ for step in "${steps[@]}"; do
       brief 540 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" \
         --variants saved_w saved_h saved_qg saved_kd saved_aqk saved_akk ;;
     lowp_fwd)
-      brief 400 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants fwd_intra fwd_linv fwd_wu ;;
+      brief 500 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants inputs fwd_intra fwd_linv fwd_wu ;;
     revcheck)
       for tree in "$OLD" "$ROOT"; do
         dir="$OUT/compare/$(side "$tree")"

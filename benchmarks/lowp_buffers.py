@@ -20,6 +20,8 @@ not edited):
 
     fp32       the op as the model calls it: fp32 q, k (the L2 norm's output), bf16 v
     bf16_all   q, k, v cast to bf16 before the op: its whole 16-bit path (the one that diverged)
+    inputs     fp32 path, q and k rounded to bf16 before the op (and so dq, dk through the casts), as
+               bf16_all hands them, but still fp32
     m          fp32 path, M_qk and M_kk rounded to bf16 between dvt's backward (writes) and the intra
                backward (reads)
     partial    fp32 path, the partial dq, dk rounded to bf16 before the stage that finishes them
@@ -50,7 +52,7 @@ On the H200 (each variant ~1 min at B=256; three commands under the 10-minute li
     python -m benchmarks.lowp_buffers --out $OUT/lowp --variants fp32 bf16_all m partial
     python -m benchmarks.lowp_buffers --out $OUT/lowp --variants saved_w saved_h saved_qg saved_kd \
         saved_aqk saved_akk
-    python -m benchmarks.lowp_buffers --out $OUT/lowp --variants fwd_intra fwd_linv fwd_wu
+    python -m benchmarks.lowp_buffers --out $OUT/lowp --variants inputs fwd_intra fwd_linv fwd_wu
 
 (`bash benchmarks/gpu.sh $OUT lowp lowp_saved lowp_fwd` runs the same three.)
 """
@@ -75,7 +77,7 @@ OTHER_SAVED = ("aqk", "akk", "linv", "kg", "x")
 # bf16 (A_kk stays fp32 there when training; U follows v's dtype in both paths)
 FORWARD = {"intra": ("intra_fwd", "intra_forward", (0, 2, 3, 4)), "linv": ("solve", "solve", (0,)),
            "wu": ("solve", "wu", (0,))}
-VARIANTS = ("fp32", "bf16_all", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED),
+VARIANTS = ("fp32", "bf16_all", "inputs", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED),
             *(f"fwd_{f}" for f in FORWARD))
 ALL_VARIANTS = (*VARIANTS, *(f"saved_{f}" for f in OTHER_SAVED))
 FIELDS = ["variant", "step", "loss", "finite"]
@@ -137,6 +139,8 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
             elif q.dtype != torch.float32 or k.dtype != torch.float32:
                 # the other variants start from the fp32 path: bf16 q, k here would test the 16-bit one
                 raise RuntimeError(f"{variant}: the op got q {q.dtype}, k {k.dtype}; want its fp32 path")
+            elif variant == "inputs":
+                q, k = counter.rounded(q), counter.rounded(k)
             return op(q, k, v, *args, **kwargs)
 
         return called
@@ -147,8 +151,8 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
             stack.callback(setattr, mixer, "chunk_op", op)
         if variant == "fp32":
             counter.changed += 1  # nothing to patch: the reference
-        elif variant == "bf16_all":
-            pass  # the op's entry casts (above)
+        elif variant in ("bf16_all", "inputs"):
+            pass  # the op's entry casts or rounds (above)
         elif variant == "m":
 
             def intra_rounding_m(original: Callable[..., Any]) -> Callable[..., Any]:

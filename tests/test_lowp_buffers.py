@@ -54,6 +54,21 @@ def test_a_forward_variant_moves_the_forwards_output_and_leaves_a_kk_in_fp32(
     assert seen and not _bf16_exact(seen[0])
 
 
+def test_inputs_hands_the_op_q_and_k_as_bf16_hands_them_and_rounds_their_gradients() -> None:
+    q, k, v, g, beta = _inputs()
+    q.requires_grad_(True)
+    model = SimpleNamespace(mixers=[SimpleNamespace(chunk_op=triton_chunk)])
+    counter = lowp_buffers.Counter()
+    with lowp_buffers.variant_patch("inputs", model, counter):
+        o, _ = model.mixers[0].chunk_op(q, k, v, g, beta, chunk_size=16)
+    o.square().sum().backward()
+    # the op's fp32 path on q, k equal to their bf16 casts; dq comes back through the casts, rounded
+    expected, _ = triton_chunk(q.detach().bfloat16().float(), k.bfloat16().float(), v, g, beta, chunk_size=16)
+    assert counter.changed > 0 and o.dtype == torch.float32
+    torch.testing.assert_close(o.detach(), expected, rtol=0, atol=0)
+    assert _bf16_exact(q.grad) and not _bf16_exact(q.detach())
+
+
 @pytest.mark.parametrize("variant", ["fwd_nope", "intra"])
 def test_an_unknown_variant_names_the_choices(variant: str) -> None:
     model = SimpleNamespace(mixers=[])
