@@ -403,6 +403,8 @@ def test_left_prices_what_a_plan_still_has_to_run(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     assert "3 of 4 cells left" in out and "at most 8 min of device time" in out
     assert "stage 2 task=stack" in out and "(with 1 other(s) at once)" in out
+    # each line says when its group ends, from the first launch: gdn's 410 s, then the pair's 60 s after it
+    assert "stage 1 mixer=gdn" in out and "done by   6.8" in out and out.count("done by   7.8") == 2
     # on two GPUs gdn takes one for 410 s; the pair, one run a GPU there (n_jobs=2 over 2 GPUs, so timed
     # from the lone kda run scaled to 256: 60 s each), runs one after the other on the second GPU beside it
     two = campaign.left([plan], tmp_path, gpus=2)

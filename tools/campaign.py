@@ -765,6 +765,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
 def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
     """What the plans still have to run against the checkout `source`: each pending cell with its estimate
     (from the checkout's finished runs; at most max_steps, so early stopping only shortens it) and the
+    minute its group ends, counted from the first launch (what a hold of that length would finish), and the
     device minutes of them all, launched as a hold would group them (side by side on a machine of several
     GPUs, each group on the first GPUs to come free); returns those seconds."""
     cells = expand([stage for plan in plans for stage in read_plan(plan)])
@@ -785,9 +786,11 @@ def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
         unknown += len(group) - len(known)
         for g in idle[:-(-len(group) // per_gpu(cells[group[0]], len(free_at)))]:
             free_at[g] = now + max(known, default=0.0)
+        # when the group ends, counted from the first launch: where a hold of that many minutes cuts the plan
+        done_by = f"  done by {(now + max(known, default=0.0)) / 60:5.1f}"
         for i in group:
             est = estimates[i]
-            print(f"  {cells[i]!r:60s} {'unknown' if est is None else f'{est / 60:5.1f} min'}"
+            print(f"  {cells[i]!r:60s} {'unknown' if est is None else f'{est / 60:5.1f} min'}{done_by}"
                   + (f"  (with {len(group) - 1} other(s) at once)" if len(group) > 1 else ""))
         todo = [i for i in todo if i not in group]
     total = max(free_at)
