@@ -784,10 +784,11 @@ def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
         group, _ = choose(cells, todo, float("inf"), estimates, len(idle), len(free_at))
         known = [estimates[i] for i in group if estimates[i] is not None]
         unknown += len(group) - len(known)
-        for g in idle[:-(-len(group) // per_gpu(cells[group[0]], len(free_at)))]:
-            free_at[g] = now + max(known, default=0.0)
         # when the group ends, counted from the first launch: where a hold of that many minutes cuts the plan
-        done_by = f"  done by {(now + max(known, default=0.0)) / 60:5.1f}"
+        end = now + max(known, default=0.0)
+        for g in idle[:-(-len(group) // per_gpu(cells[group[0]], len(free_at)))]:
+            free_at[g] = end
+        done_by = f"  done by {end / 60:5.1f}"
         for i in group:
             est = estimates[i]
             print(f"  {cells[i]!r:60s} {'unknown' if est is None else f'{est / 60:5.1f} min'}{done_by}"
@@ -806,7 +807,8 @@ RUN_OF_CELL = ("optim.lr", "seed", "trainer.max_steps")
 
 def _cell_runs(results: Path, metric: str) -> dict[tuple, list[dict[str, Any]]]:
     """The finished runs under `results`, by cell (their recorded overrides less RUN_OF_CELL), each with
-    its overrides in recorded order, its `metric` (None where it has none), max_steps and seq_len."""
+    its overrides in recorded order and by key (values as numbers), its `metric` (None where it has none),
+    max_steps and seq_len."""
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for run in runs_under(results):
         summary = _summary(run) or {}
@@ -821,6 +823,7 @@ def _cell_runs(results: Path, metric: str) -> dict[tuple, list[dict[str, Any]]]:
         value = summary.get(metric)
         cells.setdefault(key, []).append({
             "overrides": ordered, "dir": run,
+            "values": {k: _number(v) for k, v in (o.split("=", 1) for o in ordered)},
             "metric": float(value) if isinstance(value, (int, float)) and value == value else None,
             "max_steps": (summary.get("config") or {}).get("trainer.max_steps", summary.get("steps")),
             "seq_len": summary.get("seq_len") or 0,
@@ -867,13 +870,13 @@ def _cells_of(results: list[Path], source: Path, metric: str) -> Iterator[tuple[
             yield place, runs
 
 
-def _value(overrides: list[str], key: str) -> Any:
-    """The value of `key` among a run's recorded overrides, as _number reads it; None where not given."""
-    for override in overrides:
-        name, _, value = override.partition("=")
-        if name == key:
-            return _number(value)
-    return None
+def _best_run(runs: list[dict[str, Any]], metric: str, notes: list[str]) -> dict[str, Any] | None:
+    """The run of `runs` highest on its metric; None, with a line in `notes`, where none has one."""
+    scored = [run for run in runs if run["metric"] is not None]
+    if not scored:
+        notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
+        return None
+    return max(scored, key=lambda run: run["metric"])
 
 
 def _plan_lines(stages: list[tuple[int, float, dict[str, list[str]]]], launcher: list[str]) -> list[str]:
@@ -909,12 +912,8 @@ def extend(results: list[Path], source: Path, max_steps: int, below: float, metr
     for place, runs in _cells_of(results, source, metric):
         if any(isinstance(run["max_steps"], int) and run["max_steps"] >= max_steps for run in runs):
             continue
-        scored = [run for run in runs if run["metric"] is not None]
-        if not scored:
-            notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
-            continue
-        best = max(scored, key=lambda run: run["metric"])
-        if best["metric"] >= below:
+        best = _best_run(runs, metric, notes)
+        if best is None or best["metric"] >= below:
             continue
         stage = _stage_of(best["overrides"], ("trainer.max_steps",), place)
         stage["trainer.max_steps"] = [str(max_steps)]
@@ -945,16 +944,13 @@ def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, lau
     given. Longest sequences first."""
     stages, notes = [], []
     for place, runs in _cells_of(results, source, metric):
-        budgets = [run["max_steps"] for run in runs if isinstance(run["max_steps"], int)]
-        at_budget = [run for run in runs if run["max_steps"] == min(budgets, default=None)]
-        scored = [run for run in at_budget if run["metric"] is not None]
-        if not scored:
-            notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
+        budget = min((run["max_steps"] for run in runs if isinstance(run["max_steps"], int)), default=None)
+        at_budget = [run for run in runs if run["max_steps"] == budget]
+        best = _best_run(at_budget, metric, notes) if at_budget else None
+        if best is None:
             continue
-        best = max(scored, key=lambda run: run["metric"])
-        lr = _value(best["overrides"], "optim.lr")
-        held = {_value(run["overrides"], "seed") for run in at_budget
-                if _value(run["overrides"], "optim.lr") == lr}
+        lr = best["values"].get("optim.lr")
+        held = {run["values"].get("seed") for run in at_budget if run["values"].get("optim.lr") == lr}
         missing = [str(seed) for seed in wanted if float(seed) not in held]
         if not missing:
             continue
