@@ -96,8 +96,9 @@ def _series(frame: pd.DataFrame) -> pd.Series:
                      index=frame.index)
 
 
-def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, series, length): both metrics at their best lr, that lr, steps to 0.9, acc at 2L."""
+def cell_table(runs: pd.DataFrame, metric: str = "train") -> pd.DataFrame:
+    """Per (task, series, length): the cell's best lr by `metric` (the highest mean over its runs, the
+    smaller lr on a tie, as the figures pick it), both metrics at that lr, steps to 0.9, acc at 2L."""
     done = runs[runs["status"] == "completed"].copy()
     if done.empty:
         return pd.DataFrame(
@@ -108,15 +109,17 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (task, series, length), group in done.groupby(["task", "series", "seq_len"]):
         row = {"task": task, "series": series, "seq_len": int(length)}
-        for name, column in METRICS.items():
-            values = pd.to_numeric(group.get(column), errors="coerce") if column in group else None
-            row[name] = float(values.max()) if values is not None and values.notna().any() else float("nan")
-        best = group.loc[pd.to_numeric(group["best_eval_acc"], errors="coerce").idxmax()]
-        row["lr"] = float(best["lr"])
         lrs = pd.to_numeric(group["lr"], errors="coerce")
+        score = _score(group, metric)
+        means = score.groupby(lrs).mean().dropna().sort_index()
+        row["lr"] = float(means.idxmax()) if len(means) else float(lrs.iloc[0])
         row["lrs"] = tuple(sorted(set(lrs.dropna().astype(float))))
         # every run at that lr (seeds, repeats): the cell's steps to 0.9 is their median, its spread kept
         at_lr = group[lrs == row["lr"]]
+        for name, column in METRICS.items():
+            values = pd.to_numeric(at_lr[column], errors="coerce") if column in at_lr else None
+            row[name] = float(values.max()) if values is not None and values.notna().any() else float("nan")
+        best = at_lr.loc[score[at_lr.index].fillna(-math.inf).idxmax()]
         row["runs"] = len(at_lr)
         reached = at_lr["steps_to_threshold"] if "steps_to_threshold" in at_lr else [None] * len(at_lr)
         row["steps_all"] = tuple(sorted(_steps(v) for v in reached))
@@ -130,6 +133,14 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
         row["early_stopped_at"] = pd.to_numeric(best.get("early_stopped_at"), errors="coerce")
         rows.append(row)
     return pd.DataFrame(rows).sort_values(["task", "seq_len", "series"], ignore_index=True)
+
+
+def _score(group: pd.DataFrame, metric: str) -> pd.Series:
+    """The runs' `metric`, else the other one where no run has it (a summary from before it was logged)."""
+    for column in (METRICS[metric], *METRICS.values()):
+        if column in group and pd.to_numeric(group[column], errors="coerce").notna().any():
+            return pd.to_numeric(group[column], errors="coerce")
+    return pd.Series(math.nan, index=group.index)
 
 
 def _steps(value: Any) -> float:
@@ -703,7 +714,7 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
     all_runs = runs
     runs = longest_budget(runs)
     superseded = len(all_runs) - len(runs)
-    cells = cell_table(runs)
+    cells = cell_table(runs, metric)
     verdicts = judge(cells, metric, max_steps=max_trained_steps(runs))
     counts = all_runs["status"].value_counts().to_dict() if "status" in all_runs else {}
     lines = [

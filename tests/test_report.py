@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from analysis.cells import best_lr, cells, scored_runs
 from analysis.collect import collect_dirs
 from analysis.report import (
     cell_table,
@@ -395,6 +396,21 @@ def test_cells_take_the_median_steps_of_the_runs_at_the_best_lr(tmp_path: Path) 
     runs["run_dir"], runs["device"], runs["steps"], runs["wall_time_s"] = "", "cpu", 5000, 100.0
     row = "| mqar | kda | 1024 | 0.990 | 0.990 | – | 0.001 (also 5e-4) | 1500 (500, 1500, never) | 3 |"
     assert row in render(runs, "train", "x")
+
+
+def test_a_cell_is_its_best_lr_by_the_reports_metric_as_in_the_figures() -> None:
+    # 5e-4 is better on training accuracy, 1e-3 on eval: the row is 5e-4's, both metrics included, as
+    # analysis.cells.best_lr draws it; judged on eval, it is 1e-3's
+    runs = pd.DataFrame([
+        {"task": "stack", "mixer": "mamba2", "variant": "", "seq_len": 1024, "lr": lr, "seed": 0,
+         "status": "completed", "best_train_acc": train, "best_eval_acc": eval_, "steps_to_threshold": None}
+        for lr, train, eval_ in ((1e-3, 0.0682, 0.0614), (5e-4, 0.0685, 0.0611))
+    ])
+    by_train = cell_table(runs).iloc[0]
+    assert by_train["lr"] == 5e-4 and by_train["train"] == 0.0685 and by_train["eval"] == 0.0611
+    assert cell_table(runs, "eval").iloc[0]["lr"] == 1e-3
+    figures = best_lr(cells(scored_runs(runs, "train")))
+    assert figures.iloc[0]["lr"] == by_train["lr"]
 
 
 def test_the_learning_rate_section_names_the_cells_another_lr_could_raise() -> None:
