@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import importlib.util
 import inspect
 import math
 import sys
@@ -399,6 +400,16 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         print("\n".join(lines))
 
 
+def _error_line(error: BaseException) -> str:
+    """The innermost cause of `error` in one line: Hydra's instantiate wraps a layer's own error in a long
+    message whose tail was all a clipped row kept."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = str(error).strip().splitlines() or [""]
+    text = lines[0]
+    return f"{type(error).__name__}: {text if len(text) <= 200 else text[:199] + '…'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.step",
                                      description=__doc__.split("\n\n")[0])
@@ -408,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time hybrid stacks, e.g. 'kda*3,attention' (Kimi Linear's 3:1, 4 layers)")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 2048])
-    parser.add_argument("--impls", nargs="+", default=["ours", "fla"], choices=["ours", "fla"])
+    parser.add_argument("--impls", nargs="+", default=None, choices=["ours", "fla"],
+                        help="default: ours, and fla where flash-linear-attention is installed")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=5)
@@ -427,6 +439,15 @@ def main(argv: list[str] | None = None) -> int:
     device = indexed_device(args.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    fla_missing = importlib.util.find_spec("fla") is None
+    if args.impls is None:
+        args.impls = ["ours"] + ["fla"] * (not fla_missing)
+        if fla_missing:
+            print("no FLA rows: flash-linear-attention is not installed (pip install "
+                  "'flash-linear-attention>=0.6' to time its layers beside ours)", flush=True)
+    elif "fla" in args.impls and fla_missing:
+        parser.error("--impls fla: flash-linear-attention is not installed; pip install "
+                     "'flash-linear-attention>=0.6', or leave fla out of --impls")
     unknown = sorted(set(args.mixers) - set(MIXERS))
     if unknown:
         parser.error(f"unknown mixer(s) {unknown}; choose from {MIXERS}")
@@ -468,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                         except Exception as error:  # an OOM or an FLA layer that will not build: recorded
                             row = {"impl": _label(impl, lean, compiled), "default": default, "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,
-                                   "error": f"{type(error).__name__}: {str(error).splitlines()[0][-160:]}"}
+                                   "error": _error_line(error)}
                         row["measured"] = measured_by
                         print({k: v for k, v in row.items() if k != "_rest"}, flush=True)
                         rows.append(row)

@@ -63,6 +63,45 @@ def test_fla_layer_missing_is_recorded_not_raised(tmp_path: Path) -> None:
     assert "flash-linear-attention" in row["error"]
 
 
+def _without_fla(monkeypatch: pytest.MonkeyPatch) -> None:
+    find_spec = step.importlib.util.find_spec
+    monkeypatch.setattr(step.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "fla" else find_spec(name, *args))
+
+
+def test_without_fla_the_default_times_ours_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    _without_fla(monkeypatch)
+    assert step.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "1", "--lengths", "16",
+                      "--d-model", "32", "--mixers", "gdn", "--variants", "eager", "--warmup", "0",
+                      "--steps", "1", "--tasks", "palindrome", "--no-profile"]) == 0
+    assert "no FLA rows: flash-linear-attention is not installed" in capsys.readouterr().out
+    assert [r["impl"] for r in csv.DictReader(open(tmp_path / "bench_train.csv"))] == ["ours"]
+
+
+def test_impls_fla_without_fla_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _without_fla(monkeypatch)
+    with pytest.raises(SystemExit):
+        step.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--impls", "ours", "fla"])
+    assert "--impls fla: flash-linear-attention is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_error_row_names_the_innermost_cause_in_full() -> None:
+    # as Hydra's instantiate wraps a layer's error: the row used to keep the wrapper's clipped tail
+    try:
+        try:
+            raise RuntimeError("FLA layers need flash-linear-attention 0.6 (No module named 'fla')")
+        except RuntimeError as inner:
+            raise ValueError("Error in call to target 'benchmarks.step.FlaMixer':\n" + "x" * 300) from inner
+    except ValueError as error:
+        line = step._error_line(error)
+    assert line == "RuntimeError: FLA layers need flash-linear-attention 0.6 (No module named 'fla')"
+    long = step._error_line(ValueError("y" * 500))
+    assert long.endswith("…") and len(long) < 230
+
+
 def test_saved_tensors_lists_less_for_the_lean_layers(capsys: pytest.CaptureFixture[str]) -> None:
     common = ["--device", "cpu", "--batch", "3", "--seq-len", "32", "--d-model", "64", "--mixers", "kda",
               "--backend", "torch"]
