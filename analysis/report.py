@@ -6,7 +6,8 @@
 Each claim is marked `reproduced`, `not reproduced` (with the cells that contradict it) or `not testable`
 (the cells it needs are missing or unfinished, or the step budget cannot show it), from:
 
-- the accuracy of a cell (task, mixer, length) = the best over its learning rates, in either metric:
+- the accuracy of a cell (task, mixer, length) = its mean over the runs (seeds) of its best learning rate,
+  the lr of the highest such mean, as the figures draw it, in either metric:
   `train` (the paper's: peak training accuracy of the logged steps, `best_train_acc`) or `eval` (held-out,
   `best_eval_acc`); both are tabulated, the claims are judged on `--metric` (default: the paper's);
 - convergence = `steps_to_threshold` (first eval step at eval acc >= 0.9) at the cell's best lr: with several
@@ -19,6 +20,9 @@ their eval acc at 80% of the steps and at the end (still learning or not); Mamba
 short convolution where both ran; MQAR's load per length (pairs, queries, pairs per key dimension of a
 layer, recall targets a step) and, where KDA solves MQAR at 2048 against claim 4, which unpinned choice
 makes it easier and the cell that would test it; the open parameters' values as the runs' configs set them.
+
+What more seeds and the paper's longer budget changed, once such runs have finished: each claim judged on
+the first runs (the first seed at the shortest budget) and on all, and the cells that moved.
 
 Cost: the wall time each finished run took (`wall_time_s`) summed by the kind of device it trained on
 (summary.json's `device`: GPU-hours and CPU-hours apart), seconds per step by mixer, length and device,
@@ -116,9 +120,12 @@ def cell_table(runs: pd.DataFrame, metric: str = "train") -> pd.DataFrame:
         row["lrs"] = tuple(sorted(set(lrs.dropna().astype(float))))
         # every run at that lr (seeds, repeats): the cell's steps to 0.9 is their median, its spread kept
         at_lr = group[lrs == row["lr"]]
+        # with seeds: their mean, as the figures draw it, and their range beside it
         for name, column in METRICS.items():
             values = pd.to_numeric(at_lr[column], errors="coerce") if column in at_lr else None
-            row[name] = float(values.max()) if values is not None and values.notna().any() else float("nan")
+            seen = values is not None and values.notna().any()
+            row[name] = float(values.mean()) if seen else float("nan")
+            row[f"{name}_range"] = (float(values.min()), float(values.max())) if seen else None
         best = at_lr.loc[score[at_lr.index].fillna(-math.inf).idxmax()]
         row["runs"] = len(at_lr)
         reached = at_lr["steps_to_threshold"] if "steps_to_threshold" in at_lr else [None] * len(at_lr)
@@ -130,9 +137,21 @@ def cell_table(runs: pd.DataFrame, metric: str = "train") -> pd.DataFrame:
         row["run_dir"] = best.get("run_dir")
         row["steps_run"] = pd.to_numeric(best.get("steps"), errors="coerce")
         row["max_steps"] = pd.to_numeric(best.get("trainer.max_steps"), errors="coerce")
+        # the budgets of the runs averaged: a cell's seeds may not all have run the longer one
+        budgets_at_lr = pd.to_numeric(at_lr.get("trainer.max_steps", pd.Series(dtype=float)), errors="coerce")
+        row["budgets"] = tuple(sorted(int(b) for b in budgets_at_lr.dropna().unique()))
         row["early_stopped_at"] = pd.to_numeric(best.get("early_stopped_at"), errors="coerce")
         rows.append(row)
     return pd.DataFrame(rows).sort_values(["task", "seq_len", "series"], ignore_index=True)
+
+
+def _with_range(cell: pd.Series, name: str) -> str:
+    """A cell's mean of `name`, with its runs' range where they differ: "0.980 (0.970–0.990)"."""
+    spread = cell.get(f"{name}_range")
+    text = _fmt(cell[name], ".3f")
+    if isinstance(spread, tuple) and spread[0] != spread[1]:
+        text += f" ({spread[0]:.3f}–{spread[1]:.3f})"
+    return text
 
 
 def _score(group: pd.DataFrame, metric: str) -> pd.Series:
@@ -671,6 +690,70 @@ def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train") 
     return lines + [""]
 
 
+def first_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs a grid starts with: its first seed, at its shortest step budget (the single-GPU grid's one
+    seed of 5,000 steps), against which more seeds and the paper's budget are weighed."""
+    if runs.empty or "seed" not in runs:
+        return runs
+    seed = pd.to_numeric(runs["seed"], errors="coerce")
+    keep = seed == seed.min()
+    if "trainer.max_steps" in runs:
+        budget = pd.to_numeric(runs["trainer.max_steps"], errors="coerce")
+        keep &= budget.isna() | (budget == budget.min())
+    return runs[keep]
+
+
+def _cell_text(cell: pd.Series | None, name: str) -> str:
+    if cell is None:
+        return "not run"
+    steps = "never" if pd.isna(cell["steps_to_0.9"]) else f"{int(cell['steps_to_0.9']):,}"
+    return f"{_with_range(cell, name)} at {cell['lr']:g}, 0.9 at {steps} (n={cell['runs']})"
+
+
+def what_changed(runs: pd.DataFrame, metric: str = "train") -> list[str]:
+    """The section on what the runs beyond the first ones (more seeds, the paper's longer budget) changed:
+    each claim's verdict on the first runs and on all, and every cell whose accuracy moved by more than
+    SLACK, whose steps to 0.9 or best lr moved. Empty where no such run has finished."""
+    done = runs[runs["status"] == "completed"] if "status" in runs else runs
+    first = first_runs(done)
+    if len(done) == len(first):
+        return []
+    seed = pd.to_numeric(done["seed"], errors="coerce")
+    budget = pd.to_numeric(done.get("trainer.max_steps", pd.Series(math.nan, index=done.index)),
+                           errors="coerce")
+    more_seeds, long_runs = int((seed != seed.min()).sum()), int((budget > budget.min()).sum())
+    before = cell_table(longest_budget(first), metric)
+    after = cell_table(longest_budget(done), metric)
+    shortest = _n(int(budget.min())) if budget.notna().any() else MISSING
+    lines = ["## What the seeds and the longer budget changed", "",
+             f"Against the first runs (seed {int(seed.min())}, {shortest} steps each; {len(first)} runs): "
+             f"{more_seeds} run(s) of further seeds and {long_runs} at a longer budget (a longer run stands "
+             "for its cell, lr and seed).", "", "| claim | first runs | all runs |", "|---|---|---|"]
+    verdicts = zip(judge(before, metric, max_steps=max_trained_steps(first)),
+                   judge(after, metric, max_steps=max_trained_steps(done)), strict=True)
+    for old, new in verdicts:
+        moved = "" if old["verdict"] == new["verdict"] else " (changed)"
+        lines.append(f"| {new['claim']} | {old['verdict']} | **{new['verdict']}**{moved}: "
+                     f"{new['evidence']} |")
+    keys = ["task", "series", "seq_len"]
+    old_cells = {tuple(r[k] for k in keys): r for _, r in before.iterrows()}
+    rows = []
+    for _, cell in after.iterrows():
+        old = old_cells.get(tuple(cell[k] for k in keys))
+        if old is not None and abs(cell[metric] - old[metric]) <= SLACK and old["lr"] == cell["lr"] \
+                and _steps_text(old["steps_to_0.9"]) == _steps_text(cell["steps_to_0.9"]):
+            continue
+        steps = " and ".join(_n(b) for b in cell["budgets"]) or MISSING
+        rows.append(f"| {cell['task']} | {cell['series']} | {cell['seq_len']} | {_cell_text(old, metric)} "
+                    f"| {_cell_text(cell, metric)} | {steps} |")
+    lines += ["", f"Cells that moved ({METRICS[metric]} by more than {SLACK}, steps to 0.9 or best lr; "
+              "the mean over the runs at the cell's best lr, their range in brackets):", ""]
+    if not rows:
+        return lines + ["None.", ""]
+    return lines + ["| task | mixer | L | first runs | all runs | steps |", "|---|---|---:|---|---|---:|",
+                    *rows, ""]
+
+
 def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     """Wall seconds per step by (mixer, length, device kind) from finished runs, hours spent per device kind,
     and from the GPU runs the projected cost of the paper's grid: 3 tasks x 12 runs per (mixer, length) x
@@ -752,12 +835,12 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
         others = tuple(lr for lr in c["lrs"] if lr != c["lr"])
         lr = f"{c['lr']:g}" + (f" (also {_lrs(others)})" if others else "")
         lines.append(
-            f"| {c['task']} | {c['series']} | {c['seq_len']} | {_fmt(c['train'], '.3f')} | "
-            f"{_fmt(c['eval'], '.3f')} | {_fmt(c['eval@2L'], '.3f')} | {lr} | {steps} | {c['runs']} |"
+            f"| {c['task']} | {c['series']} | {c['seq_len']} | {_with_range(c, 'train')} | "
+            f"{_with_range(c, 'eval')} | {_fmt(c['eval@2L'], '.3f')} | {lr} | {steps} | {c['runs']} |"
         )
     if cells.empty:
         lines.append("| (no finished run yet) | | | | | | | | |")
-    lines += ["", *differences(runs, cells, metric)]
+    lines += ["", *differences(runs, cells, metric), *what_changed(all_runs, metric)]
     per, totals = cost(all_runs)
     lines += ["## Compute time", ""]
     if totals:

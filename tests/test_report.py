@@ -24,6 +24,7 @@ from analysis.report import (
     mqar_load,
     mqar_section,
     render,
+    what_changed,
 )
 
 # Under `pytest -n`: one worker runs this file, so its module fixture is built once.
@@ -394,7 +395,9 @@ def test_cells_take_the_median_steps_of_the_runs_at_the_best_lr(tmp_path: Path) 
     assert cell["lr"] == 1e-3 and cell["runs"] == 3
     assert cell["steps_all"] == (500.0, 1500.0, math.inf) and cell["steps_to_0.9"] == 1500.0
     runs["run_dir"], runs["device"], runs["steps"], runs["wall_time_s"] = "", "cpu", 5000, 100.0
-    row = "| mqar | kda | 1024 | 0.990 | 0.990 | – | 0.001 (also 5e-4) | 1500 (500, 1500, never) | 3 |"
+    # the accuracy is the seeds' mean at that lr, with their range
+    row = ("| mqar | kda | 1024 | 0.980 (0.970–0.990) | 0.980 (0.970–0.990) | – | 0.001 (also 5e-4) | "
+           "1500 (500, 1500, never) | 3 |")
     assert row in render(runs, "train", "x")
 
 
@@ -411,6 +414,33 @@ def test_a_cell_is_its_best_lr_by_the_reports_metric_as_in_the_figures() -> None
     assert cell_table(runs, "eval").iloc[0]["lr"] == 1e-3
     figures = best_lr(cells(scored_runs(runs, "train")))
     assert figures.iloc[0]["lr"] == by_train["lr"]
+
+
+def test_what_the_seeds_and_the_longer_budget_changed() -> None:
+    def run(mixer: str, seed: int, acc: float, budget: int = 5000, steps: float | None = None) -> dict:
+        return {"task": "palindrome", "mixer": mixer, "variant": "", "seq_len": 2048, "lr": 1e-3,
+                "seed": seed, "status": "completed", "best_train_acc": acc, "best_eval_acc": acc,
+                "steps_to_threshold": steps, "trainer.max_steps": budget, "steps": budget}
+
+    first = [run("kda", 0, 0.79), run("gdn", 0, 0.94, steps=2500), run("mamba2", 0, 0.92, steps=3000)]
+    assert what_changed(pd.DataFrame(first)) == []  # nothing beyond the first runs: no section
+    runs = pd.DataFrame([*first, run("kda", 0, 0.97, budget=20000, steps=9000),
+                         run("gdn", 1, 0.90, steps=3000), run("gdn", 2, 0.92, steps=2000),
+                         run("mamba2", 1, 0.925, steps=3000)])
+    text = "\n".join(what_changed(runs))
+    assert "seed 0, 5,000 steps each; 3 runs): 3 run(s) of further seeds and 1 at a longer budget" in text
+    # claim 1 was against on palindrome@2048 (kda 0.79); with kda's 20,000 steps nothing contradicts it
+    claim1 = next(line for line in text.splitlines() if line.startswith("| 1. "))
+    assert "| not reproduced | **not testable** (changed)" in claim1
+    assert ("| palindrome | kda | 2048 | 0.790 at 0.001, 0.9 at never (n=1) | 0.970 at 0.001, 0.9 at 9,000 "
+            "(n=1) | 20,000 |") in text
+    assert ("| palindrome | gdn | 2048 | 0.940 at 0.001, 0.9 at 2,500 (n=1) | 0.920 (0.900–0.940) at 0.001, "
+            "0.9 at 2,500 (n=3) | 5,000 |") in text
+    # mamba2's seed moved its mean by less than SLACK and its median steps not at all: not listed
+    assert "| palindrome | mamba2 |" not in text
+    # a seed at the grid's budget beside seed 0's longer run: the row says both budgets were averaged
+    mixed = "\n".join(what_changed(pd.concat([runs, pd.DataFrame([run("kda", 1, 0.81)])], ignore_index=True)))
+    assert "| 0.890 (0.810–0.970) at 0.001, 0.9 at never (n=2) | 5,000 and 20,000 |" in mixed
 
 
 def test_the_learning_rate_section_names_the_cells_another_lr_could_raise() -> None:
