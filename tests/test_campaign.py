@@ -206,12 +206,13 @@ def test_cells_expand_in_order_and_pack_n_jobs_to_a_multirun() -> None:
 
 
 def _finished(root: Path, name: str, mixer: str, seq_len: int, wall: float, given: list[str],
-              status: str = "completed", n_jobs: int | None = None) -> None:
+              status: str = "completed", n_jobs: int | None = None, layers: int | None = None) -> None:
     run = root / "results" / "x" / name
     (run / ".hydra").mkdir(parents=True)
+    config = {"trainer.max_steps": 1000, **({"model.num_layers": layers} if layers else {})}
     (run / "summary.json").write_text(json.dumps({
         "status": status, "steps": 1001, "wall_time_s": wall + 10.0, "first_step_s": 10.0, "mixer": mixer,
-        "seq_len": seq_len, "task": "mqar", "config": {"trainer.max_steps": 1000}}))
+        "seq_len": seq_len, "task": "mqar", "config": config}))
     overrides = ["task=mqar", f"task.seq_len={seq_len}", f"mixer={mixer}", "seed=0", *given]
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     launcher = f"  launcher:\n    _target_: x\n    n_jobs: {n_jobs}\n" if n_jobs else ""
@@ -292,6 +293,30 @@ def test_a_cell_is_timed_from_runs_of_its_own_experiment_and_group_choices_first
     # an experiment not yet run at all is timed from every alike run, as before (the hybrid's run set a
     # group this cell does not, so only the grid's)
     assert campaign.estimate(first, runs) == pytest.approx(0.1 * 1000 + 10.0)
+
+
+def test_a_deeper_stack_is_timed_in_proportion_to_its_layers(tmp_path: Path) -> None:
+    campaign = _module()
+    # only the 2-layer grid's kda at 2048 is measured (0.1 s a step): a hybrid of 8 layers (its group's
+    # yaml), 4 (model.num_layers) or a pattern of 4 would otherwise be priced as 2 layers and cut off
+    _finished(tmp_path, "a", "kda", 2048, 100.0, ["experiment=grid"], layers=2)
+    runs = campaign.finished_runs(tmp_path)
+    deep, four, pattern, same = campaign.expand([
+        ["experiment=hybrid", "experiment/hybrid=kda7_attn1", "task.seq_len=2048", "mixer=kda", "task=mqar"],
+        ["experiment=grid", "model.num_layers=4", "task.seq_len=2048", "mixer=kda", "task=mqar"],
+        ["experiment=grid", "model.pattern=[kda*3,attention]", "task.seq_len=2048", "mixer=kda",
+         "task=mqar"],
+        ["experiment=grid", "task.seq_len=2048", "mixer=kda", "task=mqar"]])
+    assert campaign.cell_layers(deep) == 8 and campaign.cell_layers(four) == 4
+    assert campaign.cell_layers(pattern) == 4 and campaign.cell_layers(same) is None
+    assert campaign.estimate(deep, runs) == pytest.approx(0.1 * 4 * 1000 + 10.0)
+    assert campaign.estimate(four, runs) == pytest.approx(0.1 * 2 * 1000 + 10.0)
+    assert campaign.estimate(pattern, runs) == pytest.approx(0.1 * 2 * 1000 + 10.0)
+    assert campaign.estimate(same, runs) == pytest.approx(0.1 * 1000 + 10.0)
+    # a run that did not record its depth is not scaled from
+    _finished(tmp_path / "old", "b", "kda", 2048, 100.0, ["experiment=grid"])
+    unknown = campaign.finished_runs(tmp_path / "old")
+    assert campaign.estimate(deep, unknown) == pytest.approx(0.1 * 1000 + 10.0)
 
 
 @pytest.mark.parametrize("trained_one", [False, True])

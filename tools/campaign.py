@@ -317,9 +317,10 @@ def finished_runs(src: Path) -> list[dict[str, Any]]:
         first = summary.get("first_step_s") or 0.0
         if isinstance(steps, int) and steps >= 2 and isinstance(wall, (int, float)) \
                 and summary.get("seq_len"):
+            config = summary.get("config") or {}
             entry.update(mixer=summary.get("mixer"), seq_len=int(summary["seq_len"]), first_s=first,
                          step_s=max(0.0, wall - first) / (steps - 1),
-                         max_steps=(summary.get("config") or {}).get("trainer.max_steps"))
+                         max_steps=config.get("trainer.max_steps"), layers=config.get("model.num_layers"))
         found.append(entry)
     return found
 
@@ -391,9 +392,43 @@ def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: in
         if not known:
             return None
         max_steps = max(known)
+    # a deeper stack (a hybrid's 8 layers timed from 2-layer runs) steps slower in proportion: an upper
+    # bound, as the LM head and loss do not grow with it
+    layers, timed = cell_layers(cell), [m.get("layers") for m in runs]
+    if layers and all(isinstance(n, int) and n > 0 for n in timed):
+        scale *= layers / (sum(timed) / len(timed))
     # the first step (compilation) hardly depends on the length; the steps after it grow with it
     step_s = scale * sum(m["step_s"] for m in runs) / len(runs)
     return step_s * max(0, max_steps - done) + sum(m["first_s"] for m in runs) / len(runs)
+
+
+def cell_layers(cell: Cell, conf: Path = ROOT / "conf") -> int | None:
+    """The cell's number of layers where its overrides set it: model.num_layers, a model.pattern's length
+    (`kda*3` counts 3), or an experiment/hybrid group's num_layers; None where they leave it to the
+    experiment (read without Hydra, so only these)."""
+    values = cell.values
+    if "model.num_layers" in values:
+        return _int_or_none(values["model.num_layers"])
+    if "model.pattern" in values:
+        names = [n.strip() for n in str(values["model.pattern"]).strip("[]").split(",") if n.strip()]
+        counts = [_int_or_none(n.split("*", 1)[1]) if "*" in n else 1 for n in names]
+        return sum(counts) if counts and all(counts) else None
+    group = values.get("experiment/hybrid")
+    if group is None:
+        return None
+    try:
+        text = (conf / "experiment" / "hybrid" / f"{group}.yaml").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^\s+num_layers:\s*(\d+)\s*$", text, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
 
 
 def estimates_of(cells: list[Cell], pending: list[int], measured: list[dict[str, Any]],
