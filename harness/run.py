@@ -4,6 +4,7 @@ accepted checkpoint), its progress (what a checkpoint carries to resume exactly)
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -149,7 +150,29 @@ def _placement(cfg: DictConfig, run_dir: Path, meta: dict[str, Any],
                  meta["compile_cache"]["triton"])
     # `auto` in the config does not say where the wall time was spent; analysis.report needs to know
     meta["device"] = str(device)
+    if device.type == "cuda":
+        meta["gpu"] = gpu_identity(device)
     return device, autocast, compiled, lean
+
+
+def gpu_identity(device: torch.device, visible: str | None = None) -> dict[str, Any]:
+    """Which of the machine's GPUs `device` is: a job given a subset of them (CUDA_VISIBLE_DEVICES, as the
+    campaign tool places a block) calls its first one cuda:0 whichever it is, so the index alone does not say.
+    `machine_index`: the CUDA_VISIBLE_DEVICES entry the device maps to (the index itself where none is set);
+    `name` and `uuid` from the driver."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    entries = [e.strip() for e in visible.split(",") if e.strip()] if visible else []
+    found: dict[str, Any] = {"machine_index": entries[index] if index < len(entries) else str(index)}
+    try:
+        props = torch.cuda.get_device_properties(index)
+    except (RuntimeError, AssertionError):  # no driver: the entry alone
+        return found
+    found["name"] = props.name
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        found["uuid"] = str(uuid)
+    return found
 
 
 def _data(cfg: DictConfig) -> tuple[int, tuple[torch.Tensor, torch.Tensor],
