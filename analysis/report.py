@@ -25,7 +25,8 @@ What more seeds and the paper's longer budget changed, once such runs have finis
 the first runs (the first seed at the shortest budget) and on all, and the cells that moved.
 
 Cost: the wall time each finished run took (`wall_time_s`) summed by the kind of device it trained on
-(summary.json's `device`: GPU-hours and CPU-hours apart), seconds per step by mixer, length and device,
+(summary.json's `device`: GPU-hours and CPU-hours apart), GPU-minutes per cell, seconds per step by mixer,
+length and device,
 and from the GPU runs only the projected cost of the paper's whole grid (`experiment=kimi_fig4`: 432 runs
 of 20,000 steps) on one GPU and on a cluster of 8, serial per GPU. A CPU sweep projects nothing: its
 seconds per step say nothing about a GPU's.
@@ -793,6 +794,25 @@ def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     return per, totals
 
 
+def cell_minutes(runs: pd.DataFrame) -> pd.DataFrame:
+    """GPU-minutes per cell: (task, L) rows, one column per series, the wall time of every finished run
+    of the cell on a GPU summed (all its lrs, seeds and budgets); empty where none ran on a GPU."""
+    done = runs[runs["status"].isin(["completed", "diverged"])].copy() if "status" in runs else runs.iloc[:0]
+    if done.empty or "wall_time_s" not in done:
+        return pd.DataFrame()
+    none = pd.Series(None, index=done.index, dtype=object)
+    kinds = [device_kind(d, c) for d, c in
+             zip(done.get("device", none), done.get("trainer.device", none), strict=True)]
+    done = done[[kind == "GPU" for kind in kinds]]
+    if done.empty:
+        return pd.DataFrame()
+    done["series"] = _series(done)
+    done["minutes"] = pd.to_numeric(done["wall_time_s"], errors="coerce") / 60
+    table = done.pivot_table(index=["task", "seq_len"], columns="series", values="minutes", aggfunc="sum")
+    order = {mixer: i for i, mixer in enumerate(MIXERS)}
+    return table[sorted(table.columns, key=lambda c: (order.get(c.split(" ")[0], len(order)), c))]
+
+
 def render(runs: pd.DataFrame, metric: str, source: str) -> str:
     all_runs = runs
     runs = longest_budget(runs)
@@ -875,6 +895,14 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
             f"{r['s_per_step']:.4f} |"
             for _, r in per.iterrows()
         ]
+        minutes = cell_minutes(all_runs)
+        if not minutes.empty:
+            lines += ["", "GPU-minutes per cell: every finished run of it on a GPU (all its lrs, seeds and "
+                      "budgets), each run's wall time.", "",
+                      "| task | L | " + " | ".join(minutes.columns) + " |",
+                      "|---|---:|" + "---:|" * len(minutes.columns)]
+            lines += [f"| {task} | {int(length)} | " + " | ".join(_fmt(v, ".1f") for v in row) + " |"
+                      for (task, length), row in minutes.iterrows()]
     else:
         lines.append("No finished run yet.")
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ import yaml
 from analysis.cells import best_lr, cells, scored_runs
 from analysis.collect import collect_dirs
 from analysis.report import (
+    cell_minutes,
     cell_table,
     cost,
     judge,
@@ -441,6 +442,21 @@ def test_what_the_seeds_and_the_longer_budget_changed() -> None:
     # a seed at the grid's budget beside seed 0's longer run: the row says both budgets were averaged
     mixed = "\n".join(what_changed(pd.concat([runs, pd.DataFrame([run("kda", 1, 0.81)])], ignore_index=True)))
     assert "| 0.890 (0.810–0.970) at 0.001, 0.9 at never (n=2) | 5,000 and 20,000 |" in mixed
+
+
+def test_gpu_minutes_per_cell_sum_every_gpu_run_of_the_cell() -> None:
+    runs = pd.DataFrame([
+        {"task": "mqar", "mixer": mixer, "variant": variant, "seq_len": 1024, "status": status,
+         "wall_time_s": wall, "device": device}
+        for mixer, variant, status, wall, device in (
+            ("kda", "", "completed", 120.0, "cuda:0"), ("kda", "", "diverged", 60.0, "cuda:1"),
+            ("kda", "", "failed", 600.0, "cuda:0"), ("gdn", "", "completed", 30.0, "cuda:0"),
+            ("gdn", "", "completed", 900.0, "cpu"), ("mamba2", "x=1", "completed", 6.0, "cuda:0"))])
+    table = cell_minutes(runs)
+    # the paper's order, a variant after the mixers; a failed run and a CPU run cost no GPU time here
+    assert list(table.columns) == ["kda", "gdn", "mamba2 [x=1]"]
+    assert table.loc[("mqar", 1024)].tolist() == [3.0, 0.5, 0.1]
+    assert cell_minutes(runs[runs["device"] == "cpu"]).empty
 
 
 def test_the_learning_rate_section_names_the_cells_another_lr_could_raise() -> None:
