@@ -402,7 +402,7 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
 
 def _error_line(error: BaseException) -> str:
     """The innermost cause of `error` in one line: Hydra's instantiate wraps a layer's own error in a long
-    message whose tail was all a clipped row kept."""
+    message of its own, and the cause is what names the fix."""
     while error.__cause__ is not None:
         error = error.__cause__
     lines = str(error).strip().splitlines() or [""]

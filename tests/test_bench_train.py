@@ -89,7 +89,7 @@ def test_impls_fla_without_fla_is_refused_before_anything_is_written(
 
 
 def test_an_error_row_names_the_innermost_cause_in_full() -> None:
-    # as Hydra's instantiate wraps a layer's error: the row used to keep the wrapper's clipped tail
+    # wrapped as Hydra's instantiate wraps a layer's error: the row names the layer's own error
     try:
         try:
             raise RuntimeError("FLA layers need flash-linear-attention 0.6 (No module named 'fla')")
