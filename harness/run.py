@@ -4,7 +4,6 @@ accepted checkpoint), its progress (what a checkpoint carries to resume exactly)
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -18,6 +17,7 @@ from harness.caches import share_compile_caches
 from harness.check import Decision, resolve_device
 from harness.config import EXTENDABLE, effective_precision, fast_step, validate
 from harness.data import EpochSampler, load_task
+from harness.gpus import visible_subset
 from harness.rundir import FileUnreadable, RunDir, flatten
 from harness.step import lr_factor, make_optimizer
 from mixers.model import LanguageModel
@@ -155,15 +155,13 @@ def _placement(cfg: DictConfig, run_dir: Path, meta: dict[str, Any],
     return device, autocast, compiled, lean
 
 
-def gpu_identity(device: torch.device, visible: str | None = None) -> dict[str, Any]:
+def gpu_identity(device: torch.device) -> dict[str, Any]:
     """Which of the machine's GPUs `device` is: a job given a subset of them (CUDA_VISIBLE_DEVICES, as the
     campaign tool places a block) calls its first one cuda:0 whichever it is, so the index alone does not say.
     `machine_index`: the CUDA_VISIBLE_DEVICES entry the device maps to (the index itself where none is set);
     `name` and `uuid` from the driver."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
-    entries = [e.strip() for e in visible.split(",") if e.strip()] if visible else []
-    found: dict[str, Any] = {"machine_index": entries[index] if index < len(entries) else str(index)}
+    found: dict[str, Any] = {"machine_index": visible_subset([index])}
     try:
         props = torch.cuda.get_device_properties(index)
     except (RuntimeError, AssertionError):  # no driver: the entry alone

@@ -441,7 +441,8 @@ def test_a_run_on_a_gpu_records_which_of_the_machines_gpus_it_was(monkeypatch: p
     props = types.SimpleNamespace(name="NVIDIA H200", uuid="GPU-1234")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
     # a block placed on GPUs 3 and 5: its second job's cuda:1 is the machine's GPU 5
-    assert gpu_identity(torch.device("cuda", 1), visible="3,5") == {
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert gpu_identity(torch.device("cuda", 1)) == {
         "machine_index": "5", "name": "NVIDIA H200", "uuid": "GPU-1234"}
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert gpu_identity(torch.device("cuda", 2))["machine_index"] == "2"
@@ -450,7 +451,8 @@ def test_a_run_on_a_gpu_records_which_of_the_machines_gpus_it_was(monkeypatch: p
         raise RuntimeError("no CUDA")
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_driver)
-    assert gpu_identity(torch.device("cuda", 0), visible="7") == {"machine_index": "7"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert gpu_identity(torch.device("cuda", 0)) == {"machine_index": "7"}
 
 
 def test_device_auto_packs_multirun_jobs_round_robin(monkeypatch: pytest.MonkeyPatch) -> None:
