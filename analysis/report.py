@@ -755,18 +755,27 @@ def what_changed(runs: pd.DataFrame, metric: str = "train") -> list[str]:
                     *rows, ""]
 
 
-def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
-    """Wall seconds per step by (mixer, length, device kind) from finished runs, hours spent per device kind,
-    and from the GPU runs the projected cost of the paper's grid: 3 tasks x 12 runs per (mixer, length) x
-    20,000 steps each (`paper_grid_gpu_h`, absent when no run trained on a GPU)."""
+def _timed_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose wall time counts (completed or diverged, after a step), with `series` and `device`
+    as the kind of device they trained on (GPU, CPU, unknown)."""
     done = runs[runs["status"].isin(["completed", "diverged"])].copy()
     done = done[pd.to_numeric(done["steps"], errors="coerce") > 0]
     if done.empty:
-        return pd.DataFrame(columns=["series", "seq_len", "device", "runs", "wall_s", "s_per_step"]), {}
+        return done
     done["series"] = _series(done)
     none = pd.Series(None, index=done.index, dtype=object)
     done["device"] = [device_kind(d, c) for d, c in
                       zip(done.get("device", none), done.get("trainer.device", none), strict=True)]
+    return done
+
+
+def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Wall seconds per step by (mixer, length, device kind) from finished runs, hours spent per device kind,
+    and from the GPU runs the projected cost of the paper's grid: 3 tasks x 12 runs per (mixer, length) x
+    20,000 steps each (`paper_grid_gpu_h`, absent when no run trained on a GPU)."""
+    done = _timed_runs(runs)
+    if done.empty:
+        return pd.DataFrame(columns=["series", "seq_len", "device", "runs", "wall_s", "s_per_step"]), {}
     per = (
         done.groupby(["series", "seq_len", "device"])
         .agg(runs=("wall_time_s", "size"), wall_s=("wall_time_s", "sum"), steps=("steps", "sum"))
@@ -797,16 +806,10 @@ def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
 def cell_minutes(runs: pd.DataFrame) -> pd.DataFrame:
     """GPU-minutes per cell: (task, L) rows, one column per series, the wall time of every finished run
     of the cell on a GPU summed (all its lrs, seeds and budgets); empty where none ran on a GPU."""
-    done = runs[runs["status"].isin(["completed", "diverged"])].copy() if "status" in runs else runs.iloc[:0]
-    if done.empty or "wall_time_s" not in done:
-        return pd.DataFrame()
-    none = pd.Series(None, index=done.index, dtype=object)
-    kinds = [device_kind(d, c) for d, c in
-             zip(done.get("device", none), done.get("trainer.device", none), strict=True)]
-    done = done[[kind == "GPU" for kind in kinds]]
+    done = _timed_runs(runs)
+    done = done[done["device"] == "GPU"].copy() if len(done) else done
     if done.empty:
         return pd.DataFrame()
-    done["series"] = _series(done)
     done["minutes"] = pd.to_numeric(done["wall_time_s"], errors="coerce") / 60
     table = done.pivot_table(index=["task", "seq_len"], columns="series", values="minutes", aggfunc="sum")
     order = {mixer: i for i, mixer in enumerate(MIXERS)}

@@ -447,7 +447,7 @@ def test_what_the_seeds_and_the_longer_budget_changed() -> None:
 def test_gpu_minutes_per_cell_sum_every_gpu_run_of_the_cell() -> None:
     runs = pd.DataFrame([
         {"task": "mqar", "mixer": mixer, "variant": variant, "seq_len": 1024, "status": status,
-         "wall_time_s": wall, "device": device}
+         "wall_time_s": wall, "device": device, "steps": 100}
         for mixer, variant, status, wall, device in (
             ("kda", "", "completed", 120.0, "cuda:0"), ("kda", "", "diverged", 60.0, "cuda:1"),
             ("kda", "", "failed", 600.0, "cuda:0"), ("gdn", "", "completed", 30.0, "cuda:0"),
