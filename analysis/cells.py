@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.colours import mixer_order
+from analysis.lr_rule import median_steps, pick_lr
 
 SCORED = ("completed",)
 
@@ -108,6 +109,8 @@ def cells(runs: pd.DataFrame, unscored: pd.DataFrame | None = None) -> pd.DataFr
         n_seeds=("acc", "count"),
         steps_to_threshold=("steps_to_threshold", "median"),
         n_reached=("steps_to_threshold", lambda s: int(s.notna().sum())),
+        # the median run's, a run that never reached the threshold counted as the slowest: what picks the lr
+        steps_median=("steps_to_threshold", median_steps),
         state_size=("state_size", "mean"),
     ).reset_index()
     unscored = unscored if unscored is not None else runs.iloc[:0]
@@ -119,12 +122,16 @@ def cells(runs: pd.DataFrame, unscored: pd.DataFrame | None = None) -> pd.DataFr
 
 
 def best_lr(cell_table: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, series, length): the cell of the learning rate with the highest mean accuracy over its
-    completed seeds, with n_diverged / n_failed summed over every learning rate at that length."""
+    """Per (task, series, length): the cell of the learning rate that stands for it (analysis.lr_rule:
+    the highest mean accuracy over its completed seeds, the fewest steps to the threshold among means
+    within lr_rule.TIE of it), with n_diverged / n_failed summed over every learning rate at that length."""
     keys = ["task", "series", "seq_len"]
     scored = cell_table[cell_table["n_seeds"] > 0]
-    ordered = scored.sort_values(["acc_mean", "lr"], ascending=[False, True], kind="stable")
-    best = ordered.groupby(keys, sort=False).head(1).drop(columns=["n_diverged", "n_failed"])
+    picked = []
+    for _, group in scored.groupby(keys, sort=False):
+        lr = pick_lr({row.lr: (row.acc_mean / 100.0, row.steps_median) for row in group.itertuples()})
+        picked.append(group[group["lr"] == lr].index[0])
+    best = scored.loc[picked].drop(columns=["n_diverged", "n_failed"])
     totals = cell_table.groupby(keys, as_index=False)[["n_diverged", "n_failed"]].sum()
     best = best.merge(totals, on=keys, how="left")
     return best.sort_values(keys).reset_index(drop=True)

@@ -35,7 +35,8 @@ Conventions: accuracy of a run = its `best_eval_acc` (peak over training; `--met
 `best_train_acc`, the peak training accuracy that Kimi Linear's Fig. 4 plots), and only completed runs have
 one. A cell over seeds is the mean, its spread the standard deviation across seeds (population), drawn
 as a band (or an error bar) only where at least two seeds were measured; legends and the summary give n.
-The best learning rate is the one with the highest mean over its completed seeds. Diverged and failed
+The best learning rate (analysis.lr_rule) is the one with the highest mean over its completed seeds;
+where two means lie within lr_rule.TIE, the one that reaches the threshold in fewer steps. Diverged and failed
 runs are never an accuracy: each figure marks them in a grey strip below 0 % (a cross for diverged, a
 plus for failed, in the mixer's colour, with a legend entry), the heat maps name them in their cells,
 and the summary counts them per cell. Incomplete runs (interrupted, resumable) are listed in the summary

@@ -46,6 +46,7 @@ import pandas as pd
 from analysis.cells import budgets, longest_budget, max_trained_steps, series_name
 from analysis.collect import collect_dirs, read_table
 from analysis.fig_steps import eval_curve
+from analysis.lr_rule import median_steps, pick_lr
 
 MIXERS = ("kda", "gdn", "mamba2")  # the paper's order: the claims compare these
 METRICS = {"train": "best_train_acc", "eval": "best_eval_acc"}
@@ -102,8 +103,9 @@ def _series(frame: pd.DataFrame) -> pd.Series:
 
 
 def cell_table(runs: pd.DataFrame, metric: str = "train") -> pd.DataFrame:
-    """Per (task, series, length): the cell's best lr by `metric` (the highest mean over its runs, the
-    smaller lr on a tie, as the figures pick it), both metrics at that lr, steps to 0.9, acc at 2L."""
+    """Per (task, series, length): the cell's best lr by `metric` (analysis.lr_rule, as the figures pick
+    it: the highest mean over its runs, the fewest steps to 0.9 among means within lr_rule.TIE of it), both
+    metrics at that lr, steps to 0.9, acc at 2L."""
     done = runs[runs["status"] == "completed"].copy()
     if done.empty:
         return pd.DataFrame(
@@ -116,8 +118,11 @@ def cell_table(runs: pd.DataFrame, metric: str = "train") -> pd.DataFrame:
         row = {"task": task, "series": series, "seq_len": int(length)}
         lrs = pd.to_numeric(group["lr"], errors="coerce")
         score = _score(group, metric)
-        means = score.groupby(lrs).mean().dropna().sort_index()
-        row["lr"] = float(means.idxmax()) if len(means) else float(lrs.iloc[0])
+        means = score.groupby(lrs).mean().dropna()
+        to_threshold = group.get("steps_to_threshold", pd.Series(math.nan, index=group.index))
+        steps = {lr: median_steps(_steps(v) for v in to_threshold[lrs == lr]) for lr in means.index}
+        row["lr"] = (float(pick_lr({lr: (mean, steps[lr]) for lr, mean in means.items()})) if len(means)
+                     else float(lrs.iloc[0]))
         row["lrs"] = tuple(sorted(set(lrs.dropna().astype(float))))
         # every run at that lr (seeds, repeats): the cell's steps to 0.9 is their median, its spread kept
         at_lr = group[lrs == row["lr"]]
@@ -167,15 +172,6 @@ def _steps(value: Any) -> float:
     """Steps to 0.9 of one run; inf where it never got there."""
     number = pd.to_numeric(value, errors="coerce")
     return math.inf if pd.isna(number) else float(number)
-
-
-def median_steps(steps: tuple[float, ...]) -> float:
-    """The median of runs' steps to 0.9, "never" (NaN) where the median run never got there."""
-    if not steps:
-        return float("nan")
-    ordered, half = sorted(steps), len(steps) // 2
-    middle = ordered[half] if len(steps) % 2 else (ordered[half - 1] + ordered[half]) / 2
-    return float("nan") if math.isinf(middle) else middle
 
 
 def _steps_text(value: float) -> str:
@@ -749,10 +745,24 @@ def what_changed(runs: pd.DataFrame, metric: str = "train") -> list[str]:
                     f"| {_cell_text(cell, metric)} | {steps} |")
     lines += ["", f"Cells that moved ({METRICS[metric]} by more than {SLACK}, steps to 0.9 or best lr; "
               "the mean over the runs at the cell's best lr, their range in brackets):", ""]
-    if not rows:
-        return lines + ["None.", ""]
-    return lines + ["| task | mixer | L | first runs | all runs | steps |", "|---|---|---:|---|---|---:|",
-                    *rows, ""]
+    head = ["| task | mixer | L | first runs | all runs | steps |", "|---|---|---:|---|---|---:|"]
+    lines += [*head, *rows, ""] if rows else ["None.", ""]
+    return lines + _seeds_elsewhere(done[seed != seed.min()], after)
+
+
+def _seeds_elsewhere(extra: pd.DataFrame, cells: pd.DataFrame) -> list[str]:
+    """A line naming the further seeds that ran at an lr other than their cell's (which a cell's mean
+    leaves out: planned before the cell's best lr moved), if any."""
+    if extra.empty or cells.empty:
+        return []
+    lr_of = {(r["task"], r["series"], int(r["seq_len"])): r["lr"] for _, r in cells.iterrows()}
+    series = _series(extra)
+    away = sorted({f"{t} {s} {int(n)} (lr {float(lr):g}, the cell's {lr_of[(t, s, int(n))]:g})"
+                   for t, s, n, lr in zip(extra["task"], series, extra["seq_len"], extra["lr"], strict=True)
+                   if (t, s, int(n)) in lr_of and not math.isclose(float(lr), lr_of[(t, s, int(n))])})
+    if not away:
+        return []
+    return [f"Further seeds at an lr that is not their cell's, so in no mean above: {'; '.join(away)}.", ""]
 
 
 def _timed_runs(runs: pd.DataFrame) -> pd.DataFrame:

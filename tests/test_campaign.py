@@ -636,12 +636,12 @@ def test_missing_or_partial_parts_are_one_line_before_anything_starts(tmp_path: 
 
 
 def _scored(root: Path, name: str, overrides: list[str], acc: float | None, max_steps: int = 1000,
-            status: str = "completed", seq_len: int = 256) -> None:
+            status: str = "completed", seq_len: int = 256, to_threshold: int | None = None) -> None:
     run = root / name
     (run / ".hydra").mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({
         "status": status, "steps": max_steps, "seq_len": seq_len, "best_train_acc": acc,
-        "config": {"trainer.max_steps": max_steps}}))
+        "steps_to_threshold": to_threshold, "config": {"trainer.max_steps": max_steps}}))
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
 
 
@@ -748,6 +748,50 @@ def test_seeds_plans_every_cell_at_its_best_lr_of_the_grid_budget_leaving_held_s
         ("a", "1024", "1"), ("a", "1024", "2"), ("b", "1024", "2"), ("b", "256", "1"), ("b", "256", "2")]
     # every seed held: nothing left
     assert campaign.seeds([root], tmp_path, [0], "best_train_acc", [], {}).count("\nexperiment=") == 0
+
+
+def test_seeds_extend_the_report_and_the_figures_pick_one_lr_for_a_cell(tmp_path: Path) -> None:
+    campaign = _module()
+    import pandas as pd
+
+    from analysis import cells as figures
+    from analysis import report
+    root = tmp_path / "results" / "grid"
+    # (task, lr, seed, peak acc, steps to 0.9)
+    runs = [
+        # a: both lrs solve it, 5e-4 higher by noise: within lr_rule.TIE, the faster one (1e-3)
+        ("a", 1e-3, 0, 0.99998, 750), ("a", 5e-4, 0, 0.99999, 1500),
+        # b: one lucky seed at 1e-3 (0.95, 0.5) against two that agree at 5e-4 (0.9, 0.9): 5e-4 by the mean
+        ("b", 1e-3, 0, 0.95, 900), ("b", 1e-3, 1, 0.5, None), ("b", 5e-4, 0, 0.9, 2000),
+        ("b", 5e-4, 1, 0.9, 2100),
+        # c: the same peak and speed at both: the smaller lr, whichever run is read first
+        ("c", 1e-3, 0, 1.0, 500), ("c", 5e-4, 0, 1.0, 500),
+        # d: neither reaches 0.9 and the peaks are within TIE: the higher peak, never the speed
+        ("d", 1e-3, 0, 0.301, None), ("d", 5e-4, 0, 0.304, None),
+    ]
+    for task, lr, seed, acc, steps in runs:
+        _scored(root, f"{task}{lr}{seed}", ["experiment=e", "task.seq_len=1024", f"task={task}",
+                                            f"optim.lr={lr}", f"seed={seed}"], acc, seq_len=1024,
+                to_threshold=steps)
+    expected = {"a": 1e-3, "b": 5e-4, "c": 5e-4, "d": 5e-4}
+    plan = campaign.seeds([root], tmp_path, [1, 2], "best_train_acc", [], {})
+    picked = {task: float(line.split("optim.lr=")[1].split()[0])
+              for line in plan.splitlines() if not line.startswith("#")
+              for task in line.split("task=")[1].split()[0].split(",")}  # cells alike share a stage
+    assert picked == expected
+    # the report's table and the figures' cells say the same lrs
+    table = pd.DataFrame([{"task": t, "mixer": "kda", "seq_len": 1024, "lr": lr, "seed": seed,
+                           "status": "completed", "best_train_acc": acc, "best_eval_acc": acc,
+                           "steps_to_threshold": steps} for t, lr, seed, acc, steps in runs])
+    assert dict(zip(*report.cell_table(table)[["task", "lr"]].T.values, strict=True)) == expected
+    best = figures.best_lr(figures.cells(figures.scored_runs(table, "train")))
+    assert dict(zip(*best[["task", "lr"]].T.values, strict=True)) == expected
+    # extend judges a cell by that mean: b's lucky 0.95 does not hide a 0.9 cell (nor d's 0.301 and 0.304
+    # cells); b runs at 5e-4 with its best seed there (0)
+    extended = [line for line in campaign.extend([root], tmp_path, 20000, 0.99, "best_train_acc", [])
+                .splitlines() if not line.startswith("#")]
+    assert extended == ["experiment=e task.seq_len=1024 task=d,b optim.lr=0.0005 seed=0 "
+                        "hydra.sweep.dir=results/grid trainer.max_steps=20000"]
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [

@@ -354,6 +354,23 @@ def test_median_steps_counts_never_as_slowest() -> None:
     assert median_steps((500.0, 1500.0)) == 1000.0
     assert math.isnan(median_steps((500.0, math.inf, math.inf)))
     assert math.isnan(median_steps(()))
+    # None and NaN (a summary's "never") are the slowest too
+    assert median_steps((500.0, 900.0, None)) == 900.0
+    assert math.isnan(median_steps((500.0, None, float("nan"))))
+
+
+def test_pick_lr_takes_the_speed_only_between_peaks_within_the_tie() -> None:
+    from analysis.lr_rule import TIE, pick_lr
+    # within TIE the faster lr, even a little lower; beyond it the higher peak, however slow
+    assert pick_lr({1e-3: (0.999, 700.0), 5e-4: (1.0, 2000.0)}) == 1e-3
+    assert pick_lr({1e-3: (1.0 - 2 * TIE, 700.0), 5e-4: (1.0, 2000.0)}) == 5e-4
+    # a lr that never reaches the threshold is the slowest; among equals, the smaller lr
+    assert pick_lr({1e-3: (0.95, math.nan), 5e-4: (0.95, 4000.0)}) == 5e-4
+    assert pick_lr({1e-3: (0.5, None), 3e-4: (0.5, None), 5e-4: (0.5, None)}) == 3e-4
+    # an lr with no mean (its runs lacked the metric) is no candidate; none at all is an error
+    assert pick_lr({1e-3: (math.nan, 100.0), 5e-4: (0.2, None)}) == 5e-4
+    with pytest.raises(ValueError, match="no learning rate"):
+        pick_lr({1e-3: (math.nan, None)})
 
 
 def test_claim_2_says_when_its_gap_is_within_the_measured_run_to_run_spread() -> None:
@@ -442,6 +459,12 @@ def test_what_the_seeds_and_the_longer_budget_changed() -> None:
     # a seed at the grid's budget beside seed 0's longer run: the row says both budgets were averaged
     mixed = "\n".join(what_changed(pd.concat([runs, pd.DataFrame([run("kda", 1, 0.81)])], ignore_index=True)))
     assert "| 0.890 (0.810–0.970) at 0.001, 0.9 at never (n=2) | 5,000 and 20,000 |" in mixed
+    assert "Further seeds" not in text
+    # a seed planned at 5e-4 for a cell whose lr is 1e-3: in no mean, and said so
+    away = {**run("gdn", 3, 0.5), "lr": 5e-4}
+    elsewhere = "\n".join(what_changed(pd.concat([runs, pd.DataFrame([away])], ignore_index=True)))
+    assert ("Further seeds at an lr that is not their cell's, so in no mean above: palindrome gdn 2048 "
+            "(lr 0.0005, the cell's 0.001).") in elsewhere
 
 
 def test_gpu_minutes_per_cell_sum_every_gpu_run_of_the_cell() -> None:

@@ -65,6 +65,7 @@ import concurrent.futures as futures
 import io
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -81,6 +82,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from analysis.lr_rule import median_steps, pick_lr  # noqa: E402  (standard library only)
 from harness.caches import cache_dirs  # noqa: E402  (standard library only at import)
 from harness.gpus import visible_gpus, visible_subset  # noqa: E402  (standard library only)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
@@ -860,6 +862,7 @@ def _cell_runs(results: Path, metric: str) -> dict[tuple, list[dict[str, Any]]]:
             "overrides": ordered, "dir": run,
             "values": {k: _number(v) for k, v in (o.split("=", 1) for o in ordered)},
             "metric": float(value) if isinstance(value, (int, float)) and value == value else None,
+            "to_threshold": summary.get("steps_to_threshold"),
             "max_steps": (summary.get("config") or {}).get("trainer.max_steps", summary.get("steps")),
             "seq_len": summary.get("seq_len") or 0,
         })
@@ -905,13 +908,24 @@ def _cells_of(results: list[Path], source: Path, metric: str) -> Iterator[tuple[
             yield place, runs
 
 
-def _best_run(runs: list[dict[str, Any]], metric: str, notes: list[str]) -> dict[str, Any] | None:
-    """The run of `runs` highest on its metric; None, with a line in `notes`, where none has one."""
+def _best_run(runs: list[dict[str, Any]], metric: str,
+              notes: list[str]) -> tuple[dict[str, Any], float] | None:
+    """(the best run of `runs` at the cell's best lr, the mean metric there): the lr analysis.report and
+    the figures take for the cell (analysis.lr_rule: the highest mean, the fewest steps to the threshold
+    among means within lr_rule.TIE of it), so that seeds and longer runs land where the report counts
+    them; None, with a line in `notes`, where no run has a metric."""
     scored = [run for run in runs if run["metric"] is not None]
     if not scored:
         notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
         return None
-    return max(scored, key=lambda run: run["metric"])
+    by_lr: dict[float, list[dict[str, Any]]] = {}
+    for run in scored:
+        lr = run["values"].get("optim.lr")
+        by_lr.setdefault(float(lr) if isinstance(lr, (int, float)) else math.inf, []).append(run)
+    scores = {lr: (math.fsum(run["metric"] for run in group) / len(group),
+                   median_steps(run["to_threshold"] for run in group)) for lr, group in by_lr.items()}
+    lr = pick_lr(scores)
+    return max(by_lr[lr], key=lambda run: run["metric"]), scores[lr][0]
 
 
 def _plan_lines(stages: list[tuple[int, float, dict[str, list[str]]]], launcher: list[str]) -> list[str]:
@@ -939,22 +953,24 @@ def _stage_of(overrides: list[str], drop: tuple[str, ...], place: str) -> dict[s
 
 def extend(results: list[Path], source: Path, max_steps: int, below: float, metric: str,
            launcher: list[str]) -> str:
-    """A plan that trains every cell of `results` whose best finished run stayed below `below` on `metric`
-    again with trainer.max_steps=`max_steps`, at that run's overrides (its lr, its seed), into the same
-    results directory; cells that a run of at least that budget already holds are left out. Longest
-    sequences first; cells that differ in one key's values share a stage."""
+    """A plan that trains every cell of `results` whose finished runs at its best lr (_best_run) stayed
+    below `below` on `metric`, their mean, again with trainer.max_steps=`max_steps` at the overrides of
+    the best of them (its lr, its seed), into the same results directory; cells that a run of at least
+    that budget already holds are left out. Longest sequences first; cells that differ in one key's values
+    share a stage."""
     stages, notes = [], []
     for place, runs in _cells_of(results, source, metric):
         if any(isinstance(run["max_steps"], int) and run["max_steps"] >= max_steps for run in runs):
             continue
-        best = _best_run(runs, metric, notes)
-        if best is None or best["metric"] >= below:
+        picked = _best_run(runs, metric, notes)
+        if picked is None or picked[1] >= below:
             continue
+        best, mean = picked
         stage = _stage_of(best["overrides"], ("trainer.max_steps",), place)
         stage["trainer.max_steps"] = [str(max_steps)]
-        stages.append((best["seq_len"], best["metric"], stage))
-    head = (f"# extend: every cell of {', '.join(map(str, results))} whose best run has {metric} < "
-            f"{below:g}, again with trainer.max_steps={max_steps} at that run's lr and seed "
+        stages.append((best["seq_len"], mean, stage))
+    head = (f"# extend: every cell of {', '.join(map(str, results))} whose mean {metric} at its best lr "
+            f"is < {below:g}, again with trainer.max_steps={max_steps} at that lr and its best run's seed "
             f"({len(stages)} cell(s))")
     return "\n".join([head, *notes, *_plan_lines(stages, launcher)]) + "\n"
 
@@ -972,8 +988,8 @@ def parse_n_jobs(text: str) -> dict[int, str]:
 
 def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, launcher: list[str],
           n_jobs: dict[int, str]) -> str:
-    """A plan that trains every cell of `results` with each seed of `wanted` at the learning rate of its
-    best run among those of the grid's budget (the smallest trainer.max_steps of the cell: a longer run,
+    """A plan that trains every cell of `results` with each seed of `wanted` at its best learning rate
+    (_best_run) among the runs of the grid's budget (the smallest trainer.max_steps of the cell: a longer run,
     such as extend's, does not pick the lr), into the same results directory; seeds that the cell holds at
     that lr and budget are left out. A cell of length L runs with hydra.launcher.n_jobs=n_jobs[L] where
     given. Longest sequences first."""
@@ -981,9 +997,10 @@ def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, lau
     for place, runs in _cells_of(results, source, metric):
         budget = min((run["max_steps"] for run in runs if isinstance(run["max_steps"], int)), default=None)
         at_budget = [run for run in runs if run["max_steps"] == budget]
-        best = _best_run(at_budget, metric, notes) if at_budget else None
-        if best is None:
+        picked = _best_run(at_budget, metric, notes) if at_budget else None
+        if picked is None:
             continue
+        best, mean = picked
         lr = best["values"].get("optim.lr")
         held = {run["values"].get("seed") for run in at_budget if run["values"].get("optim.lr") == lr}
         missing = [str(seed) for seed in wanted if float(seed) not in held]
@@ -993,9 +1010,9 @@ def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, lau
         stage["seed"] = missing
         if best["seq_len"] in n_jobs:
             stage["hydra.launcher.n_jobs"] = [n_jobs[best["seq_len"]]]
-        stages.append((best["seq_len"], best["metric"], stage))
+        stages.append((best["seq_len"], mean, stage))
     head = (f"# seeds: every cell of {', '.join(map(str, results))} again with seed "
-            f"{','.join(map(str, wanted))} at the lr of its best run by {metric} ({len(stages)} cell(s) "
+            f"{','.join(map(str, wanted))} at its best lr by mean {metric} ({len(stages)} cell(s) "
             "with seeds to run)")
     return "\n".join([head, *notes, *_plan_lines(stages, launcher)]) + "\n"
 

@@ -1,0 +1,41 @@
+"""Which learning rate stands for a cell: one rule for the figures (analysis.cells), the report
+(analysis.report) and the plans that add seeds or steps to a cell (tools/campaign.py). Standard library
+only: the campaign imports it on a bare machine."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+# Mean accuracies (fractions) this close are one accuracy: two lrs that both solve a task peak at 0.99998
+# and 0.99997, and which is higher says nothing. The steps to the threshold decide between them instead
+# (Kimi Linear's claim 2 compares exactly those steps), then the higher mean, then the smaller lr.
+TIE = 0.005
+
+
+def median_steps(steps: Iterable[float | None]) -> float:
+    """The median of runs' steps to the threshold, a run that never got there (None, NaN or inf) counted
+    as the slowest; NaN where the median run never got there, or there are no runs."""
+    values = sorted(math.inf if s is None or s != s else float(s) for s in steps)
+    if not values:
+        return math.nan
+    half = len(values) // 2
+    middle = values[half] if len(values) % 2 else (values[half - 1] + values[half]) / 2
+    return math.nan if math.isinf(middle) else middle
+
+
+def pick_lr(scores: Mapping[float, tuple[float, float | None]]) -> float:
+    """The lr of `scores` ({lr: (mean accuracy as a fraction, median steps to the threshold or NaN)}) that
+    stands for the cell: the highest mean; among the lrs within TIE of it, the fewest steps to the
+    threshold (never reaching it counts as the most), then the higher mean, then the smaller lr. Lrs whose
+    mean is NaN (no run with the metric) are left out; ValueError where none is left."""
+    scored = {lr: (mean, steps) for lr, (mean, steps) in scores.items() if mean == mean}
+    if not scored:
+        raise ValueError("no learning rate with a mean accuracy to pick from")
+    top = max(mean for mean, _ in scored.values())
+
+    def order(lr: float) -> tuple[float, float, float]:
+        mean, steps = scored[lr]
+        return (math.inf if steps is None or steps != steps else steps, -mean, lr)
+
+    return min((lr for lr, (mean, _) in scored.items() if mean >= top - TIE), key=order)
