@@ -43,6 +43,27 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def signals_held(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM for the block and raise them again when it ends: what the block writes
+    and what the process then records about it stay one (a checkpoint on disk and the step the summary
+    says it holds). Off the main thread, where no handler can be set, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _frame: caught.append(signum))
+                for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:  # None: a handler set outside Python, which cannot be put back
+                signal.signal(signum, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
+
+
 # The pid of the sweep's own process, set by the hydra.callbacks entry (RunDirLock.on_multirun_start) for
 # the workers it starts.
 SWEEP_PID = "KDA_HARNESS_SWEEP_PID"

@@ -37,7 +37,7 @@ from harness.log import (
 )
 from harness.run import Progress, Run, build_run, make_summary, run_meta, save_checkpoint
 from harness.rundir import RunDir
-from harness.signals import sigterm_interrupts
+from harness.signals import signals_held, sigterm_interrupts
 from harness.step import clip_and_guard, evaluate_lengths, first_nonfinite, forward_backward
 from mixers.pattern import pattern_name
 
@@ -262,8 +262,10 @@ class Trainer:
         return record
 
     def _checkpoint(self) -> None:
-        save_checkpoint(self.run, self.progress, self.meta)
-        self.saved = self.progress.step
+        # an interrupt between the file and `saved` would record the older step as the checkpoint's
+        with signals_held():
+            save_checkpoint(self.run, self.progress, self.meta)
+            self.saved = self.progress.step
 
     def _diverged(self, divergence: str) -> str:
         self.meta["error"] = divergence

@@ -336,6 +336,31 @@ def test_sigterm_checkpoints_like_ctrl_c(tmp_path: Path) -> None:
         assert "interrupted (Terminated) inside step" in log and not (run_dir / "checkpoint.pt").exists()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_an_interrupt_just_after_a_checkpoint_is_written_records_that_checkpoints_step(
+        make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
+    """The signal lands between checkpoint.pt's rename and the trainer noting its step (the window a
+    campaign's `stop` hit once): the summary must name the step the file holds, which the resume takes."""
+    import harness.trainer as trainer
+
+    real, calls = trainer.save_checkpoint, []
+
+    def save_then_signal(*args: object) -> None:
+        real(*args)
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signum)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_signal)
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        cfg = make_cfg("trainer.max_steps=20", "trainer.checkpoint_every=4")
+        train(cfg, tmp_path, mixer_name="attention")
+    on_disk = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["progress"]["step"]
+    summary = _summary(tmp_path)
+    assert on_disk == 8 and summary["status"] == "incomplete"
+    assert summary["checkpoint_step"] == on_disk, (summary["checkpoint_step"], on_disk)
+
+
 # ---- analysis: one bad file never stops a table or a figure ----
 
 
