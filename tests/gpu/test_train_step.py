@@ -24,12 +24,14 @@ pytestmark = [
 ]
 
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
+# Kimi Linear's hybrid (model.pattern): three KDA layers and one of attention, in the short form
+HYBRID = "kda*3,attention"
 
 
 def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
     from harness import step as steps
     from mixers.model import LanguageModel
-    from mixers.pattern import mixer_yaml
+    from mixers.pattern import expand, mixer_yaml
 
     device = torch.device("cuda")
     task = OmegaConf.load(ROOT / "conf" / "task" / "mqar.yaml")
@@ -37,8 +39,10 @@ def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
     generate, vocab = steps.load_task(task)
     inputs, labels = generate(B, T, seed=0)
     torch.manual_seed(0)
-    model = LanguageModel(vocab, mixer_yaml(mixer),
-                          lean_backward=lean).to(device)
+    # a pattern's layers take their kinds' yamls; the `mixer` node is its first kind's
+    pattern = expand(mixer.split(",")) if "," in mixer else None
+    model = LanguageModel(vocab, mixer_yaml(pattern[0] if pattern else mixer), lean_backward=lean,
+                          **({"num_layers": len(pattern), "pattern": pattern} if pattern else {})).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = steps.make_optimizer(params, OmegaConf.load(ROOT / "conf" / "optim" / "adamw.yaml"))
     autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
@@ -46,7 +50,7 @@ def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
 
 
 @pytest.mark.parametrize("lean", [False, True], ids=["plain", "lean"])
-@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("mixer", [*MIXERS, HYBRID], ids=lambda m: "hybrid" if m == HYBRID else m)
 def test_no_sync_between_log_steps(mixer: str, lean: bool) -> None:
     steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
     batch = steps.make_batch(inputs, labels, device)
@@ -72,7 +76,9 @@ def _loss_and_grads(steps, model, features, params, batch, autocast):
 
 
 @pytest.mark.parametrize(("mixer", "lean"), [("kda", False), ("gdn", False), ("mamba2", False),
-                                             ("attention", False), ("kda", True), ("mamba2", True)])
+                                             ("attention", False), ("kda", True), ("mamba2", True),
+                                             (HYBRID, False)],
+                         ids=lambda v: "hybrid" if v == HYBRID else str(v))
 def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
     steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
     batch = steps.make_batch(inputs, labels, device)
@@ -91,6 +97,16 @@ def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
     _, compiled_bf16 = _loss_and_grads(steps, model, compiled, params, batch, autocast)
     for ref, eager, ours in zip(ref_grads, eager_bf16, compiled_bf16, strict=True):
         assert rel_rms(ref, ours) <= 2 * rel_rms(ref, eager) + 1e-2
+
+
+def test_hybrid_decodes_step_by_step_as_its_forward_on_the_gpu() -> None:
+    # the KDA layers' decode step is the Triton recurrent kernel here, the attention layer's a KV cache
+    steps, model, params, optimizer, autocast, inputs, labels, device = _setup(HYBRID, B=4, T=75)
+    with torch.no_grad():
+        logits = model(inputs).float()
+        caches = model.init_cache(4, device=device, dtype=torch.float32)
+        stepped = torch.stack([model.step(inputs[:, t], caches) for t in range(inputs.shape[1])], dim=1)
+    assert rel_rms(logits, stepped.float()) < 1e-3
 
 
 def test_non_finite_step_is_skipped_on_the_device() -> None:
