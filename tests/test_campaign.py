@@ -794,6 +794,80 @@ def test_seeds_extend_the_report_and_the_figures_pick_one_lr_for_a_cell(tmp_path
                         "hydra.sweep.dir=results/grid trainer.max_steps=20000"]
 
 
+def test_a_best_lr_cell_waits_for_its_cells_other_runs_then_takes_the_reports_lr(tmp_path: Path) -> None:
+    campaign = _module()
+    root = tmp_path / "results" / "grid"
+    head = ["experiment=e", "task.seq_len=1024"]
+    # kda: 1e-3 done (0.99998 at 750 steps); its 5e-4 run is still planned. gdn: both lrs done, 5e-4
+    # faster within the tie. mamba2: only one lr, done.
+    for mixer, lr, acc, steps in (("kda", "1e-3", 0.99998, 750), ("gdn", "1e-3", 0.99997, 2250),
+                                  ("gdn", "5e-4", 0.99999, 1500), ("mamba2", "1e-3", 0.5, None)):
+        _scored(root, f"{mixer}{lr}", [*head, "task=mqar", f"mixer={mixer}", f"optim.lr={lr}", "seed=0"], acc,
+                seq_len=1024, to_threshold=steps)
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=e task.seq_len=1024 task=mqar mixer=kda optim.lr=5e-4 seed=0\n"
+                    "experiment=e hydra.launcher.n_jobs=4 hydra.sweep.dir=results/grid optim.lr=best "
+                    "task.seq_len=1024 task=mqar mixer=kda,gdn,mamba2 seed=1,2\n")
+    cells = campaign.expand(campaign.read_plan(plan))
+    pending = list(range(len(cells)))
+    waiting = campaign.resolve_best(cells, pending, tmp_path)
+    # kda waits for its 5e-4 run; gdn takes 5e-4 (the faster within the tie), mamba2 its one lr
+    assert sorted(repr(cells[i]) for i in waiting) == ["stage 2 mixer=kda seed=1 optim.lr=best",
+                                                       "stage 2 mixer=kda seed=2 optim.lr=best"]
+    assert {c.values["mixer"]: c.values["optim.lr"] for c in cells[1:] if c.values["mixer"] != "kda"} == {
+        "gdn": "5e-4", "mamba2": "1e-3"}
+    # one multirun never mixes lrs: gdn's seeds go together, mamba2's apart
+    ready = [i for i in pending[1:] if i not in waiting]
+    group, _ = campaign.choose(cells, ready, float("inf"), {}, None)
+    assert [cells[i].values["mixer"] for i in group] == ["gdn", "gdn"]
+    assert campaign.group_overrides([cells[i] for i in group])[3:5] == ["optim.lr=5e-4", "task.seq_len=1024"]
+    # its 5e-4 run in (slower: 1,250 steps), kda's seeds take 1e-3
+    _scored(root, "kda5e-4", [*head, "task=mqar", "mixer=kda", "optim.lr=5e-4", "seed=0"], 0.99999,
+            seq_len=1024, to_threshold=1250)
+    waiting = campaign.resolve_best(cells, pending[1:], tmp_path)
+    assert waiting == {} and cells[1].values["optim.lr"] == "1e-3" and cells[1].values["seed"] == "1"
+
+
+@pytest.mark.slow  # real training runs through the detached supervisor: a minute on 2 cores
+def test_a_campaign_runs_a_best_lr_seed_after_its_cells_lrs_at_the_one_the_report_takes(
+        tmp_path: Path) -> None:
+    from analysis.lr_rule import pick_lr
+
+    checkout = _checkout(tmp_path)
+    plan = tmp_path / "plan.txt"
+    # the seed is planned first; it waits for its cell's two lrs and then runs at the one picked
+    plan.write_text(f"{TINY} mixer=kda optim.lr=best seed=1\n"
+                    f"{TINY} hydra.launcher.n_jobs=2 mixer=kda optim.lr=3e-3,1e-2\n")
+    result = _campaign("start", plan, "--source", checkout, "--work", tmp_path / "w", "--hold-minutes", 28,
+                       "--minutes", 3)
+    assert "supervisor stopped; finished here 3, in flight 0" in result.stdout, result.stdout
+    sweep = tmp_path / "w" / "src" / "results" / "campaign_test"
+    summaries = [json.loads(p.read_text()) for p in sweep.rglob("summary.json")]
+    first = {s["lr"]: (s["best_train_acc"], s["steps_to_threshold"]) for s in summaries if s["seed"] != 1}
+    (seeded,) = [s for s in summaries if s["seed"] == 1]
+    assert len(first) == 2 and seeded["lr"] == pick_lr(first)
+    log = (tmp_path / "w" / "campaign.log").read_text()
+    assert log.index("optim.lr=3e-3,1e-2") < log.index("seed=1") and "done: every cell has run" in log
+
+
+@pytest.mark.parametrize(("stage", "message"), [
+    ("experiment=e optim.lr=best mixer=kda",
+     "optim.lr=best stands alone and needs the stage's hydra.sweep.dir"),
+    ("experiment=e hydra.sweep.dir=r optim.lr=best,1e-3", "optim.lr=best stands alone"),
+])
+def test_a_best_lr_stage_is_refused_without_its_results_directory(tmp_path: Path, stage: str,
+                                                                   message: str) -> None:
+    plan = tmp_path / "plan.txt"
+    plan.write_text(stage + "\n")
+    result = subprocess.run([sys.executable, CAMPAIGN, "left", str(plan)], capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1
+    plan.write_text("experiment=e hydra.sweep.dir=r optim.lr=best\n")
+    whole = subprocess.run([sys.executable, CAMPAIGN, "start", str(plan), "--work", str(tmp_path / "w")],
+                           capture_output=True, text=True)
+    assert whole.returncode == 2 and "optim.lr=best in a plan needs --hold-minutes" in whole.stderr
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--n-jobs", "2048:8", "campaign: --n-jobs '2048:8': each item is LENGTH=JOBS, e.g. 2048=8,256=24"),
     ("--seeds", "one", "campaign: --seeds 'one': give integers, e.g. 1,2"),

@@ -25,8 +25,11 @@ PARTS...` puts them back into its copy, where train.py resumes each from its che
 a hold whose pending cells no longer fit starts the first of them anyway, for the stop to checkpoint.
 
 A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
-(`#` starts a comment). Only the standard library, harness/rundir.py and harness/caches.py are used
-here, so `wait` and `stop` need no Hydra.
+(`#` starts a comment). In a stage with its hydra.sweep.dir, `optim.lr=best` stands for each cell's lr as
+analysis.report takes it from the cell's finished runs there (analysis.lr_rule), picked cell by cell once
+no other cell of the plan still trains that cell (more seeds at the best lr; needs --hold-minutes).
+Only the standard library, harness/ and analysis/lr_rule.py are used here, so `wait` and `stop` need no
+Hydra.
 
 With `start ... --hold-minutes M` (the machine goes back M minutes after `start` began) the supervisor
 runs the plan cell by cell instead: each stage's comma-separated values expand into cells (their
@@ -94,6 +97,11 @@ HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 RUN_ROOTS = ("results", "runs")
 # the overrides that place a run's directory (a stage that sets both says where its run is written)
 SWEEP_PLACE = ("hydra.sweep.dir", "hydra.sweep.subdir")
+
+# A plan's `optim.lr=best`: the lr analysis.report takes for the cell (analysis.lr_rule), read from the
+# finished runs of the cell under the stage's hydra.sweep.dir once no other cell of the plan still trains
+# it, so that seeds planned before a cell's other lrs came in land where the report counts them.
+BEST_KEY, BEST = "optim.lr", "best"
 # Not copied to the work directory: version control, carried wheels, caches and checkpoints (restored
 # from there by --caches and --resume).
 SKIP = {".git", ".whl", ".device", ".gl", ".caches", ".resume", "__pycache__", ".pytest_cache", ".ruff_cache",
@@ -136,6 +144,12 @@ def read_plan(path: Path) -> list[list[str]]:
         if any(arg in ("-m", "--multirun") or not arg or "=" not in arg for arg in stage):
             raise CampaignError(f"plan {path}: stage {' '.join(stage)!r} must be key=value overrides only "
                                 "(the -m is added)")
+        best = [arg for arg in stage if arg.startswith(f"{BEST_KEY}=") and BEST in split_values(
+            arg.split("=", 1)[1])]
+        if best and (best[0] != f"{BEST_KEY}={BEST}" or not any(a.startswith(f"{SWEEP_PLACE[0]}=")
+                                                                 for a in stage)):
+            raise CampaignError(f"plan {path}: stage {' '.join(stage)!r}: {BEST_KEY}={BEST} stands alone "
+                                f"and needs the stage's {SWEEP_PLACE[0]}=DIR (where its cell's runs are)")
     return stages
 
 
@@ -188,8 +202,18 @@ class Cell:
             return None
         return None if "$" in subdir else str(Path(self.values[SWEEP_PLACE[0]]) / subdir)
 
+    def with_value(self, key: str, value: str) -> Cell:
+        """The cell with `key` set to `value`, that position counted as swept: cells of one stage whose
+        values there differ then run in separate blocks (product_block)."""
+        position = next(i for i, arg in enumerate(self.overrides) if arg.split("=", 1)[0] == key)
+        overrides = list(self.overrides)
+        overrides[position] = f"{key}={value}"
+        return Cell(self.stage, overrides, sorted({*self.swept, position}), self.n_jobs)
+
     def __repr__(self) -> str:
         swept = [self.overrides[i] for i in self.swept]
+        if self.values.get(BEST_KEY) == BEST:
+            swept.append(f"{BEST_KEY}={BEST}")
         return f"stage {self.stage + 1} " + (" ".join(swept) if swept else "(single run)")
 
 
@@ -651,6 +675,8 @@ def pack(work: Path, out: Path | None, running: bool = False) -> Path | None:
               f"{state.get('cells_pending', '-')}")
         for name, est in state.get("postponed", []):
             print(f"  postponed {name}: about {est / 60:.1f} min")
+        for name, why in state.get("waiting", []):
+            print(f"  waiting   {name}: {why}")
     if state.get("broken"):
         print(f"  BROKEN: {state['broken']}")
     if out is None or not groups["finished"]:
@@ -750,14 +776,18 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 # a cell that an earlier stage also held (a plan that runs a claim's cells first) is done
                 measured = finished_runs(src)
                 pending = [i for i in pending if not is_finished(cells[i], measured)]
-                estimates = estimates_of(cells, pending, measured, partial_runs(src), gpus)
-                group, postponed = choose(cells, pending, left, estimates, len(free), gpus)
-                if not group and not running and pending and state.get("fill") and left >= FILL_MIN_S:
+                waiting = resolve_best(cells, pending, src)
+                pending = [i for i in pending if not is_finished(cells[i], measured)]  # lr set: held?
+                ready = [i for i in pending if i not in waiting]
+                estimates = estimates_of(cells, ready, measured, partial_runs(src), gpus)
+                group, postponed = choose(cells, ready, left, estimates, len(free), gpus)
+                if not group and not running and ready and state.get("fill") and left >= FILL_MIN_S:
                     # the stop checkpoints it and --with-checkpoints carries it to the next machine
-                    group, _ = choose(cells, pending, float("inf"), estimates, len(free), gpus)
+                    group, _ = choose(cells, ready, float("inf"), estimates, len(free), gpus)
                     postponed = [i for i in postponed if i not in group]
                 state.update(cells_pending=len(pending),
-                             postponed=[(repr(cells[i]), estimates[i]) for i in postponed])
+                             postponed=[(repr(cells[i]), estimates[i]) for i in postponed],
+                             waiting=[(repr(cells[i]), why) for i, why in waiting.items()])
             if group:
                 lead = cells[group[0]]
                 need = -(-len(group) // per_gpu(lead, gpus))
@@ -782,8 +812,11 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 elif not pending:
                     ending = "done: every cell has run"
                 else:
+                    held = [i for i in pending if i in waiting]
                     ending = (f"done for this hold: none of the {len(pending)} pending cell(s) fits in the "
-                              f"{left / 60:.1f} min left; they run next stretch")
+                              f"{left / 60:.1f} min left" + (f" ({len(held)} wait to pick their lr: "
+                                                             f"{waiting[held[0]]})" if held else "")
+                              + "; they run next stretch")
                 break
             done, _ = futures.wait(list(running), timeout=5.0, return_when=futures.FIRST_COMPLETED)
             for future in done:
@@ -812,6 +845,9 @@ def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
     for i, cell in enumerate(cells):
         first.setdefault(cell.run_key, i)
     pending = [i for i in sorted(first.values()) if not is_finished(cells[i], runs)]
+    # a cell of optim.lr=best is priced whether or not its lr can be picked yet (the lr does not time it)
+    waiting = resolve_best(cells, pending, source)
+    pending = [i for i in pending if not is_finished(cells[i], runs)]
     estimates = estimates_of(cells, pending, runs, partial_runs(source), gpus)
     unknown, todo = 0, list(pending)
     free_at = [0.0] * max(1, gpus)
@@ -829,7 +865,8 @@ def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
         for i in group:
             est = estimates[i]
             print(f"  {cells[i]!r:60s} {'unknown' if est is None else f'{est / 60:5.1f} min'}{done_by}"
-                  + (f"  (with {len(group) - 1} other(s) at once)" if len(group) > 1 else ""))
+                  + (f"  (with {len(group) - 1} other(s) at once)" if len(group) > 1 else "")
+                  + (f"  (lr: {waiting[i]})" if i in waiting else ""))
         todo = [i for i in todo if i not in group]
     total = max(free_at)
     print(f"{len(pending)} of {len(first)} cells left in {', '.join(map(str, plans))}: at most "
@@ -867,6 +904,52 @@ def _cell_runs(results: Path, metric: str) -> dict[tuple, list[dict[str, Any]]]:
             "seq_len": summary.get("seq_len") or 0,
         })
     return cells
+
+
+def _identity(cell: Cell) -> dict[str, Any]:
+    """What makes the cell's runs one cell's (analysis.report's): its values less RUN_OF_CELL."""
+    return {k: _number(v) for k, v in cell.run_values.items() if k not in RUN_OF_CELL}
+
+
+def resolve_best(cells: list[Cell], pending: list[int], source: Path,
+                 metric: str = "best_train_acc") -> dict[int, str]:
+    """Set, in `cells`, the lr of each pending cell of optim.lr=best that no other pending cell of the
+    plan (of a given lr) shares its cell with: the cell's lr by analysis.lr_rule, as analysis.report
+    takes it, from the finished runs of the cell under the stage's hydra.sweep.dir (relative to `source`)
+    at the cell's grid budget (its smallest trainer.max_steps). Returns {index: why it waits} for the rest;
+    a waiting cell is not launched."""
+    waiting: dict[int, str] = {}
+    given = [j for j in pending if cells[j].values.get(BEST_KEY) != BEST]
+    found: dict[str, list[dict[str, Any]]] = {}
+    for i in pending:
+        cell = cells[i]
+        if cell.values.get(BEST_KEY) != BEST:
+            continue
+        mine = _identity(cell)
+        if any(_identity(cells[j]) == mine for j in given):
+            waiting[i] = "waits for the plan's other runs of its cell"
+            continue
+        place = cell.values[SWEEP_PLACE[0]]
+        if place not in found:
+            root = source / place
+            found[place] = ([r for runs in _cell_runs(root, metric).values() for r in runs] if root.is_dir()
+                            else [])
+        runs = [r for r in found[place] if all(r["values"].get(k) == v for k, v in mine.items())]
+        kinds = {tuple(sorted((k, str(v)) for k, v in r["values"].items() if k not in RUN_OF_CELL))
+                 for r in runs}
+        if len(kinds) > 1:
+            waiting[i] = (f"its overrides match the runs of {len(kinds)} cells under {place}: name the keys "
+                          "that tell them apart")
+            continue
+        budget = min((r["max_steps"] for r in runs if isinstance(r["max_steps"], int)), default=None)
+        picked = _best_run([r for r in runs if r["max_steps"] == budget], metric, []) if runs else None
+        lr = next((o.split("=", 1)[1] for o in picked[0]["overrides"] if o.startswith(f"{BEST_KEY}=")),
+                  None) if picked else None
+        if lr is None:
+            waiting[i] = f"no finished run of its cell under {place} with {metric} and its {BEST_KEY}"
+            continue
+        cells[i] = cell.with_value(BEST_KEY, lr)
+    return waiting
 
 
 def _merge(stages: list[dict[str, list[str]]]) -> list[dict[str, list[str]]]:
@@ -1068,6 +1151,9 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
         raise CampaignError(f"--work {work} is inside the checkout {source}: give a directory outside it "
                             "(e.g. /tmp/campaign), where a sync of the checkout cannot reach the runs")
     stages = [stage for plan in plans for stage in read_plan(plan)]
+    if hold_minutes is None and any(f"{BEST_KEY}={BEST}" in stage for stage in stages):
+        raise CampaignError(f"{BEST_KEY}={BEST} in a plan needs --hold-minutes: the cell by cell supervisor "
+                            "picks each cell's lr; a stage run whole would hand Hydra the word")
     work.mkdir(parents=True, exist_ok=True)
     (work / HOLD_FILE).unlink(missing_ok=True)  # an earlier campaign's
     snapshot(work, source)
