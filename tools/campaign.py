@@ -765,6 +765,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
     gpus = max(1, int(state.get("gpus", 1)))
     free = list(range(gpus))
     running: dict[futures.Future, tuple[list[int], list[int]]] = {}
+    waiting: dict[int, str] = {}
     ending = "stopped"
     with futures.ThreadPoolExecutor(max_workers=gpus) as pool:
         while not stopping:
