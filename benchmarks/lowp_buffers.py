@@ -35,6 +35,9 @@ not edited):
                operands and chunk states h are formed inside the kernels and rounded by none of these:
                bf16_all failing where every other variant trains points there.
 
+    rounded    every single variant above from inputs on, at once (VARIANT+VARIANT stacks any few): where
+               each alone trains and this trains too, what breaks bf16_all is inside the kernels
+
 Rounding is cast to bf16 and back, so a variant differs from fp32 in that buffer's precision only, not in
 the kernels' dot operands. Each patch counts the values it changed: a variant whose patch never changed a
 value fails (a patch that silently does nothing); one whose buffer the plan does not keep is `absent`,
@@ -47,7 +50,8 @@ Writes DIR/lowp_buffers.csv (variant, step, loss, finite) and DIR/lowp_buffers.m
 row per variant: the first non-finite step, the loss at a few steps). Rows of variants not run this time
 are kept from an earlier run into the same DIR.
 
-On the H200 (each variant ~1 min at B=256; three commands under the 10-minute limit):
+On the H200 (each variant ~1 min at B=256; three commands under the 10-minute limit), after the three
+that split the question in two (`--variants fp32 bf16_all rounded`):
 
     python -m benchmarks.lowp_buffers --out $OUT/lowp --variants fp32 bf16_all m partial
     python -m benchmarks.lowp_buffers --out $OUT/lowp --variants saved_w saved_h saved_qg saved_kd \
@@ -77,9 +81,26 @@ OTHER_SAVED = ("aqk", "akk", "linv", "kg", "x")
 # bf16 (A_kk stays fp32 there when training; U follows v's dtype in both paths)
 FORWARD = {"intra": ("intra_fwd", "intra_forward", (0, 2, 3, 4)), "linv": ("solve", "solve", (0,)),
            "wu": ("solve", "wu", (0,))}
-VARIANTS = ("fp32", "bf16_all", "inputs", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED),
-            *(f"fwd_{f}" for f in FORWARD))
+SINGLE = ("inputs", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED), *(f"fwd_{f}" for f in FORWARD))
+# every buffer the 16-bit path keeps in bf16, rounded at once on the fp32 path: where each alone trains, this
+# against bf16_all tells the stored buffers together from what only the kernels themselves do in 16 bits
+# (their bf16 dot operands, the states h formed in them, the solve's single TF32 products)
+ROUNDED = "rounded"
+VARIANTS = ("fp32", "bf16_all", *SINGLE, ROUNDED)
 ALL_VARIANTS = (*VARIANTS, *(f"saved_{f}" for f in OTHER_SAVED))
+
+
+def parts(variant: str) -> list[str]:
+    """The single patches a variant stacks: `rounded` all of SINGLE, `m+partial` those two, else itself.
+    ValueError naming the choices for one that is not a variant."""
+    names = list(SINGLE) if variant == ROUNDED else variant.split("+")
+    single = ALL_VARIANTS if len(names) == 1 else tuple(v for v in ALL_VARIANTS if v not in (
+        "fp32", "bf16_all", ROUNDED))
+    for name in names:
+        if name not in single:
+            raise ValueError(f"variant {variant!r} is unknown; use one of {ALL_VARIANTS}, or several of "
+                             f"{SINGLE} joined by '+'")
+    return names
 FIELDS = ["variant", "step", "loss", "finite"]
 REPORT_STEPS = (1, 50, 100, 150, 200, 250)
 
@@ -123,7 +144,15 @@ def _patched(module: Any, name: str,
 
 @contextlib.contextmanager
 def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
-    """The variant's patch around the op, for the duration of the context; `counter` counts its effect."""
+    """The variant's patch around the op, for the duration of the context; `counter` counts its effect.
+    A variant of several parts (`rounded`, `m+partial`) stacks theirs."""
+    names = parts(variant)
+    if len(names) > 1:
+        with contextlib.ExitStack() as stack:
+            for name in names:
+                stack.enter_context(variant_patch(name, model, counter))
+            yield
+        return
     import torch
 
     from kernels.triton import chunk, dqk_bwd, intra_bwd
@@ -325,7 +354,8 @@ def write(out: Path, rows: list[dict[str, Any]], statuses: dict[str, str], heade
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=ALL_VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), metavar="VARIANT",
+                        help=f"of {', '.join(ALL_VARIANTS)}, or single ones joined by '+' (e.g. m+partial)")
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=256)
@@ -335,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more train.py overrides (e.g. a smaller model for the CPU check)")
     args = parser.parse_args(argv)
+    for variant in args.variants:
+        try:
+            parts(variant)
+        except ValueError as error:
+            parser.error(str(error))
     if args.device == "cpu":
         # before triton is imported
         os.environ["TRITON_INTERPRET"] = "1"

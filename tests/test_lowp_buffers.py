@@ -69,6 +69,26 @@ def test_inputs_hands_the_op_q_and_k_as_bf16_hands_them_and_rounds_their_gradien
     assert _bf16_exact(q.grad) and not _bf16_exact(q.detach())
 
 
+def test_a_variant_of_several_parts_applies_each_and_undoes_them() -> None:
+    q, k, v, g, beta = _inputs()
+    outputs, counts = {}, {}
+    for variant in ("fwd_intra", "fwd_linv", "fwd_intra+fwd_linv"):
+        model = SimpleNamespace(mixers=[SimpleNamespace(chunk_op=triton_chunk)])
+        counter = lowp_buffers.Counter()
+        with lowp_buffers.variant_patch(variant, model, counter):
+            outputs[variant], _ = model.mixers[0].chunk_op(q, k, v, g, beta, chunk_size=16)
+        assert model.mixers[0].chunk_op is triton_chunk
+        counts[variant] = counter.changed
+    both = outputs["fwd_intra+fwd_linv"]
+    # both roundings in: the output is neither one's alone, and every value either rounded is counted
+    assert not torch.equal(both, outputs["fwd_intra"]) and not torch.equal(both, outputs["fwd_linv"])
+    assert counts["fwd_intra+fwd_linv"] >= max(counts["fwd_intra"], counts["fwd_linv"]) > 0
+    assert lowp_buffers.parts("rounded") == list(lowp_buffers.SINGLE)
+    for bad in ("m+fp32", "m+nope", "rounded+m"):
+        with pytest.raises(ValueError, match="joined by"):
+            lowp_buffers.parts(bad)
+
+
 @pytest.mark.parametrize("variant", ["fwd_nope", "intra"])
 def test_an_unknown_variant_names_the_choices(variant: str) -> None:
     model = SimpleNamespace(mixers=[])
