@@ -279,18 +279,21 @@ class Trainer:
     def _interrupted(self, interrupt: BaseException) -> None:
         """Stopped from outside (Ctrl-C; submitit exits with SystemExit after SLURM's SIGUSR2 and requeues
         the job): keep every finished step, so that re-launching resumes exactly here."""
-        if self.at_step_boundary:
-            self._checkpoint()
-            log.warning("interrupted (%s) after step %d: checkpoint saved, re-launch to resume",
-                        type(interrupt).__name__, self.progress.step)
-        else:
-            saved = self.saved
-            resume = (f"re-launching resumes from the checkpoint of step {saved}" if saved is not None
-                      else "no checkpoint was saved yet: re-launching starts again from step 0")
-            log.warning("interrupted (%s) inside step %d: %s", type(interrupt).__name__, self.progress.step,
-                        resume)
-        # an interrupt inside a step leaves `steps` one step or more past what the checkpoint keeps
-        self.meta["checkpoint_step"] = self.saved
+        try:
+            if self.at_step_boundary:
+                self._checkpoint()
+                log.warning("interrupted (%s) after step %d: checkpoint saved, re-launch to resume",
+                            type(interrupt).__name__, self.progress.step)
+            else:
+                saved = self.saved
+                resume = (f"re-launching resumes from the checkpoint of step {saved}" if saved is not None
+                          else "no checkpoint was saved yet: re-launching starts again from step 0")
+                log.warning("interrupted (%s) inside step %d: %s", type(interrupt).__name__,
+                            self.progress.step, resume)
+        finally:
+            # an interrupt inside a step leaves `steps` one step or more past what the checkpoint keeps; a
+            # second Ctrl-C, held through the checkpoint above, is raised as it ends
+            self.meta["checkpoint_step"] = self.saved
         if self.wandb is not None:
             self.wandb.summary["status"] = "incomplete"
             self.wandb.finish(exit_code=1)

@@ -361,6 +361,31 @@ def test_an_interrupt_just_after_a_checkpoint_is_written_records_that_checkpoint
     assert summary["checkpoint_step"] == on_disk, (summary["checkpoint_step"], on_disk)
 
 
+def test_a_second_ctrl_c_during_the_interrupts_checkpoint_keeps_it_and_its_step(
+        make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.trainer as trainer
+
+    real, calls = trainer.save_checkpoint, []
+
+    def save_with_a_second_ctrl_c(*args: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:  # the interrupt's own checkpoint (the first is step 4's)
+            signal.raise_signal(signal.SIGINT)
+        real(*args)
+
+    def interrupted_at_step_6(self: object, step: int, *args: object) -> None:
+        if step == 6:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_with_a_second_ctrl_c)
+    monkeypatch.setattr(trainer.ProgressLog, "after_step", interrupted_at_step_6)
+    cfg = make_cfg("trainer.max_steps=20", "trainer.checkpoint_every=4")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path, mixer_name="attention")
+    on_disk = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["progress"]["step"]
+    assert on_disk == 6 and _summary(tmp_path)["checkpoint_step"] == 6
+
+
 # ---- analysis: one bad file never stops a table or a figure ----
 
 
