@@ -915,10 +915,10 @@ def _identity(cell: Cell) -> dict[str, Any]:
 def resolve_best(cells: list[Cell], pending: list[int], source: Path,
                  metric: str = "best_train_acc") -> dict[int, str]:
     """Set, in `cells`, the lr of each pending cell of optim.lr=best that no other pending cell of the
-    plan (of a given lr) shares its cell with: the cell's lr by analysis.lr_rule, as analysis.report
-    takes it, from the finished runs of the cell under the stage's hydra.sweep.dir (relative to `source`)
-    at the cell's grid budget (its smallest trainer.max_steps). Returns {index: why it waits} for the rest;
-    a waiting cell is not launched."""
+    plan (of a given lr, at the same trainer.max_steps) shares its cell with: the cell's lr by
+    analysis.lr_rule, as analysis.report takes it, from the finished runs of the cell under the stage's
+    hydra.sweep.dir (relative to `source`) at the cell's grid budget (its smallest trainer.max_steps).
+    Returns {index: why it waits} for the rest; a waiting cell is not launched."""
     waiting: dict[int, str] = {}
     given = [j for j in pending if cells[j].values.get(BEST_KEY) != BEST]
     found: dict[str, list[dict[str, Any]]] = {}
@@ -927,7 +927,10 @@ def resolve_best(cells: list[Cell], pending: list[int], source: Path,
         if cell.values.get(BEST_KEY) != BEST:
             continue
         mine = _identity(cell)
-        if any(_identity(cells[j]) == mine for j in given):
+        # (at its own budget: a longer run of the cell, planned later, does not pick the lr)
+        own_steps = _number(cell.values.get("trainer.max_steps"))
+        if any(_identity(cells[j]) == mine and _number(cells[j].values.get("trainer.max_steps")) == own_steps
+               for j in given):
             waiting[i] = "waits for the plan's other runs of its cell"
             continue
         place = cell.values[SWEEP_PLACE[0]]
