@@ -34,6 +34,8 @@
 #   pilot       500  experiment=kimi_fig4_h200 at L=512 for 1,000 steps, lr 1e-3, 3 runs at a time
 # Alone (one 10-minute command each; all into OUT/lowp): which of the chunk op's 16-bit buffers makes KDA's
 # bf16 training go non-finite (benchmarks/lowp_buffers.py, Palindrome L=2048, 250 steps a variant):
+#   lowp_split  420  the fp32 path, the whole 16-bit path, and every buffer it stores rounded at once on the
+#                    fp32 path: the stored buffers together, or what only happens inside the kernels
 #   lowp        540  the fp32 path, the whole 16-bit path, M_qk/M_kk and the partial dq/dk rounded to bf16
 #   lowp_saved  540  the saved W, h, Q exp(G), K exp(G_last - G), A_qk, A_kk rounded to bf16, one at a time
 #   lowp_fwd    500  q, k into the op; the forward's A_qk and decayed Q, K, its L, its W: rounded, one at a time
@@ -65,7 +67,7 @@ for s in ${2:-kernels}; do
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
-compile|paper_packing|pilot|lowp|lowp_saved|lowp_fwd|revcheck|revbench) steps+=("$s") ;;
+compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|revcheck|revbench) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -260,6 +262,8 @@ for step in "${steps[@]}"; do
       brief 500 python3 train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu task.seq_len=512 \
         optim.lr=1e-3 trainer.max_steps=1000 "hydra.sweep.dir=$OUT/pilot"
       find "$OUT/pilot" -name '*.pt' -delete ;;  # checkpoints: the summaries and metrics are the result
+    lowp_split)
+      brief 420 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants fp32 bf16_all rounded ;;
     lowp)
       brief 540 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants fp32 bf16_all m partial ;;
     lowp_saved)
