@@ -831,7 +831,7 @@ def test_a_best_lr_cell_waits_for_its_cells_other_runs_then_takes_the_reports_lr
     assert waiting == {} and cells[1].values["optim.lr"] == "1e-3" and cells[1].values["seed"] == "1"
 
 
-@pytest.mark.slow  # real training runs through the detached supervisor: a minute on 2 cores
+@pytest.mark.slow  # three tiny training runs through the detached supervisor
 def test_a_campaign_runs_a_best_lr_seed_after_its_cells_lrs_at_the_one_the_report_takes(
         tmp_path: Path) -> None:
     from analysis.lr_rule import pick_lr
