@@ -34,6 +34,8 @@ not edited):
                the 16-bit path too), fwd_linv (the solve's L), fwd_wu (W). The 16-bit path's dot
                operands and chunk states h are formed inside the kernels and rounded by none of these:
                bf16_all failing where every other variant trains points there.
+    bwd_F      fp32 path, the reverse state pass's dVt (bwd_dvt) or dh (bwd_dh) rounded where it returns
+               them, as the 16-bit path stores them, for the stages of the backward that read them
 
     rounded    every single variant above from inputs on, at once (VARIANT+VARIANT stacks any few): where
                each alone trains and this trains too, what breaks bf16_all is inside the kernels
@@ -81,7 +83,11 @@ OTHER_SAVED = ("aqk", "akk", "linv", "kg", "x")
 # bf16 (A_kk stays fp32 there when training; U follows v's dtype in both paths)
 FORWARD = {"intra": ("intra_fwd", "intra_forward", (0, 2, 3, 4)), "linv": ("solve", "solve", (0,)),
            "wu": ("solve", "wu", (0,))}
-SINGLE = ("inputs", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED), *(f"fwd_{f}" for f in FORWARD))
+# the same for the reverse state pass: dVt follows q's dtype and dh the saved h's, so both are bf16 there
+BACKWARD = {"dvt": ("state_bwd", "state_backward", (0,)), "dh": ("state_bwd", "state_backward", (1,))}
+STAGES = {**{f"fwd_{f}": stage for f, stage in FORWARD.items()},
+          **{f"bwd_{f}": stage for f, stage in BACKWARD.items()}}
+SINGLE = ("inputs", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED), *STAGES)
 # every buffer the 16-bit path keeps in bf16, rounded at once on the fp32 path: where each alone trains, this
 # against bf16_all tells the stored buffers together from what only the kernels themselves do in 16 bits
 # (their bf16 dot operands, the states h formed in them, the solve's single TF32 products)
@@ -237,8 +243,8 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
                 return chunk_forward
 
             stack.enter_context(_patched(chunk, "chunk_forward", rounding_saved))
-        elif variant.startswith("fwd_") and variant.removeprefix("fwd_") in FORWARD:
-            module_name, function, positions = FORWARD[variant.removeprefix("fwd_")]
+        elif variant in STAGES:
+            module_name, function, positions = STAGES[variant]
             module = importlib.import_module(f"kernels.triton.{module_name}")
 
             def rounding_returned(original: Callable[..., Any]) -> Callable[..., Any]:

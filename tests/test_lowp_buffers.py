@@ -69,6 +69,26 @@ def test_inputs_hands_the_op_q_and_k_as_bf16_hands_them_and_rounds_their_gradien
     assert _bf16_exact(q.grad) and not _bf16_exact(q.detach())
 
 
+@pytest.mark.parametrize("variant", ["bwd_dvt", "bwd_dh"])
+def test_a_backward_variant_moves_the_gradients_and_leaves_the_output(variant: str) -> None:
+    q, k, v, g, beta = _inputs()
+    grads = {}
+    for name in ("fp32", variant):
+        # dk: the reverse state pass's dVt and dh reach it (dq reads the forward's states, not these)
+        leaf = k.clone().requires_grad_(True)
+        model = SimpleNamespace(mixers=[SimpleNamespace(chunk_op=triton_chunk)])
+        counter = lowp_buffers.Counter()
+        with lowp_buffers.variant_patch(name, model, counter):
+            o, _ = model.mixers[0].chunk_op(q, leaf, v, g, beta, chunk_size=16)
+            o.square().sum().backward()
+        grads[name] = (o.detach(), leaf.grad)
+        assert counter.changed > 0
+    (o_ref, dk_ref), (o_var, dk_var) = grads["fp32"], grads[variant]
+    torch.testing.assert_close(o_var, o_ref, rtol=0, atol=0)
+    difference = (dk_var - dk_ref).abs().max().item()
+    assert 0 < difference < 0.05 * dk_ref.abs().max().item()
+
+
 def test_a_variant_of_several_parts_applies_each_and_undoes_them() -> None:
     q, k, v, g, beta = _inputs()
     outputs, counts = {}, {}
