@@ -39,7 +39,7 @@
 #   lowp        540  the fp32 path, the whole 16-bit path, M_qk/M_kk and the partial dq/dk rounded to bf16
 #   lowp_saved  540  the saved W, h, Q exp(G), K exp(G_last - G), A_qk, A_kk rounded to bf16, one at a time
 #   lowp_fwd    500  q, k into the op; the forward's A_qk and decayed Q, K, its L, its W: rounded, one at a time
-#   lowp_bwd    300  the reverse state pass's dVt and dh (bf16 in the 16-bit path): rounded, one at a time
+#   lowp_bwd    420  the op's output o (and so dO), the reverse state pass's dVt and dh: rounded, one at a time
 # Two trees (group `compare`: revcheck revbench; REV a git revision, checked out into a temporary worktree,
 # or a folder holding one's tree, e.g. from `git archive REV kernels tests benchmarks | tar -x -C .rev` on a
 # machine with the checkout but not its history):
@@ -273,7 +273,7 @@ for step in "${steps[@]}"; do
     lowp_fwd)
       brief 500 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants inputs fwd_intra fwd_linv fwd_wu ;;
     lowp_bwd)
-      brief 300 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants bwd_dvt bwd_dh ;;
+      brief 420 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants output bwd_dvt bwd_dh ;;
     revcheck)
       for tree in "$OLD" "$ROOT"; do
         dir="$OUT/compare/$(side "$tree")"

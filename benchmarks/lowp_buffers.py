@@ -22,6 +22,8 @@ not edited):
     bf16_all   q, k, v cast to bf16 before the op: its whole 16-bit path (the one that diverged)
     inputs     fp32 path, q and k rounded to bf16 before the op (and so dq, dk through the casts), as
                bf16_all hands them, but still fp32
+    output     fp32 path, the op's output o rounded to bf16 as the 16-bit path returns it (and so dO, its
+               gradient, on the way back)
     m          fp32 path, M_qk and M_kk rounded to bf16 between dvt's backward (writes) and the intra
                backward (reads)
     partial    fp32 path, the partial dq, dk rounded to bf16 before the stage that finishes them
@@ -87,7 +89,7 @@ FORWARD = {"intra": ("intra_fwd", "intra_forward", (0, 2, 3, 4)), "linv": ("solv
 BACKWARD = {"dvt": ("state_bwd", "state_backward", (0,)), "dh": ("state_bwd", "state_backward", (1,))}
 STAGES = {**{f"fwd_{f}": stage for f, stage in FORWARD.items()},
           **{f"bwd_{f}": stage for f, stage in BACKWARD.items()}}
-SINGLE = ("inputs", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED), *STAGES)
+SINGLE = ("inputs", "output", "m", "partial", *(f"saved_{f}" for f in DEFAULT_SAVED), *STAGES)
 # every buffer the 16-bit path keeps in bf16, rounded at once on the fp32 path: where each alone trains, this
 # against bf16_all tells the stored buffers together from what only the kernels themselves do in 16 bits
 # (their bf16 dot operands, the states h formed in them, the solve's single TF32 products)
@@ -176,7 +178,10 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
                 raise RuntimeError(f"{variant}: the op got q {q.dtype}, k {k.dtype}; want its fp32 path")
             elif variant == "inputs":
                 q, k = counter.rounded(q), counter.rounded(k)
-            return op(q, k, v, *args, **kwargs)
+            out = op(q, k, v, *args, **kwargs)
+            if variant == "output":  # o as the 16-bit path returns it; its gradient dO comes back rounded
+                return (counter.rounded(out[0]), *out[1:])
+            return out
 
         return called
 
@@ -186,7 +191,7 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
             stack.callback(setattr, mixer, "chunk_op", op)
         if variant == "fp32":
             counter.changed += 1  # nothing to patch: the reference
-        elif variant in ("bf16_all", "inputs"):
+        elif variant in ("bf16_all", "inputs", "output"):
             pass  # the op's entry casts or rounds (above)
         elif variant == "m":
 

@@ -69,6 +69,24 @@ def test_inputs_hands_the_op_q_and_k_as_bf16_hands_them_and_rounds_their_gradien
     assert _bf16_exact(q.grad) and not _bf16_exact(q.detach())
 
 
+def test_output_hands_on_o_as_the_16_bit_path_returns_it_and_rounds_its_gradient() -> None:
+    q, k, v, g, beta = _inputs()
+    weights = torch.randn(q.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(1))
+    leaf = q.clone().requires_grad_(True)
+    model = SimpleNamespace(mixers=[SimpleNamespace(chunk_op=triton_chunk)])
+    counter = lowp_buffers.Counter()
+    with lowp_buffers.variant_patch("output", model, counter):
+        o, _ = model.mixers[0].chunk_op(leaf, k, v, g, beta, chunk_size=16)
+    (o * weights).sum().backward()
+    # the same op with dO = the weights rounded to bf16, as the cast hands them back
+    plain_leaf = q.clone().requires_grad_(True)
+    plain, _ = triton_chunk(plain_leaf, k, v, g, beta, chunk_size=16)
+    (plain * weights.bfloat16().float()).sum().backward()
+    assert counter.changed > 0 and o.dtype == torch.float32
+    torch.testing.assert_close(o.detach(), plain.detach().bfloat16().float(), rtol=0, atol=0)
+    torch.testing.assert_close(leaf.grad, plain_leaf.grad, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("variant", ["bwd_dvt", "bwd_dh"])
 def test_a_backward_variant_moves_the_gradients_and_leaves_the_output(variant: str) -> None:
     q, k, v, g, beta = _inputs()
