@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 # Mean accuracies (fractions) this close are one accuracy: two lrs that both solve a task peak at 0.99998
 # and 0.99997, and which is higher says nothing. The steps to the threshold decide between them instead
@@ -39,3 +40,19 @@ def pick_lr(scores: Mapping[float, tuple[float, float | None]]) -> float:
         return (math.inf if steps is None or steps != steps else steps, -mean, lr)
 
     return min((lr for lr, (mean, _) in scored.items() if mean >= top - TIE), key=order)
+
+
+def cell_lr(runs: Iterable[tuple[Any, float | None, float | None]]) -> tuple[Any, float] | None:
+    """(the lr pick_lr takes, the mean accuracy there) from a cell's runs as (lr, accuracy as a fraction,
+    steps to the threshold or None / NaN): the mean and the median steps of each lr over its runs with an
+    accuracy; None where no run has one."""
+    by_lr: dict[Any, list[tuple[float, float | None]]] = {}
+    for lr, acc, steps in runs:
+        if acc is not None and acc == acc:
+            by_lr.setdefault(lr, []).append((acc, steps))
+    if not by_lr:
+        return None
+    scores = {lr: (math.fsum(acc for acc, _ in group) / len(group), median_steps(s for _, s in group))
+              for lr, group in by_lr.items()}
+    lr = pick_lr(scores)
+    return lr, scores[lr][0]

@@ -46,7 +46,7 @@ import pandas as pd
 from analysis.cells import budgets, longest_budget, max_trained_steps, series_name
 from analysis.collect import collect_dirs, read_table
 from analysis.fig_steps import eval_curve
-from analysis.lr_rule import median_steps, pick_lr
+from analysis.lr_rule import cell_lr, median_steps
 
 MIXERS = ("kda", "gdn", "mamba2")  # the paper's order: the claims compare these
 METRICS = {"train": "best_train_acc", "eval": "best_eval_acc"}
@@ -118,11 +118,10 @@ def cell_table(runs: pd.DataFrame, metric: str = "train") -> pd.DataFrame:
         row = {"task": task, "series": series, "seq_len": int(length)}
         lrs = pd.to_numeric(group["lr"], errors="coerce")
         score = _score(group, metric)
-        means = score.groupby(lrs).mean().dropna()
         to_threshold = group.get("steps_to_threshold", pd.Series(math.nan, index=group.index))
-        steps = {lr: median_steps(_steps(v) for v in to_threshold[lrs == lr]) for lr in means.index}
-        row["lr"] = (float(pick_lr({lr: (mean, steps[lr]) for lr, mean in means.items()})) if len(means)
-                     else float(lrs.iloc[0]))
+        runs_by_lr = zip(lrs, score, to_threshold, strict=True)
+        picked = cell_lr((lr, acc, _steps(steps)) for lr, acc, steps in runs_by_lr if lr == lr)
+        row["lr"] = float(picked[0]) if picked else float(lrs.iloc[0])
         row["lrs"] = tuple(sorted(set(lrs.dropna().astype(float))))
         # every run at that lr (seeds, repeats): the cell's steps to 0.9 is their median, its spread kept
         at_lr = group[lrs == row["lr"]]

@@ -266,8 +266,6 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
                 return stage
 
             stack.enter_context(_patched(module, function, rounding_returned))
-        else:
-            raise ValueError(f"variant {variant!r} is unknown; use one of {ALL_VARIANTS}")
         yield
 
 

@@ -373,6 +373,16 @@ def test_pick_lr_takes_the_speed_only_between_peaks_within_the_tie() -> None:
         pick_lr({1e-3: (math.nan, None)})
 
 
+
+def test_cell_lr_means_each_lrs_runs_with_an_accuracy_and_picks_by_the_rule() -> None:
+    from analysis.lr_rule import cell_lr
+    # 1e-3: (0.999 + 0.997) / 2 at median 700 steps; 5e-4: 1.0 at 2,000: within TIE, the faster
+    runs = [(1e-3, 0.999, 600.0), (1e-3, 0.997, 800.0), (5e-4, 1.0, 2000.0), (5e-4, math.nan, 10.0),
+            (3e-4, None, 5.0)]
+    assert cell_lr(runs) == (1e-3, pytest.approx(0.998))
+    assert cell_lr([(1e-3, None, None), (5e-4, math.nan, 100.0)]) is None
+
+
 def test_claim_2_says_when_its_gap_is_within_the_measured_run_to_run_spread() -> None:
     # one run a mixer, KDA 3x sooner: reproduced, and no spread measured, so no caveat
     claim = judge(_claim2_cells((250.0,), (750.0,)))[1]

@@ -85,7 +85,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.lr_rule import median_steps, pick_lr  # noqa: E402  (standard library only)
+from analysis.lr_rule import cell_lr  # noqa: E402  (standard library only)
 from harness.caches import cache_dirs  # noqa: E402  (standard library only at import)
 from harness.gpus import visible_gpus, visible_subset  # noqa: E402  (standard library only)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
@@ -939,14 +939,14 @@ def resolve_best(cells: list[Cell], pending: list[int], source: Path,
             found[place] = ([r for runs in _cell_runs(root, metric).values() for r in runs] if root.is_dir()
                             else [])
         runs = [r for r in found[place] if all(r["values"].get(k) == v for k, v in mine.items())]
+        # (by value: two launches that typed an override apart are still one cell)
         kinds = {tuple(sorted((k, str(v)) for k, v in r["values"].items() if k not in RUN_OF_CELL))
                  for r in runs}
         if len(kinds) > 1:
             waiting[i] = (f"its overrides match the runs of {len(kinds)} cells under {place}: name the keys "
                           "that tell them apart")
             continue
-        budget = min((r["max_steps"] for r in runs if isinstance(r["max_steps"], int)), default=None)
-        picked = _best_run([r for r in runs if r["max_steps"] == budget], metric, []) if runs else None
+        picked = _best_run(_at_grid_budget(runs), metric, []) if runs else None
         lr = next((o.split("=", 1)[1] for o in picked[0]["overrides"] if o.startswith(f"{BEST_KEY}=")),
                   None) if picked else None
         if lr is None:
@@ -1001,18 +1001,24 @@ def _best_run(runs: list[dict[str, Any]], metric: str,
     the figures take for the cell (analysis.lr_rule: the highest mean, the fewest steps to the threshold
     among means within lr_rule.TIE of it), so that seeds and longer runs land where the report counts
     them; None, with a line in `notes`, where no run has a metric."""
-    scored = [run for run in runs if run["metric"] is not None]
-    if not scored:
+    def lr_of(run: dict[str, Any]) -> float:
+        lr = run["values"].get("optim.lr")
+        return float(lr) if isinstance(lr, (int, float)) else math.inf
+
+    picked = cell_lr((lr_of(run), run["metric"], run["to_threshold"]) for run in runs)
+    if picked is None:
         notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
         return None
-    by_lr: dict[float, list[dict[str, Any]]] = {}
-    for run in scored:
-        lr = run["values"].get("optim.lr")
-        by_lr.setdefault(float(lr) if isinstance(lr, (int, float)) else math.inf, []).append(run)
-    scores = {lr: (math.fsum(run["metric"] for run in group) / len(group),
-                   median_steps(run["to_threshold"] for run in group)) for lr, group in by_lr.items()}
-    lr = pick_lr(scores)
-    return max(by_lr[lr], key=lambda run: run["metric"]), scores[lr][0]
+    lr, mean = picked
+    return max((run for run in runs if run["metric"] is not None and lr_of(run) == lr),
+               key=lambda run: run["metric"]), mean
+
+
+def _at_grid_budget(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of a cell at its grid's budget, its smallest trainer.max_steps: a longer run, such as
+    extend's, does not pick the cell's lr."""
+    budget = min((run["max_steps"] for run in runs if isinstance(run["max_steps"], int)), default=None)
+    return [run for run in runs if run["max_steps"] == budget]
 
 
 def _plan_lines(stages: list[tuple[int, float, dict[str, list[str]]]], launcher: list[str]) -> list[str]:
@@ -1082,8 +1088,7 @@ def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, lau
     given. Longest sequences first."""
     stages, notes = [], []
     for place, runs in _cells_of(results, source, metric):
-        budget = min((run["max_steps"] for run in runs if isinstance(run["max_steps"], int)), default=None)
-        at_budget = [run for run in runs if run["max_steps"] == budget]
+        at_budget = _at_grid_budget(runs)
         picked = _best_run(at_budget, metric, notes) if at_budget else None
         if picked is None:
             continue
