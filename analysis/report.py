@@ -15,7 +15,9 @@ Each claim is marked `reproduced`, `not reproduced` (with the cells that contrad
   claim 2 says where a gap is not yet a ranking (single runs against a larger spread between the runs of
   any one cell, or runs that overlap).
 
-Where the grid can differ from the paper: the cells below 0.99 that ran their whole step budget, with
+Where the grid can differ from the paper: per cell where claim 1's order breaks, what could hold back the
+mixer behind (a budget it ended still learning, fewer learning rates than the paper's, one seed); the cells
+below 0.99 that ran their whole step budget, with
 their eval acc at 80% of the steps and at the end (still learning or not); Mamba2 beside Mamba2 without its
 short convolution where both ran; MQAR's load per length (pairs, queries, pairs per key dimension of a
 layer, recall targets a step) and, where KDA solves MQAR at 2048 against claim 4, which unpinned choice
@@ -196,8 +198,10 @@ def judge(
     metric: str = "train",
     lengths: tuple[int, ...] = (256, 512, 1024, 2048),
     max_steps: int | None = None,
+    learning: set[tuple[str, str, int]] | None = None,
 ) -> list[dict[str, str]]:
-    """The four claims: [{claim, verdict, evidence}]."""
+    """The four claims: [{claim, verdict, evidence}]. `learning`: the (task, series, length) cells still
+    learning when their step budget ended (budget_table), named where they break claim 1's order."""
     table = _pivot(cells, metric) if not cells.empty else pd.DataFrame()
     tasks = ("palindrome", "mqar", "stack")
 
@@ -210,13 +214,17 @@ def judge(
     verdicts = []
     # 1. KDA >= GDN >= Mamba2 everywhere
     missing, against = [], []
+    learning = learning or set()
     for task in tasks:
         for length in lengths:
             k, g, m = (acc(task, length, s) for s in MIXERS)
             if any(pd.isna(x) for x in (k, g, m)):
                 missing.append(f"{task}@{length}")
             elif not (k >= g - SLACK and g >= m - SLACK):
-                against.append(f"{task}@{length}: kda {k:.2f}, gdn {g:.2f}, mamba2 {m:.2f}")
+                behind = [low for low, _ in _order_breaks({"kda": k, "gdn": g, "mamba2": m})
+                          if (task, low, length) in learning]
+                note = f" ({' and '.join(behind)} still learning at its last step)" if behind else ""
+                against.append(f"{task}@{length}: kda {k:.2f}, gdn {g:.2f}, mamba2 {m:.2f}{note}")
     verdicts.append(
         _verdict(
             "1. KDA >= GDN >= Mamba2 on every task at every length",
@@ -311,6 +319,12 @@ def judge(
     return verdicts
 
 
+def _order_breaks(acc: dict[str, float]) -> list[tuple[str, str]]:
+    """Claim 1's order at one cell: each (mixer behind, the mixer it should not be behind) beyond SLACK."""
+    return [(first, second) for first, second in zip(MIXERS, MIXERS[1:], strict=False)
+            if acc[first] < acc[second] - SLACK]
+
+
 def _spread_caveat(
     task: str,
     kda: int | None,
@@ -376,6 +390,57 @@ def budget_table(cells: pd.DataFrame) -> pd.DataFrame:
                      "steps_run": int(ran), "acc_late": late, "acc_end": end, "still_learning": learning})
     columns = ["task", "series", "seq_len", "steps_run", "acc_late", "acc_end", "still_learning"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def claim1_section(cells: pd.DataFrame, metric: str, budget: pd.DataFrame) -> list[str]:
+    """Per cell where claim 1's order breaks, what of this grid could hold back the mixer that falls behind:
+    a step budget it ended still learning (or flat), fewer learning rates than the paper's, one seed. More
+    steps and more learning rates can only raise a cell, so they explain a mixer behind, never one ahead."""
+    table = _pivot(cells, metric) if not cells.empty else pd.DataFrame()
+    if table.empty or not set(MIXERS) <= set(table.columns):
+        return []
+    ended = {(r["task"], r["series"], r["seq_len"]): r for _, r in budget.iterrows()}
+    by_cell = cells.set_index(["task", "series", "seq_len"])
+    lines = []
+    for (task, length), row in table[list(MIXERS)].dropna().iterrows():
+        acc = {m: float(row[m]) for m in MIXERS}
+        breaks = _order_breaks(acc)
+        if not breaks:
+            continue
+        order = "; ".join(f"{low} {acc[low]:.2f} behind {high} {acc[high]:.2f}" for low, high in breaks)
+        reasons = []
+        for low in dict.fromkeys(low for low, _ in breaks):
+            cell = by_cell.loc[(task, low, int(length))]
+            said = []
+            end = ended.get((task, low, int(length)))
+            if end is not None:
+                rise = (f"eval acc {_fmt(end['acc_late'], '.3f')} at 80% of its steps, "
+                        f"{_fmt(end['acc_end'], '.3f')} at the end")
+                if end["still_learning"]:
+                    said.append(f"still learning when its {end['steps_run']:,} steps ended ({rise}): the "
+                                f"paper's {PAPER_STEPS:,} steps may lift it")
+                elif end["still_learning"] is None:
+                    said.append(f"ran its whole {end['steps_run']:,} steps (no curve tells whether it was "
+                                "still learning)")
+                else:
+                    said.append(f"flat over the last 20% of its {end['steps_run']:,} steps ({rise}): more "
+                                "steps alone are unlikely to lift it")
+            lrs = cell["lrs"] if isinstance(cell.get("lrs"), tuple) else ()
+            if 0 < len(lrs) < len(PAPER_LRS):
+                said.append(f"{len(lrs)} of the paper's {len(PAPER_LRS)} learning rates run ({_lrs(lrs)})")
+            runs = cell.get("runs")
+            if pd.notna(runs) and int(runs) == 1:
+                said.append("one seed, so where it lies in the seed spread is unknown")
+            reasons.append(f"{low}: " + ("; ".join(said) if said else "none of the step budget, the learning "
+                                         "rates or the seeds holds it back here"))
+        lines.append(f"- {task}@{int(length)}: {order}. {'. '.join(reasons)}.")
+    if not lines:
+        return []
+    return ["### Claim 1's cells", "",
+            "Where the order KDA >= GDN >= Mamba2 breaks, what of this grid could hold back the mixer behind "
+            "(more steps and more learning rates can only raise a cell; one seed may lie anywhere in the "
+            "seed spread):",
+            "", *lines, ""]
 
 
 def _lrs(lrs: tuple[float, ...]) -> str:
@@ -642,8 +707,9 @@ def load_tests(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[str
 
 def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train") -> list[str]:
     """The report's section on the grid's unpinned choices, each with the cells that show its effect."""
-    lines = ["## Where this grid can differ from the paper", "", "### The step budget", ""]
     budget = budget_table(cells)
+    lines = ["## Where this grid can differ from the paper", "", *claim1_section(cells, metric, budget),
+             "### The step budget", ""]
     ran = budgets(runs)
     lines.append(
         f"The paper trains {PAPER_STEPS:,} steps, this grid {ran or 'the max_steps it ran'}, so a cell still "
@@ -830,7 +896,9 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
     runs = longest_budget(runs)
     superseded = len(all_runs) - len(runs)
     cells = cell_table(runs, metric)
-    verdicts = judge(cells, metric, max_steps=max_trained_steps(runs))
+    budget = budget_table(cells)
+    learning = {(r["task"], r["series"], r["seq_len"]) for _, r in budget.iterrows() if r["still_learning"]}
+    verdicts = judge(cells, metric, max_steps=max_trained_steps(runs), learning=learning)
     counts = all_runs["status"].value_counts().to_dict() if "status" in all_runs else {}
     lines = [
         f"# Kimi Linear Fig. 4 on this harness: {source}",

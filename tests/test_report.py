@@ -227,6 +227,39 @@ def test_report_lists_the_cells_still_learning_when_their_step_budget_ended(tmp_
     assert "- max_steps: 1,000" in parameters and "MQAR key-value pairs" not in parameters
 
 
+def test_claim_1_names_what_could_hold_back_the_mixer_behind(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    # palindrome@256: kda behind gdn, still rising at its last eval
+    _run(sweep, "palindrome", 256, "kda", [0.2, 0.4, 0.5, 0.6, 0.7])
+    _run(sweep, "palindrome", 256, "gdn", [0.9, 0.9, 0.9, 0.9, 0.9])
+    _run(sweep, "palindrome", 256, "mamba2", [0.3, 0.4, 0.5, 0.5, 0.5])
+    # stack@256: gdn behind mamba2, flat over its last 20%
+    _run(sweep, "stack", 256, "kda", [0.9, 0.95, 0.95, 0.95, 0.95])
+    _run(sweep, "stack", 256, "gdn", [0.5, 0.6, 0.6, 0.6, 0.6])
+    _run(sweep, "stack", 256, "mamba2", [0.7, 0.8, 0.8, 0.8, 0.8])
+    # mqar@256: in the claim's order
+    for mixer, acc in (("kda", 0.9), ("gdn", 0.8), ("mamba2", 0.7)):
+        _run(sweep, "mqar", 256, mixer, [acc] * 5)
+    out = tmp_path / "REPORT.md"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    text = out.read_text()
+    claim = next(line for line in text.splitlines() if line.startswith("| 1. "))
+    assert "palindrome@256: kda 0.71, gdn 0.91, mamba2 0.51 (kda still learning at its last step)" in claim
+    # gdn at stack@256 was flat: nothing said of it there
+    assert "; stack@256: kda 0.96, gdn 0.61, mamba2 0.81 (missing" in claim
+    assert "mqar@256" not in claim
+    section = _section(text, "Claim 1's cells")
+    items = [line for line in section.splitlines() if line.startswith("- ")]
+    assert len(items) == 2, section
+    palindrome = next(i for i in items if i.startswith("- palindrome@256"))
+    assert "kda 0.71 behind gdn 0.91" in palindrome and "still learning when its 1,000 steps ended" in palindrome
+    assert "0.600 at 80% of its steps, 0.700 at the end" in palindrome and "20,000 steps may lift it" in palindrome
+    assert "1 of the paper's 4 learning rates run (1e-3)" in palindrome and "one seed" in palindrome
+    stack = next(i for i in items if i.startswith("- stack@256"))
+    assert "gdn 0.61 behind mamba2 0.81" in stack and "flat over the last 20%" in stack
+    assert "kda:" not in stack and "still learning" not in stack
+
+
 def test_report_sets_mamba2_beside_mamba2_without_its_short_conv(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     _run(sweep, "palindrome", 256, "mamba2", [0.5, 0.9])
