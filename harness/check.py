@@ -92,7 +92,11 @@ def preflight(cfg: DictConfig, job_num: int | None = None, mixer_name: str | Non
         kinds = ({mixer_name: configs} if pattern is None
                  else {name: configs[name] for name in expand(pattern)})
         for name, mixer_cfg in kinds.items():
-            build_mixer(mixer_cfg, cfg.model.d_model, layer_idx=0, name=name)
+            layer = build_mixer(mixer_cfg, cfg.model.d_model, layer_idx=0, name=name)
+            try:
+                layer.check_device(device)
+            except ValueError as error:
+                raise ValueError(f"mixer {name!r}: {error}") from error
     except ValueError as error:
         raise ConfigError(str(error)) from error
     return Preflight(device=device, precision=effective_precision(cfg.trainer.precision, device.type))

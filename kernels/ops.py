@@ -237,9 +237,33 @@ def _import_triton():  # noqa: ANN202 (returns the kernels.triton module)
     return triton_ops
 
 
+def resolved_backend(backend: str, device: torch.device) -> str:
+    """What `backend` runs as for tensors on `device`: auto is triton on CUDA, torch elsewhere."""
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return backend
+
+
+def check_chunk_sizes(backend: str, device: torch.device, head_dim: int, value_dim: int,
+                      chunk_size: int) -> None:
+    """ValueError, naming the mixer key and the fix, where the chunked op could not run with these sizes
+    on `device`: a run finds it while checking its config instead of at its first step."""
+    if resolved_backend(backend, device) != "triton":
+        return
+    limits = _import_triton()
+    other = "or mixer.backend=torch (the chunkwise torch op: any size, slower)"
+    for key, size in (("head_dim", head_dim), ("value_dim", value_dim)):
+        if size not in limits.HEAD_SIZES:
+            raise ValueError(f"{key}={size}: the Triton kernels, which run this layer on {device}, take "
+                             f"{', '.join(map(str, limits.HEAD_SIZES))}; choose one, {other}")
+    if chunk_size not in limits.CHUNK_SIZES:
+        raise ValueError(f"chunk_size={chunk_size}: the Triton kernels, which run this layer on {device}, "
+                         f"take {', '.join(map(str, limits.CHUNK_SIZES))}; choose one, {other}")
+
+
 def _resolve(op: str, backend: str, q: torch.Tensor) -> str:
     if backend == "auto":
-        return "triton" if q.is_cuda else "torch"
+        return resolved_backend(backend, q.device)
     if backend == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
         # Triton itself would only say that it found 0 active drivers
         raise ValueError(

@@ -42,3 +42,7 @@ class Mixer(nn.Module):
 
     def state_size(self, seq_len: int | None = None) -> int:
         raise NotImplementedError
+
+    def check_device(self, device: torch.device) -> None:
+        """Raise ValueError (the key, the value, the fix) where this layer's settings cannot run on `device`,
+        e.g. a kernel's size limits; a run calls it while checking its config. Nothing by default."""

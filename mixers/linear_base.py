@@ -34,6 +34,7 @@ import kernels
 from kernels import family
 from kernels.conv import short_conv
 from kernels.family import Decay
+from kernels.ops import check_chunk_sizes
 from mixers.base import Mixer
 from mixers.recompute import gated_rms_norm_projection, l2_norm, recomputed, shared_cast, wide
 
@@ -242,6 +243,9 @@ class LinearMixer(Mixer):
                 self.o_gate_proj = nn.Sequential(nn.Linear(d_model, rank, bias=False), nn.Linear(rank, H * V))
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
         self.chunk_op, self.step_op = OPS[(self.decay, self.delta_rule)]
+
+    def check_device(self, device: torch.device) -> None:
+        check_chunk_sizes(self.backend, device, self.head_dim, self.value_dim, self.chunk_size)
 
     @classmethod
     def with_paper_defaults(cls, skeleton: dict[str, Any]) -> dict[str, Any]:

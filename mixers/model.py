@@ -54,8 +54,12 @@ def build_mixer(mixer_cfg: Mapping[str, Any] | DictConfig, d_model: int, layer_i
     try:
         mixer = hydra.utils.instantiate(cfg, d_model=d_model, layer_idx=layer_idx)
     except Exception as error:  # Hydra wraps the constructor's TypeError/ValueError in InstantiationException
+        cause = error.__cause__ or error
+        if isinstance(cause, ValueError):
+            # the constructor's own check names the value and the fix; the whole config would bury it
+            raise ValueError(f"mixer {name!r}: {cause}") from error
         raise ValueError(f"mixer {name!r} ({target}) could not be built with {OmegaConf.to_container(cfg)}: "
-                         f"{error.__cause__ or error}; it accepts {accepted}") from error
+                         f"{cause}; it accepts {accepted}") from error
     if not isinstance(mixer, nn.Module):
         raise ValueError(f"mixer {name!r}: _target_ {target} built a {type(mixer).__name__}, "
                          "not an nn.Module")

@@ -216,6 +216,42 @@ def test_impossible_values_and_added_keys_are_refused(
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize(
+    ("mixer", "override", "named"),
+    [
+        ("kda", "mixer.head_dim=96", r"mixer 'kda': head_dim=96: the Triton kernels, which run this "
+                                     r"layer on cuda:0, take 16, 32, 64, 128, 256; choose one, or "
+                                     r"mixer.backend=torch"),
+        ("gdn", "mixer.value_dim=48", r"mixer 'gdn': value_dim=48: .* take 16, 32, 64, 128, 256"),
+        ("kda", "mixer.chunk_size=128", r"mixer 'kda': chunk_size=128: .* take 16, 32, 64; choose one"),
+    ],
+)
+def test_sizes_the_gpu_kernels_cannot_run_are_refused_before_the_first_step(
+    make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mixer: str, override: str, named: str
+) -> None:
+    """On a GPU (auto runs the Triton kernels there) a head size or chunk size they do not take is a config
+    error, found before anything is written; the torch backend, or the CPU, takes any size."""
+    monkeypatch.setattr("harness.check.resolve_device", lambda spec, job_num=None: torch.device("cuda", 0))
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=named):
+        train(make_cfg(*SHORT, f"mixer={mixer}", override), run_dir, mixer_name=mixer)
+    assert not run_dir.exists()
+    from harness.check import preflight
+
+    for fine in ((override, "mixer.backend=torch"), ("mixer.head_dim=64", "mixer.chunk_size=32")):
+        preflight(make_cfg(*SHORT, f"mixer={mixer}", *fine), mixer_name=mixer)
+    monkeypatch.undo()
+    preflight(make_cfg(*SHORT, f"mixer={mixer}", override), mixer_name=mixer)
+
+
+def test_a_constructor_check_is_one_short_line_not_the_whole_mixer_config(make_cfg: MakeCfg) -> None:
+    from harness.check import preflight
+
+    with pytest.raises(ConfigError) as caught:
+        preflight(make_cfg(*SHORT, "mixer=kda", "mixer.chunk_size=10"), mixer_name="kda")
+    assert str(caught.value) == "mixer 'kda': chunk_size=10; it must be a power of two >= 16 (e.g. 64)"
+
+
 def test_resume_with_a_changed_config_is_refused_or_recorded(
     make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

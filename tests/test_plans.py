@@ -1,5 +1,6 @@
 """Every committed campaign plan (results/*/*.txt) is one that train.py would run: each cell's overrides
-compose with the real config and pass the launch's checks, so a typo is found here, not on a lent GPU."""
+compose with the real config and pass the launch's checks (as on a GPU), so a typo is found here, not on a
+lent GPU."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 import harness.config  # noqa: F401  (registers the structured schema)
@@ -29,7 +31,11 @@ def test_the_plans_are_found() -> None:
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=[str(p.relative_to(ROOT / "results")) for p in PLANS])
-def test_every_cell_of_a_committed_plan_composes_and_passes_preflight(plan: Path) -> None:
+def test_every_cell_of_a_committed_plan_composes_and_passes_preflight(
+    plan: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # checked as on the GPU the plans run on, where the Triton kernels' size limits apply
+    monkeypatch.setattr("harness.check.resolve_device", lambda spec, job_num=None: torch.device("cuda", 0))
     campaign = _campaign()
     cells = campaign.expand(campaign.read_plan(plan))
     assert cells
