@@ -416,9 +416,12 @@ def claim1_section(cells: pd.DataFrame, metric: str, budget: pd.DataFrame) -> li
             if end is not None:
                 rise = (f"eval acc {_fmt(end['acc_late'], '.3f')} at 80% of its steps, "
                         f"{_fmt(end['acc_end'], '.3f')} at the end")
-                if end["still_learning"]:
+                if end["still_learning"] and end["steps_run"] < PAPER_STEPS:
                     said.append(f"still learning when its {end['steps_run']:,} steps ended ({rise}): the "
                                 f"paper's {PAPER_STEPS:,} steps may lift it")
+                elif end["still_learning"]:
+                    said.append(f"still learning when its {end['steps_run']:,} steps ended ({rise}), the "
+                                "paper's budget or more")
                 elif end["still_learning"] is None:
                     said.append(f"ran its whole {end['steps_run']:,} steps (no curve tells whether it was "
                                 "still learning)")

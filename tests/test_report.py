@@ -260,6 +260,16 @@ def test_claim_1_names_what_could_hold_back_the_mixer_behind(tmp_path: Path) -> 
     assert "gdn 0.61 behind mamba2 0.81" in stack and "flat over the last 20%" in stack
     assert "kda:" not in stack and "still learning" not in stack
 
+    # at the paper's budget, more steps are no longer what the grid lacks
+    longer = tmp_path / "longer"
+    _run(longer, "palindrome", 256, "kda", [0.2, 0.4, 0.5, 0.6, 0.7], max_steps=20_000)
+    _run(longer, "palindrome", 256, "gdn", [0.9] * 5, max_steps=20_000)
+    _run(longer, "palindrome", 256, "mamba2", [0.5] * 5, max_steps=20_000)
+    assert main([str(longer), "--out", str(out)]) == 0
+    item = _section(out.read_text(), "Claim 1's cells")
+    assert "still learning when its 20,000 steps ended" in item and "the paper's budget or more" in item
+    assert "may lift it" not in item
+
 
 def test_report_sets_mamba2_beside_mamba2_without_its_short_conv(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
