@@ -28,7 +28,10 @@
 #                    plain and lean; the fused softmax and SwiGLU kernels; a non-finite step skipped
 #   conv         60  the short-conv kernels against their reference, and timed (tests/gpu/check_conv.py)
 #   loss         60  the LM head + loss alone: full logits, torch, fused, FLA (speed loss)
-#   step        300  every mixer's whole step, MQAR + Palindrome, T 256/1024/2048, ours plain and lean, FLA
+#   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default and eager, FLA's layers
+#                    where WHEELS has them: the rows of benchmarks/results/h200_step/ carried in and only
+#                    the missing ones measured (--resume), so the table fills over sessions; STEP_ARGS narrows
+#                    it (e.g. "--lengths 1024 --impls ours")
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
 #   paper_packing 400  sweep_packing --preset paper --jobs 3: paper-size runs packed against serial
 #   pilot       500  experiment=kimi_fig4_h200 at L=512 for 1,000 steps, lr 1e-3, 3 runs at a time
@@ -49,7 +52,13 @@
 #                   alternately, ROUNDS (2) times; OUT/compare/compare.md: each side's median, their ratio
 #
 # From the environment, besides: WHEELS (.whl files or folders of them, installed --no-deps into a temporary
-# folder on PYTHONPATH, never into the environment: fla-core for FLA's rows, Hydra's launchers for packing);
+# folder on PYTHONPATH, never into the environment: FLA's layers for its rows, Hydra's launchers for packing;
+# FLA's, about 31 MB, built here for the device's Python and carried as .whl-fla/:
+#   python -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --platform \
+#     manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl-fla \
+#     flash-linear-attention==0.6.0 && rm .whl-fla/numpy-* .whl-fla/kernels-*
+# numpy is the image's; `kernels` (a dependency of transformers) would shadow nothing of ours, whose folder
+# comes first on sys.path, but is not needed);
 # AUTOTUNE_SEED (Triton autotuning results, e.g. an earlier OUT/triton_autotune, copied into the cache
 # first); TRITON_CACHE_DIR; ALT (KEY=VALUE,... launch settings checked, compiled and profiled beside the
 # defaults by verify and occupancy) and ALT_OPS.
@@ -253,7 +262,10 @@ for step in "${steps[@]}"; do
     loss)
       brief 60 "${speed[@]}" loss --out "$OUT/loss" ;;
     step)
-      brief 300 python3 -m benchmarks.step --out "$OUT/step" --lean ;;
+      mkdir -p "$OUT/step"
+      cp "$ROOT"/benchmarks/results/h200_step/bench_train*.csv "$OUT/step/" 2>/dev/null
+      # shellcheck disable=SC2086
+      brief 540 python3 -m benchmarks.step --out "$OUT/step" --resume ${STEP_ARGS:-} ;;
     compile)
       brief 200 python3 -m benchmarks.step --out "$OUT/compile" --lengths 1024 --tasks mqar \
         --mixers kda gdn mamba2 attention --impls ours --compile ;;

@@ -47,20 +47,39 @@ def test_bench_train_smoke(tmp_path: Path) -> None:
     assert "| palindrome | kda | 32 | ours (default) |" in report and "commit" in report
 
 
-def test_fla_layer_missing_is_recorded_not_raised(tmp_path: Path) -> None:
-    pytest.importorskip("fla")
+def _fla_layers_installed() -> bool:
     try:
         import fla.layers  # noqa: F401
-
-        pytest.skip("flash-linear-attention is installed: the FLA rows are real")
     except ImportError:
-        pass
+        return False
+    return True
+
+
+def test_fla_core_alone_is_refused_for_fla_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """fla-core (the dev extra: FLA's reference loops) has `fla` but not `fla.layers`: no FLA row can be
+    built, so --impls fla is refused up front, not recorded as one error row per mixer."""
+    pytest.importorskip("fla")
+    if _fla_layers_installed():
+        pytest.skip("flash-linear-attention is installed: the FLA rows are real")
+    with pytest.raises(SystemExit):
+        step.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--impls", "fla"])
+    assert "--impls fla: flash-linear-attention is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_fla_layer_that_will_not_build_is_recorded_not_raised(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    find_spec = step.importlib.util.find_spec
+    monkeypatch.setattr(step.importlib.util, "find_spec",
+                        lambda name, *args: object() if name.startswith("fla") else find_spec(name, *args))
+    monkeypatch.setitem(step.FLA_LAYERS, "gdn", "no_such_module.NoSuchLayer")
     code = step.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "1", "--lengths", "16",
-                             "--d-model", "32", "--mixers", "gdn", "--impls", "fla", "--warmup", "0",
-                             "--steps", "1", "--tasks", "palindrome", "--no-profile"])
+                      "--d-model", "32", "--mixers", "gdn", "--impls", "fla", "--warmup", "0",
+                      "--steps", "1", "--tasks", "palindrome", "--no-profile"])
     assert code == 0
     (row,) = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
-    assert "flash-linear-attention" in row["error"]
+    # here fla.layers itself (where flash-linear-attention is not installed) or the layer's module
+    assert row["error"].startswith("RuntimeError: FLA layers need flash-linear-attention 0.6 (No module named")
 
 
 def _without_fla(monkeypatch: pytest.MonkeyPatch) -> None:
