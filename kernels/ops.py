@@ -250,6 +250,10 @@ def check_chunk_sizes(backend: str, device: torch.device, head_dim: int, value_d
     on `device`: a run finds it while checking its config instead of at its first step."""
     if resolved_backend(backend, device) != "triton":
         return
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"backend=triton on {device}: the Triton kernels need a GPU here (or "
+                         "TRITON_INTERPRET=1 set before triton is imported, which runs them on the CPU, "
+                         "slowly); use mixer.backend=auto (torch on the CPU) or a GPU")
     limits = _import_triton()
     other = "or mixer.backend=torch (the chunkwise torch op: any size, slower)"
     for key, size in (("head_dim", head_dim), ("value_dim", value_dim)):

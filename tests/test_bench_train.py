@@ -79,7 +79,8 @@ def test_an_fla_layer_that_will_not_build_is_recorded_not_raised(
     assert code == 0
     (row,) = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
     # here fla.layers itself (where flash-linear-attention is not installed) or the layer's module
-    assert row["error"].startswith("RuntimeError: FLA layers need flash-linear-attention 0.6 (No module named")
+    needs = "RuntimeError: FLA layers need flash-linear-attention 0.6 (No module named"
+    assert row["error"].startswith(needs)
 
 
 def _without_fla(monkeypatch: pytest.MonkeyPatch) -> None:

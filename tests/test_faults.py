@@ -244,6 +244,18 @@ def test_sizes_the_gpu_kernels_cannot_run_are_refused_before_the_first_step(
     preflight(make_cfg(*SHORT, f"mixer={mixer}", override), mixer_name=mixer)
 
 
+def test_the_triton_backend_on_the_cpu_without_its_interpreter_is_refused_up_front(
+    make_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.check import preflight
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ConfigError, match=r"mixer 'kda': backend=triton on cpu: the Triton kernels need a "):
+        preflight(make_cfg(*SHORT, "mixer=kda", "mixer.backend=triton"), mixer_name="kda")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    preflight(make_cfg(*SHORT, "mixer=kda", "mixer.backend=triton"), mixer_name="kda")
+
+
 def test_a_constructor_check_is_one_short_line_not_the_whole_mixer_config(make_cfg: MakeCfg) -> None:
     from harness.check import preflight
 
