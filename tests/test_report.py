@@ -271,6 +271,65 @@ def test_claim_1_names_what_could_hold_back_the_mixer_behind(tmp_path: Path) -> 
     assert "may lift it" not in item
 
 
+def _kda_run(root: Path, task: str, length: int, evals: list[float], *, kimi: bool = False) -> None:
+    """A KDA run of `_run`'s kind whose config states its gate pair: K3's (the grid's), or Kimi Linear's
+    set by overrides (a variant)."""
+    _run(root, task, length, "kda", evals)
+    run = root / "mixer=kda" / "optim.lr=0.001" / "seed=0" / f"task={task}" / f"task.seq_len={length}"
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    config["mixer"].update({"gate": "softplus", "output_gate_rank": "low"} if kimi else
+                           {"gate": "bounded", "output_gate_rank": "full"})
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    if kimi:
+        overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())
+        (run / ".hydra" / "overrides.yaml").write_text(
+            yaml.safe_dump(overrides + ["mixer.gate=softplus", "mixer.output_gate_rank=low"]))
+
+
+def test_kdas_gate_names_the_papers_kda_and_sets_it_beside_the_grids(tmp_path: Path) -> None:
+    grid, gate = tmp_path / "grid", tmp_path / "gate"
+    _kda_run(grid, "palindrome", 2048, [0.3, 0.5, 0.6, 0.7, 0.7])  # behind: claim 1; above 50%: claim 4
+    _run(grid, "palindrome", 2048, "gdn", [0.9] * 5)
+    _run(grid, "palindrome", 2048, "mamba2", [0.85] * 5)
+    out = tmp_path / "REPORT.md"
+    assert main([str(grid), "--out", str(out)]) == 0
+    text = out.read_text()
+    section = _section(text, "KDA's gate")
+    assert "K3's (gate=bounded, output_gate_rank=full" in section
+    assert "Kimi Linear's KDA, whose Fig. 4 this is, has gate=softplus, output_gate_rank=low" in section
+    # the cells the claims turn on that the grid holds: KDA behind (claim 1) and above 50% (claim 4) at one
+    assert "No run of Kimi Linear's KDA yet" in section
+    assert "mixer.gate=softplus mixer.output_gate_rank=low`) at palindrome@2048, everything else" in section
+    assert "K3's KDA, not Kimi Linear's (KDA's gate, below)." in _section(text, "Claim 1's cells")
+
+    _kda_run(gate, "palindrome", 2048, [0.5, 0.8, 0.9, 0.95, 0.95], kimi=True)
+    summary_path = next(gate.rglob("summary.json"))
+    summary = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({**summary, "steps_to_threshold": 600}))
+    assert main([str(grid), str(gate), "--out", str(out)]) == 0
+    text = out.read_text()
+    section = _section(text, "KDA's gate")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines()
+            if line.startswith("| palindrome")]
+    assert rows == [["palindrome", "2048", "0.710", "0.960", "0.910", "0.860", "never", "600", "never"]]
+    assert ("palindrome@2048 (claim 1): Kimi Linear's KDA reaches 0.96, at or above the best of GDN and "
+            "Mamba2 (0.91) where K3's 0.71 falls behind: the KDA form explains claim 1 here") in section
+    assert "palindrome@2048 (claim 4): Kimi Linear's KDA passes 50% too (0.96)" in section
+    assert "Kimi Linear's reaches 0.96 here" in _section(text, "Claim 1's cells")
+    # the grid's own claims are still judged on the grid's KDA
+    claim = next(line for line in text.splitlines() if line.startswith("| 1. "))
+    assert "palindrome@2048: kda 0.71" in claim
+
+    # a grid whose KDA is Kimi Linear's has nothing to say here
+    papers = tmp_path / "papers"
+    _kda_run(papers, "palindrome", 2048, [0.7] * 5, kimi=True)
+    run = papers / "mixer=kda" / "optim.lr=0.001" / "seed=0" / "task=palindrome" / "task.seq_len=2048"
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(
+        ["mixer=kda", "optim.lr=0.001", "seed=0", "task=palindrome", "task.seq_len=2048"]))
+    assert main([str(papers), "--out", str(out)]) == 0
+    assert "### KDA's gate" not in out.read_text()
+
+
 def test_report_sets_mamba2_beside_mamba2_without_its_short_conv(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     _run(sweep, "palindrome", 256, "mamba2", [0.5, 0.9])
