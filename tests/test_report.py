@@ -423,6 +423,11 @@ def test_the_load_tests_say_whether_the_load_explains_kda_solving_mqar_at_2048()
     text = "\n".join(mqar_section(easy, cell_table(pd.concat([easy, gdn.assign(best_train_acc=0.2)],
                                                              ignore_index=True)), "train"))
     assert "GDN cell at 2048 stays below 50% (0.20): here KDA alone solves it" in text
+    assert "the KDA form is the candidate left" not in text
+    # a grid whose KDA is not Kimi Linear's leaves the KDA form as the candidate
+    k3 = easy.assign(**{"mixer.gate": "bounded", "mixer.output_gate_rank": "full"})
+    text = "\n".join(mqar_section(k3, cell_table(pd.concat([k3, gdn], ignore_index=True)), "train"))
+    assert "none of the choices varied here; the KDA form is the candidate left (KDA's gate, above)." in text
 
 
 def test_the_short_conv_verdict_names_where_the_conv_lifts_mamba2_where_it_fails_and_where_it_holds() -> None:
