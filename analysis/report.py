@@ -446,7 +446,7 @@ def claim1_section(cells: pd.DataFrame, metric: str, budget: pd.DataFrame,
                 said.append("one seed, so where it lies in the seed spread is unknown")
             if low == "kda" and kda_not_papers:
                 kimi = _acc_of(cells, task, int(length), PAPER_KDA_SERIES, metric)
-                said.append("K3's KDA, not Kimi Linear's (KDA's gate, below)" + (
+                said.append("the grid's KDA, not Kimi Linear's (KDA's gate, below)" + (
                     f"; Kimi Linear's reaches {kimi:.2f} here" if pd.notna(kimi) else ""))
             reasons.append(f"{low}: " + ("; ".join(said) if said else "none of the step budget, the learning "
                                          "rates or the seeds holds it back here"))
@@ -478,12 +478,19 @@ def _acc_of(cells: pd.DataFrame, task: str, length: int, series: str, metric: st
     return float(row[metric].iloc[0]) if len(row) else float("nan")
 
 
+def _steps_value(cells: pd.DataFrame, task: str, length: int, series: str) -> int | None:
+    """A cell's steps to 0.9; None where it has no run or never got there."""
+    row = cells[(cells["task"] == task) & (cells["seq_len"] == length) & (cells["series"] == series)]
+    steps = row["steps_to_0.9"].iloc[0] if len(row) else None
+    return None if steps is None or pd.isna(steps) else int(steps)
+
+
 def _steps_of(cells: pd.DataFrame, task: str, length: int, series: str) -> str:
     row = cells[(cells["task"] == task) & (cells["seq_len"] == length) & (cells["series"] == series)]
     if not len(row):
         return MISSING
-    steps = row["steps_to_0.9"].iloc[0]
-    return "never" if steps is None or pd.isna(steps) else f"{int(steps):,}"
+    steps = _steps_value(cells, task, length, series)
+    return "never" if steps is None else f"{steps:,}"
 
 
 def kda_form_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str,
@@ -496,11 +503,13 @@ def kda_form_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str,
     form = _grid_kda_form(runs)
     paper = ", ".join(f"{key}={value}" for key, value in PAPER_KDA.items())
     ours = ", ".join(f"{key}={value}" for key, value in form.items())
+    k3 = form == {"gate": "bounded", "output_gate_rank": "full"}
     lines = ["### KDA's gate", "",
-             f"This grid's KDA is the harness's default, K3's ({ours}: a log-decay bounded below by "
-             "`mixer.g_min`, a full-rank output gate; conf/mixer/kda.yaml); Kimi Linear's KDA, whose Fig. 4 "
-             f"this is, has {paper} (conf/experiment/ablation/kimi_linear.yaml). The paper pins it; this "
-             "grid differs from it there."]
+             f"This grid's KDA is the harness's default ({ours}" + (
+                 ", K3's: a log-decay bounded below by `mixer.g_min`, a full-rank output gate" if k3 else "")
+             + "; conf/mixer/kda.yaml); Kimi Linear's KDA, whose Fig. 4 this is, has "
+             f"{paper} (conf/experiment/ablation/kimi_linear.yaml). The paper pins it; this grid differs "
+             "from it there."]
     against = {v["claim"][:2]: v["verdict"] == "not reproduced" for v in verdicts}
     # the cells where KDA's form can move a verdict: KDA behind (claim 1), claim 2's, KDA at 2048 (claim 4)
     table = _pivot(cells, metric) if not cells.empty else pd.DataFrame()
@@ -522,28 +531,37 @@ def kda_form_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str,
                         f"(`mixer.gate=softplus mixer.output_gate_rank=low`) at {where}, everything else as "
                         "in the grid (`results/kimi_fig4_h200_gate/`).", ""]
     lines += ["", f"KDA with Kimi Linear's gate pair beside the grid's (best lr each; {METRICS[metric]}):",
-              "", "| task | L | kda (K3) | kda (Kimi Linear) | gdn | mamba2 | steps to 0.9, K3 | Kimi Linear "
-              "| gdn |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "", "| task | L | kda (the grid's) | kda (Kimi Linear's) | gdn | mamba2 | steps to 0.9, the "
+              "grid's kda | Kimi Linear's | gdn |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     said = []
     for _, cell in ran.sort_values(["task", "seq_len"]).iterrows():
         task, length = cell["task"], int(cell["seq_len"])
-        k3, kimi = _acc_of(cells, task, length, "kda", metric), float(cell[metric])
+        grid, kimi = _acc_of(cells, task, length, "kda", metric), float(cell[metric])
         g, m = (_acc_of(cells, task, length, s, metric) for s in ("gdn", "mamba2"))
         steps = " | ".join(_steps_of(cells, task, length, s) for s in ("kda", PAPER_KDA_SERIES, "gdn"))
-        lines.append(f"| {task} | {length} | {_fmt(k3, '.3f')} | {kimi:.3f} | {_fmt(g, '.3f')} | "
+        lines.append(f"| {task} | {length} | {_fmt(grid, '.3f')} | {kimi:.3f} | {_fmt(g, '.3f')} | "
                      f"{_fmt(m, '.3f')} | {steps} |")
         if (task, length) in wanted and length == 2048 and against.get("4.") and task != "stack":
             said.append(f"{task}@{length} (claim 4): Kimi Linear's KDA " + (
-                f"stays below 50% ({kimi:.2f}) as the paper's figure shows, where K3's reaches {k3:.2f}: the "
-                "KDA form explains the difference" if kimi < 0.5 else
+                f"stays below 50% ({kimi:.2f}) as the paper's figure shows, where the grid's reaches "
+                f"{grid:.2f}: the KDA form explains the difference" if kimi < 0.5 else
                 f"passes 50% too ({kimi:.2f}): the KDA form does not explain claim 4 here"))
         ahead = max(v for v in (g, m) if pd.notna(v)) if pd.notna(g) or pd.notna(m) else float("nan")
-        if pd.notna(ahead) and pd.notna(k3) and k3 < ahead - SLACK:
+        if pd.notna(ahead) and pd.notna(grid) and grid < ahead - SLACK:
             said.append(f"{task}@{length} (claim 1): Kimi Linear's KDA " + (
-                f"reaches {kimi:.2f}, at or above the best of GDN and Mamba2 ({ahead:.2f}) where K3's "
-                f"{k3:.2f} falls behind: the KDA form explains claim 1 here" if kimi >= ahead - SLACK else
+                f"reaches {kimi:.2f}, at or above the best of GDN and Mamba2 ({ahead:.2f}) where the grid's "
+                f"{grid:.2f} falls behind: the KDA form explains claim 1 here" if kimi >= ahead - SLACK else
                 f"reaches {kimi:.2f}, still behind the best of GDN and Mamba2 ({ahead:.2f}): the KDA form "
                 "does not explain claim 1 here"))
+        if length == 1024 and task in ("palindrome", "mqar") and against.get("2."):
+            steps_kimi, steps_gdn = (_steps_value(cells, task, length, s) for s in (PAPER_KDA_SERIES, "gdn"))
+            # as judge's claim 2: much sooner is at least 1.5x fewer steps; never counts as slowest
+            much = steps_kimi is not None and (steps_gdn is None or steps_kimi * 1.5 <= steps_gdn)
+            shown = {name: "never" if v is None else f"{v:,} steps"
+                     for name, v in (("kimi", steps_kimi), ("gdn", steps_gdn))}
+            said.append(f"{task}@{length} (claim 2): Kimi Linear's KDA reaches 0.9 in {shown['kimi']}, GDN "
+                        f"in {shown['gdn']}: " + ("much sooner, as the paper says" if much else
+                                                  "not much sooner (the claim asks 1.5x fewer steps)"))
     missing = [f"{t}@{n}" for t, n in wanted
                if not ((ran["task"] == t) & (ran["seq_len"] == n)).any()]
     lines += ["", *(f"- {line}." for line in said)]

@@ -295,12 +295,12 @@ def test_kdas_gate_names_the_papers_kda_and_sets_it_beside_the_grids(tmp_path: P
     assert main([str(grid), "--out", str(out)]) == 0
     text = out.read_text()
     section = _section(text, "KDA's gate")
-    assert "K3's (gate=bounded, output_gate_rank=full" in section
+    assert "the harness's default (gate=bounded, output_gate_rank=full, K3's" in section
     assert "Kimi Linear's KDA, whose Fig. 4 this is, has gate=softplus, output_gate_rank=low" in section
     # the cells the claims turn on that the grid holds: KDA behind (claim 1) and above 50% (claim 4) at one
     assert "No run of Kimi Linear's KDA yet" in section
     assert "mixer.gate=softplus mixer.output_gate_rank=low`) at palindrome@2048, everything else" in section
-    assert "K3's KDA, not Kimi Linear's (KDA's gate, below)." in _section(text, "Claim 1's cells")
+    assert "the grid's KDA, not Kimi Linear's (KDA's gate, below)." in _section(text, "Claim 1's cells")
 
     _kda_run(gate, "palindrome", 2048, [0.5, 0.8, 0.9, 0.95, 0.95], kimi=True)
     summary_path = next(gate.rglob("summary.json"))
@@ -313,9 +313,26 @@ def test_kdas_gate_names_the_papers_kda_and_sets_it_beside_the_grids(tmp_path: P
             if line.startswith("| palindrome")]
     assert rows == [["palindrome", "2048", "0.710", "0.960", "0.910", "0.860", "never", "600", "never"]]
     assert ("palindrome@2048 (claim 1): Kimi Linear's KDA reaches 0.96, at or above the best of GDN and "
-            "Mamba2 (0.91) where K3's 0.71 falls behind: the KDA form explains claim 1 here") in section
+            "Mamba2 (0.91) where the grid's 0.71 falls behind: the KDA form explains claim 1 here") in section
     assert "palindrome@2048 (claim 4): Kimi Linear's KDA passes 50% too (0.96)" in section
     assert "Kimi Linear's reaches 0.96 here" in _section(text, "Claim 1's cells")
+    # claim 2's cells at 1,024: the steps to 0.9 of Kimi Linear's KDA against GDN's, as claim 2 judges them
+    for task, kimi_steps in (("palindrome", 400), ("mqar", 500)):
+        _kda_run(grid, task, 1024, [0.9] * 5)
+        _run(grid, task, 1024, "gdn", [0.9] * 5)
+        _run(grid, task, 1024, "mamba2", [0.9] * 5)
+        _kda_run(gate, task, 1024, [0.9] * 5, kimi=True)
+        for root, mixer, steps in ((grid, "kda", 1000), (grid, "gdn", 700), (gate, "kda", kimi_steps)):
+            path = next(p for p in root.rglob("summary.json")
+                        if f"mixer={mixer}" in str(p) and f"task={task}" in str(p) and "1024" in str(p))
+            path.write_text(json.dumps({**json.loads(path.read_text()), "steps_to_threshold": steps}))
+    assert main([str(grid), str(gate), "--out", str(out)]) == 0
+    text = out.read_text()
+    section = _section(text, "KDA's gate")
+    assert ("palindrome@1024 (claim 2): Kimi Linear's KDA reaches 0.9 in 400 steps, GDN in 700 steps: much "
+            "sooner, as the paper says") in section
+    assert ("mqar@1024 (claim 2): Kimi Linear's KDA reaches 0.9 in 500 steps, GDN in 700 steps: not much "
+            "sooner (the claim asks 1.5x fewer steps)") in section
     # the grid's own claims are still judged on the grid's KDA
     claim = next(line for line in text.splitlines() if line.startswith("| 1. "))
     assert "palindrome@2048: kda 0.71" in claim
