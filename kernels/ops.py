@@ -254,7 +254,10 @@ def check_chunk_sizes(backend: str, device: torch.device, head_dim: int, value_d
         raise ValueError(f"backend=triton on {device}: the Triton kernels need a GPU here (or "
                          "TRITON_INTERPRET=1 set before triton is imported, which runs them on the CPU, "
                          "slowly); use mixer.backend=auto (torch on the CPU) or a GPU")
-    limits = _import_triton()
+    try:
+        limits = _import_triton()
+    except RuntimeError as error:  # a config check: one line naming the fix, not a traceback
+        raise ValueError(str(error)) from error
     other = "or mixer.backend=torch (the chunkwise torch op: any size, slower)"
     for key, size in (("head_dim", head_dim), ("value_dim", value_dim)):
         if size not in limits.HEAD_SIZES:
