@@ -244,13 +244,18 @@ def resolved_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def _no_triton_on(device: torch.device) -> bool:
+    """Whether Triton cannot run on `device`: not a GPU, and its interpreter is off."""
+    return device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
 def check_chunk_sizes(backend: str, device: torch.device, head_dim: int, value_dim: int,
                       chunk_size: int) -> None:
     """ValueError, naming the mixer key and the fix, where the chunked op could not run with these sizes
     on `device`: a run finds it while checking its config instead of at its first step."""
     if resolved_backend(backend, device) != "triton":
         return
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if _no_triton_on(device):
         raise ValueError(f"backend=triton on {device}: the Triton kernels need a GPU here (or "
                          "TRITON_INTERPRET=1 set before triton is imported, which runs them on the CPU, "
                          "slowly); use mixer.backend=auto (torch on the CPU) or a GPU")
@@ -271,7 +276,7 @@ def check_chunk_sizes(backend: str, device: torch.device, head_dim: int, value_d
 def _resolve(op: str, backend: str, q: torch.Tensor) -> str:
     if backend == "auto":
         return resolved_backend(backend, q.device)
-    if backend == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if backend == "triton" and _no_triton_on(q.device):
         # Triton itself would only say that it found 0 active drivers
         raise ValueError(
             f"{op}: backend='triton' got tensors on {q.device} but Triton's interpreter is off; move them "
