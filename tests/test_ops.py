@@ -225,6 +225,16 @@ def test_triton_backend_missing_gives_a_clear_error(monkeypatch: pytest.MonkeyPa
         step(op)(*[x[:, 0] for x in inputs], torch.zeros(B, H, K, V), backend="triton")
 
 
+def test_triton_backend_on_the_cpu_without_the_interpreter_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    op = OPS[-1]
+    inputs = make_inputs(op, 8, seed=1)
+    with pytest.raises(ValueError, match="backend='triton' got tensors on cpu but Triton's interpreter is"):
+        chunk(op)(*inputs, backend="triton")
+    with pytest.raises(ValueError, match="Triton's interpreter is off"):
+        step(op)(*[x[:, 0] for x in inputs], torch.zeros(B, H, K, V), backend="triton")
+
+
 def _kda_inputs(T: int = 8) -> dict[str, torch.Tensor]:
     q, k, v, g, beta = make_inputs(OPS[-1], T, seed=0)
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
