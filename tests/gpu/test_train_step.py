@@ -26,6 +26,13 @@ pytestmark = [
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
 # Kimi Linear's hybrid (model.pattern): three KDA layers and one of attention, in the short form
 HYBRID = "kda*3,attention"
+# Kimi Linear's own KDA (the yaml's is K3's): the softplus gate takes the kernels' unbounded-gate path
+KIMI_KDA = "kda_kimi"
+KIMI_SWITCHES = {"gate": "softplus", "output_gate_rank": "low"}
+
+
+def _ids(value: object) -> str:
+    return "hybrid" if value == HYBRID else str(value)
 
 
 def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
@@ -41,7 +48,10 @@ def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
     torch.manual_seed(0)
     # a pattern's layers take their kinds' yamls; the `mixer` node is its first kind's
     pattern = expand(mixer.split(",")) if "," in mixer else None
-    model = LanguageModel(vocab, mixer_yaml(pattern[0] if pattern else mixer), lean_backward=lean,
+    cfg = mixer_yaml(pattern[0] if pattern else "kda" if mixer == KIMI_KDA else mixer)
+    if mixer == KIMI_KDA:
+        cfg.update(KIMI_SWITCHES)
+    model = LanguageModel(vocab, cfg, lean_backward=lean,
                           **({"num_layers": len(pattern), "pattern": pattern} if pattern else {})).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = steps.make_optimizer(params, OmegaConf.load(ROOT / "conf" / "optim" / "adamw.yaml"))
@@ -50,7 +60,7 @@ def _setup(mixer: str, B: int = 8, T: int = 256, lean: bool = False):
 
 
 @pytest.mark.parametrize("lean", [False, True], ids=["plain", "lean"])
-@pytest.mark.parametrize("mixer", [*MIXERS, HYBRID], ids=lambda m: "hybrid" if m == HYBRID else m)
+@pytest.mark.parametrize("mixer", [*MIXERS, HYBRID, KIMI_KDA], ids=_ids)
 def test_no_sync_between_log_steps(mixer: str, lean: bool) -> None:
     steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
     batch = steps.make_batch(inputs, labels, device)
@@ -77,8 +87,8 @@ def _loss_and_grads(steps, model, features, params, batch, autocast):
 
 @pytest.mark.parametrize(("mixer", "lean"), [("kda", False), ("gdn", False), ("mamba2", False),
                                              ("attention", False), ("kda", True), ("mamba2", True),
-                                             (HYBRID, False)],
-                         ids=lambda v: "hybrid" if v == HYBRID else str(v))
+                                             (HYBRID, False), (KIMI_KDA, False)],
+                         ids=_ids)
 def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
     steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
     batch = steps.make_batch(inputs, labels, device)
