@@ -57,8 +57,8 @@
 #   python -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --platform \
 #     manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl-fla \
 #     flash-linear-attention==0.6.0 && rm .whl-fla/numpy-* .whl-fla/kernels-*
-# numpy is the image's; `kernels` (a dependency of transformers) would shadow nothing of ours, whose folder
-# comes first on sys.path, but is not needed);
+# numpy is the image's; `kernels`, a dependency of transformers that FLA's layers do not need, shares our
+# package's name);
 # AUTOTUNE_SEED (Triton autotuning results, e.g. an earlier OUT/triton_autotune, copied into the cache
 # first); TRITON_CACHE_DIR; ALT (KEY=VALUE,... launch settings checked, compiled and profiled beside the
 # defaults by verify and occupancy) and ALT_OPS.

@@ -67,8 +67,8 @@ BASELINE = ROOT / "benchmarks" / "anchors" / "train_a359d38_h200.csv"
 LAST = ROOT / "benchmarks" / "anchors" / "train_eaf2b28_h200.csv"
 CATEGORIES = ["mixer op", "lm head+loss", "short conv", "matmuls", "rest"]
 
-# our mixer name -> FLA's layer class (the same op; FLA's own gates and defaults)
-# our mixer -> FLA's layer, as module.Class under fla.layers (0.6 does not export every layer it has)
+# our mixer -> FLA's layer of the same op (FLA's own gates and defaults), as module.Class under fla.layers
+# (0.6 does not export every layer it has)
 FLA_LAYERS = {
     "kda": "kda.KimiDeltaAttention",
     "gdn": "gated_deltanet.GatedDeltaNet",
