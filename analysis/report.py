@@ -267,7 +267,7 @@ def judge(
         if k is None and g is None:
             missing.append(f"{task}@1024 (neither reaches 0.9 in {max_steps or 'the'} steps)")
             continue
-        if k is None or (g is not None and k * 1.5 > g):
+        if not _much_sooner(k, g):
             against.append(evidence[-1])
             against_tasks.append(task)
         caveat = _spread_caveat(task, k, g, ranges["kda"], ranges["gdn"], measured)
@@ -325,6 +325,27 @@ def judge(
         )
     )
     return verdicts
+
+
+def _much_sooner(kda: int | None, gdn: int | None) -> bool:
+    """Claim 2 at one task: KDA reaches 0.9 in at least 1.5x fewer steps than GDN (None: never, the
+    slowest)."""
+    return kda is not None and (gdn is None or kda * 1.5 <= gdn)
+
+
+def _claim1_breaks(cells: pd.DataFrame, metric: str) -> list[tuple[str, int, dict[str, float],
+                                                                  list[tuple[str, str]]]]:
+    """(task, length, the three mixers' accuracies, _order_breaks) of each cell holding all three where
+    claim 1's order breaks."""
+    table = _pivot(cells, metric) if not cells.empty else pd.DataFrame()
+    if table.empty or not set(MIXERS) <= set(table.columns):
+        return []
+    found = []
+    for (task, length), row in table[list(MIXERS)].dropna().iterrows():
+        acc = {m: float(row[m]) for m in MIXERS}
+        if breaks := _order_breaks(acc):
+            found.append((task, int(length), acc, breaks))
+    return found
 
 
 def _order_breaks(acc: dict[str, float]) -> list[tuple[str, str]]:
@@ -406,23 +427,19 @@ def claim1_section(cells: pd.DataFrame, metric: str, budget: pd.DataFrame,
     a step budget it ended still learning (or flat), fewer learning rates than the paper's, one seed, and
     (`kda_not_papers`) a KDA other than Kimi Linear's (kda_form_section). More steps and more learning rates
     can only raise a cell, so they explain a mixer behind, never one ahead."""
-    table = _pivot(cells, metric) if not cells.empty else pd.DataFrame()
-    if table.empty or not set(MIXERS) <= set(table.columns):
+    breaking = _claim1_breaks(cells, metric)
+    if not breaking:
         return []
     ended = {(r["task"], r["series"], r["seq_len"]): r for _, r in budget.iterrows()}
     by_cell = cells.set_index(["task", "series", "seq_len"])
     lines = []
-    for (task, length), row in table[list(MIXERS)].dropna().iterrows():
-        acc = {m: float(row[m]) for m in MIXERS}
-        breaks = _order_breaks(acc)
-        if not breaks:
-            continue
+    for task, length, acc, breaks in breaking:
         order = "; ".join(f"{low} {acc[low]:.2f} behind {high} {acc[high]:.2f}" for low, high in breaks)
         reasons = []
         for low in dict.fromkeys(low for low, _ in breaks):
-            cell = by_cell.loc[(task, low, int(length))]
+            cell = by_cell.loc[(task, low, length)]
             said = []
-            end = ended.get((task, low, int(length)))
+            end = ended.get((task, low, length))
             if end is not None:
                 rise = (f"eval acc {_fmt(end['acc_late'], '.3f')} at 80% of its steps, "
                         f"{_fmt(end['acc_end'], '.3f')} at the end")
@@ -445,14 +462,12 @@ def claim1_section(cells: pd.DataFrame, metric: str, budget: pd.DataFrame,
             if pd.notna(runs) and int(runs) == 1:
                 said.append("one seed, so where it lies in the seed spread is unknown")
             if low == "kda" and kda_not_papers:
-                kimi = _acc_of(cells, task, int(length), PAPER_KDA_SERIES, metric)
+                kimi = _acc_of(cells, task, length, PAPER_KDA_SERIES, metric)
                 said.append("the grid's KDA, not Kimi Linear's (KDA's gate, below)" + (
                     f"; Kimi Linear's reaches {kimi:.2f} here" if pd.notna(kimi) else ""))
             reasons.append(f"{low}: " + ("; ".join(said) if said else "none of the step budget, the learning "
                                          "rates or the seeds holds it back here"))
-        lines.append(f"- {task}@{int(length)}: {order}. {'. '.join(reasons)}.")
-    if not lines:
-        return []
+        lines.append(f"- {task}@{length}: {order}. {'. '.join(reasons)}.")
     return ["### Claim 1's cells", "",
             "Where the order KDA >= GDN >= Mamba2 breaks, what of this grid could hold back the mixer behind "
             "(more steps and more learning rates can only raise a cell; one seed may lie anywhere in the "
@@ -467,40 +482,42 @@ def _grid_kda_form(runs: pd.DataFrame) -> dict[str, str]:
     return {key: _distinct(kda[f"mixer.{key}"]) for key in PAPER_KDA if f"mixer.{key}" in kda and len(kda)}
 
 
-def _kda_not_papers(runs: pd.DataFrame) -> bool:
-    """Whether the grid's KDA runs state a form other than Kimi Linear's (PAPER_KDA)."""
-    form = _grid_kda_form(runs)
+def _differs_from_papers(form: dict[str, str]) -> bool:
+    """Whether a KDA form (_grid_kda_form) states one other than Kimi Linear's (PAPER_KDA)."""
     return bool(form) and any(form.get(key) != value for key, value in PAPER_KDA.items())
 
 
-def _acc_of(cells: pd.DataFrame, task: str, length: int, series: str, metric: str) -> float:
+def _cell(cells: pd.DataFrame, task: str, length: int, series: str) -> pd.Series | None:
     row = cells[(cells["task"] == task) & (cells["seq_len"] == length) & (cells["series"] == series)]
-    return float(row[metric].iloc[0]) if len(row) else float("nan")
+    return row.iloc[0] if len(row) else None
+
+
+def _acc_of(cells: pd.DataFrame, task: str, length: int, series: str, metric: str) -> float:
+    cell = _cell(cells, task, length, series)
+    return float(cell[metric]) if cell is not None else float("nan")
 
 
 def _steps_value(cells: pd.DataFrame, task: str, length: int, series: str) -> int | None:
     """A cell's steps to 0.9; None where it has no run or never got there."""
-    row = cells[(cells["task"] == task) & (cells["seq_len"] == length) & (cells["series"] == series)]
-    steps = row["steps_to_0.9"].iloc[0] if len(row) else None
+    cell = _cell(cells, task, length, series)
+    steps = cell["steps_to_0.9"] if cell is not None else None
     return None if steps is None or pd.isna(steps) else int(steps)
 
 
 def _steps_of(cells: pd.DataFrame, task: str, length: int, series: str) -> str:
-    row = cells[(cells["task"] == task) & (cells["seq_len"] == length) & (cells["series"] == series)]
-    if not len(row):
+    if _cell(cells, task, length, series) is None:
         return MISSING
     steps = _steps_value(cells, task, length, series)
     return "never" if steps is None else f"{steps:,}"
 
 
-def kda_form_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str,
+def kda_form_section(form: dict[str, str], cells: pd.DataFrame, metric: str,
                      verdicts: list[dict[str, str]]) -> list[str]:
-    """Which KDA the grid ran against Kimi Linear's (PAPER_KDA) and, where KDA runs with Kimi Linear's pair
-    exist (results/kimi_fig4_h200_gate), the cells the claims turn on with both side by side; else the cells
-    that would test it."""
-    if not _kda_not_papers(runs):
+    """Which KDA the grid ran (`form`, _grid_kda_form) against Kimi Linear's (PAPER_KDA) and, where KDA runs
+    with Kimi Linear's pair exist (results/kimi_fig4_h200_gate), the cells the claims turn on with both side
+    by side; else the cells that would test it. Nothing where the grid's KDA is Kimi Linear's."""
+    if not _differs_from_papers(form):
         return []
-    form = _grid_kda_form(runs)
     paper = ", ".join(f"{key}={value}" for key, value in PAPER_KDA.items())
     ours = ", ".join(f"{key}={value}" for key, value in form.items())
     k3 = form == {"gate": "bounded", "output_gate_rank": "full"}
@@ -512,12 +529,10 @@ def kda_form_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str,
              "from it there."]
     against = {v["claim"][:2]: v["verdict"] == "not reproduced" for v in verdicts}
     # the cells where KDA's form can move a verdict: KDA behind (claim 1), claim 2's, KDA at 2048 (claim 4)
-    table = _pivot(cells, metric) if not cells.empty else pd.DataFrame()
     wanted: list[tuple[str, int]] = []
-    if against.get("1.") and set(MIXERS) <= set(table.columns):
-        for (task, length), row in table[list(MIXERS)].dropna().iterrows():
-            if any(low == "kda" for low, _ in _order_breaks({m: float(row[m]) for m in MIXERS})):
-                wanted.append((task, int(length)))
+    if against.get("1."):
+        wanted += [(task, length) for task, length, _, breaks in _claim1_breaks(cells, metric)
+                   if any(low == "kda" for low, _ in breaks)]
     if against.get("2."):
         wanted += [("palindrome", 1024), ("mqar", 1024)]
     if against.get("4."):
@@ -555,8 +570,7 @@ def kda_form_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str,
                 "does not explain claim 1 here"))
         if length == 1024 and task in ("palindrome", "mqar") and against.get("2."):
             steps_kimi, steps_gdn = (_steps_value(cells, task, length, s) for s in (PAPER_KDA_SERIES, "gdn"))
-            # as judge's claim 2: much sooner is at least 1.5x fewer steps; never counts as slowest
-            much = steps_kimi is not None and (steps_gdn is None or steps_kimi * 1.5 <= steps_gdn)
+            much = _much_sooner(steps_kimi, steps_gdn)
             shown = {name: "never" if v is None else f"{v:,} steps"
                      for name, v in (("kimi", steps_kimi), ("gdn", steps_gdn))}
             said.append(f"{task}@{length} (claim 2): Kimi Linear's KDA reaches 0.9 in {shown['kimi']}, GDN "
@@ -826,7 +840,8 @@ def load_tests(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[str
         lines.append("KDA falls below 50% under some of these loads only (the rows below 0.500): that load "
                      "is what separates this MQAR from the paper's.")
     else:
-        other = "; the KDA form is the candidate left (KDA's gate, above)" if _kda_not_papers(runs) else ""
+        other = ("; the KDA form is the candidate left (KDA's gate, above)"
+                 if _differs_from_papers(_grid_kda_form(runs)) else "")
         lines.append("KDA still solves MQAR at 2048 under every load tried here, so neither the pairs nor "
                      "the queries explains claim 4: what separates this MQAR (or this KDA) from the paper's "
                      f"is none of the choices varied here{other}.")
@@ -834,13 +849,16 @@ def load_tests(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[str
 
 
 def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train",
-                verdicts: list[dict[str, str]] | None = None) -> list[str]:
-    """The report's section on the grid's unpinned choices, each with the cells that show its effect."""
-    budget = budget_table(cells)
+                verdicts: list[dict[str, str]] | None = None,
+                budget: pd.DataFrame | None = None) -> list[str]:
+    """The report's section on the grid's unpinned choices, each with the cells that show its effect.
+    `verdicts` and `budget` (judge's, budget_table's of `cells`) where the caller has them already."""
+    budget = budget if budget is not None else budget_table(cells)
     verdicts = verdicts if verdicts is not None else judge(cells, metric)
+    form = _grid_kda_form(runs)
     lines = ["## Where this grid can differ from the paper", "",
-             *claim1_section(cells, metric, budget, _kda_not_papers(runs)),
-             *kda_form_section(runs, cells, metric, verdicts), "### The step budget", ""]
+             *claim1_section(cells, metric, budget, _differs_from_papers(form)),
+             *kda_form_section(form, cells, metric, verdicts), "### The step budget", ""]
     ran = budgets(runs)
     lines.append(
         f"The paper trains {PAPER_STEPS:,} steps, this grid {ran or 'the max_steps it ran'}, so a cell still "
@@ -1071,7 +1089,7 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
         )
     if cells.empty:
         lines.append("| (no finished run yet) | | | | | | | | |")
-    lines += ["", *differences(runs, cells, metric, verdicts), *what_changed(all_runs, metric)]
+    lines += ["", *differences(runs, cells, metric, verdicts, budget), *what_changed(all_runs, metric)]
     per, totals = cost(all_runs)
     lines += ["## Compute time", ""]
     if totals:
