@@ -240,9 +240,9 @@ def test_bf16_inverse(
     lower_bound: float | None,
     T: int,
 ) -> None:
-    # 16-bit inputs: L stored in bf16, written by the solve
-    # and read by W/U, dqk and dvt. The interpreter runs it with fp32 inputs (its bf16 dots are wrong): the
-    # errors are then bf16's rounding of L, about 1e-3, while a mis-cast buffer or a missed store is O(1)
+    # 16-bit inputs: L stored in bf16, written by the solve and read by W/U, dqk and dvt. Here fp32 inputs
+    # with that one buffer in bf16 (tests/test_interpret.py runs the whole 16-bit path): the errors are
+    # then bf16's rounding of L, about 1e-3, while a mis-cast buffer or a missed store is O(1)
     from kernels.triton import solve
 
     monkeypatch.setattr(solve, "_l_dtype", lambda lowp: torch.bfloat16)
@@ -547,8 +547,8 @@ def test_no_grad_akk_in_bf16(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str, lower_bound: float | None, T: int
 ) -> None:
     # without a gradient, 16-bit inputs keep A_kk in bf16 (the intra forward stores it
-    # rounded, the solve takes it to fp32 on load). The interpreter runs fp32 inputs only (its bf16 products
-    # are wrong), so the bf16 buffer is forced for them here: the output and final state match the token
+    # rounded, the solve takes it to fp32 on load). Here fp32 inputs with that one buffer forced to bf16, so
+    # that its rounding alone shows: the output and final state match the token
     # loop to bf16's rounding of A_kk, not to fp32's (the A_kk buffer is bf16, NaN-filled first)
     from kernels.triton import intra_fwd
 

@@ -11,9 +11,15 @@ import torch
 from kernels import family
 from kernels.triton import chunk as _chunk
 from kernels.triton.chunk import ChunkFunction
-from kernels.triton.common import MIN_LOWER_BOUND
+from kernels.triton.common import INTERPRET, MIN_LOWER_BOUND
 from kernels.triton.compile import compiled_chunk
 from kernels.triton.recurrent import recurrent_step_fwd
+
+if INTERPRET:
+    # on the CPU, bf16 dots and casts as a GPU computes them: the 16-bit path runs there too
+    from kernels.triton import interpret
+
+    interpret.patch()
 
 __all__ = ["VARIANTS", "triton_chunk", "triton_recurrent_step"]
 

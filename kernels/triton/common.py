@@ -19,7 +19,7 @@ try:  # grid dependency control (programmatic dependent launch, sm_90+), setting
 except ImportError:
     HAS_GDC = False
 
-# The interpreter runs on the CPU: one config, no autotune, and fp32 dots only (the caller's job).
+# The interpreter runs on the CPU: one config, no autotune; its bf16 dots and casts as a GPU's (interpret.py).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # the per-channel intra kernels' tiles of exponentials as ex2.approx.ftz.f32 (_exp), compiled for a GPU; the
 # interpreter has no inline PTX
@@ -39,7 +39,7 @@ MIN_LOWER_BOUND = -5.5
 
 @triton.jit
 def _dot_cast(x, LOWP: tl.constexpr):
-    # bf16 operands feed the tensor cores for 16-bit inputs; fp32 inputs keep fp32 (the interpreter needs it)
+    # bf16 operands feed the tensor cores for 16-bit inputs; fp32 inputs keep fp32
     if LOWP:
         return x.to(tl.bfloat16)
     else:

@@ -1,0 +1,131 @@
+"""The kernels' 16-bit path on the CPU: Triton's interpreter computing bf16 as the GPU does (kernels/triton/
+interpret.py), then every op of the family fed bf16 inputs against the float64 token loop within the GPU
+check's bounds (tests/gpu/check_kernels.py, FLA's test bounds).
+
+Without the patch the interpreter's bf16 dots multiply bit patterns and its bf16 casts truncate: the ops'
+bf16 errors are 1e10 and more, and the casts miss torch's rounding.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+# must precede the first triton import of the process
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from benchmarks.common import make_inputs  # noqa: E402
+from kernels.naive import naive_recurrent  # noqa: E402
+from kernels.triton import VARIANTS, triton_chunk  # noqa: E402
+from kernels.triton.chunk import INTERPRET  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not INTERPRET, reason="kernels.triton was imported without TRITON_INTERPRET=1; run this file on its own"
+)
+
+_CHECK = Path(__file__).resolve().parent / "gpu" / "check_kernels.py"
+_spec = importlib.util.spec_from_file_location("check_kernels", _CHECK)
+check_kernels = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_kernels)
+BOUNDS = check_kernels.BOUNDS
+# fp32 inputs meet the token loop to 1e-4 (tests/test_triton.py); bf16's rounding alone is about 2e-3
+FP32_TOL = 1e-4
+
+
+@triton.jit
+def _dot_kernel(a, b, c, N: tl.constexpr):
+    o = tl.arange(0, N)
+    b_a = tl.load(a + o[:, None] * N + o[None, :])
+    b_b = tl.load(b + o[:, None] * N + o[None, :])
+    tl.store(c + o[:, None] * N + o[None, :], tl.dot(b_a, b_b))
+
+
+@triton.jit
+def _cast_kernel(x, y, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(y + o, tl.load(x + o).to(tl.bfloat16))
+
+
+def test_a_bf16_dot_is_the_fp32_product_of_the_bf16_values() -> None:
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(32, 32, generator=gen).to(torch.bfloat16) for _ in range(2))
+    c = torch.empty(32, 32)
+    _dot_kernel[(1,)](a, b, c, N=32)
+    torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-6, atol=1e-5)
+
+
+def test_a_cast_to_bf16_rounds_to_nearest_even_as_torch_does() -> None:
+    gen = torch.Generator().manual_seed(0)
+    ulp = 2.0**-7  # bf16's spacing in [1, 2)
+    x = torch.cat([
+        torch.randn(200, generator=gen) * 10.0 ** torch.randint(-30, 30, (200,), generator=gen),
+        torch.tensor([1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + ulp / 2), 1 + ulp / 2 + 2**-20,  # ties, near-ties
+                      3.3e38, 3.4e38, -3.4e38, float("inf"), -float("inf"), 0.0, -0.0,  # to max, past it
+                      1e-39, -3e-40, 1.1754942e-38]),  # subnormals
+    ])
+    x = torch.cat([x, torch.zeros(256 - len(x))])
+    y = torch.empty(256, dtype=torch.bfloat16)
+    _cast_kernel[(1,)](x, y, N=256)
+    assert torch.equal(y.view(torch.int16), x.to(torch.bfloat16).view(torch.int16))
+    nan = torch.full((256,), float("nan"))
+    _cast_kernel[(1,)](nan, y, N=256)
+    assert y.isnan().all()
+
+
+def _bf16_errors(decay: str, delta: bool, lower_bound: float | None, T: int, chunk_size: int) -> dict:
+    # as the GPU check measures them: bf16 q, k, v and beta (g and the initial state fp32, as a layer emits
+    # them), the layer's gates, against the token loop on the same rounded inputs, here in float64
+    inputs = make_inputs(decay, delta, 1, T, 2, 32, 32, seed=T, lower_bound=lower_bound, dtype=torch.bfloat16,
+                         layer_gates=True)  # fmt: skip
+    names = [n for n, t in inputs.items() if t is not None]
+    ref = {n: inputs[n].detach().double().requires_grad_(True) for n in names}
+    o_ref, ht_ref = naive_recurrent(
+        ref["q"], ref["k"], ref["v"], ref.get("g"), ref.get("beta"), None, ref["initial_state"], True
+    )
+    gen = torch.Generator().manual_seed(1)
+    do, dht = torch.randn(o_ref.shape, generator=gen), torch.randn(ht_ref.shape, generator=gen)
+    ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
+
+    def ours(q, k, v, g, beta, initial_state, output_final_state):
+        return triton_chunk(
+            q, k, v, g, beta, None, initial_state, output_final_state, chunk_size, lower_bound
+        )
+
+    errors, note = check_kernels.errors_of(
+        ours, inputs, (o_ref.detach(), ht_ref.detach()), {n: t.grad for n, t in ref.items()}, do, dht,
+        infer=True,
+    )  # fmt: skip
+    assert not note, note
+    return errors
+
+
+@pytest.mark.parametrize("forms", ["few programs", "many programs"])
+@pytest.mark.parametrize(("T", "chunk_size"), [(100, 64), (63, 16)])
+@pytest.mark.parametrize(("name", "decay", "delta", "lower_bound"), VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_the_bf16_path_meets_the_gpu_checks_bounds(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int,
+    chunk_size: int, forms: str,
+) -> None:
+    # odd lengths with an initial state: T = 100 ends inside a chunk of 64; T = 63 is four chunks of 16,
+    # the last one short. Output, final state, every gradient and the no-grad forward. "many programs": the
+    # forms the launch rules pick where the state passes fill the GPU, as at the training shapes (B = 256),
+    # with the thresholds at 0 (tests/test_triton.py's many_programs)
+    if forms == "many programs":
+        from kernels.triton import plan
+
+        monkeypatch.setattr(plan, "FILL_PROGRAMS", 0)
+        monkeypatch.setattr(plan, "MANY_HEADS", 0)
+    errors = _bf16_errors(decay, delta, lower_bound, T, chunk_size)
+    over = {n: f"{e:.1e} > {BOUNDS[n]:.0e}" for n, e in errors.items() if not e <= BOUNDS[n]}
+    assert not over, over
+    # the 16-bit path really ran: its output is bf16's rounding away from the token loop, not fp32's
+    assert errors["o"] > 10 * FP32_TOL, errors
