@@ -108,8 +108,14 @@ def _bf16_errors(decay: str, delta: bool, lower_bound: float | None, T: int, chu
     return errors
 
 
-@pytest.mark.parametrize("forms", ["few programs", "many programs"])
-@pytest.mark.parametrize(("T", "chunk_size"), [(100, 64), (63, 16)])
+# the edit-test loop (`-m "not slow"`) keeps T = 100 in the forms of few programs
+SHAPES = [(100, 64, "few programs")] + [
+    pytest.param(*shape, marks=pytest.mark.slow)
+    for shape in [(63, 16, "few programs"), (100, 64, "many programs"), (63, 16, "many programs")]
+]
+
+
+@pytest.mark.parametrize(("T", "chunk_size", "forms"), SHAPES)
 @pytest.mark.parametrize(("name", "decay", "delta", "lower_bound"), VARIANTS, ids=[v[0] for v in VARIANTS])
 def test_the_bf16_path_meets_the_gpu_checks_bounds(
     monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, lower_bound: float | None, T: int,
