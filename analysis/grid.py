@@ -15,6 +15,7 @@ import pandas as pd
 
 from analysis.cells import NOT_RUN, SCORED, UNSCORED, series_name
 from analysis.collect import variant_of
+from mixers.pattern import pattern_name
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 COLUMNS = ["task", "series", "mixer", "variant", "seq_len"]
@@ -42,8 +43,21 @@ def sweeper_params(experiment: str, conf_dir: Path = CONF) -> dict[str, list[str
     return swept
 
 
+def _pattern_of(experiment: str, overrides: tuple[str, ...], conf_dir: Path) -> str | None:
+    """The name of the model.pattern the experiment composes with `overrides` (None: a single-mixer model)."""
+    from hydra import compose, initialize_config_dir
+
+    import harness.config  # noqa: F401  (stores `base_config`, which conf/config.yaml names)
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={experiment}", *overrides])
+    pattern = cfg.model.get("pattern")
+    return None if pattern is None else pattern_name(list(pattern))
+
+
 def grid_cells(experiments: list[str], conf_dir: Path = CONF) -> pd.DataFrame:
-    """The cells of the experiments' sweeps together (COLUMNS), one row each."""
+    """The cells of the experiments' sweeps together (COLUMNS), one row each. A hybrid cell's mixer is its
+    pattern's name, as analysis.collect names its runs (`kda:attention 3:1`)."""
     rows = set()
     for experiment in experiments:
         swept = sweeper_params(experiment, conf_dir)
@@ -52,10 +66,19 @@ def grid_cells(experiments: list[str], conf_dir: Path = CONF) -> pd.DataFrame:
             raise ValueError(f"--grid {experiment}: its hydra.sweeper.params lack {sorted(missing)}, so its "
                              "cells (task x mixer x length) are unknown")
         others = [k for k in swept if k not in ("task", "mixer", "task.seq_len", *_OVER)]
+        # the keys that can set model.pattern: itself and the config groups (experiment/hybrid=kda3_attn1);
+        # the experiment is composed once per distinct choice of them
+        shaping = [k for k in others if k == "model.pattern" or "/" in k]
+        patterns: dict[tuple[str, ...], str | None] = {}
         for task, mixer, length, *rest in itertools.product(
                 swept["task"], swept["mixer"], swept["task.seq_len"], *(swept[k] for k in others)):
-            variant = variant_of(f"{k}={v}" for k, v in zip(others, rest, strict=True))
-            rows.add((task, series_name(mixer, variant), mixer, variant, int(float(length))))
+            chosen = dict(zip(others, rest, strict=True))
+            variant = variant_of(f"{k}={v}" for k, v in chosen.items())
+            key = tuple(f"{k}={chosen[k]}" for k in shaping)
+            if key not in patterns:
+                patterns[key] = _pattern_of(experiment, key, conf_dir)
+            name = patterns[key] or mixer
+            rows.add((task, series_name(name, variant), name, variant, int(float(length))))
     return pd.DataFrame(sorted(rows), columns=COLUMNS)
 
 

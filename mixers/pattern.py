@@ -65,6 +65,10 @@ def check_pattern(pattern: Sequence[Any] | None, num_layers: int, conf_dir: Path
     if pattern is None:
         return
     layers = expand(pattern)
+    if not layers:  # the length check's fix would be model.num_layers=0, which no model has
+        raise ValueError(f"model.pattern={_shown(pattern)} names no layer: give one mixer per layer "
+                         f"({num_layers} for model.num_layers={num_layers}), or model.pattern=null for the "
+                         "mixer= choice in every layer")
     names = mixer_names(conf_dir)
     unknown = [name for name in layers if name not in names]
     if unknown:

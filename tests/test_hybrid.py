@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -20,7 +21,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from analysis import collect, plot
+from analysis import collect, grid, plot
 from analysis.colours import MIXER_COLOURS, PATTERN_COLOURS, mixer_colour, mixer_order
 from harness.config import validate
 from harness.rundir import ResumeRefused
@@ -189,6 +190,7 @@ def test_pattern_names_ratios_and_short_forms() -> None:
     (["kda", "atention"], 2, "'atention' is not a mixer; choose from attention, deltanet"),
     (["kda", "kda", "kda", "attention"], 3, "has 4 layers but model.num_layers=3: give one mixer per layer"),
     (["kda*0", "attention"], 1, "'kda*0' repeats a mixer 0 times; give a count >= 1"),
+    ([], 2, "names no layer: give one mixer per layer (2 for model.num_layers=2), or model.pattern=null"),
 ])
 def test_a_bad_pattern_is_one_line_naming_the_value_and_the_fix(pattern: list[str], num_layers: int,
                                                                says: str) -> None:
@@ -348,6 +350,29 @@ def test_each_kimi_ratio_has_its_own_colour_and_legend_place() -> None:
     names = {"attention", "kda:attention 1:1", "kda", "kda:attention 3:1", "gdn", "kda:attention 7:1"}
     assert mixer_order(names) == ["kda", "kda:attention 7:1", "kda:attention 3:1", "kda:attention 1:1", "gdn",
                                   "attention"]
+
+
+def test_plot_grid_names_a_hybrid_cell_by_its_pattern_as_collect_names_its_run(tmp_path: Path) -> None:
+    """`analysis.plot --grid kimi_hybrid`: the ratio is the series (the experiment/hybrid choice or a swept
+    model.pattern), so a hybrid run fills its cell and a ratio not yet run is marked as such."""
+    cells = grid.grid_cells(["kimi_hybrid"])
+    ratios = {"kda", "kda:attention 7:1", "kda:attention 3:1", "kda:attention 1:1", "attention"}
+    assert len(cells) == 5 * 2 * 3 and set(cells["series"]) == ratios and set(cells["variant"]) == {""}
+    table = collect.pd.DataFrame([{"task": "mqar", "mixer": "kda:attention 3:1", "variant": "",
+                                   "seq_len": 512, "status": "completed"}])
+    pending = grid.not_run(cells, table)
+    assert ("mqar", "kda:attention 3:1", 512) not in set(zip(pending["task"], pending["series"],
+                                                             pending["seq_len"], strict=True))
+    assert grid.fill_note(cells, pending) == "1 of 30 cells run"
+    # a grid that sweeps model.pattern itself
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "experiment" / "patterns.yaml").write_text(
+        "# @package _global_\nmodel:\n  num_layers: 4\nhydra:\n  sweeper:\n    params:\n      task: mqar\n"
+        "      task.seq_len: 64\n      mixer: kda\n"
+        "      model.pattern: '[kda*3,attention],[kda,attention,kda,attention]'\n")
+    swept = grid.grid_cells(["patterns"], conf_dir=conf)
+    assert list(swept["series"]) == ["kda:attention 1:1", "kda:attention 3:1"]
 
 
 # --- experiment=kimi_hybrid ------------------------------------------------------------------------------
