@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -84,3 +87,62 @@ def test_a_job_that_starts_when_another_ends_takes_the_gpu_that_freed(tmp_path: 
                 config=config)
     assert local.launch([["a=1"], ["a=2"], ["a=3"]], initial_job_idx=0) == [0, 1, 2]
     assert [(tmp_path / f"job{num}").read_text() for num in range(3)] == ["0", "1", "1"]
+
+
+@pytest.mark.parametrize(("n_jobs", "gpus"), [
+    (4, ["0", "1", "0", "1"]),  # two runs a GPU, all at once
+    (2, ["0", "1", "1", "1"]),  # one a GPU: jobs 2 and 3 follow job 1, which ends first, onto GPU 1
+])
+def test_a_sweep_spreads_over_the_gpus_through_the_job_processes(n_jobs: int, gpus: list[str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # The path a job of hydra/launcher=joblib_gpu takes, in forked job processes as a sweep runs them, on a
+    # CPU that claims two GPUs and 8 usable cores of 64 (an allocation's affinity): the GPU the launcher
+    # picks reaches the run's environment, trainer.device=auto takes it, the summary's `gpu` names it, and
+    # each job has its share of the usable cores.
+    from harness.check import GPU_ENV, resolve_device
+    from harness.run import gpu_identity
+
+    monkeypatch.setattr(launcher, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(name="H200", uuid=f"GPU-{index}"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv(GPU_ENV, raising=False)
+    for name in ("setup_globals", "configure_log"):
+        monkeypatch.setattr(launcher, name, lambda *args: None)
+    monkeypatch.setattr(launcher.Singleton, "set_state", lambda state: None)
+    hydra_config = type("HydraConfigStub", (), {"set_config": lambda self, config: None})()
+    monkeypatch.setattr(launcher.HydraConfig, "instance", lambda: hydra_config)
+
+    def run_job(config: Any, **kwargs: object) -> int:  # the run, as far as where it computes
+        num = config.hydra.job.num
+        time.sleep(1.5 if num == 0 else 0.0)  # job 0 holds its GPU while the others come and go
+        device = resolve_device("auto", num)
+        record = {"env": os.environ.get(GPU_ENV), "device": str(device), "gpu": gpu_identity(device),
+                  "threads": torch.get_num_threads()}
+        (tmp_path / "sweep" / f"job{num}" / "summary.json").write_text(json.dumps(record))
+        return num
+
+    monkeypatch.setattr(launcher, "run_job", run_job)
+    sweep = str(tmp_path / "sweep")
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": sweep}, "hydra_logging": {}, "verbose": False}})
+    loader = SimpleNamespace(load_sweep_config=lambda base, overrides: OmegaConf.create(
+        {"hydra": {"job": {"name": "train"}, "sweep": {"dir": sweep, "subdir": f"job{overrides[0]}"}}}))
+    local = launcher.LocalLauncher(n_jobs=n_jobs)
+    local.setup(hydra_context=SimpleNamespace(config_loader=loader), task_function=lambda cfg: None,
+                config=config)
+    before = torch.get_num_threads()
+    try:
+        assert local.launch([[str(num)] for num in range(4)], initial_job_idx=0) == [0, 1, 2, 3]
+    finally:
+        torch.set_num_threads(before)
+    records = [json.loads((tmp_path / "sweep" / f"job{num}" / "summary.json").read_text())
+               for num in range(4)]
+    assert [r["env"] for r in records] == gpus
+    assert [r["device"] for r in records] == [f"cuda:{gpu}" for gpu in gpus]
+    assert [r["gpu"] for r in records] == [{"machine_index": gpu, "name": "H200", "uuid": f"GPU-{gpu}"}
+                                           for gpu in gpus]
+    assert {r["threads"] for r in records} == {8 // n_jobs}

@@ -142,6 +142,15 @@ def record_death(run_dir: Path, cause: str) -> bool:
     return True
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a SLURM allocation or `taskset` narrows it),
+    where os.cpu_count() counts every core of the machine."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity on this platform (macOS)
+        return os.cpu_count() or 1
+
+
 def least_loaded(busy: Sequence[int], gpus: int) -> int:
     """The GPU (of `gpus`) running the fewest of `busy` (the GPUs of the jobs running now), the lowest on a
     tie: a job that starts when another ends goes where that one was, not round-robin by its number onto a
@@ -153,7 +162,7 @@ class LocalLauncher(Launcher):
     def __init__(self, n_jobs: int = 1, stop_timeout_s: float = 60.0) -> None:
         """`n_jobs` runs at once (<= 0: one per CPU core, less -n_jobs); on Ctrl-C the running jobs get
         `stop_timeout_s` to checkpoint before they are killed."""
-        self.n_jobs = n_jobs if n_jobs > 0 else max(1, (os.cpu_count() or 1) + n_jobs)
+        self.n_jobs = n_jobs if n_jobs > 0 else max(1, usable_cores() + n_jobs)
         self.stop_timeout_s = stop_timeout_s
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
@@ -196,7 +205,7 @@ class LocalLauncher(Launcher):
                     process = context.Process(
                         target=_job, name=f"job {initial_job_idx + index}",
                         args=(send, os.getpid(), self.hydra_context, configs[index], self.task_function,
-                              singleton_state, max(1, (os.cpu_count() or 1) // self.n_jobs), gpu))
+                              singleton_state, max(1, usable_cores() // self.n_jobs), gpu))
                     process.start()
                     send.close()
                     running[index] = (process, receive)
