@@ -135,3 +135,54 @@ def test_the_bf16_path_meets_the_gpu_checks_bounds(
     assert not over, over
     # the 16-bit path really ran: its output is bf16's rounding away from the token loop, not fp32's
     assert errors["o"] > 10 * FP32_TOL, errors
+
+
+@triton.jit
+def _f32_dot_kernel(a, b, c, N: tl.constexpr):
+    o = tl.arange(0, N)
+    b_a = tl.load(a + o[:, None] * N + o[None, :])
+    b_b = tl.load(b + o[:, None] * N + o[None, :])
+    tl.store(c + o[:, None] * N + o[None, :], tl.dot(b_a, b_b))  # the default input precision: tf32
+
+
+@pytest.mark.parametrize("mode", ["rne", "trunc"])
+def test_emulated_tf32_rounds_the_fp32_operands_of_a_tf32_dot(mode: str) -> None:
+    from kernels.triton import interpret
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(32, 32, generator=gen), torch.randn(32, 32, generator=gen)
+
+    def tf32(x: torch.Tensor) -> torch.Tensor:  # 10 mantissa bits, by arithmetic on the value
+        mantissa, exponent = torch.frexp(x.double())
+        scaled = mantissa * 2.0**11
+        scaled = torch.round(scaled) if mode == "rne" else torch.trunc(scaled)  # (round: half to even)
+        return torch.ldexp(scaled / 2.0**11, exponent).float()
+
+    c = torch.empty(32, 32)
+    try:
+        interpret.emulate_tf32(mode)
+        _f32_dot_kernel[(1,)](a, b, c, N=32)
+    finally:
+        interpret.emulate_tf32(None)
+    torch.testing.assert_close(c, tf32(a) @ tf32(b), rtol=1e-6, atol=1e-5)
+    assert not torch.allclose(c, a @ b, rtol=1e-5, atol=1e-5)  # the rounding is there
+    _f32_dot_kernel[(1,)](a, b, c, N=32)  # and gone again with None
+    torch.testing.assert_close(c, a @ b, rtol=1e-6, atol=1e-5)
+
+
+def test_lowp_regimes_writes_both_paths_per_regime(tmp_path) -> None:
+    # benchmarks/lowp_regimes.py at a small shape: a row per op, regime and input dtype, the bf16 path's
+    # errors bf16's, the fp32 path's fp32's, and the table
+    from benchmarks import lowp_regimes
+
+    assert lowp_regimes.main(["--out", str(tmp_path), "--device", "cpu", "--T", "40", "--K", "16",
+                              "--ops", "gated_delta_rule", "--regimes", "layer", "same_keys"]) == 0
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "lowp_regimes.csv")))
+    assert [(r["regime"], r["inputs"]) for r in rows] == [
+        ("layer", "fp32 (exact)"), ("layer", "bf16"), ("same_keys", "fp32 (exact)"), ("same_keys", "bf16")]
+    for fp32, bf16 in zip(rows[::2], rows[1::2], strict=True):
+        assert float(fp32["o"]) < 1e-5 < 1e-3 < float(bf16["o"]) < 1e-2, (fp32, bf16)
+        assert fp32["finite"] == bf16["finite"] == "1.0"
+    assert "| gated_delta_rule | same_keys | bf16 |" in (tmp_path / "lowp_regimes.md").read_text()

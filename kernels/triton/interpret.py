@@ -7,7 +7,10 @@ both: a dot widens bf16 operands to the fp32 values they hold (a tensor core mul
 accumulates in fp32), and the cast rounds to nearest even. Every other op the kernels apply to bf16 tiles
 (loads, stores, selects, transposes, casts to fp32) moves bits, which the interpreter does right.
 
-Applied by kernels/triton/__init__.py when TRITON_INTERPRET=1; tests/test_interpret.py checks it against
+`emulate_tf32(mode)` (off by default, for benchmarks/lowp_regimes.py) also rounds fp32 operands of a dot whose
+input precision is tf32 to TF32's 10 mantissa bits, to nearest or by truncation, as a GPU's tensor cores
+take them: the GPU's fp32 path, where the interpreter is otherwise exact. Applied by
+kernels/triton/__init__.py when TRITON_INTERPRET=1 (patch only); tests/test_interpret.py checks it against
 torch's bf16 on the installed Triton, and the kernels' bf16 path against the float64 token loop.
 """
 
@@ -28,6 +31,27 @@ def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), quiet_nan, rounded)
 
 
+# emulate_tf32's mode: None (exact fp32 products), "rne" or "trunc"
+_TF32: list[str | None] = [None]
+
+
+def _tf32(x: np.ndarray, mode: str) -> np.ndarray:
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    if mode == "rne":
+        bits = bits + np.uint32(0xFFF) + ((bits >> 13) & np.uint32(1))
+    return (bits & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def emulate_tf32(mode: str | None) -> None:
+    """Dots with input precision tf32 round their fp32 operands to TF32 ("rne": to nearest even, "trunc":
+    dropping the low 13 bits) or, with None, multiply them exactly (the default)."""
+    if mode not in (None, "rne", "trunc"):
+        raise ValueError(f"emulate_tf32: mode {mode!r}; use None, 'rne' or 'trunc'")
+    if not patch():
+        raise RuntimeError("emulate_tf32: this Triton's interpreter cannot be patched")
+    _TF32[0] = mode
+
+
 def patch() -> bool:
     """Wrap the interpreter's dot and fp32 -> bf16 cast (once). False if this Triton's interpreter does not
     have them where expected (the bf16 path then stays wrong there; tests/test_interpret.py fails)."""
@@ -44,13 +68,18 @@ def patch() -> bool:
         return True
     dot, cast = builder.create_dot, builder.cast_impl
 
-    def create_dot(self, a, b, *rest):
+    tf32 = getattr(getattr(interpreter, "_ir", None), "INPUT_PRECISION", None)
+    tf32 = getattr(tf32, "TF32", None)
+
+    def create_dot(self, a, b, d, input_precision, *rest):
         def wide(x):
             if x.dtype.scalar == tl.bfloat16:
                 return handle(_bf16_bits_to_f32(x.data), tl.float32)
+            if _TF32[0] and x.dtype.scalar == tl.float32 and input_precision == tf32:
+                return handle(_tf32(x.data, _TF32[0]), tl.float32)
             return x
 
-        return dot(self, wide(a), wide(b), *rest)
+        return dot(self, wide(a), wide(b), d, input_precision, *rest)
 
     def cast_impl(self, src, dst_type):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import make_inputs, rel_rms  # noqa: E402
+from benchmarks.common import CHECK_BOUNDS, make_inputs, rel_rms  # noqa: E402
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import VARIANTS as OPS  # noqa: E402
 from kernels.triton import (  # noqa: E402
@@ -37,19 +37,7 @@ from kernels.triton import (  # noqa: E402
     triton_recurrent_step,
 )
 
-BOUNDS = {
-    "o": 5e-3,
-    "final_state": 5e-3,
-    "dq": 8e-3,
-    "dk": 8e-3,
-    "dv": 8e-3,
-    "dinitial_state": 8e-3,
-    "dg": 2e-2,
-    "dbeta": 2e-2,
-    # the no-grad forward (which skips the buffers kept for the backward and, for the delta rule, the W/U
-    # pass): its output and final state, the larger error of the two (ours only)
-    "o_infer": 5e-3,
-}
+BOUNDS = CHECK_BOUNDS
 
 
 def fla_call(name: str):
