@@ -43,6 +43,8 @@
 #   lowp_saved  540  the saved W, h, Q exp(G), K exp(G_last - G), A_qk, A_kk rounded to bf16, one at a time
 #   lowp_fwd    500  q, k into the op; the forward's A_qk and decayed Q, K, its L, its W: rounded, one at a time
 #   lowp_bwd    420  the op's output o (and so dO), the reverse state pass's dVt and dh: rounded, one at a time
+#   lowp_regimes 90  the op alone, fp32 and bf16, KDA and GDN, at recurring and sharp keys (lowp_regimes);
+#                    the interpreter's figures of the same inputs: benchmarks/results/interp_lowp_regimes/
 # Two trees (group `compare`: revcheck revbench; REV a git revision, checked out into a temporary worktree,
 # or a folder holding one's tree, e.g. from `git archive REV kernels tests benchmarks | tar -x -C .rev` on a
 # machine with the checkout but not its history):
@@ -77,7 +79,7 @@ for s in ${2:-kernels}; do
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
-compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|revcheck|revbench) steps+=("$s") ;;
+compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -284,6 +286,8 @@ for step in "${steps[@]}"; do
         --variants saved_w saved_h saved_qg saved_kd saved_aqk saved_akk ;;
     lowp_fwd)
       brief 500 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants inputs fwd_intra fwd_linv fwd_wu ;;
+    lowp_regimes)
+      brief 90 python3 -m benchmarks.lowp_regimes --out "$OUT/lowp" ;;
     lowp_bwd)
       brief 420 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants output bwd_dvt bwd_dh ;;
     revcheck)
