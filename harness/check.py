@@ -15,6 +15,7 @@ import os
 import re
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,6 +60,86 @@ def resolve_device(spec: str, job_num: int | None = None) -> torch.device:
     return device
 
 
+def _check_single_run_of_a_grid() -> None:
+    """An experiment's grid (hydra.sweeper.params) is swept with -m only: launched without it, the run
+    trains one point that no value of the command line chose (the yaml's value of every swept key)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+        return
+    hydra_cfg = HydraConfig.get()
+    given = {line.lstrip("+~").split("=", 1)[0] for line in hydra_cfg.overrides.task}
+    swept = [str(key) for key, values in (hydra_cfg.sweeper.get("params") or {}).items()
+             if ("," in str(values) or re.fullmatch(r"\w+\(.*\)", str(values))) and key not in given]
+    if swept:
+        choice, pick = hydra_cfg.runtime.choices.get("experiment"), " ".join(f"{key}=..." for key in swept)
+        raise ValueError(f"experiment={choice} sweeps {', '.join(swept)} (its hydra.sweeper.params), but "
+                         "this is a single run: without -m it trains one run at the yaml's values of them; "
+                         f"add -m to run the grid, or give {pick} to train one cell")
+
+
+def _check_threads(threads: int | None) -> None:
+    """More torch threads than this process may use cores spin against each other: a run many times slower
+    (60x here for 1000 threads on 2 cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        raise ValueError(f"trainer.cpu_threads={threads}: this machine gives the run {cores} CPU core(s), "
+                         "and more threads than cores train many times slower; give "
+                         f"trainer.cpu_threads<={cores} (or null: one per core)")
+
+
+def _memory_bytes() -> int | None:
+    """The memory this process may use: the machine's, or its cgroup's limit where that is lower."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def _check_data_size(task: DictConfig) -> None:
+    """The data is generated whole before the first step (inputs and labels, int64): a set larger than the
+    machine's memory would be killed or fail there, after the run directory was taken."""
+    tokens = task.num_train * task.seq_len + task.num_eval * sum(dict.fromkeys([task.seq_len,
+                                                                                *(task.eval_seq_lens or [])]))
+    need, memory = 16 * tokens, _memory_bytes()
+    if memory is not None and need > memory:
+        raise ValueError(f"task.num_train={task.num_train}, task.num_eval={task.num_eval} at task.seq_len="
+                         f"{task.seq_len}: the data set takes {need / 2**30:.1f} GiB (int64 inputs and "
+                         "labels, generated before the first step), more than this machine's "
+                         f"{memory / 2**30:.1f} GiB; lower task.num_train (batches repeat it epoch by "
+                         "epoch), task.num_eval or the lengths")
+
+
+def _check_wandb(mode: Any) -> None:
+    """logger.wandb: the package for offline and online, and for online a W&B login; without one
+    wandb.init stops the run after its directory was taken (or waits at a prompt in a sweep's worker)."""
+    mode = str(getattr(mode, "value", mode))
+    if mode == "disabled":
+        return
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError(f"logger.wandb.mode={mode}: the wandb package is not installed; pip install wandb, "
+                         "or logger=default (W&B off)") from None
+    # a key where wandb looks first: asked no further (wandb.login then waits seconds on the network)
+    netrc = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    if mode != "online" or os.environ.get("WANDB_API_KEY") or netrc.is_file():
+        return
+    try:
+        # finds any other login wandb knows, prompts on a terminal, raises without either
+        wandb.login(verify=False)
+    except wandb.errors.Error as error:
+        raise ValueError(f"logger.wandb.mode=online: no W&B login ({error}); run `wandb login` or set "
+                         "WANDB_API_KEY, or log offline with logger.wandb.mode=offline (wandb sync later)") \
+            from None
+
+
 @dataclass
 class Preflight:
     """What the checks found: where the run computes, and at which precision."""
@@ -80,7 +161,10 @@ def preflight(cfg: DictConfig, job_num: int | None = None, mixer_name: str | Non
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(task.name)):
             raise ValueError(f"task.name={task.name!r}: not a task; use the name of a module in tasks/ "
                              "(e.g. task=mqar)")
+        _check_single_run_of_a_grid()
         device = resolve_device(cfg.trainer.device, job_num)
+        _check_threads(cfg.trainer.cpu_threads)
+        _check_data_size(task)
         generate, vocab_size = load_task(task)
         # one sequence at every length the run generates: a length too short for the task's params fails
         # here, in milliseconds, instead of after the data of the other lengths was drawn
@@ -97,6 +181,7 @@ def preflight(cfg: DictConfig, job_num: int | None = None, mixer_name: str | Non
                 layer.check_device(device)
             except ValueError as error:
                 raise ValueError(f"mixer {name!r}: {error}") from error
+        _check_wandb(cfg.logger.wandb.mode)
     except ValueError as error:
         raise ConfigError(str(error)) from error
     return Preflight(device=device, precision=effective_precision(cfg.trainer.precision, device.type))

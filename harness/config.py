@@ -297,8 +297,18 @@ def _check_values(cfg: DictConfig) -> None:
     for key, value, ok, rule in ranges:
         if not ok:
             raise ValueError(f"{key}={value}: {rule}")
+    # mixers/model.py sizes the MLP int(mlp_ratio * d_model) wide, SwiGLU 2/3 of that: at 0 the blocks
+    # have no MLP and the run trains without one
+    mlp, hidden = str(getattr(m.mlp, "value", m.mlp)), int(m.mlp_ratio * m.d_model)
+    if (int(2 * hidden / 3) if mlp == "swiglu" else hidden) < 1:
+        raise ValueError(f"model.mlp_ratio={m.mlp_ratio}: the {mlp} MLP's hidden width at model.d_model="
+                         f"{m.d_model} comes to 0; raise model.mlp_ratio (Kimi Linear's: 4.0)")
     if cfg.seed < 0:
         raise ValueError(f"seed={cfg.seed}: must be >= 0")
+    # the batch order's generator is seeded with seed * 7919 + epoch, a 64-bit integer (harness.data)
+    if cfg.seed >= 2**32:
+        raise ValueError(f"seed={cfg.seed}: must be < 2**32 = {2**32} (the batch order's 64-bit generator "
+                         "seed is seed x 7919 + epoch); give a smaller seed, e.g. 0, 1, 2")
     for key, value in (("trainer.compile", tr.compile), ("model.lean_backward", m.lean_backward)):
         if not (isinstance(value, bool) or value == "auto"):
             raise ValueError(f"{key}={value!r}: choose auto, true or false")

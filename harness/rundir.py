@@ -143,7 +143,12 @@ class RunDir:
     def lock(self) -> Iterator[None]:
         """Hold the directory's lock for the block; `RunDirBusy` (naming the holder) if another process has
         it. Creates the directory."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file in its place or on its path, no permission, a read-only disk
+            raise RunDirError(f"run directory {self.path} cannot be made: {error.strerror} "
+                              f"({error.filename}); give hydra.run.dir (a sweep: hydra.sweep.dir) a "
+                              "directory you can write") from None
         key = str(self.lock_file.resolve())
         if key in _held:
             _held[key][1] += 1

@@ -768,3 +768,101 @@ def test_a_summary_without_the_metric_is_no_seed(tmp_path: Path) -> None:
     kda = cells[cells["series"] == "kda"].iloc[0]
     assert kda["n_seeds"] == 1 and kda["acc_mean"] == pytest.approx(100 * _summary(runs[1])["best_eval_acc"])
     assert math.isclose(kda["acc_std"], 0.0) and kda["acc_min"] == kda["acc_max"]
+
+
+# ---- bad input that only the machine or the model's sizes show: one line, found before anything is written
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        # a width of 0 built blocks without an MLP, and the run trained on
+        ("model.mlp_ratio=0.001",
+         r"^model.mlp_ratio=0.001: the swiglu MLP's hidden width at model.d_model=32 comes to 0; raise "
+         r"model.mlp_ratio"),
+        # more threads than cores: a run 60x slower, and nothing said why
+        (f"trainer.cpu_threads={len(os.sched_getaffinity(0)) + 1}",
+         rf"^trainer.cpu_threads={len(os.sched_getaffinity(0)) + 1}: this machine gives the run "
+         rf"{len(os.sched_getaffinity(0))} CPU core\(s\).*give trainer.cpu_threads<="),
+        # a data set larger than the machine's memory: killed while generating it, after the directory
+        ("task.num_train=10000000000",
+         r"^task.num_train=10000000000, task.num_eval=.* GiB .*, more than this machine's "
+         r".*lower task.num_train"),
+        # the batch order's generator overflowed at the first step, after the directory was taken
+        ("seed=100000000000000000", r"^seed=100000000000000000: must be < 2\*\*32 = 4294967296 .*give a "
+                                    r"smaller seed"),
+    ],
+)
+def test_a_config_this_machine_cannot_train_is_refused_before_anything_is_written(
+    make_cfg: MakeCfg, tmp_path: Path, override: str, named: str
+) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=named):
+        train(make_cfg(*SHORT, override), run_dir, mixer_name="attention")
+    assert not run_dir.exists()
+
+
+def test_wandb_without_its_package_is_a_config_error(make_cfg: MakeCfg, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    with pytest.raises(ConfigError, match=r"^logger.wandb.mode=offline: the wandb package is not installed; "
+                                          r"pip install wandb, or logger=default"):
+        train(make_cfg(*SHORT, "logger.wandb.mode=offline"), tmp_path / "run", mixer_name="attention")
+    assert not (tmp_path / "run").exists()
+
+
+def test_wandb_online_without_a_login_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    """No WANDB_API_KEY, no ~/.netrc, no terminal to prompt on: wandb.init failed the run after its directory
+    was taken, with wandb's traceback on the console."""
+    pytest.importorskip("wandb")
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k not in ("NETRC",
+                                                                                           "HYDRA_FULL_ERROR")}
+    env.update(HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "train.py", *CLI_TINY, "trainer.max_steps=2", "logger=wandb",
+                             f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("config error: logger.wandb.mode=online: no W&B login (")
+    assert "run `wandb login` or set WANDB_API_KEY" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not run_dir.exists()
+
+
+def test_a_run_directory_that_cannot_be_made_is_one_line(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    """hydra.run.dir naming a file (or a path through one): Hydra's warning and a traceback before."""
+    taken = tmp_path / "results.txt"
+    taken.write_text("kept\n")
+    from harness.rundir import RunDirError
+
+    with pytest.raises(RunDirError, match=r"results.txt/run cannot be made: Not a directory"):
+        train(make_cfg(*SHORT), taken / "run", mixer_name="attention")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    result = subprocess.run([sys.executable, "train.py", *CLI_TINY, "trainer.max_steps=2",
+                             f"hydra.run.dir={taken}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == (f"RunDirError: run directory {taken} cannot be made: File exists "
+                                     f"({taken}); give hydra.run.dir (a sweep: hydra.sweep.dir) a directory "
+                                     "you can write")
+    assert taken.read_text() == "kept\n"
+
+
+def test_an_experiment_without_m_is_refused_unless_the_command_picks_its_cell(tmp_path: Path) -> None:
+    """`python train.py experiment=smoke` (the -m forgotten) trained one run at the yaml's mixer and lr, a
+    point of the grid that nothing on the command line chose; naming every swept key picks a cell."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    command = [sys.executable, "train.py", "experiment=smoke", "trainer.max_steps=2", "trainer.cpu_threads=1"]
+    forgot = subprocess.run([*command, f"hydra.run.dir={tmp_path / 'forgot'}"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert forgot.returncode == 1 and forgot.stdout == ""
+    assert forgot.stderr.strip() == (
+        "config error: experiment=smoke sweeps mixer, optim.lr (its hydra.sweeper.params), but this is a "
+        "single run: without -m it trains one run at the yaml's values of them; add -m to run the grid, or "
+        "give mixer=... optim.lr=... to train one cell")
+    assert not (tmp_path / "forgot").exists()
+    cell = subprocess.run([*command, "mixer=gdn", "optim.lr=3e-3", f"hydra.run.dir={tmp_path / 'cell'}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert cell.returncode == 0, cell.stderr[-2000:]
+    assert _summary(tmp_path / "cell")["status"] == "completed"
