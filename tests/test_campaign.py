@@ -1006,3 +1006,109 @@ def test_moving_the_hold_of_a_campaign_that_ended_still_packs_its_runs(tmp_path:
                              "--out", tmp_path / "out"], capture_output=True, text=True)
     assert result.returncode == 0 and "no campaign running" in result.stderr
     assert len(result.stderr.splitlines()) == 1 and len(list((tmp_path / "out").glob("campaign-*"))) == 1
+
+
+def _stop_if_started(work: Path) -> None:
+    """A start that should have been refused but was not leaves no campaign training behind the test."""
+    if (work / "state.json").exists():
+        subprocess.run([sys.executable, CAMPAIGN, "stop", "--work", work, "--grace", "20"],
+                       capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # launched, these stages failed whole, and the supervisor reported "every cell has run"
+    ("experiment=smoke trainer.max_stepz=10\n",
+     "Could not override 'trainer.max_stepz'. : Key 'max_stepz' not in 'TrainerConfig'; fix the line"),
+    ("experiment=smoke mixer=kda,kdaa\n", "Could not find 'mixer/kdaa' Available options in 'mixer':"),
+    ("experiment=smoke optim.lr=1e-3,abc\n",
+     "optim.lr=abc: Value 'abc' of type 'str' could not be converted"),
+    ("experiment=smoke hydra/launcher=lokal\n", "Could not find 'hydra/launcher/lokal'"),
+    # a traceback from shlex before
+    ('experiment=smoke "optim.lr=1e-3\n',
+     "line 2: No closing quotation in 'experiment=smoke \"optim.lr=1e-3'"),
+])
+def test_a_plan_train_py_cannot_compose_is_one_line_before_anything_is_copied(
+        tmp_path: Path, text: str, message: str) -> None:
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=smoke seed=0,1\n" + text)
+    result = subprocess.run([sys.executable, CAMPAIGN, "start", plan, "--work", tmp_path / "work"],
+                            capture_output=True, text=True, timeout=120)
+    _stop_if_started(tmp_path / "work")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("campaign: plan ") and message in result.stderr, result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_campaign_command_on_a_work_dir_without_a_campaign_says_so(tmp_path: Path) -> None:
+    """A --work that no start used (a typo, another CAMPAIGN_WORK): it read as a campaign that had ended with
+    nothing finished, exit 0."""
+    for command in ("wait", "stop", "status"):
+        result = subprocess.run([sys.executable, CAMPAIGN, command, "--work", tmp_path / "nowhere"],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.strip() == (f"campaign: no campaign in {tmp_path / 'nowhere'} (no state.json): "
+                                         "give the --work that start used, or start one there "
+                                         "(start PLAN...)")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_unpack_checks_every_archive_before_it_unpacks_any(tmp_path: Path) -> None:
+    good = _archive(tmp_path / "good.tar.gz", {"results/x/r/summary.json": b'{"status": "completed"}'})
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_text("not an archive")
+    into = tmp_path / "co"
+    gone = tmp_path / "gone.tar.gz"
+    for archives, message in (([good, bad], f"campaign: unpack: {bad} is not a whole campaign archive "
+                                            "(not a gzip file): give a campaign-*.tar.gz"),
+                              ([good, gone], f"campaign: unpack: {gone} does not exist: give a "
+                                             "campaign-*.tar.gz")):
+        result = subprocess.run([sys.executable, CAMPAIGN, "unpack", *archives, "--into", into],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
+        assert len(result.stderr.splitlines()) == 1 and not into.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["extend", "{results}", "--max-steps", "0"], "--max-steps 0: give the longer budget in steps, >= 1"),
+    (["extend", "{results}", "--max-steps", "20000", "--below", "2"],
+     "--below 2: give an accuracy in (0, 1]"),
+    (["extend", "{results}", "--max-steps", "20000", "--metric", "best_eval_ac"],
+     "--metric best_eval_ac: no finished run's summary.json under {results} has it"),
+    (["seeds", "{results}", "--seeds", "-1"], "--seeds '-1': train.py takes seeds >= 0"),
+    (["left", "{plan}", "--gpus", "0"], "--gpus 0: give GPUs, >= 1"),
+    (["start", "{plan}", "--work", "{work}", "--hold-minutes", "-5"],
+     "--hold-minutes -5: give minutes from now"),
+    (["wait", "--work", "{work}", "--minutes", "-1"], "--minutes -1: give minutes to wait, >= 0"),
+])
+def test_an_option_whose_number_means_nothing_is_one_line(tmp_path: Path, args: list[str],
+                                                           message: str) -> None:
+    """Accepted before: --max-steps 0 planned nothing, --below 2 every cell, a misspelt --metric called every
+    cell diverged, seed -1 planned runs train.py refuses, a hold that ended 5 minutes ago started a run."""
+    results = tmp_path / "results" / "grid"
+    _scored(results, "a", ["experiment=e", "task=a", "task.seq_len=256", "optim.lr=0.001", "seed=0"], 0.5)
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=smoke\n")
+    names = {"results": str(results), "plan": str(plan), "work": str(tmp_path / "work")}
+    result = subprocess.run([sys.executable, CAMPAIGN, *(arg.format(**names) for arg in args)],
+                            capture_output=True, text=True, timeout=60)
+    _stop_if_started(tmp_path / "work")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("campaign: " + message.format(**names)), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "work").exists()
+
+
+def test_the_plan_check_keeps_the_callers_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lent GPU machine finds Hydra on PYTHONPATH only (its wheels, unpacked beside): the check that
+    composes the plan's stages must add the checkout to it, not replace it, or every start is refused."""
+    campaign = _module()
+    seen: dict[str, str] = {}
+
+    def run(command, **kwargs):
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(campaign.subprocess, "run", run)
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    campaign.check_stages([["experiment=smoke", "seed=0,1"]], ROOT, [Path("plan.txt")])
+    assert seen["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/tmp/site"]

@@ -28,6 +28,8 @@ A plan is a text file, one stage per line: the overrides of one multirun, in the
 (`#` starts a comment). In a stage with its hydra.sweep.dir, `optim.lr=best` stands for each cell's lr as
 analysis.report takes it from the cell's finished runs there (analysis.lr_rule), picked cell by cell once
 no other cell of the plan still trains that cell (more seeds at the best lr; needs --hold-minutes).
+`start` first composes train.py's config for every stage (each swept value once) and refuses a plan with a
+stage that does not compose (a misspelt key or choice), before anything is copied or started.
 Only the standard library, harness/ and analysis/lr_rule.py are used here, so `wait` and `stop` need no
 Hydra.
 
@@ -135,8 +137,15 @@ class CampaignError(RuntimeError):
 def read_plan(path: Path) -> list[list[str]]:
     """The stages of a plan file: one list of overrides per non-empty line, comments dropped."""
     if not path.is_file():
-        raise CampaignError(f"plan {path} does not exist: give a text file with one stage's overrides a line")
-    stages = [shlex.split(line, comments=True) for line in path.read_text().splitlines()]
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise CampaignError(f"plan {path} {what}: give a text file with one stage's overrides a line")
+    stages = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            stages.append(shlex.split(line, comments=True))
+        except ValueError as error:  # an unclosed quote
+            raise CampaignError(f"plan {path} line {number}: {error} in {line.strip()!r}; close the quote, "
+                                "or quote the whole override as the shell would") from None
     stages = [stage for stage in stages if stage]
     if not stages:
         raise CampaignError(f"plan {path} has no stage: write one line of train.py overrides per stage")
@@ -234,6 +243,67 @@ def expand(stages: list[list[str]]) -> list[Cell]:
                        and arg.split("=", 1)[1].lstrip("-").isdigit()), 1)
         cells += [Cell(index, list(point), swept, n_jobs) for point in itertools.product(*choices)]
     return cells
+
+
+# Run in the checkout to be copied (its conf/ and harness/): composes train.py's config for each list of
+# overrides read from stdin, and prints the first that does not compose as [index, message].
+_COMPOSE = r"""
+import json, sys
+from hydra import compose, initialize_config_dir
+import harness.config  # noqa: F401  (train.py's typed schema, `base_config`)
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    for index, overrides in enumerate(json.load(sys.stdin)):
+        try:
+            compose("config", overrides=overrides)
+        except Exception as error:
+            # Hydra's hint to add a misspelt key with `+` would only move the error: train.py refuses it
+            text = str(error).split("Config search path:")[0].split("To append to your config use")[0]
+            if error.__cause__ is not None:
+                text += ": " + str(error.__cause__).splitlines()[0]
+            print(json.dumps([index, " ".join(text.split())]))
+            sys.exit(1)
+"""
+
+
+def check_stages(stages: list[list[str]], source: Path, plans: list[Path]) -> None:
+    """CampaignError naming the first stage that train.py's config cannot compose (a misspelt key or group
+    choice, a value of the wrong type), found before anything is copied or started: launched, such a stage
+    fails whole without recording a run. Each swept value is composed once, beside the first values of the
+    stage's other keys; sweep functions (range(...), glob(*)) and optim.lr=best are left to the launch."""
+    cases, owners = [], []
+    for index, stage in enumerate(stages):
+        choices = []
+        for arg in stage:
+            key, value = arg.split("=", 1)
+            values = [value] if key.startswith("hydra") else split_values(value)
+            if (key == BEST_KEY and BEST in values) or re.fullmatch(r"\w+\(.*\)", value.strip()):
+                continue
+            choices.append([f"{key}={v}" for v in values])
+        first = [choice[0] for choice in choices]
+        for case in [first] + [first[:position] + [value] + first[position + 1:]
+                               for position, choice in enumerate(choices) for value in choice[1:]]:
+            if case not in cases:
+                cases.append(case)
+                owners.append(index)
+    try:
+        result = subprocess.run([sys.executable, "-c", _COMPOSE, str(source / "conf")], cwd=source,
+                                input=json.dumps(cases), capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                    filter(None, [str(source), os.environ.get("PYTHONPATH")]))})
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise CampaignError(f"cannot check the plan's stages with {source}/train.py's config: {error}") \
+            from None
+    if result.returncode == 0:
+        return
+    try:
+        index, message = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CampaignError(f"cannot check the plan's stages with {source}/train.py's config: {last}") \
+            from None
+    stage = stages[owners[index]]
+    raise CampaignError(f"plan {', '.join(map(str, plans))}: stage {' '.join(stage)!r}: {message}; fix the "
+                        "line (nothing was copied or started)")
 
 
 def group_overrides(cells: list[Cell]) -> list[str]:
@@ -900,6 +970,7 @@ def _cell_runs(results: Path, metric: str) -> dict[tuple, list[dict[str, Any]]]:
             "overrides": ordered, "dir": run,
             "values": {k: _number(v) for k, v in (o.split("=", 1) for o in ordered)},
             "metric": float(value) if isinstance(value, (int, float)) and value == value else None,
+            "has_metric": metric in summary,
             "to_threshold": summary.get("steps_to_threshold"),
             "max_steps": (summary.get("config") or {}).get("trainer.max_steps", summary.get("steps")),
             "seq_len": summary.get("seq_len") or 0,
@@ -988,11 +1059,17 @@ def _cells_of(results: list[Path], source: Path, metric: str) -> Iterator[tuple[
         if not root.is_dir():
             raise CampaignError(f"results {root} is not a directory: give the directory a sweep wrote its "
                                 "runs into (e.g. results/kimi_fig4_h200)")
+    found = []
     for root in results:
         place = str(root.resolve().relative_to(source.resolve())) if root.resolve().is_relative_to(
             source.resolve()) else str(root)
-        for runs in _cell_runs(root, metric).values():
-            yield place, runs
+        found += [(place, runs) for runs in _cell_runs(root, metric).values()]
+    # a misspelt metric is in no summary: every cell would read as "all diverged" and the plan stay empty
+    if found and not any(run["has_metric"] for _, runs in found for run in runs):
+        raise CampaignError(f"--metric {metric}: no finished run's summary.json under "
+                            f"{', '.join(map(str, results))} has it; give a summary field such as "
+                            "best_train_acc (the default), best_eval_acc or final_eval_acc")
+    yield from found
 
 
 def _best_run(runs: list[dict[str, Any]], metric: str,
@@ -1163,6 +1240,7 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
     if hold_minutes is None and any(f"{BEST_KEY}={BEST}" in stage for stage in stages):
         raise CampaignError(f"{BEST_KEY}={BEST} in a plan needs --hold-minutes: the cell by cell supervisor "
                             "picks each cell's lr; a stage run whole would hand Hydra the word")
+    check_stages(stages, source, plans)
     work.mkdir(parents=True, exist_ok=True)
     (work / HOLD_FILE).unlink(missing_ok=True)  # an earlier campaign's
     snapshot(work, source)
@@ -1344,12 +1422,28 @@ def _extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], into: Path) -
         destination.write_bytes(tar.extractfile(member).read())
 
 
+def check_archive(archive: Path) -> None:
+    """CampaignError (one line: the file and the fix) unless `archive` is a whole gzipped tar holding only
+    files under the run roots; `unpack` checks every archive so before it extracts any."""
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            members = tar.getmembers()
+    except FileNotFoundError:
+        raise CampaignError(f"unpack: {archive} does not exist: give a campaign-*.tar.gz that start, wait or "
+                            "stop packed into --out") from None
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise CampaignError(f"unpack: {archive} is not a whole campaign archive ({error}): give a "
+                            "campaign-*.tar.gz that start, wait or stop packed into --out, as it came back")\
+            from None
+    _refuse_unsafe(members, str(archive), "unpack", logs=True)
+
+
 def unpack(archive: Path, into: Path) -> None:
     """Extract an archive's run directories into the checkout `into`; a finished run already there with
     another summary is left as it is and named (delete it first to take the new one)."""
+    check_archive(archive)
     with tarfile.open(archive, "r:gz") as tar:
         members = tar.getmembers()
-        _refuse_unsafe(members, str(archive), "unpack", logs=True)
         runs = _by_run([m for m in members if not m.name.startswith("campaign-logs/")])
         new, same, kept = 0, 0, []
         for run, files in sorted(runs.items()):
@@ -1369,6 +1463,21 @@ def unpack(archive: Path, into: Path) -> None:
     print(f"{archive.name}: {new} run(s) unpacked into {into}, {same} already there")
     for run in kept:
         print(f"  kept {run}: a finished run with another summary is already there (delete it to replace)")
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """CampaignError naming the first option whose number cannot mean what it says (a hold that ended
+    already, a budget of no steps, an accuracy above 1), before anything is copied, started or planned."""
+    rules = [("hold_minutes", lambda v: v > 0, "minutes from now, > 0"),
+             ("minutes", lambda v: v >= 0, "minutes to wait, >= 0"),
+             ("grace", lambda v: v >= 0, "seconds, >= 0"),
+             ("gpus", lambda v: v >= 1, "GPUs, >= 1"),
+             ("max_steps", lambda v: v >= 1, "the longer budget in steps, >= 1 (e.g. 20000)"),
+             ("below", lambda v: 0 < v <= 1, "an accuracy in (0, 1], e.g. 0.99")]
+    for name, ok, what in rules:
+        value = getattr(args, name, None)
+        if value is not None and not ok(value):
+            raise CampaignError(f"--{name.replace('_', '-')} {value:g}: give {what}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1458,6 +1567,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
+        check_numbers(args)
+        if args.command in ("wait", "stop", "status") and not (args.work / "state.json").is_file():
+            # a --work that no start used (a typo, another CAMPAIGN_WORK, a fresh machine) has nothing to
+            # wait for or pack, which would read as a campaign that ended with nothing finished
+            raise CampaignError(f"no campaign in {args.work} (no state.json): give the --work that start "
+                                "used, or start one there (start PLAN...)")
         if args.command == "_supervise":
             return supervise(args.work)
         if args.command == "left":
@@ -1472,10 +1587,14 @@ def main(argv: list[str] | None = None) -> int:
                 wanted = [int(seed) for seed in args.seeds.split(",")]
             except ValueError:
                 raise CampaignError(f"--seeds {args.seeds!r}: give integers, e.g. 1,2") from None
+            if any(seed < 0 for seed in wanted):
+                raise CampaignError(f"--seeds {args.seeds!r}: train.py takes seeds >= 0; give e.g. 1,2")
             print(seeds(args.results, args.source, wanted, args.metric, shlex.split(args.launcher),
                         parse_n_jobs(args.n_jobs)), end="")
             return 0
         if args.command == "unpack":
+            for archive in args.archives:
+                check_archive(archive)
             for archive in args.archives:
                 unpack(archive, args.into)
             return 0
