@@ -57,6 +57,8 @@ def train(cfg: DictConfig, run_dir: Path | str, *, mixer_name: str | None = None
     step, leaves status `incomplete` and is re-raised.
     """
     mixer_name = mixer_name or str(cfg.mixer.get("_target_", "mixer")).rsplit(".", 1)[-1]
+    # a one-process sweep's previous job named the lines; this job's checks are not its
+    name_log_lines(None)
     checked = preflight(cfg, job_num, mixer_name)
     rundir = RunDir(run_dir)
     with rundir.lock(), sigterm_interrupts():

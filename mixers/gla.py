@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixers.linear_base import LinearMixer
+from mixers.linear_base import LinearMixer, _positive_int
 
 
 class GLA(LinearMixer):
@@ -41,6 +41,7 @@ class GLA(LinearMixer):
         if gate_logit_normalizer <= 0:
             raise ValueError(f"gate_logit_normalizer={gate_logit_normalizer}; it must be > 0 (GLA: 16)")
         self.gate_logit_normalizer = gate_logit_normalizer
+        _positive_int("gate_low_rank_dim", gate_low_rank_dim)
         self.decay_down = nn.Linear(d_model, gate_low_rank_dim, bias=False)
         self.decay_up = nn.Linear(gate_low_rank_dim, self.num_heads * self.head_dim)
 

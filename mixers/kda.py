@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mixers.linear_base import BetaProjection, LinearMixer, inverse_softplus, log_uniform
+from mixers.linear_base import BetaProjection, LinearMixer, _positive_int, inverse_softplus, log_uniform
 from mixers.recompute import kda_gate, recomputed, wide
 
 GATES = ("softplus", "bounded")
@@ -69,7 +69,7 @@ class KDA(LinearMixer):
         self.gate, self.g_min = gate, float(g_min)
         H, K = self.num_heads, self.head_dim
         # Kimi Linear: rank = head_dim (128)
-        rank = gate_low_rank_dim or K
+        rank = K if gate_low_rank_dim is None else _positive_int("gate_low_rank_dim", gate_low_rank_dim)
         self.decay_down = nn.Linear(d_model, rank, bias=False)
         self.decay_up = nn.Linear(rank, H * K, bias=False)
         dt = log_uniform(H * K, dt_min, dt_max)

@@ -239,7 +239,8 @@ class LinearMixer(Mixer):
                 self.o_gate_proj: nn.Module = nn.Linear(d_model, H * V, bias=False)
             else:
                 # Kimi Linear: rank = head_dim, with a bias on the up-projection
-                rank = _positive_int("output_gate_low_rank_dim", output_gate_low_rank_dim or V)
+                rank = V if output_gate_low_rank_dim is None else _positive_int(
+                    "output_gate_low_rank_dim", output_gate_low_rank_dim)
                 self.o_gate_proj = nn.Sequential(nn.Linear(d_model, rank, bias=False), nn.Linear(rank, H * V))
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
         self.chunk_op, self.step_op = OPS[(self.decay, self.delta_rule)]

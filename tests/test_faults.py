@@ -244,6 +244,24 @@ def test_sizes_the_gpu_kernels_cannot_run_are_refused_before_the_first_step(
     preflight(make_cfg(*SHORT, f"mixer={mixer}", override), mixer_name=mixer)
 
 
+@pytest.mark.parametrize(("mixer", "override"), [
+    ("kda", "mixer.gate_low_rank_dim=0"),
+    ("kda", "mixer.output_gate_low_rank_dim=0"),
+    ("gla", "mixer.gate_low_rank_dim=0"),
+])
+def test_a_low_rank_dim_of_zero_is_refused_not_read_as_its_default(
+    make_cfg: MakeCfg, mixer: str, override: str
+) -> None:
+    """0 read as null (`x or default`): the run built the full-rank layer nobody asked for, or a
+    zero-width one (GLA)."""
+    from harness.check import preflight
+
+    key = override.split(".", 1)[1].split("=")[0]
+    extra = ("mixer.output_gate_rank=low",) if "output" in key else ()
+    with pytest.raises(ConfigError, match=rf"mixer '{mixer}': {key}=0; it must be a positive integer"):
+        preflight(make_cfg(*SHORT, f"mixer={mixer}", override, *extra), mixer_name=mixer)
+
+
 def test_the_triton_backend_on_the_cpu_without_its_interpreter_is_refused_up_front(
     make_cfg: MakeCfg, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -866,3 +884,17 @@ def test_an_experiment_without_m_is_refused_unless_the_command_picks_its_cell(tm
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert cell.returncode == 0, cell.stderr[-2000:]
     assert _summary(tmp_path / "cell")["status"] == "completed"
+
+
+def test_a_jobs_checks_do_not_carry_the_previous_jobs_name(make_cfg: MakeCfg, tmp_path: Path) -> None:
+    """A one-process sweep runs its jobs in turn: the checks of the next job logged under the name of the
+    one before (a warning of job 2 in job 1's name, first in job 2's train.log)."""
+    from harness.log import _RunNamePrefix, log, name_log_lines
+
+    name_log_lines("mqar/kda/previous")
+    try:
+        with pytest.raises(ConfigError):
+            train(make_cfg(*SHORT, "optim.lr=-1"), tmp_path / "run")
+        assert not [f for f in log.filters if isinstance(f, _RunNamePrefix)]
+    finally:
+        name_log_lines(None)
