@@ -13,6 +13,7 @@ was), and a script can load one alone (benchmarks/ take conf/optim/adamw.yaml).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import logging
@@ -27,7 +28,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from harness.rundir import ResumeRefused
-from mixers.pattern import check_pattern
+from mixers.pattern import check_pattern, expand
 
 # The `train` logger: in a sweep, its lines carry the run's name (harness.log.name_log_lines).
 log = logging.getLogger("train")
@@ -354,6 +355,10 @@ def computed(flat: dict[str, Any], precision: str | None = None) -> dict[str, An
     """What a run computes, from its flattened config: the keys of RUN_ONLY dropped, and trainer.precision
     replaced by the precision the run took when it is known (`precision`)."""
     kept = {k: v for k, v in flat.items() if not run_only(k)}
+    if isinstance(kept.get("model.pattern"), list):
+        # `kda*3` and `kda,kda,kda` build one model: compared layer by layer
+        with contextlib.suppress(ValueError):
+            kept["model.pattern"] = expand(kept["model.pattern"])
     if precision is not None and "trainer.precision" in kept:
         kept["trainer.precision"] = precision
     return kept

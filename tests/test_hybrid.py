@@ -316,6 +316,19 @@ def test_hybrid_run_resumes_exactly_and_tags_its_pattern(make_cfg: MakeCfg, tmp_
         train(other, tmp_path / "parts", mixer_name="attention")
 
 
+def test_a_relaunch_spelling_the_same_pattern_otherwise_is_the_same_run() -> None:
+    """`kda*3` and `kda,kda,kda` build one model: a relaunch written the other way was refused as another
+    config; another order of the layers is another model."""
+    from harness.config import compare
+
+    def flat(*pattern: str) -> dict[str, object]:
+        return {"model.pattern": list(pattern), "model.num_layers": 4}
+
+    assert compare(flat("kda*3", "attention"), flat("kda", "kda", "kda", "attention")).computed == []
+    reordered = compare(flat("kda*3", "attention"), flat("kda", "attention", "kda*2"))
+    assert reordered.computed == ["model.pattern"]
+
+
 # --- analysis --------------------------------------------------------------------------------------------
 
 
