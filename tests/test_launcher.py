@@ -146,3 +146,13 @@ def test_a_sweep_spreads_over_the_gpus_through_the_job_processes(n_jobs: int, gp
     assert [r["gpu"] for r in records] == [{"machine_index": gpu, "name": "H200", "uuid": f"GPU-{gpu}"}
                                            for gpu in gpus]
     assert {r["threads"] for r in records} == {8 // n_jobs}
+
+
+def test_n_jobs_that_is_not_a_number_is_named() -> None:
+    """A misspelt n_jobs reached the launcher as a string and failed as a TypeError comparing it with 0."""
+    from hydra_plugins.kda_harness.launcher import LocalLauncher
+
+    for bad in ("abc", 2.5, True):
+        with pytest.raises(ValueError, match=rf"hydra.launcher.n_jobs={bad!r}: give the number of runs"):
+            LocalLauncher(n_jobs=bad)  # type: ignore[arg-type]
+    assert LocalLauncher(n_jobs=3).n_jobs == 3

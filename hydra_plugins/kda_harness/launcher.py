@@ -162,6 +162,10 @@ class LocalLauncher(Launcher):
     def __init__(self, n_jobs: int = 1, stop_timeout_s: float = 60.0) -> None:
         """`n_jobs` runs at once (<= 0: one per CPU core, less -n_jobs); on Ctrl-C the running jobs get
         `stop_timeout_s` to checkpoint before they are killed."""
+        if isinstance(n_jobs, bool) or not isinstance(n_jobs, int):
+            # (the launcher's yaml is untyped: a misspelt value arrives as it was written)
+            raise ValueError(f"hydra.launcher.n_jobs={n_jobs!r}: give the number of runs at once, an integer "
+                             "(<= 0: one per CPU core, less that many)")
         self.n_jobs = n_jobs if n_jobs > 0 else max(1, usable_cores() + n_jobs)
         self.stop_timeout_s = stop_timeout_s
         self.config: DictConfig | None = None
