@@ -154,10 +154,21 @@ def main(argv: list[str] | None = None) -> int:
                      "does it")
     from kernels.triton import interpret, plan
 
+    # the launch forms of the training shapes (B = 256): the thresholds of many programs at 0; both
+    # settings are undone on return (a caller in the same process, the tests, keeps its rules)
+    thresholds = plan.FILL_PROGRAMS, plan.MANY_HEADS
+    plan.FILL_PROGRAMS, plan.MANY_HEADS = 0, 0
     if args.tf32 != "off":
         interpret.emulate_tf32(args.tf32)
-    # the launch forms of the training shapes (B = 256): the thresholds of many programs at 0
-    plan.FILL_PROGRAMS, plan.MANY_HEADS = 0, 0
+    try:
+        return _measure(args, device, argv)
+    finally:
+        plan.FILL_PROGRAMS, plan.MANY_HEADS = thresholds
+        if args.tf32 != "off":
+            interpret.emulate_tf32(None)
+
+
+def _measure(args: argparse.Namespace, device: torch.device, argv: list[str] | None) -> int:
     fp32_label = "fp32" + (f" (tf32 {args.tf32})" if args.tf32 != "off" else
                            " (exact)" if device.type == "cpu" else "")
     header = (f"# The chunk op's 16-bit path by input regime\n\n{provenance(device)}; "

@@ -174,7 +174,9 @@ def test_lowp_regimes_writes_both_paths_per_regime(tmp_path) -> None:
     # benchmarks/lowp_regimes.py at a small shape: a row per op, regime and input dtype, the bf16 path's
     # errors bf16's, the fp32 path's fp32's, and the table
     from benchmarks import lowp_regimes
+    from kernels.triton import plan
 
+    rules = plan.FILL_PROGRAMS, plan.MANY_HEADS
     assert lowp_regimes.main(["--out", str(tmp_path), "--device", "cpu", "--T", "40", "--K", "16",
                               "--ops", "gated_delta_rule", "--regimes", "layer", "same_keys"]) == 0
     import csv
@@ -186,3 +188,5 @@ def test_lowp_regimes_writes_both_paths_per_regime(tmp_path) -> None:
         assert float(fp32["o"]) < 1e-5 < 1e-3 < float(bf16["o"]) < 1e-2, (fp32, bf16)
         assert fp32["finite"] == bf16["finite"] == "1.0"
     assert "| gated_delta_rule | same_keys | bf16 |" in (tmp_path / "lowp_regimes.md").read_text()
+    # the launch rules it set for itself are undone: later tests of the same process plan as before
+    assert (plan.FILL_PROGRAMS, plan.MANY_HEADS) == rules

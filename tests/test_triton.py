@@ -564,10 +564,11 @@ def test_no_grad_akk_in_bf16(
         *[a.double() if a is not None else None for a in args], None, inputs["initial_state"].double(), True
     )
     errs = rel_rms(o_ref, o), rel_rms(ht_ref, ht)
-    assert max(errs) <= 1e-2, errs  # (2e-4 to 4e-3 here)
+    assert max(errs) <= 1e-2, errs  # (9e-5 to 4e-3 here)
     assert [x.dtype for x in made if x.dim() == 4 and x.shape[-1] == 64].count(torch.bfloat16) == 1
     if T > 1:
-        assert max(errs) > TOL  # the rounding shows: the bf16 buffer was read
+        # the rounding shows (the bf16 buffer was read): fp32 throughout meets the token loop to ~1e-7
+        assert max(errs) > 1e-5, errs
 
 
 @pytest.mark.parametrize("many", [True, False])
