@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -402,7 +402,19 @@ def test_sigterm_checkpoints_like_ctrl_c(tmp_path: Path) -> None:
         assert "interrupted (Terminated) inside step" in log and not (run_dir / "checkpoint.pt").exists()
 
 
+@pytest.fixture
+def python_ctrl_c() -> Iterator[None]:
+    """Ctrl-C as a Python process has it (KeyboardInterrupt): a test process's own disposition of SIGINT
+    may differ (a pytest-xdist worker's once ignored it, and the run trained on to its end)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_an_interrupt_just_after_a_checkpoint_is_written_records_that_checkpoints_step(
         make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
     """The signal lands between checkpoint.pt's rename and the trainer noting its step (the window a
@@ -427,6 +439,7 @@ def test_an_interrupt_just_after_a_checkpoint_is_written_records_that_checkpoint
     assert summary["checkpoint_step"] == on_disk, (summary["checkpoint_step"], on_disk)
 
 
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_a_second_ctrl_c_during_the_interrupts_checkpoint_keeps_it_and_its_step(
         make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import harness.trainer as trainer
