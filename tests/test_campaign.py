@@ -1023,7 +1023,7 @@ def _stop_if_started(work: Path) -> None:
     ("experiment=smoke optim.lr=1e-3,abc\n",
      "optim.lr=abc: Value 'abc' of type 'str' could not be converted"),
     ("experiment=smoke hydra/launcher=lokal\n", "Could not find 'hydra/launcher/lokal'"),
-    # a traceback from shlex before
+    # an unclosed quote: shlex's error, named by its line
     ('experiment=smoke "optim.lr=1e-3\n',
      "line 2: No closing quotation in 'experiment=smoke \"optim.lr=1e-3'"),
 ])

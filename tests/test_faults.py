@@ -810,7 +810,7 @@ def test_a_summary_without_the_metric_is_no_seed(tmp_path: Path) -> None:
         ("model.mlp_ratio=0.001",
          r"^model.mlp_ratio=0.001: the swiglu MLP's hidden width at model.d_model=32 comes to 0; raise "
          r"model.mlp_ratio"),
-        # more threads than cores: a run 60x slower, and nothing said why
+        # more threads than cores: a run many times slower
         (f"trainer.cpu_threads={len(os.sched_getaffinity(0)) + 1}",
          rf"^trainer.cpu_threads={len(os.sched_getaffinity(0)) + 1}: this machine gives the run "
          rf"{len(os.sched_getaffinity(0))} CPU core\(s\).*give trainer.cpu_threads<="),
