@@ -79,10 +79,19 @@ def _check_single_run_of_a_grid() -> None:
                          f"add -m to run the grid, or give {pick} to train one cell")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a SLURM allocation or `taskset` narrows it),
+    where os.cpu_count() counts every core of the machine."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity on this platform (macOS)
+        return os.cpu_count() or 1
+
+
 def _check_threads(threads: int | None) -> None:
     """More torch threads than this process may use cores spin against each other: a run many times slower
     (60x here for 1000 threads on 2 cores)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     if threads is not None and threads > cores:
         raise ValueError(f"trainer.cpu_threads={threads}: this machine gives the run {cores} CPU core(s), "
                          "and more threads than cores train many times slower; give "

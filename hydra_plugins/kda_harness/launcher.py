@@ -32,7 +32,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from harness.check import GPU_ENV
+from harness.check import GPU_ENV, usable_cores
 from harness.gpus import visible_gpus
 from harness.rundir import FileUnreadable, ResumeRefused, RunDir, RunDirBusy, RunDirError
 
@@ -140,15 +140,6 @@ def record_death(run_dir: Path, cause: str) -> bool:
     except RunDirError:
         return False
     return True
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (a SLURM allocation or `taskset` narrows it),
-    where os.cpu_count() counts every core of the machine."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no affinity on this platform (macOS)
-        return os.cpu_count() or 1
 
 
 def least_loaded(busy: Sequence[int], gpus: int) -> int:
