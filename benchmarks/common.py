@@ -1,7 +1,8 @@
 """The benchmark toolkit: what the scripts of benchmarks/ and the tests that share their inputs need once.
 
     inputs       make_inputs (one op's inputs, [B, T, H, D] keywords), token_loop_inputs (positional, fp32),
-                 rel_rms (the error measure), CHECK_BOUNDS (the GPU check's bounds on it)
+                 rel_rms (the error measure), CHECK_BOUNDS (the GPU check's bounds on it), errors_of
+                 (an op's outputs and gradients against a reference's)
     shapes       SHAPES (the fixed benchmark shapes), SWEEP_LENGTHS, add_shape_args (--B --T --H --D)
     launches     Launch, Recorder, record_launches: every kernel launch of one op, recorded on meta tensors
     provenance   provenance(): date, device, versions and commit of a measurement; indexed_device
@@ -22,7 +23,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -66,6 +67,49 @@ def rel_rms(ref: torch.Tensor, out: torch.Tensor) -> float:
     denom = ref64.norm().item()
     err = (out64 - ref64).norm().item()
     return err / denom if denom > 0 else err
+
+
+def errors_of(
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    inputs: dict,
+    ref_out: tuple,
+    ref_grads: dict,
+    do: torch.Tensor,
+    dht: torch.Tensor,
+    infer: bool = False,
+) -> tuple[dict, str]:
+    """Relative RMS errors (rel_rms) of an op's outputs and gradients against a reference's, and a note.
+    `fn(q, k, v, g, beta, initial_state=, output_final_state=True)` runs on leaves cloned from `inputs`; the
+    loss is o . do + final state . dht; `infer` adds the no-grad forward's larger error as o_infer. When
+    the backward raises (FLA's gated backwards on Triton 3.6, #640): the forward's errors and the exception
+    as the note instead of nothing."""
+    names = [n for n, t in inputs.items() if t is not None]
+    leaves = {n: inputs[n].detach().clone().requires_grad_(True) for n in names}
+    o, ht = fn(
+        leaves["q"],
+        leaves["k"],
+        leaves["v"],
+        leaves.get("g"),
+        leaves.get("beta"),
+        initial_state=leaves["initial_state"],
+        output_final_state=True,
+    )
+    errs = {"o": rel_rms(ref_out[0], o), "final_state": rel_rms(ref_out[1], ht)}
+    if infer:
+        with torch.no_grad():
+            o_inf, ht_inf = fn(
+                *(inputs[n] for n in ("q", "k", "v", "g", "beta")),
+                initial_state=inputs["initial_state"],
+                output_final_state=True,
+            )
+        errs["o_infer"] = max(rel_rms(ref_out[0], o_inf), rel_rms(ref_out[1], ht_inf))
+    try:
+        ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
+    except Exception as exc:
+        return errs, f"backward ERR {type(exc).__name__}: {str(exc)[:90]}"
+    for n in names:
+        errs[f"d{n}"] = rel_rms(ref_grads[n], leaves[n].grad) if leaves[n].grad is not None else float("nan")
+    return errs, ""
 
 
 def make_inputs(

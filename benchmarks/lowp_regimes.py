@@ -29,6 +29,7 @@ runs its dots in TF32). Writes DIR/lowp_regimes.csv and DIR/lowp_regimes.md (pro
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -37,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import CHECK_BOUNDS, indexed_device, provenance, rel_rms, write_csv
+from benchmarks.common import CHECK_BOUNDS, errors_of, indexed_device, provenance, write_csv
 
 OPS = {"kda_bounded": ("channel", -5.0), "gated_delta_rule": ("scalar", None)}
 REGIMES = ("layer", "max_decay", "no_decay", "half_slow", "same_keys", "sharp_keys", "big_v")
@@ -107,14 +108,17 @@ def errors(op: str, inputs: dict[str, torch.Tensor], dtype: torch.dtype, seed: i
     do = torch.randn(o_ref.shape, device=o_ref.device, generator=gen)
     dht = torch.randn(ht_ref.shape, device=o_ref.device, generator=gen)
     ((o_ref * do.double()).sum() + (ht_ref * dht.double()).sum()).backward()
-    ours = {n: (t.to(dtype) if n in ("q", "k", "v", "beta") else t).detach().requires_grad_(True)
-            for n, t in rounded.items()}  # fmt: skip
-    o, ht = triton_chunk(*(ours[n] for n in NAMES[:5]), None, ours["initial_state"], True, 64, lower_bound)
-    ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
-    out = {"o": rel_rms(o_ref, o), "final_state": rel_rms(ht_ref, ht)}
-    out.update({f"d{n}": rel_rms(ref[n].grad, ours[n].grad) for n in NAMES})
-    finite = torch.isfinite(o).all() and all(torch.isfinite(t.grad).all() for t in ours.values())
-    return {**out, "finite": float(bool(finite))}
+
+    def ours(q, k, v, g, beta, initial_state, output_final_state):
+        return triton_chunk(q, k, v, g, beta, None, initial_state, output_final_state, 64, lower_bound)
+
+    cast = {n: t.to(dtype) if n in ("q", "k", "v", "beta") else t for n, t in rounded.items()}
+    out, note = errors_of(ours, cast, (o_ref.detach(), ht_ref.detach()), {n: t.grad for n, t in ref.items()},
+                          do, dht)
+    if note:
+        raise RuntimeError(f"{op}: {note}")
+    # a non-finite output or gradient has a non-finite error
+    return {**out, "finite": float(all(math.isfinite(e) for e in out.values()))}
 
 
 def markdown(rows: list[dict], header: str) -> str:

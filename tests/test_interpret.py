@@ -8,9 +8,7 @@ bf16 errors are 1e10 and more, and the casts miss torch's rounding.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 # must precede the first triton import of the process
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -23,7 +21,7 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from benchmarks.common import make_inputs  # noqa: E402
+from benchmarks.common import CHECK_BOUNDS, errors_of, make_inputs  # noqa: E402
 from kernels.naive import naive_recurrent  # noqa: E402
 from kernels.triton import VARIANTS, triton_chunk  # noqa: E402
 from kernels.triton.chunk import INTERPRET  # noqa: E402
@@ -32,11 +30,7 @@ pytestmark = pytest.mark.skipif(
     not INTERPRET, reason="kernels.triton was imported without TRITON_INTERPRET=1; run this file on its own"
 )
 
-_CHECK = Path(__file__).resolve().parent / "gpu" / "check_kernels.py"
-_spec = importlib.util.spec_from_file_location("check_kernels", _CHECK)
-check_kernels = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check_kernels)
-BOUNDS = check_kernels.BOUNDS
+BOUNDS = CHECK_BOUNDS
 # fp32 inputs meet the token loop to 1e-4 (tests/test_triton.py); bf16's rounding alone is about 2e-3
 FP32_TOL = 1e-4
 
@@ -100,7 +94,7 @@ def _bf16_errors(decay: str, delta: bool, lower_bound: float | None, T: int, chu
             q, k, v, g, beta, None, initial_state, output_final_state, chunk_size, lower_bound
         )
 
-    errors, note = check_kernels.errors_of(
+    errors, note = errors_of(
         ours, inputs, (o_ref.detach(), ht_ref.detach()), {n: t.grad for n, t in ref.items()}, do, dht,
         infer=True,
     )  # fmt: skip

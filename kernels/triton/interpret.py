@@ -23,10 +23,16 @@ def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def _rounded(bits: np.ndarray, drop: int) -> np.ndarray:
+    """fp32 bits rounded to nearest, ties to even, at bit `drop`: its low `drop` bits zero."""
+    half, low = np.uint32((1 << (drop - 1)) - 1), np.uint32((1 << drop) - 1)
+    return (bits + half + ((bits >> drop) & np.uint32(1))) & ~low
+
+
 def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    # round to nearest, ties to even, on the bits; a NaN stays a (quiet) NaN instead of rounding into inf
+    # a NaN stays a (quiet) NaN instead of rounding into inf
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    rounded = (_rounded(bits, 16) >> 16).astype(np.uint16)
     quiet_nan = ((bits >> 16) | np.uint32(0x40)).astype(np.uint16)
     return np.where(np.isnan(x), quiet_nan, rounded)
 
@@ -36,10 +42,9 @@ _TF32: list[str | None] = [None]
 
 
 def _tf32(x: np.ndarray, mode: str) -> np.ndarray:
+    # TF32 keeps 10 of fp32's 23 mantissa bits
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    if mode == "rne":
-        bits = bits + np.uint32(0xFFF) + ((bits >> 13) & np.uint32(1))
-    return (bits & np.uint32(0xFFFFE000)).view(np.float32)
+    return (_rounded(bits, 13) if mode == "rne" else bits & ~np.uint32((1 << 13) - 1)).view(np.float32)
 
 
 def emulate_tf32(mode: str | None) -> None:
@@ -68,8 +73,7 @@ def patch() -> bool:
         return True
     dot, cast = builder.create_dot, builder.cast_impl
 
-    tf32 = getattr(getattr(interpreter, "_ir", None), "INPUT_PRECISION", None)
-    tf32 = getattr(tf32, "TF32", None)
+    tf32 = getattr(getattr(getattr(interpreter, "_ir", None), "INPUT_PRECISION", None), "TF32", None)
 
     def create_dot(self, a, b, d, input_precision, *rest):
         def wide(x):

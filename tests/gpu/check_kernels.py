@@ -28,7 +28,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import CHECK_BOUNDS, make_inputs, rel_rms  # noqa: E402
+from benchmarks.common import CHECK_BOUNDS, errors_of, make_inputs, rel_rms  # noqa: E402
 from kernels.naive import naive_recurrent, recurrent_step  # noqa: E402
 from kernels.triton import VARIANTS as OPS  # noqa: E402
 from kernels.triton import (  # noqa: E402
@@ -63,46 +63,6 @@ def fla_call(name: str):
         ),
     }
     return table[name]
-
-
-def errors_of(
-    fn,
-    inputs: dict,
-    ref_out: tuple,
-    ref_grads: dict,
-    do: torch.Tensor,
-    dht: torch.Tensor,
-    infer: bool = False,
-) -> tuple[dict, str]:
-    """Relative RMS errors of fn's outputs and gradients, and a note: when the backward raises (FLA's
-    gated backwards on Triton 3.6, #640), the forward's errors and the exception instead of nothing."""
-    names = [n for n, t in inputs.items() if t is not None]
-    leaves = {n: inputs[n].detach().clone().requires_grad_(True) for n in names}
-    o, ht = fn(
-        leaves["q"],
-        leaves["k"],
-        leaves["v"],
-        leaves.get("g"),
-        leaves.get("beta"),
-        initial_state=leaves["initial_state"],
-        output_final_state=True,
-    )
-    errs = {"o": rel_rms(ref_out[0], o), "final_state": rel_rms(ref_out[1], ht)}
-    if infer:
-        with torch.no_grad():
-            o_inf, ht_inf = fn(
-                *(inputs[n] for n in ("q", "k", "v", "g", "beta")),
-                initial_state=inputs["initial_state"],
-                output_final_state=True,
-            )
-        errs["o_infer"] = max(rel_rms(ref_out[0], o_inf), rel_rms(ref_out[1], ht_inf))
-    try:
-        ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
-    except Exception as exc:
-        return errs, f"backward ERR {type(exc).__name__}: {str(exc)[:90]}"
-    for n in names:
-        errs[f"d{n}"] = rel_rms(ref_grads[n], leaves[n].grad) if leaves[n].grad is not None else float("nan")
-    return errs, ""
 
 
 def write_rows(rows: list[dict], out: Path | None) -> None:
