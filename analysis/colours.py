@@ -2,7 +2,8 @@
 
 A mixer keeps its colour whatever subset of mixers a figure shows, so a reader who learnt
 "KDA is red" in one plot can trust it in the next. Mixers not listed here (a user's new mixer)
-get a colour derived from a hash of their name: stable across figures and runs.
+get a colour derived from a hash of their name: stable across figures and runs; where two of one
+figure's names hash to the same colour, figure_colours moves the later one (in sorted order) on.
 """
 
 from __future__ import annotations
@@ -56,6 +57,21 @@ def mixer_colour(mixer: str) -> str:
     if mixer in PATTERN_COLOURS:
         return PATTERN_COLOURS[mixer]
     return _FALLBACK[zlib.crc32(mixer.encode()) % len(_FALLBACK)]
+
+
+def figure_colours(names: list[str] | set[str]) -> dict[str, str]:
+    """The colour of each of one figure's mixers and patterns: listed names keep theirs; an unlisted one
+    takes its hashed colour unless a name before it (sorted) has it, then the next free fallback. Distinct
+    while the figure has at most len(_FALLBACK) unlisted names; past that they repeat."""
+    colours = {name: mixer_colour(name) for name in names if name in MIXER_COLOURS or name in PATTERN_COLOURS}
+    taken: set[str] = set()
+    for name in sorted(set(names) - set(colours)):
+        start = _FALLBACK.index(mixer_colour(name))
+        free = [_FALLBACK[(start + step) % len(_FALLBACK)] for step in range(len(_FALLBACK))]
+        colour = next((c for c in free if c not in taken), free[0])
+        colours[name] = colour
+        taken.add(colour)
+    return colours
 
 
 def mixer_order(mixers: list[str] | set[str]) -> list[str]:

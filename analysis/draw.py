@@ -16,7 +16,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from analysis.cells import NOT_RUN, series_name  # noqa: E402
-from analysis.colours import VARIANT_STYLES, mixer_colour  # noqa: E402
+from analysis.colours import VARIANT_STYLES, figure_colours  # noqa: E402
 
 STATUS_MARKERS = {"diverged": "x", "failed": "+"}
 
@@ -32,12 +32,13 @@ def style(frame: pd.DataFrame) -> dict[str, dict[str, object]]:
     """Series -> matplotlib kwargs: the mixer's colour, a line style per variant of that mixer."""
     styles: dict[str, dict[str, object]] = {}
     pairs = frame[["series", "mixer", "variant"]].drop_duplicates()
+    colours = figure_colours(set(pairs["mixer"]))
     for mixer in pairs["mixer"].unique():
         variants = sorted(pairs[pairs["mixer"] == mixer]["variant"])
         for index, variant in enumerate(variants):
             linestyle, marker = VARIANT_STYLES[index % len(VARIANT_STYLES)]
             styles[series_name(mixer, variant)] = {
-                "color": mixer_colour(mixer),
+                "color": colours[mixer],
                 "linestyle": linestyle,
                 "marker": marker,
             }

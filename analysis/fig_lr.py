@@ -10,7 +10,7 @@ import pandas as pd
 
 from analysis import draw
 from analysis.cells import UNSCORED, series_order, task_order
-from analysis.colours import mixer_colour
+from analysis.colours import figure_colours
 
 
 def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
@@ -29,6 +29,7 @@ def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
         ),
     )
     colours = plt.get_cmap("viridis").with_extremes(bad="0.82")
+    label_colours = figure_colours(set(cell_table["mixer"]))
     image = None
     for row, task in enumerate(tasks):
         for col, length in enumerate(lengths):
@@ -58,7 +59,7 @@ def plot_lr_sensitivity(cell_table: pd.DataFrame, out_dir: Path) -> list[Path]:
             ax.set_yticks(range(len(series)))
             ax.set_yticklabels(series, fontsize=7)
             for label in ax.get_yticklabels():
-                label.set_color(mixer_colour(frame[frame["series"] == label.get_text()]["mixer"].iloc[0]))
+                label.set_color(label_colours[frame[frame["series"] == label.get_text()]["mixer"].iloc[0]])
             ax.set_title(f"{task}, length {length}", fontsize=9)
             ax.set_xlabel("learning rate", fontsize=8)
     if image is not None:

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import collect, plot
-from analysis.colours import MIXER_COLOURS, mixer_colour
+from analysis import collect, draw, plot
+from analysis.colours import MIXER_COLOURS, figure_colours, mixer_colour
 
 TASKS = ["mqar", "palindrome"]
 MIXERS = ["kda", "gdn"]
@@ -345,6 +345,20 @@ def test_one_colour_per_mixer() -> None:
     # A mixer nobody listed gets a stable colour that is not one of the listed mixers'.
     assert mixer_colour("my_new_mixer") == mixer_colour("my_new_mixer")
     assert mixer_colour("my_new_mixer") not in colours
+
+
+def test_names_that_hash_alike_get_distinct_colours_in_one_figure() -> None:
+    # these two hash to the same fallback colour: one figure must still tell them apart
+    assert mixer_colour("my_mixer") == mixer_colour("kda*2,gdn*2")
+    colours = figure_colours({"kda", "my_mixer", "kda*2,gdn*2", "gdn:attention 3:1"})
+    assert colours["kda"] == MIXER_COLOURS["kda"]
+    assert len(set(colours.values())) == 4
+    assert colours["kda*2,gdn*2"] == mixer_colour("kda*2,gdn*2")  # the first in sorted order keeps its own
+    assert colours == figure_colours(["gdn:attention 3:1", "kda*2,gdn*2", "my_mixer", "kda"])
+    frame = pd.DataFrame({"series": ["my_mixer", "kda*2,gdn*2"], "mixer": ["my_mixer", "kda*2,gdn*2"],
+                          "variant": ["", ""]})
+    styles = draw.style(frame)
+    assert styles["my_mixer"]["color"] != styles["kda*2,gdn*2"]["color"]
 
 
 def test_collect_wandb_with_a_stand_in_api() -> None:
