@@ -206,7 +206,8 @@ def test_cells_expand_in_order_and_pack_n_jobs_to_a_multirun() -> None:
 
 
 def _finished(root: Path, name: str, mixer: str, seq_len: int, wall: float, given: list[str],
-              status: str = "completed", n_jobs: int | None = None, layers: int | None = None) -> None:
+              status: str = "completed", n_jobs: int | None = None, layers: int | None = None,
+              jobs_per_gpu: int | None = None) -> None:
     run = root / "results" / "x" / name
     (run / ".hydra").mkdir(parents=True)
     config = {"trainer.max_steps": 1000, **({"model.num_layers": layers} if layers else {})}
@@ -216,6 +217,9 @@ def _finished(root: Path, name: str, mixer: str, seq_len: int, wall: float, give
     overrides = ["task=mqar", f"task.seq_len={seq_len}", f"mixer={mixer}", "seed=0", *given]
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     launcher = f"  launcher:\n    _target_: x\n    n_jobs: {n_jobs}\n" if n_jobs else ""
+    if jobs_per_gpu:  # as joblib_gpu records it: n_jobs null
+        launcher = (f"  launcher:\n    _target_: x\n    n_jobs: {n_jobs or 'null'}\n"
+                    f"    jobs_per_gpu: {jobs_per_gpu}\n")
     (run / ".hydra" / "hydra.yaml").write_text(
         f"hydra:\n{launcher}  sweeper:\n    params:\n      seed: '0'\n  help:\n")
 
@@ -965,6 +969,117 @@ def test_a_stage_that_packs_runs_takes_only_the_gpus_it_needs() -> None:
     assert len(group) == 6 and campaign.per_gpu(cells[0], 8) == 3
     group, _ = campaign.choose(cells, list(range(7)), 600.0, {}, free=8, gpus=8)
     assert len(group) == 7
+
+
+def test_a_stage_of_jobs_per_gpu_runs_that_many_on_each_of_the_machines_gpus() -> None:
+    campaign = _module()
+    cells = campaign.expand([["experiment=e", "hydra.launcher.jobs_per_gpu=3", "mixer=a,b,c,d,e,f,g"]])
+    assert (cells[0].n_jobs, cells[0].jobs_per_gpu) == (None, 3)
+    # 3 a GPU whatever the machine: 3 at once on one GPU (or none), 24 on eight
+    assert [campaign.at_once(cells[0], gpus) for gpus in (1, 2, 8)] == [3, 6, 24]
+    assert [campaign.per_gpu(cells[0], gpus) for gpus in (1, 2, 8)] == [3, 3, 3]
+    assert campaign.choose(cells, list(range(7)), 600.0, {})[0] == [0, 1, 2]
+    # on eight GPUs with two free a block holds six cells (three a GPU), with all eight free every cell
+    assert len(campaign.choose(cells, list(range(7)), 600.0, {}, free=2, gpus=8)[0]) == 6
+    assert len(campaign.choose(cells, list(range(7)), 600.0, {}, free=8, gpus=8)[0]) == 7
+    # n_jobs given beside it wins, as in the launcher: 8 at once on eight GPUs is one a GPU
+    (both,) = campaign.expand([["experiment=e", "hydra.launcher.jobs_per_gpu=3", "hydra.launcher.n_jobs=8"]])
+    assert (both.n_jobs, campaign.at_once(both, 8), campaign.per_gpu(both, 8)) == (8, 8, 1)
+
+
+def test_a_stage_without_n_jobs_or_jobs_per_gpu_takes_its_launchers_yaml(tmp_path: Path) -> None:
+    import yaml
+
+    campaign = _module()
+    yamls = ROOT / "conf" / "hydra" / "launcher"
+    joblib_gpu = yaml.safe_load((yamls / "joblib_gpu.yaml").read_text())
+    local = yaml.safe_load((yamls / "local.yaml").read_text())
+    assert joblib_gpu["n_jobs"] is None and local["jobs_per_gpu"] is None
+
+    def jobs(*overrides: str, conf: Path = yamls) -> tuple[int | None, int | None]:
+        (cell,) = campaign.expand([["experiment=e", *overrides]], conf)
+        return cell.n_jobs, cell.jobs_per_gpu
+
+    assert jobs("hydra/launcher=joblib_gpu") == (None, joblib_gpu["jobs_per_gpu"])
+    assert jobs("hydra/launcher=joblib_gpu", "hydra.launcher.n_jobs=1") == (1, None)
+    assert jobs("hydra.launcher.jobs_per_gpu=2", "hydra/launcher=joblib_gpu") == (None, 2)
+    # local's n_jobs: 2 wins over a jobs_per_gpu given alone (the launcher's rule), not once it is null
+    assert jobs("hydra/launcher=local") == (local["n_jobs"], None)
+    assert jobs("hydra/launcher=local", "hydra.launcher.jobs_per_gpu=2") == (local["n_jobs"], None)
+    assert jobs("hydra/launcher=local", "hydra.launcher.n_jobs=null",
+                "hydra.launcher.jobs_per_gpu=2") == (None, 2)
+    # Hydra's own launchers, and none: one at a time unless the stage says
+    assert jobs("hydra/launcher=joblib") == jobs() == jobs("hydra/launcher=slurm") == (1, None)
+    # a checkout's own yaml, its defaults list followed (the file's keys over those it names)
+    (tmp_path / "base.yaml").write_text("_target_: x\nn_jobs: 4\njobs_per_gpu: null\n")
+    (tmp_path / "packed.yaml").write_text("# one a GPU\ndefaults:\n  - base\n\nn_jobs: null  # per GPU\n"
+                                          "jobs_per_gpu: 1\n")
+    assert jobs("hydra/launcher=base", conf=tmp_path) == (4, None)
+    assert jobs("hydra/launcher=packed", conf=tmp_path) == (None, 1)
+
+
+def test_a_plan_with_a_jobs_per_gpu_the_launcher_would_refuse_is_refused(tmp_path: Path) -> None:
+    campaign = _module()
+    plan = tmp_path / "plan.txt"
+    for bad in ("0", "-1", "2.5", "abc", "True"):
+        plan.write_text(f"experiment=e hydra/launcher=joblib_gpu hydra.launcher.jobs_per_gpu={bad} mixer=a\n")
+        with pytest.raises(campaign.CampaignError,
+                           match=rf"jobs_per_gpu={bad}: give the runs per GPU, an integer >= 1"):
+            campaign.read_plan(plan)
+    plan.write_text("experiment=e hydra/launcher=joblib_gpu hydra.launcher.jobs_per_gpu=null mixer=a\n")
+    assert campaign.read_plan(plan)[0][2] == "hydra.launcher.jobs_per_gpu=null"
+
+
+def test_a_jobs_per_gpu_cell_is_timed_from_runs_as_packed_and_priced_over_the_gpus(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    campaign = _module()
+    # kda alone at 2048 (0.4 s a step); two a GPU at 256 under jobs_per_gpu (0.1 s a step)
+    _finished(tmp_path, "a", "kda", 2048, 400.0, ["experiment=e"], n_jobs=1)
+    _finished(tmp_path, "b", "kda", 256, 100.0, ["experiment=e"], jobs_per_gpu=2)
+    _finished(tmp_path, "c", "kda", 512, 100.0, ["experiment=e"], n_jobs=6, jobs_per_gpu=2)  # n_jobs wins
+    assert sorted(run["n_jobs"] for run in campaign.finished_runs(tmp_path)) == [1, 2, 6]
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=e hydra.launcher.jobs_per_gpu=2 task.seq_len=256 mixer=kda "
+                    "task=stack,palindrome,copy,sort\n")
+    (cell, *_) = campaign.expand(campaign.read_plan(plan))
+    runs = campaign.finished_runs(tmp_path)
+    # two a GPU on any machine: timed from the runs two shared a GPU, not the lone one scaled (60 s)
+    assert campaign.estimate(cell, runs, gpus=1) == campaign.estimate(cell, runs, gpus=8) \
+        == pytest.approx(0.1 * 1000 + 10.0)
+    # one GPU: two at once, two launches of 110 s; two GPUs: the four at once, two on each
+    assert campaign.left([plan], tmp_path, gpus=1) == pytest.approx(220.0)
+    assert "(with 1 other(s) at once)" in capsys.readouterr().out
+    assert campaign.left([plan], tmp_path, gpus=2) == pytest.approx(110.0)
+    assert capsys.readouterr().out.count("(with 3 other(s) at once)") == 4
+
+
+def test_a_jobs_per_gpu_block_takes_the_gpus_its_runs_need_and_the_next_starts_beside_it(
+        tmp_path: Path) -> None:
+    campaign = _module()
+    work = tmp_path / "work"
+    (work / "src" / "results").mkdir(parents=True)
+    (work / "brought.json").write_text("{}")
+    # four GPUs, two runs a GPU: the five cells are one multirun on three GPUs (its launcher sees those
+    # three, so runs all five at once), and the next stage's cell starts on the fourth beside it
+    stages = [["experiment=e", "hydra.launcher.jobs_per_gpu=2", "mixer=a,b,c,d,e"],
+              ["experiment=e", "mixer=z"]]
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 3600, "gpus": 4})
+    started = []
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        mixers = overrides[-1].split("=")[1].split(",")
+        started.append((mixers, devices))
+        time.sleep(0.5 if len(mixers) > 1 else 0.0)
+        for mixer in mixers:
+            run = work / "src" / "results" / "x" / mixer
+            (run / ".hydra").mkdir(parents=True)
+            (run / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10}))
+            (run / ".hydra" / "overrides.yaml").write_text(f"- experiment=e\n- mixer={mixer}\n")
+            (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweeper:\n    params:\n  help:\n")
+        return 0
+
+    assert campaign.run_cells(work, campaign._state(work), launch, []).startswith("done: every cell has run")
+    assert started == [(["a", "b", "c", "d", "e"], [0, 1, 2]), (["z"], [3])]
 
 
 def test_a_moved_hold_decides_what_still_starts(tmp_path: Path) -> None:

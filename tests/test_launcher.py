@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -156,3 +157,113 @@ def test_n_jobs_that_is_not_a_number_is_named() -> None:
         with pytest.raises(ValueError, match=rf"hydra.launcher.n_jobs={bad!r}: give the number of runs"):
             LocalLauncher(n_jobs=bad)  # type: ignore[arg-type]
     assert LocalLauncher(n_jobs=3).n_jobs == 3
+
+
+def _stub_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("setup_globals", "configure_log"):
+        monkeypatch.setattr(launcher, name, lambda *args: None)
+    monkeypatch.setattr(launcher.Singleton, "set_state", lambda state: None)
+    hydra_config = type("HydraConfigStub", (), {"set_config": lambda self, config: None})()
+    monkeypatch.setattr(launcher.HydraConfig, "instance", lambda: hydra_config)
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = running = 0
+    for _, change in events:
+        running += change
+        most = max(most, running)
+    return most
+
+
+@pytest.mark.parametrize(("visible", "n_jobs", "jobs_per_gpu", "at_once", "why"), [
+    ("0,1", None, 2, 4, "2 per GPU x 2 GPUs"),
+    ("3,5,6", None, 1, 3, "1 per GPU x 3 GPUs"),
+    ("", None, 2, 2, "jobs_per_gpu=2 on the CPU: no GPU visible"),
+    ("0,1", 3, 2, 3, "n_jobs=3, over jobs_per_gpu=2"),  # n_jobs, where set, wins
+])
+def test_jobs_per_gpu_runs_that_many_on_each_visible_gpu_at_once(
+        visible: str, n_jobs: int | None, jobs_per_gpu: int, at_once: int, why: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Forked jobs of a sweep on a CPU whose CUDA_VISIBLE_DEVICES claims the GPUs (visible_gpus counts it;
+    # the runs only record the GPU they were given) and 12 usable cores: each job records when it ran, its
+    # GPU and its threads, so the jobs running at once, and on each GPU, are counted from what ran.
+    from harness.check import GPU_ENV
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.delenv(GPU_ENV, raising=False)
+    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: set(range(12)))
+    _stub_hydra(monkeypatch)
+
+    def run_job(config: Any, **kwargs: object) -> int:
+        num, start = config.hydra.job.num, time.monotonic()
+        time.sleep(1.0)
+        record = {"start": start, "end": time.monotonic(), "gpu": os.environ.get(GPU_ENV),
+                  "threads": torch.get_num_threads()}
+        (tmp_path / "sweep" / f"job{num}" / "summary.json").write_text(json.dumps(record))
+        return num
+
+    monkeypatch.setattr(launcher, "run_job", run_job)
+    sweep, jobs = str(tmp_path / "sweep"), 2 * at_once
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": sweep}, "hydra_logging": {}, "verbose": False}})
+    loader = SimpleNamespace(load_sweep_config=lambda base, overrides: OmegaConf.create(
+        {"hydra": {"job": {"name": "train"}, "sweep": {"dir": sweep, "subdir": f"job{overrides[0]}"}}}))
+    local = launcher.LocalLauncher(n_jobs=n_jobs, jobs_per_gpu=jobs_per_gpu)
+    local.setup(hydra_context=SimpleNamespace(config_loader=loader), task_function=lambda cfg: None,
+                config=config)
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level("INFO", logger="kda_harness.launcher"):
+            assert local.launch([[str(num)] for num in range(jobs)], initial_job_idx=0) == list(range(jobs))
+    finally:
+        torch.set_num_threads(before)
+    records = [json.loads((tmp_path / "sweep" / f"job{num}" / "summary.json").read_text())
+               for num in range(jobs)]
+    assert _most_at_once([(r["start"], r["end"]) for r in records]) == at_once
+    assert f"{jobs} jobs, {at_once} at once ({why})" in caplog.text
+    assert {r["threads"] for r in records} == {12 // at_once}
+    gpus = len([entry for entry in visible.split(",") if entry])
+    if not gpus:
+        assert {r["gpu"] for r in records} == {None}
+        return
+    # spread: the first wave takes every GPU, as evenly as its number allows, and no GPU ever holds more
+    # than its share
+    first = Counter(r["gpu"] for r in sorted(records, key=lambda r: r["start"])[:at_once])
+    assert set(first) == {str(gpu) for gpu in range(gpus)} and max(first.values()) - min(first.values()) <= 1
+    share = -(-at_once // gpus)
+    for gpu in range(gpus):
+        spans = [(r["start"], r["end"]) for r in records if r["gpu"] == str(gpu)]
+        assert _most_at_once(spans) <= share
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "3", "abc"])
+def test_jobs_per_gpu_that_is_not_a_count_of_runs_is_named(bad: object) -> None:
+    with pytest.raises(ValueError, match=rf"^hydra.launcher.jobs_per_gpu={bad!r}: give the runs per GPU, an "
+                                         r"integer >= 1, or null for n_jobs runs at once$"):
+        launcher.LocalLauncher(n_jobs=None, jobs_per_gpu=bad)  # type: ignore[arg-type]
+
+
+def test_neither_n_jobs_nor_jobs_per_gpu_runs_one_at_a_time() -> None:
+    assert launcher.LocalLauncher(n_jobs=None, jobs_per_gpu=None).at_once(8) == (
+        1, "neither n_jobs nor jobs_per_gpu set: one at a time")
+
+
+@pytest.mark.parametrize(("overrides", "gpus", "at_once"), [
+    (["hydra/launcher=joblib_gpu"], 8, 24),  # the default, 3 a GPU, on whatever the machine shows
+    (["hydra/launcher=joblib_gpu"], 1, 3),
+    (["hydra/launcher=joblib_gpu"], 0, 3),
+    (["hydra/launcher=joblib_gpu", "hydra.launcher.jobs_per_gpu=1"], 8, 8),
+    (["hydra/launcher=joblib_gpu", "hydra.launcher.n_jobs=5"], 8, 5),  # n_jobs=K still forces K
+    (["hydra/launcher=local"], 8, 2),  # local keeps its n_jobs: 2, GPUs or not
+    (["hydra/launcher=local", "hydra.launcher.n_jobs=null", "hydra.launcher.jobs_per_gpu=2"], 4, 8),
+])
+def test_the_launcher_yamls_compose_to_runs_at_once(overrides: list[str], gpus: int, at_once: int) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    import harness.config  # noqa: F401  (train.py's schema)
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    assert instantiate(cfg.hydra.launcher).at_once(gpus)[0] == at_once

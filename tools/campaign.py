@@ -36,11 +36,13 @@ Hydra.
 With `start ... --hold-minutes M` (the machine goes back M minutes after `start` began) the supervisor
 runs the plan cell by cell instead: each stage's comma-separated values expand into cells (their
 cartesian product, the last key varying fastest), each run as a multirun of its own single values, so
-it lands in the directory the stage's multirun gives it. A stage with hydra.launcher.n_jobs=K > 1 runs
-up to K of its pending cells at once, a block of them that one multirun gives (a product of values of its
-swept keys), packed as before; with K = GPUs x runs per GPU the launcher spreads them over every GPU. On a
-machine of several GPUs a block takes only the GPUs its runs need (its CUDA_VISIBLE_DEVICES), and the
-next pending cell that fits, of any stage, starts on the idle ones beside it.
+it lands in the directory the stage's multirun gives it. A stage whose launcher runs K > 1 at once runs up
+to K of its pending cells at once, a block of them that one multirun gives (a product of values of its
+swept keys), packed as before: K is hydra.launcher.n_jobs where the stage or its launcher's yaml sets it,
+else hydra.launcher.jobs_per_gpu x the machine's GPUs (the launcher's rule; hydra/launcher=joblib_gpu: 3
+a GPU), and the launcher spreads them over every GPU. On a machine of several GPUs a block takes only the
+GPUs its runs need (its CUDA_VISIBLE_DEVICES), and the next pending cell that fits, of any stage, starts on
+the idle ones beside it.
 Before each launch it estimates the cell's duration from the finished runs of the work copy
 (`estimate`); a cell that would not end a minute before the deadline is postponed (left pending for the
 next stretch) and the next pending cell that fits runs instead, so the end of a hold fills with short
@@ -95,6 +97,12 @@ from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (
 # A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
 RUN_FILES = ("summary.json", "metrics.jsonl", "train.log")
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+# The launchers' yamls (hydra/launcher=NAME), whose n_jobs and jobs_per_gpu a stage that does not set them
+# runs with, below a checkout; the launcher's keys for its runs at once: n_jobs on the machine, or
+# jobs_per_gpu on each GPU (n_jobs wins where both are set).
+LAUNCHERS = Path("conf") / "hydra" / "launcher"
+LAUNCHER_CONF = ROOT / LAUNCHERS
+N_JOBS_KEY, PER_GPU_KEY = "n_jobs", "jobs_per_gpu"
 # Where run directories live in a checkout: archives unpack only below these.
 RUN_ROOTS = ("results", "runs")
 # the overrides that place a run's directory (a stage that sets both says where its run is written)
@@ -153,6 +161,13 @@ def read_plan(path: Path) -> list[list[str]]:
         if any(arg in ("-m", "--multirun") or not arg or "=" not in arg for arg in stage):
             raise CampaignError(f"plan {path}: stage {' '.join(stage)!r} must be key=value overrides only "
                                 "(the -m is added)")
+        for arg in stage:
+            key, value = arg.split("=", 1)
+            # the launcher would refuse it only once the stage runs
+            if key.lstrip("+") == f"hydra.launcher.{PER_GPU_KEY}" and not _is_null(value) \
+                    and (_jobs(value) or 0) < 1:
+                raise CampaignError(f"plan {path}: stage {' '.join(stage)!r}: {arg}: give the runs per GPU, "
+                                    "an integer >= 1 (or null, for the launcher's n_jobs)")
         best = [arg for arg in stage if arg.startswith(f"{BEST_KEY}=") and BEST in split_values(
             arg.split("=", 1)[1])]
         if best and (best[0] != f"{BEST_KEY}={BEST}" or not any(a.startswith(f"{SWEEP_PLACE[0]}=")
@@ -188,10 +203,13 @@ def split_values(value: str) -> list[str]:
 
 
 class Cell:
-    """One point of a stage's sweep: the stage's overrides with every swept key at one value."""
+    """One point of a stage's sweep: the stage's overrides with every swept key at one value. `n_jobs`: its
+    stage's runs at once, or None where its launcher runs `jobs_per_gpu` on each GPU (launcher_jobs)."""
 
-    def __init__(self, stage: int, overrides: list[str], swept: list[int], n_jobs: int) -> None:
+    def __init__(self, stage: int, overrides: list[str], swept: list[int], n_jobs: int | None,
+                 jobs_per_gpu: int | None = None) -> None:
         self.stage, self.overrides, self.swept, self.n_jobs = stage, overrides, swept, n_jobs
+        self.jobs_per_gpu = jobs_per_gpu
         self.values = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in overrides}
         # what names its run (hydra.* and hydra/* configure the sweep): two cells alike here are one run
         # (values as numbers: 1e-3 and 0.001 alike), unless they set apart where it is written (eager and
@@ -217,7 +235,7 @@ class Cell:
         position = next(i for i, arg in enumerate(self.overrides) if arg.split("=", 1)[0] == key)
         overrides = list(self.overrides)
         overrides[position] = f"{key}={value}"
-        return Cell(self.stage, overrides, sorted({*self.swept, position}), self.n_jobs)
+        return Cell(self.stage, overrides, sorted({*self.swept, position}), self.n_jobs, self.jobs_per_gpu)
 
     def __repr__(self) -> str:
         swept = [self.overrides[i] for i in self.swept]
@@ -226,10 +244,11 @@ class Cell:
         return f"stage {self.stage + 1} " + (" ".join(swept) if swept else "(single run)")
 
 
-def expand(stages: list[list[str]]) -> list[Cell]:
+def expand(stages: list[list[str]], conf: Path = LAUNCHER_CONF) -> list[Cell]:
     """The cells of every stage in plan order: the cartesian product of each stage's swept values in the
     order of its keys, the last fastest. (Hydra puts keys that the experiment's hydra.sweeper.params also
-    sweeps first, in that file's order; the directories are the same, only the order can differ.)"""
+    sweeps first, in that file's order; the directories are the same, only the order can differ.) Each
+    carries its stage's runs at once (launcher_jobs, its launcher's yamls under `conf`)."""
     cells = []
     for index, stage in enumerate(stages):
         choices = []
@@ -239,10 +258,68 @@ def expand(stages: list[list[str]]) -> list[Cell]:
             values = [value] if key.startswith("hydra") else split_values(value)
             choices.append([f"{key}={v}" for v in values])
         swept = [i for i, choice in enumerate(choices) if len(choice) > 1]
-        n_jobs = next((int(arg.split("=", 1)[1]) for arg in stage if arg.startswith("hydra.launcher.n_jobs=")
-                       and arg.split("=", 1)[1].lstrip("-").isdigit()), 1)
-        cells += [Cell(index, list(point), swept, n_jobs) for point in itertools.product(*choices)]
+        n_jobs, jobs_per_gpu = launcher_jobs(stage, conf)
+        cells += [Cell(index, list(point), swept, n_jobs, jobs_per_gpu)
+                  for point in itertools.product(*choices)]
     return cells
+
+
+def _is_null(text: str) -> bool:
+    return text.strip() in ("null", "Null", "NULL", "~")
+
+
+def _jobs(text: str | None) -> int | None:
+    """A launcher's n_jobs or jobs_per_gpu as an override or its yaml writes it: the integer, else None."""
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        return None
+
+
+def launcher_defaults(name: str, conf: Path = LAUNCHER_CONF) -> dict[str, str]:
+    """n_jobs and jobs_per_gpu as conf/hydra/launcher/NAME.yaml sets them, over those of the yamls its
+    defaults list names (read as text: the campaign runs without Hydra); {} for a launcher not there
+    (Hydra's own: basic, joblib)."""
+    values: dict[str, str] = {}
+    seen: set[str] = set()
+
+    def read(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        try:
+            text = (conf / f"{name}.yaml").read_text()
+        except OSError:
+            return
+        listed = re.search(r"^defaults:\s*\n((?:[ \t]*-[^\n]*\n?)+)", text, re.MULTILINE)
+        for entry in re.findall(r"-\s*([\w.-]+)", listed.group(1)) if listed else []:
+            if entry != "_self_":
+                read(entry)
+        for key, value in re.findall(rf"^({N_JOBS_KEY}|{PER_GPU_KEY}):[ \t]*([^#\n]*)", text, re.MULTILINE):
+            values[key] = value.strip()
+
+    read(name)
+    return values
+
+
+def launcher_jobs(stage: list[str], conf: Path = LAUNCHER_CONF) -> tuple[int | None, int | None]:
+    """(n_jobs, jobs_per_gpu) of the stage's multirun, one of them None: the stage's hydra.launcher.n_jobs
+    or jobs_per_gpu over its hydra/launcher's yaml (launcher_defaults), and, as the launcher takes them,
+    n_jobs where set (a count), else jobs_per_gpu; (1, None) with neither (Hydra's basic launcher runs one
+    at a time)."""
+    values: dict[str, str] = {}
+    for arg in stage:
+        key, value = arg.split("=", 1)
+        if key.lstrip("+") == "hydra/launcher":
+            values = {**launcher_defaults(value, conf), **values}
+        elif key.lstrip("+") in (f"hydra.launcher.{N_JOBS_KEY}", f"hydra.launcher.{PER_GPU_KEY}"):
+            values[key.rsplit(".", 1)[1]] = value
+    n_jobs, per_gpu = _jobs(values.get(N_JOBS_KEY)), _jobs(values.get(PER_GPU_KEY))
+    if n_jobs is not None:
+        return n_jobs, None
+    if per_gpu is not None and per_gpu >= 1:
+        return None, per_gpu
+    return 1, None
 
 
 # Run in the checkout to be copied (its conf/ and harness/): composes train.py's config for each list of
@@ -344,11 +421,14 @@ def _sweeper_params(hydra_yaml: Path) -> set[str]:
 
 
 def _n_jobs(hydra_yaml: Path) -> int:
-    """How many runs its launcher ran at once beside it (hydra.launcher.n_jobs; 1 for a launcher without)."""
+    """How many runs shared its GPU: its launcher's hydra.launcher.n_jobs (the runs at once; ours ran on one
+    GPU), else its jobs_per_gpu; 1 for a launcher with neither."""
+    found = {}
     for line in hydra_yaml.read_text().splitlines():
-        if line.startswith("    n_jobs: ") and line.split(": ", 1)[1].strip().isdigit():
-            return int(line.split(": ", 1)[1])
-    return 1
+        for key in (N_JOBS_KEY, PER_GPU_KEY):
+            if line.startswith(f"    {key}: ") and line.split(": ", 1)[1].strip().isdigit():
+                found[key] = int(line.split(": ", 1)[1])
+    return found.get(N_JOBS_KEY, found.get(PER_GPU_KEY, 1))
 
 
 def _override_lines(run: Path) -> list[str]:
@@ -448,10 +528,11 @@ def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: in
     no early stop): from finished runs of its
     mixer and length, else of its mixer at the nearest length scaled by length, else of any mixer at its
     length, else of any mixer at the nearest length scaled; None when no run is measured. Runs packed as the
-    cell will be (its stage's n_jobs over the machine's `gpus`: the launcher spreads them) come first: one of
+    cell will be (per_gpu: its stage's runs at once over the machine's `gpus`) come first: one of
     three sharing a GPU steps about three times slower than one alone, and scaled by length that would keep
-    a lone run postponed forever. The measured runs count as run on one GPU (all of ours were). max_steps:
-    the cell's override, else the measured runs'."""
+    a lone run postponed forever. The measured runs of an n_jobs launcher count as run on one GPU (all of
+    ours were); those of jobs_per_gpu as that many a GPU. max_steps: the cell's override, else the measured
+    runs'."""
     mixer = cell.values.get("mixer")
     try:
         length = int(float(cell.values["task.seq_len"]))
@@ -540,9 +621,10 @@ def estimates_of(cells: list[Cell], pending: list[int], measured: list[dict[str,
 def choose(cells: list[Cell], pending: list[int], left_s: float, estimates: dict[int, float | None],
            free: int | None = None, gpus: int = 1) -> tuple[list[int], list[int]]:
     """The next launch (indices into `cells`) and the pending cells postponed now. The first pending cell
-    in plan order that fits in `left_s` leads; a stage with n_jobs > 1 adds its other fitting cells, up to
-    n_jobs, as a block one multirun runs (product_block). An unknown estimate counts as fitting. With
-    `free` of the machine's `gpus` idle, the block is at most what they hold at the stage's runs per GPU."""
+    in plan order that fits in `left_s` leads; a stage that runs more than one at once (at_once) adds its
+    other fitting cells, up to that many, as a block one multirun runs (product_block). An unknown estimate
+    counts as fitting. With `free` of the machine's `gpus` idle, the block is at most what they hold at the
+    stage's runs per GPU."""
     fitting, postponed = [], []
     for i in pending:
         est = estimates.get(i)
@@ -551,20 +633,31 @@ def choose(cells: list[Cell], pending: list[int], left_s: float, estimates: dict
         return [], postponed
     lead = cells[fitting[0]]
     same_stage = [i for i in fitting if cells[i].stage == lead.stage]
-    limit = lead.n_jobs if free is None else min(lead.n_jobs, free * per_gpu(lead, gpus))
+    limit = at_once(lead, gpus) if free is None else min(at_once(lead, gpus), free * per_gpu(lead, gpus))
     return product_block(cells, same_stage, limit), postponed
 
 
+def at_once(cell: Cell, gpus: int) -> int:
+    """How many of its stage's runs one multirun runs at once on a machine of `gpus` GPUs: n_jobs, else
+    jobs_per_gpu on each GPU (on a machine without one, that many on the CPU)."""
+    if cell.n_jobs is None:
+        return (cell.jobs_per_gpu or 1) * max(1, gpus)
+    return max(1, cell.n_jobs)
+
+
 def per_gpu(cell: Cell, gpus: int) -> int:
-    """How many of its stage's runs share one GPU: the launcher spreads n_jobs over the machine's GPUs."""
-    return -(-cell.n_jobs // max(1, gpus))
+    """How many of its stage's runs share one GPU: jobs_per_gpu, or n_jobs spread over the machine's GPUs."""
+    if cell.n_jobs is None:
+        return cell.jobs_per_gpu or 1
+    return -(-at_once(cell, gpus) // max(1, gpus))
 
 
 def product_block(cells: list[Cell], candidates: list[int], n_jobs: int) -> list[int]:
     """The largest block of `candidates` (cells of one stage, the first leading) that one multirun can run:
     a cartesian product of values of the stage's swept keys, at most n_jobs cells, grown from the lead's
     values key by key, the last (fastest) key first, each key's values in plan order. On a machine of G
-    GPUs with n_jobs = G x runs per GPU the launcher spreads the block over all of them."""
+    GPUs the launcher spreads the block over all of them (jobs_per_gpu a GPU, or n_jobs = G x runs per
+    GPU)."""
     lead = cells[candidates[0]]
     swept = lead.swept
     if not swept or n_jobs <= 1:
@@ -828,7 +921,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
     it ended. On a machine of several GPUs (state["gpus"]) a group takes the GPUs its runs need (`launch`
     gets their indices) and the next group starts on the idle ones, from any stage, while it runs."""
     src = work / "src"
-    cells = expand(state["stages"])
+    cells = expand(state["stages"], src / LAUNCHERS)
     finished = finished_runs(src)
     pending = [i for i, cell in enumerate(cells) if not is_finished(cell, finished)]
     state.update(cells_skipped=len(cells) - len(pending), cells_run=0)
@@ -909,7 +1002,7 @@ def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
     minute its group ends, counted from the first launch (what a hold of that length would finish), and the
     device minutes of them all, launched as a hold would group them (side by side on a machine of several
     GPUs, each group on the first GPUs to come free); returns those seconds."""
-    cells = expand([stage for plan in plans for stage in read_plan(plan)])
+    cells = expand([stage for plan in plans for stage in read_plan(plan)], source / LAUNCHERS)
     runs = finished_runs(source)
     # a cell an earlier stage also holds runs once (the same overrides, the same run directory)
     first: dict[tuple, int] = {}
@@ -1250,7 +1343,7 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
     if hold_minutes is not None:
         state["deadline"] = began + 60 * hold_minutes
         state["fill"] = fill
-        # a stage's n_jobs spread over the GPUs: each cell steps as fast as the runs per GPU let it
+        # a stage's runs at once spread over the GPUs: each cell steps as fast as the runs per GPU let it
         state["gpus"] = max(1, visible_gpus())
     _write_state(work, state)
     log = open(work / "campaign.log", "ab")
@@ -1527,7 +1620,7 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--source", type=Path, default=ROOT, help="the checkout whose runs count (this one)")
     command.add_argument("--gpus", type=int, default=None,
                          help="the GPUs of the machine that will run the plans (default: this one's, at "
-                         "least 1): a stage's n_jobs spread over them")
+                         "least 1): a stage's n_jobs spread over them, its jobs_per_gpu on each")
     command = sub.add_parser("extend", help="a plan that trains the unsolved cells of results again, "
                              "longer")
     command.add_argument("results", type=Path, nargs="+", help="results directories (a sweep's dir)")
@@ -1538,7 +1631,7 @@ def main(argv: list[str] | None = None) -> int:
                          help="the summary field judged (default best_train_acc, Kimi Fig. 4's)")
     command.add_argument("--with", dest="launcher", default="",
                          help="overrides put in every stage, e.g. 'hydra/launcher=joblib_gpu "
-                         "hydra.launcher.n_jobs=8'")
+                         "hydra.launcher.jobs_per_gpu=1'")
     command.add_argument("--source", type=Path, default=ROOT, help="the checkout (this one)")
     command = sub.add_parser("seeds", help="a plan that trains every cell of results with more seeds, at "
                              "its best lr")

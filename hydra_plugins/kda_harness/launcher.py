@@ -1,5 +1,6 @@
-"""`hydra/launcher=local`: n_jobs runs at once on this machine, each in a process of its own, so that one
-run killed from outside (the OOM killer, `kill -9`) is recorded and the others go on.
+"""`hydra/launcher=local`: n_jobs runs at once on this machine (or jobs_per_gpu on each of its GPUs), each
+in a process of its own, so that one run killed from outside (the OOM killer, `kill -9`) is recorded and the
+others go on.
 
 Each job is a fork of the sweep's process, started when a slot is free; nothing is shared between jobs, so
 a job that dies takes nobody with it (joblib's loky pool, by contrast, breaks as a whole when one worker
@@ -150,18 +151,41 @@ def least_loaded(busy: Sequence[int], gpus: int) -> int:
 
 
 class LocalLauncher(Launcher):
-    def __init__(self, n_jobs: int = 1, stop_timeout_s: float = 60.0) -> None:
-        """`n_jobs` runs at once (<= 0: one per CPU core, less -n_jobs); on Ctrl-C the running jobs get
-        `stop_timeout_s` to checkpoint before they are killed."""
-        if isinstance(n_jobs, bool) or not isinstance(n_jobs, int):
-            # (the launcher's yaml is untyped: a misspelt value arrives as it was written)
+    def __init__(self, n_jobs: int | None = None, stop_timeout_s: float = 60.0,
+                 jobs_per_gpu: int | None = None) -> None:
+        """`n_jobs` runs at once (<= 0: one per CPU core, less -n_jobs); where n_jobs is None, `jobs_per_gpu`
+        on each GPU the machine shows (on a machine without one, that many on the CPU); neither: one at a
+        time. n_jobs wins where both are set, so `hydra.launcher.n_jobs=K` forces K over a yaml's
+        jobs_per_gpu. On Ctrl-C the running jobs get `stop_timeout_s` to checkpoint before they are killed."""
+        # (the launcher's yaml is untyped: a misspelt value arrives as it was written)
+        if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int)):
             raise ValueError(f"hydra.launcher.n_jobs={n_jobs!r}: give the number of runs at once, an integer "
-                             "(<= 0: one per CPU core, less that many)")
-        self.n_jobs = n_jobs if n_jobs > 0 else max(1, usable_cores() + n_jobs)
+                             "(<= 0: one per CPU core, less that many), or null for jobs_per_gpu's")
+        if jobs_per_gpu is not None and (isinstance(jobs_per_gpu, bool) or not isinstance(jobs_per_gpu, int)
+                                         or jobs_per_gpu < 1):
+            raise ValueError(f"hydra.launcher.jobs_per_gpu={jobs_per_gpu!r}: give the runs per GPU, an "
+                             "integer >= 1, or null for n_jobs runs at once")
+        self.n_jobs = n_jobs if n_jobs is None or n_jobs > 0 else max(1, usable_cores() + n_jobs)
+        self.given_n_jobs = n_jobs
+        self.jobs_per_gpu = jobs_per_gpu
         self.stop_timeout_s = stop_timeout_s
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
+
+    def at_once(self, gpus: int) -> tuple[int, str]:
+        """How many jobs run at once on a machine of `gpus` GPUs, and why (for the log)."""
+        if self.n_jobs is not None:
+            why = f"n_jobs={self.given_n_jobs}" + (
+                f": one per usable CPU core, less {-self.given_n_jobs}" if self.given_n_jobs <= 0 else "")
+            if self.jobs_per_gpu is not None:  # n_jobs=K over joblib_gpu's default: say which one counts
+                why += f", over jobs_per_gpu={self.jobs_per_gpu}"
+            return self.n_jobs, why
+        if self.jobs_per_gpu is None:
+            return 1, "neither n_jobs nor jobs_per_gpu set: one at a time"
+        if gpus < 1:
+            return self.jobs_per_gpu, f"jobs_per_gpu={self.jobs_per_gpu} on the CPU: no GPU visible"
+        return self.jobs_per_gpu * gpus, f"{self.jobs_per_gpu} per GPU x {gpus} GPU{'s' if gpus > 1 else ''}"
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
@@ -171,8 +195,10 @@ class LocalLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        log.info("local launcher: %d jobs, %d at once, sweep output dir %s", len(job_overrides), self.n_jobs,
-                 self.config.hydra.sweep.dir)
+        gpus = visible_gpus()
+        at_once, why = self.at_once(gpus)
+        log.info("local launcher: %d jobs, %d at once (%s), sweep output dir %s", len(job_overrides), at_once,
+                 why, self.config.hydra.sweep.dir)
         configs = []
         for index, overrides in enumerate(job_overrides):
             num = initial_job_idx + index
@@ -187,11 +213,10 @@ class LocalLauncher(Launcher):
         results: list[JobReturn | None] = [None] * len(configs)
         waiting = list(range(len(configs)))
         running: dict[int, tuple[Any, multiprocessing.connection.Connection]] = {}
-        gpus = visible_gpus()
         on_gpu: dict[int, int] = {}
         try:
             while waiting or running:
-                while waiting and len(running) < self.n_jobs:
+                while waiting and len(running) < at_once:
                     index = waiting.pop(0)
                     gpu = least_loaded([on_gpu[i] for i in running], gpus) if gpus else None
                     if gpu is not None:
@@ -200,7 +225,7 @@ class LocalLauncher(Launcher):
                     process = context.Process(
                         target=_job, name=f"job {initial_job_idx + index}",
                         args=(send, os.getpid(), self.hydra_context, configs[index], self.task_function,
-                              singleton_state, max(1, usable_cores() // self.n_jobs), gpu))
+                              singleton_state, max(1, usable_cores() // at_once), gpu))
                     process.start()
                     send.close()
                     running[index] = (process, receive)
