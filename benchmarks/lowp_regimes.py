@@ -8,10 +8,12 @@ stays within FLA's bounds (o 5e-3, dq/dk/dv 8e-3, dg/dbeta 2e-2). A trained laye
 token that recurs brings back its key (Palindrome's vocabulary at L = 2,048 repeats every token many times),
 and a sharp key reads and writes a few channels whose decay it keeps near 1. Each regime below is one input
 draw of that kind for KDA (K3's bounded gate) and Gated DeltaNet at B = 1, H = 1, K = V = 128, T = 192 (three
-chunks) from an initial state, fed to the op once in fp32 and once in bf16 (q, k, v, beta; g and the state
-fp32, as a layer emits them), in the launch forms of many programs (the training shapes'). Each row: the
-relative RMS error of o, the final state and every gradient against the float64 token loop on the same
-bf16-rounded inputs, and whether everything stayed finite.
+chunks) from an initial state, fed to the op in the launch forms of many programs (the training shapes') as
+fp32; as bf16 (q, k, v, beta; g and the state fp32), which KDA's op widens to fp32 but for v; for KDA also
+as bf16 through its 16-bit kernels (kernels.triton.WIDE_KDA_KEYS off); and in the layer's form (v bf16, the
+rest fp32: on CUDA a layer's F.normalize returns fp32 q, k and its beta is fp32, where v leaves an autocast
+projection in bf16). Each row: the relative RMS error of o, the final state and every gradient against the
+float64 token loop on the same bf16-rounded inputs, and whether everything stayed finite.
 
     layer       the check's draw: g = lower_bound * sigmoid(z) (GDN: log-sigmoid), beta = sigmoid(z)
     max_decay   g at the bound everywhere
@@ -93,9 +95,17 @@ def regime_inputs(regime: str, decay: str, lower_bound: float | None, T: int, K:
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": randn(B, H, K, V)}
 
 
-def errors(op: str, inputs: dict[str, torch.Tensor], dtype: torch.dtype, seed: int = 1) -> dict[str, float]:
-    """Relative RMS errors of the op (`dtype` for q, k, v, beta) against the float64 token loop on the
-    same rounded inputs, and `finite` (1.0 or 0.0)."""
+# the input forms: which of q, k, v, beta go to the op in bf16 (the rest in fp32); "bf16 kernels" as bf16
+# but through KDA's 16-bit kernels, which the op itself does not run (kernels.triton.WIDE_KDA_KEYS)
+SIXTEEN = ("q", "k", "v", "beta")
+FORMS = {"fp32": (), "bf16": SIXTEEN, "bf16 kernels": SIXTEEN, "layer": ("v",)}
+LABELS = {"bf16": "bf16", "bf16 kernels": "bf16, 16-bit kernels", "layer": "layer (v bf16)"}
+
+
+def errors(op: str, inputs: dict[str, torch.Tensor], form: str, seed: int = 1) -> dict[str, float]:
+    """Relative RMS errors of the op (FORMS[form] in bf16) against the float64 token loop on the same
+    bf16-rounded inputs, and `finite` (1.0 or 0.0)."""
+    import kernels.triton
     from kernels.naive import naive_recurrent
     from kernels.triton import triton_chunk
 
@@ -112,9 +122,13 @@ def errors(op: str, inputs: dict[str, torch.Tensor], dtype: torch.dtype, seed: i
     def ours(q, k, v, g, beta, initial_state, output_final_state):
         return triton_chunk(q, k, v, g, beta, None, initial_state, output_final_state, 64, lower_bound)
 
-    cast = {n: t.to(dtype) if n in ("q", "k", "v", "beta") else t for n, t in rounded.items()}
-    out, note = errors_of(ours, cast, (o_ref.detach(), ht_ref.detach()), {n: t.grad for n, t in ref.items()},
-                          do, dht)
+    cast = {n: t.to(torch.bfloat16) if n in FORMS[form] else t for n, t in rounded.items()}
+    wide, kernels.triton.WIDE_KDA_KEYS = kernels.triton.WIDE_KDA_KEYS, form != "bf16 kernels"
+    try:
+        out, note = errors_of(ours, cast, (o_ref.detach(), ht_ref.detach()),
+                              {n: t.grad for n, t in ref.items()}, do, dht)
+    finally:
+        kernels.triton.WIDE_KDA_KEYS = wide
     if note:
         raise RuntimeError(f"{op}: {note}")
     # a non-finite output or gradient has a non-finite error
@@ -123,14 +137,14 @@ def errors(op: str, inputs: dict[str, torch.Tensor], dtype: torch.dtype, seed: i
 
 def markdown(rows: list[dict], header: str) -> str:
     lines = [header, "",
-             "| op | regime | inputs | " + " | ".join(ERRORS) + " | bf16 / fp32 (worst) | finite |",
+             "| op | regime | inputs | " + " | ".join(ERRORS) + " | / fp32 (worst) | finite |",
              "|---|---|---|" + "---:|" * len(ERRORS) + "---:|---|"]
-    fp32 = {(r["op"], r["regime"]): r for r in rows if r["inputs"] != "bf16"}
+    fp32 = {(r["op"], r["regime"]): r for r in rows if r["inputs"].startswith("fp32")}
     for r in rows:
         cells = [f"**{r[n]:.1e}**" if r[n] > BOUNDS[n] else f"{r[n]:.1e}" for n in ERRORS]
         base = fp32.get((r["op"], r["regime"]))
         ratio = ""
-        if r["inputs"] == "bf16" and base is not None:
+        if not r["inputs"].startswith("fp32") and base is not None:
             ratio = f"{max(r[n] / max(base[n], 1e-12) for n in ERRORS):.0f}x"
         lines.append(f"| {r['op']} | {r['regime']} | {r['inputs']} | " + " | ".join(cells)
                      + f" | {ratio} | {'yes' if r['finite'] else 'NO'} |")
@@ -183,9 +197,12 @@ def _measure(args: argparse.Namespace, device: torch.device, argv: list[str] | N
         decay, lower_bound = OPS[op]
         for regime in args.regimes:
             inputs = regime_inputs(regime, decay, lower_bound, args.T, args.K, device)
-            for label, dtype in ((fp32_label, torch.float32), ("bf16", torch.bfloat16)):
+            for form in FORMS:
+                if form == "bf16 kernels" and decay != "channel":
+                    continue  # the op runs its 16-bit kernels for bf16 already
+                label = LABELS.get(form, fp32_label)
                 start = time.time()
-                row = {"op": op, "regime": regime, "inputs": label, **errors(op, inputs, dtype)}
+                row = {"op": op, "regime": regime, "inputs": label, **errors(op, inputs, form)}
                 rows.append(row)
                 worst = max(ERRORS, key=lambda n: row[n] / BOUNDS[n])
                 print(f"{op:16s} {regime:10s} {label:18s} worst {worst} {row[worst]:.1e} "

@@ -164,9 +164,9 @@ def test_emulated_tf32_rounds_the_fp32_operands_of_a_tf32_dot(mode: str) -> None
     torch.testing.assert_close(c, a @ b, rtol=1e-6, atol=1e-5)
 
 
-def test_lowp_regimes_writes_both_paths_per_regime(tmp_path) -> None:
-    # benchmarks/lowp_regimes.py at a small shape: a row per op, regime and input dtype, the bf16 path's
-    # errors bf16's, the fp32 path's fp32's, and the table
+def test_lowp_regimes_writes_every_form_per_regime(tmp_path) -> None:
+    # benchmarks/lowp_regimes.py at a small shape: a row per op, regime and input form, the bf16 path's
+    # errors bf16's, the fp32 path's fp32's, the layer's form (v alone in bf16) between, and the table
     from benchmarks import lowp_regimes
     from kernels.triton import plan
 
@@ -176,11 +176,49 @@ def test_lowp_regimes_writes_both_paths_per_regime(tmp_path) -> None:
     import csv
 
     rows = list(csv.DictReader(open(tmp_path / "lowp_regimes.csv")))
-    assert [(r["regime"], r["inputs"]) for r in rows] == [
-        ("layer", "fp32 (exact)"), ("layer", "bf16"), ("same_keys", "fp32 (exact)"), ("same_keys", "bf16")]
-    for fp32, bf16 in zip(rows[::2], rows[1::2], strict=True):
+    forms = ["fp32 (exact)", "bf16", "layer (v bf16)"]
+    assert [(r["regime"], r["inputs"]) for r in rows] == [(regime, form) for regime in ("layer", "same_keys")
+                                                          for form in forms]
+    for fp32, bf16, layer in zip(rows[::3], rows[1::3], rows[2::3], strict=True):
         assert float(fp32["o"]) < 1e-5 < 1e-3 < float(bf16["o"]) < 1e-2, (fp32, bf16)
-        assert fp32["finite"] == bf16["finite"] == "1.0"
-    assert "| gated_delta_rule | same_keys | bf16 |" in (tmp_path / "lowp_regimes.md").read_text()
+        assert 1e-5 < float(layer["o"]) < 5e-3, layer  # v's rounding shows, within the GPU check's bound
+        assert fp32["finite"] == bf16["finite"] == layer["finite"] == "1.0"
+    table = (tmp_path / "lowp_regimes.md").read_text()
+    assert "| gated_delta_rule | same_keys | bf16 |" in table
+    assert "| gated_delta_rule | same_keys | layer (v bf16) |" in table
     # the launch rules it set for itself are undone: later tests of the same process plan as before
     assert (plan.FILL_PROGRAMS, plan.MANY_HEADS) == rules
+
+
+def test_kda_widens_16_bit_keys_where_its_16_bit_kernels_lose_a_recurring_key(tmp_path) -> None:
+    # a recurring key with beta near 1 (lowp_regimes' same_keys): KDA's 16-bit kernels go past the GPU
+    # check's bounds already at T=40, K=16; the op as called (bf16 in, bf16 out) widens q, k, beta and stays
+    # within them, and the layer's form (v alone in bf16) too
+    import csv
+
+    import kernels.triton
+    from benchmarks import lowp_regimes
+
+    assert lowp_regimes.main(["--out", str(tmp_path), "--device", "cpu", "--T", "40", "--K", "16",
+                              "--ops", "kda_bounded", "--regimes", "same_keys"]) == 0
+    assert kernels.triton.WIDE_KDA_KEYS  # restored
+    rows = {r["inputs"]: r for r in csv.DictReader(open(tmp_path / "lowp_regimes.csv"))}
+    assert set(rows) == {"fp32 (exact)", "bf16", "bf16, 16-bit kernels", "layer (v bf16)"}
+    bounds = lowp_regimes.BOUNDS
+
+    def over(row: dict) -> list[str]:
+        return [name for name in bounds if float(row[name]) > bounds[name]]
+
+    assert over(rows["bf16, 16-bit kernels"]), rows["bf16, 16-bit kernels"]
+    assert over(rows["bf16"]) == over(rows["layer (v bf16)"]) == [], (rows["bf16"], rows["layer (v bf16)"])
+    # bf16 in, bf16 out, gradients in the inputs' dtypes
+    q, k, v = (torch.nn.functional.normalize(torch.randn(1, 20, 1, 16), dim=-1).bfloat16().requires_grad_()
+               for _ in range(3))
+    beta = torch.rand(1, 20, 1).bfloat16().requires_grad_()
+    g = -torch.rand(1, 20, 1, 16)
+    o, _ = kernels.triton.triton_chunk(q, k, v, g, beta, lower_bound=-5.0)
+    assert o.dtype == torch.bfloat16
+    wide, _ = kernels.triton.triton_chunk(q.float(), k.float(), v, g, beta.float(), lower_bound=-5.0)
+    assert torch.equal(o, wide.bfloat16())  # what the op runs by default: the fp32 kernels
+    o.float().sum().backward()
+    assert (q.grad.dtype, k.grad.dtype, v.grad.dtype, beta.grad.dtype) == (torch.bfloat16,) * 4

@@ -31,6 +31,11 @@ HEAD_SIZES = (16, 32, 64, 128, 256)
 CHUNK_SIZES = (16, 32, 64)
 
 
+# KDA's op widens 16-bit q, k, beta to fp32 (triton_chunk says why); False runs its 16-bit kernels, for
+# benchmarks/lowp_regimes.py to measure them
+WIDE_KDA_KEYS = True
+
+
 def _wants_grad(*tensors: torch.Tensor | None) -> bool:
     """Whether autograd will want gradients of any of the tensors (None entries ignored)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
@@ -60,7 +65,8 @@ def triton_chunk(
     `lower_bound` (e.g. K3's g_min = -5) promises g >= lower_bound everywhere and lets the
     per-channel decay compute its diagonal 16x16 blocks with dense dots; values of g below it
     can overflow. A bound below -5.5 is too loose for that and is ignored (general path).
-    Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32 or None).
+    Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32 or None). The per-channel decay
+    with the delta rule (KDA) computes from fp32 q, k, beta whatever their dtype (WIDE_KDA_KEYS).
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -77,6 +83,14 @@ def triton_chunk(
         lower_bound = None
     if scale is None:
         scale = K**-0.5
+    if WIDE_KDA_KEYS and g is not None and g.dim() == 4 and beta is not None and q.dtype != torch.float32:
+        # the per-channel decay with the delta rule (KDA) takes q, k, beta in fp32: its 16-bit path rounds
+        # each position's decayed copy of a key apart, and a key that recurs with beta near 1 erases
+        # through 1 - beta k.k ~ 0.01, which bf16's 2^-8 swamps (benchmarks/lowp_regimes.py: off by 1e8 on
+        # an H200); v stays in its dtype, the form a layer feeds and the regimes check
+        o, ht = triton_chunk(q.float(), k.float(), v, g, beta.float(), scale, initial_state,
+                             output_final_state, chunk_size, lower_bound)
+        return o.to(q.dtype), ht
     if g is None or g.dim() != 4:
         lower_bound = None  # only the per-channel decay has a position-pair diagonal to replace
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
