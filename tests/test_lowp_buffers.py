@@ -69,6 +69,24 @@ def test_inputs_hands_the_op_q_and_k_as_bf16_hands_them_and_rounds_their_gradien
     assert _bf16_exact(q.grad) and not _bf16_exact(q.detach())
 
 
+def test_bf16_all_runs_kdas_16_bit_kernels_not_the_widened_op() -> None:
+    # the op widens bf16 q, k for KDA; bf16_all is the 16-bit path's variant, so it must get past that
+    import kernels.triton
+
+    q, k, v, g, beta = _inputs()
+    model = SimpleNamespace(mixers=[SimpleNamespace(chunk_op=triton_chunk)])
+    with lowp_buffers.variant_patch("bf16_all", model, lowp_buffers.Counter()):
+        o, _ = model.mixers[0].chunk_op(q, k, v, g, beta, chunk_size=16)
+    assert kernels.triton.WIDE_KDA_KEYS  # undone
+    widened, _ = triton_chunk(q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, chunk_size=16)
+    kernels.triton.WIDE_KDA_KEYS = False
+    try:
+        narrow, _ = triton_chunk(q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, chunk_size=16)
+    finally:
+        kernels.triton.WIDE_KDA_KEYS = True
+    assert torch.equal(o, narrow) and not torch.equal(o, widened)
+
+
 def test_output_hands_on_o_as_the_16_bit_path_returns_it_and_rounds_its_gradient() -> None:
     q, k, v, g, beta = _inputs()
     weights = torch.randn(q.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(1))
