@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = ROOT / "tools" / "campaign.py"
@@ -562,6 +563,46 @@ def test_stop_with_checkpoints_carries_the_runs_in_flight_to_the_next_machine(tm
     records = [json.loads(line)["step"] for line in (work2 / "src" / name / "metrics.jsonl").read_text()
                .splitlines()]
     assert records == sorted(set(records)), "the resumed run logged a step twice"
+
+
+def test_wait_with_checkpoints_carries_a_training_runs_last_checkpoint_and_leaves_it_training(
+        tmp_path: Path) -> None:
+    # the machine can go back between two calls: each call's archive already holds the runs in flight at
+    # their last checkpoint, while they train on, and a fresh machine resumes from there
+    checkout = _checkout(tmp_path)
+    plan = tmp_path / "plan.txt"
+    plan.write_text(f"{TINY} hydra.launcher.n_jobs=1 mixer=gdn trainer.max_steps=100000 "
+                    "trainer.checkpoint_every=2\n")
+    work, out = tmp_path / "work", tmp_path / "out"
+    _campaign("start", plan, "--source", checkout, "--work", work)
+    checkpoints = _first_checkpoint(work)
+    run = checkpoints[0].parent
+    name = str(run.relative_to(work / "src"))
+    waited = _campaign("wait", "--work", work, "--out", out, "--with-checkpoints")
+    assert "1 run(s) in flight with their checkpoints" in waited.stdout
+    (archive,) = out.glob("resume-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        carried = torch.load(io.BytesIO(tar.extractfile(f"{name}/checkpoint.pt").read()), weights_only=False)
+    step = carried["progress"]["step"]
+    assert step >= 2
+    # still training: its metrics grow after the pack
+    before = len((run / "metrics.jsonl").read_text().splitlines())
+    deadline = time.monotonic() + 60
+    while len((run / "metrics.jsonl").read_text().splitlines()) <= before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len((run / "metrics.jsonl").read_text().splitlines()) > before
+    _campaign("stop", "--work", work)
+
+    work2 = tmp_path / "work2"
+    started = _campaign("start", plan, "--source", checkout, "--work", work2, "--resume", archive)
+    assert "resume: 1 run(s) put back with their checkpoints" in started.stdout
+    log = work2 / "src" / name / "train.log"
+    deadline = time.monotonic() + 120
+    while "resumed from" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    _campaign("stop", "--work", work2)
+    resumed = log.read_text().split("resumed from", 1)[1].splitlines()[0]
+    assert f"at step {step}" in resumed, resumed
 
 
 def test_restore_puts_back_only_unfinished_runs_below_the_run_roots(tmp_path: Path) -> None:

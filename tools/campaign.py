@@ -21,7 +21,9 @@ archive under `--out`, with a status table on the console. `stop` ends the stage
 runs in flight checkpoint and stay `incomplete` there; they are not packed with the finished runs. Without
 more, the next stretch trains them again from step 0; `stop --with-checkpoints` also packs them, checkpoint
 included, into a `resume-*` archive (in parts of at most 15 MiB), and the next machine's `start --resume
-PARTS...` puts them back into its copy, where train.py resumes each from its checkpoint. With `--fill`,
+PARTS...` puts them back into its copy, where train.py resumes each from its checkpoint. `start` and
+`wait` take `--with-checkpoints` too: the runs train on, and each one's last checkpoint travels, so a
+machine taken back before the next call costs only the steps since then. With `--fill`,
 a hold whose pending cells no longer fit starts the first of them anyway, for the stop to checkpoint.
 
 A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
@@ -1403,10 +1405,24 @@ def _split(archive: Path, what: str) -> list[Path]:
     return parts
 
 
+def _add_as_opened(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
+    """`path` into `tar` as one open of it reads it: a run still training replaces its checkpoint by a
+    rename, and tar.add's stat and read of the path could see two different files."""
+    try:
+        handle = open(path, "rb")
+    except OSError:  # not there (yet)
+        return
+    with handle:
+        info = tar.gettarinfo(arcname=arcname, fileobj=handle)
+        tar.addfile(info, handle)
+
+
 def save_checkpoints(work: Path, out: Path) -> list[Path]:
-    """The runs in flight that hold a checkpoint (after `stop`: the step each had finished), checkpoint,
-    metrics, log, summary and .hydra/ included, as one archive under `out` (in parts where larger), for the
-    next machine's `start --resume`; [] where none has one."""
+    """The runs in flight that hold a checkpoint, checkpoint, metrics, log, summary and .hydra/ included, as
+    one archive under `out` (in parts where larger), for the next machine's `start --resume`; [] where none
+    has one. After `stop` each holds the step it had finished; from `start` or `wait` the runs train on, and
+    the archive holds each one's last checkpoint (trainer.checkpoint_every), so a machine taken back before
+    the next call loses only the steps since then."""
     src = work / "src"
     runs = [src / name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
     if not runs:
@@ -1418,8 +1434,7 @@ def save_checkpoints(work: Path, out: Path) -> list[Path]:
         for run in runs:
             paths = [run / f for f in ("checkpoint.pt", *RUN_FILES)]
             for path in paths + [run / ".hydra" / f for f in HYDRA_FILES]:
-                if path.is_file():
-                    tar.add(path, arcname=str(path.relative_to(src)))
+                _add_as_opened(tar, path, str(path.relative_to(src)))
     steps = ", ".join(f"{run.relative_to(src)} at step {_checkpoint_step(_summary(run) or {})}"
                       for run in runs)
     return _split(archive, f"{len(runs)} run(s) in flight with their checkpoints ({steps})")
@@ -1612,9 +1627,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "stop":
             command.add_argument("--grace", type=float, default=120.0,
                                  help="seconds the runs get to checkpoint before they are killed")
+        if name in ("start", "wait", "stop"):
             command.add_argument("--with-checkpoints", action="store_true",
-                                 help="also pack the stopped runs with their checkpoints into --out (for the "
-                                 "next machine's start --resume)")
+                                 help="also pack the runs in flight with their checkpoints into --out (for "
+                                 "the next machine's start --resume; start and wait: each one's last "
+                                 "checkpoint, while it trains on)")
     command = sub.add_parser("left", help="the cells the plans still have to run here, with estimates")
     command.add_argument("plans", type=Path, nargs="+")
     command.add_argument("--source", type=Path, default=ROOT, help="the checkout whose runs count (this one)")
@@ -1652,7 +1669,7 @@ def main(argv: list[str] | None = None) -> int:
         print("campaign: --with-caches packs the compile caches into --out: give --out DIR", file=sys.stderr)
         return 2
     if getattr(args, "with_checkpoints", False) and args.out is None:
-        print("campaign: --with-checkpoints packs the stopped runs into --out: give --out DIR",
+        print("campaign: --with-checkpoints packs the runs in flight into --out: give --out DIR",
               file=sys.stderr)
         return 2
     if getattr(args, "fill", False) and args.hold_minutes is None:
