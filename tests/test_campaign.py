@@ -102,6 +102,14 @@ def test_stop_ends_the_runs_in_flight_which_checkpoint_and_are_not_packed(tmp_pa
     assert [p for p in Path("/proc").glob("[0-9]*") if str(work) in _where(p)] == []
 
 
+def _empty_work(tmp_path: Path) -> Path:
+    """A campaign's work copy that holds no run and brought none."""
+    work = tmp_path / "work"
+    (work / "src" / "results").mkdir(parents=True)
+    (work / "brought.json").write_text("{}")
+    return work
+
+
 def _first_checkpoint(work: Path) -> list[Path]:
     """The checkpoints of the campaign in `work` once its run has written one (within two minutes)."""
     deadline = time.monotonic() + 120
@@ -329,10 +337,7 @@ def test_a_campaign_whose_first_runs_fail_before_a_step_stops_there(tmp_path: Pa
                                                                     trained_one: bool) -> None:
     # a kernel that does not compile on the machine fails every run at step 0: the supervisor stops after
     # three instead of launching the plan's other cells; one run that trained a step keeps it going
-    campaign = _module()
-    work = tmp_path / "work"
-    (work / "src" / "results").mkdir(parents=True)
-    (work / "brought.json").write_text("{}")
+    campaign, work = _module(), _empty_work(tmp_path)
     campaign._write_state(work, {"stages": [["experiment=e", "mixer=a,b,c,d,e,f"]],
                                  "deadline": time.time() + 3600})
     launched = []
@@ -444,10 +449,7 @@ def test_left_prices_what_a_plan_still_has_to_run(tmp_path: Path, capsys: pytest
 def test_a_cell_that_an_earlier_stage_ran_is_not_launched_again(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture) -> None:
     # a plan that runs a claim's cells first holds them again in the grid's stages: each runs once
-    campaign = _module()
-    work = tmp_path / "work"
-    (work / "src" / "results").mkdir(parents=True)
-    (work / "brought.json").write_text("{}")
+    campaign, work = _module(), _empty_work(tmp_path)
     stages = [["experiment=e", "mixer=b"], ["experiment=e", "mixer=a,b,c"]]
     campaign._write_state(work, {"stages": stages, "deadline": time.time() + 3600})
     launched = []
@@ -529,16 +531,38 @@ def test_a_stage_that_places_its_run_is_finished_by_that_directory_alone(
     assert loose.run_dir() is None and campaign.is_finished(loose, runs)
 
 
-def test_stop_with_checkpoints_carries_the_runs_in_flight_to_the_next_machine(tmp_path: Path) -> None:
-    # a hold ends mid-run: the stopped run travels with its checkpoint, and a fresh machine (a new copy of
-    # the same checkout, the run not in it) resumes it from that step instead of step 0
+def _training_until_it_checkpoints(tmp_path: Path) -> tuple[Path, Path, Path, Path, list[Path]]:
+    """A campaign of one long run checkpointing every 2 steps, once it has checkpointed: (checkout, plan,
+    work, out, checkpoints)."""
     checkout = _checkout(tmp_path)
     plan = tmp_path / "plan.txt"
     plan.write_text(f"{TINY} hydra.launcher.n_jobs=1 mixer=gdn trainer.max_steps=100000 "
                     "trainer.checkpoint_every=2\n")
     work, out = tmp_path / "work", tmp_path / "out"
     _campaign("start", plan, "--source", checkout, "--work", work)
-    checkpoints = _first_checkpoint(work)
+    return checkout, plan, work, out, _first_checkpoint(work)
+
+
+def _resumes_on_a_fresh_machine(plan: Path, checkout: Path, work: Path, archive: Path, name: str,
+                                step: int) -> None:
+    """A new copy of `checkout` started with the resume `archive` trains run `name` on from `step`."""
+    started = _campaign("start", plan, "--source", checkout, "--work", work, "--resume", archive)
+    assert "resume: 1 run(s) put back with their checkpoints" in started.stdout
+    log = work / "src" / name / "train.log"
+    deadline = time.monotonic() + 120
+    while "resumed from" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    _campaign("stop", "--work", work)
+    assert f"at step {step}" in log.read_text().split("resumed from", 1)[1].splitlines()[0]
+    records = [json.loads(line)["step"] for line in (work / "src" / name / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert records == sorted(set(records)), "the resumed run logged a step twice"
+
+
+def test_stop_with_checkpoints_carries_the_runs_in_flight_to_the_next_machine(tmp_path: Path) -> None:
+    # a hold ends mid-run: the stopped run travels with its checkpoint, and a fresh machine (a new copy of
+    # the same checkout, the run not in it) resumes it from that step instead of step 0
+    checkout, plan, work, out, checkpoints = _training_until_it_checkpoints(tmp_path)
     stopped = _campaign("stop", "--work", work, "--out", out, "--with-checkpoints")
     assert "1 run(s) in flight with their checkpoints" in stopped.stdout
     run = checkpoints[0].parent
@@ -551,31 +575,14 @@ def test_stop_with_checkpoints_carries_the_runs_in_flight_to_the_next_machine(tm
         assert f"{name}/checkpoint.pt" in tar.getnames() and f"{name}/.hydra/overrides.yaml" in tar.getnames()
     assert not list(out.glob("campaign-*.tar.gz"))  # nothing finished: only the resume archive
 
-    work2 = tmp_path / "work2"
-    started = _campaign("start", plan, "--source", checkout, "--work", work2, "--resume", archive)
-    assert "resume: 1 run(s) put back with their checkpoints" in started.stdout
-    log = work2 / "src" / name / "train.log"
-    deadline = time.monotonic() + 120
-    while "resumed from" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    _campaign("stop", "--work", work2)
-    assert f"at step {step}" in log.read_text().split("resumed from", 1)[1].splitlines()[0]
-    records = [json.loads(line)["step"] for line in (work2 / "src" / name / "metrics.jsonl").read_text()
-               .splitlines()]
-    assert records == sorted(set(records)), "the resumed run logged a step twice"
+    _resumes_on_a_fresh_machine(plan, checkout, tmp_path / "work2", archive, name, step)
 
 
 def test_wait_with_checkpoints_carries_a_training_runs_last_checkpoint_and_leaves_it_training(
         tmp_path: Path) -> None:
     # the machine can go back between two calls: each call's archive already holds the runs in flight at
     # their last checkpoint, while they train on, and a fresh machine resumes from there
-    checkout = _checkout(tmp_path)
-    plan = tmp_path / "plan.txt"
-    plan.write_text(f"{TINY} hydra.launcher.n_jobs=1 mixer=gdn trainer.max_steps=100000 "
-                    "trainer.checkpoint_every=2\n")
-    work, out = tmp_path / "work", tmp_path / "out"
-    _campaign("start", plan, "--source", checkout, "--work", work)
-    checkpoints = _first_checkpoint(work)
+    checkout, plan, work, out, checkpoints = _training_until_it_checkpoints(tmp_path)
     run = checkpoints[0].parent
     name = str(run.relative_to(work / "src"))
     waited = _campaign("wait", "--work", work, "--out", out, "--with-checkpoints")
@@ -593,16 +600,7 @@ def test_wait_with_checkpoints_carries_a_training_runs_last_checkpoint_and_leave
     assert len((run / "metrics.jsonl").read_text().splitlines()) > before
     _campaign("stop", "--work", work)
 
-    work2 = tmp_path / "work2"
-    started = _campaign("start", plan, "--source", checkout, "--work", work2, "--resume", archive)
-    assert "resume: 1 run(s) put back with their checkpoints" in started.stdout
-    log = work2 / "src" / name / "train.log"
-    deadline = time.monotonic() + 120
-    while "resumed from" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    _campaign("stop", "--work", work2)
-    resumed = log.read_text().split("resumed from", 1)[1].splitlines()[0]
-    assert f"at step {step}" in resumed, resumed
+    _resumes_on_a_fresh_machine(plan, checkout, tmp_path / "work2", archive, name, step)
 
 
 def test_restore_puts_back_only_unfinished_runs_below_the_run_roots(tmp_path: Path) -> None:
@@ -930,10 +928,7 @@ def test_seeds_names_a_bad_option_in_one_line(tmp_path: Path, flag: str, value: 
 
 def test_on_several_gpus_groups_run_side_by_side_and_the_next_takes_the_gpu_that_freed(
         tmp_path: Path) -> None:
-    campaign = _module()
-    work = tmp_path / "work"
-    (work / "src" / "results").mkdir(parents=True)
-    (work / "brought.json").write_text("{}")
+    campaign, work = _module(), _empty_work(tmp_path)
     # one run at a time a stage (n_jobs=1), two GPUs: a and b side by side; b ends first, so c takes its
     # GPU while a still runs, then d (a later stage) the same one
     stages = [["experiment=e", "hydra.launcher.n_jobs=1", "mixer=a,b,c"], ["experiment=e", "mixer=d"]]
@@ -965,10 +960,7 @@ def test_on_several_gpus_groups_run_side_by_side_and_the_next_takes_the_gpu_that
 
 
 def test_a_later_stages_copy_of_a_cell_in_flight_does_not_start_beside_it(tmp_path: Path) -> None:
-    campaign = _module()
-    work = tmp_path / "work"
-    (work / "src" / "results").mkdir(parents=True)
-    (work / "brought.json").write_text("{}")
+    campaign, work = _module(), _empty_work(tmp_path)
     # a plan that runs one cell first (typed 1e-3) and again in a later stage (typed 0.001): on two GPUs the
     # copy must not start on the free one while the first runs, nor after it finished
     stages = [["experiment=e", "hydra.launcher.n_jobs=1", "optim.lr=1e-3", "mixer=a"],
@@ -1096,10 +1088,7 @@ def test_a_jobs_per_gpu_cell_is_timed_from_runs_as_packed_and_priced_over_the_gp
 
 def test_a_jobs_per_gpu_block_takes_the_gpus_its_runs_need_and_the_next_starts_beside_it(
         tmp_path: Path) -> None:
-    campaign = _module()
-    work = tmp_path / "work"
-    (work / "src" / "results").mkdir(parents=True)
-    (work / "brought.json").write_text("{}")
+    campaign, work = _module(), _empty_work(tmp_path)
     # four GPUs, two runs a GPU: the five cells are one multirun on three GPUs (its launcher sees those
     # three, so runs all five at once), and the next stage's cell starts on the fourth beside it
     stages = [["experiment=e", "hydra.launcher.jobs_per_gpu=2", "mixer=a,b,c,d,e"],
