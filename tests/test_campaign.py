@@ -791,6 +791,18 @@ def test_seeds_plans_every_cell_at_its_best_lr_of_the_grid_budget_leaving_held_s
         ("a", "1024", "1"), ("a", "1024", "2"), ("b", "1024", "2"), ("b", "256", "1"), ("b", "256", "2")]
     # every seed held: nothing left
     assert campaign.seeds([root], tmp_path, [0], "best_train_acc", [], {}).count("\nexperiment=") == 0
+    # runs per GPU instead: the plan fills whatever machine runs it (n_jobs null over a yaml's n_jobs)
+    per_gpu = campaign.seeds([root], tmp_path, [1, 2], "best_train_acc", ["hydra/launcher=local"], {},
+                             {1024: "1", 256: "3"})
+    lines = [line for line in per_gpu.splitlines() if not line.startswith("#")]
+    assert lines[0].endswith("seed=1,2 hydra.launcher.n_jobs=null hydra.launcher.jobs_per_gpu=1")
+    assert lines[-1].endswith("seed=1,2 hydra.launcher.n_jobs=null hydra.launcher.jobs_per_gpu=3")
+    written.write_text(per_gpu)
+    cells = campaign.expand(campaign.read_plan(written))
+    assert {(c.values["task.seq_len"], campaign.at_once(c, 8), campaign.per_gpu(c, 8)) for c in cells} == {
+        ("1024", 8, 1), ("256", 24, 3)}
+    with pytest.raises(campaign.CampaignError, match="both give length 1024"):
+        campaign.seeds([root], tmp_path, [1], "best_train_acc", [], {1024: "8"}, {1024: "1"})
 
 
 def test_seeds_extend_the_report_and_the_figures_pick_one_lr_for_a_cell(tmp_path: Path) -> None:
@@ -917,9 +929,11 @@ def test_a_best_lr_stage_is_refused_without_its_results_directory(tmp_path: Path
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--n-jobs", "2048:8", "campaign: --n-jobs '2048:8': each item is LENGTH=JOBS, e.g. 2048=8,256=24"),
     ("--seeds", "one", "campaign: --seeds 'one': give integers, e.g. 1,2"),
+    ("--jobs-per-gpu", "512=0", "campaign: --jobs-per-gpu '512=0': each item is LENGTH=JOBS, JOBS >= 1, "
+     "e.g. 2048=8,256=24"),
 ])
 def test_seeds_names_a_bad_option_in_one_line(tmp_path: Path, flag: str, value: str, message: str) -> None:
-    args = ["--seeds", "1,2", "--n-jobs", "2048=8"]
+    args = ["--seeds", "1,2", "--n-jobs", "2048=8", "--jobs-per-gpu", "512=3"]
     args[args.index(flag) + 1] = value
     result = subprocess.run([sys.executable, CAMPAIGN, "seeds", str(tmp_path), *args], capture_output=True,
                             text=True)

@@ -1240,24 +1240,32 @@ def extend(results: list[Path], source: Path, max_steps: int, below: float, metr
     return "\n".join([head, *notes, *_plan_lines(stages, launcher)]) + "\n"
 
 
-def parse_n_jobs(text: str) -> dict[int, str]:
-    """'2048=8,256=24' -> {2048: '8', 256: '24'}: hydra.launcher.n_jobs for the cells of each length."""
+def parse_n_jobs(text: str, flag: str = "--n-jobs") -> dict[int, str]:
+    """'2048=8,256=24' -> {2048: '8', 256: '24'}: hydra.launcher.n_jobs (or, for --jobs-per-gpu,
+    jobs_per_gpu) for the cells of each length."""
     table = {}
     for item in filter(None, text.split(",")):
         length, _, jobs = item.partition("=")
-        if not (length.strip().isdigit() and jobs.strip().isdigit()):
-            raise CampaignError(f"--n-jobs {text!r}: each item is LENGTH=JOBS, e.g. 2048=8,256=24")
+        if not (length.strip().isdigit() and jobs.strip().isdigit()) or (
+                flag == "--jobs-per-gpu" and int(jobs) < 1):
+            at_least = ", JOBS >= 1" if flag == "--jobs-per-gpu" else ""
+            raise CampaignError(f"{flag} {text!r}: each item is LENGTH=JOBS{at_least}, e.g. 2048=8,256=24")
         table[int(length)] = jobs.strip()
     return table
 
 
 def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, launcher: list[str],
-          n_jobs: dict[int, str]) -> str:
+          n_jobs: dict[int, str], jobs_per_gpu: dict[int, str] | None = None) -> str:
     """A plan that trains every cell of `results` with each seed of `wanted` at its best learning rate
     (_best_run) among the runs of the grid's budget (the smallest trainer.max_steps of the cell: a longer run,
     such as extend's, does not pick the lr), into the same results directory; seeds that the cell holds at
     that lr and budget are left out. A cell of length L runs with hydra.launcher.n_jobs=n_jobs[L] where
-    given. Longest sequences first."""
+    given, else with jobs_per_gpu[L] on each GPU of whatever machine runs the plan (n_jobs null, so that a
+    launcher yaml's n_jobs does not win). Longest sequences first."""
+    jobs_per_gpu = jobs_per_gpu or {}
+    both = sorted(set(n_jobs) & set(jobs_per_gpu))
+    if both:
+        raise CampaignError(f"--n-jobs and --jobs-per-gpu both give length {both[0]}: give it one of them")
     stages, notes = [], []
     for place, runs in _cells_of(results, source, metric):
         at_budget = _at_grid_budget(runs)
@@ -1274,6 +1282,9 @@ def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, lau
         stage["seed"] = missing
         if best["seq_len"] in n_jobs:
             stage["hydra.launcher.n_jobs"] = [n_jobs[best["seq_len"]]]
+        elif best["seq_len"] in jobs_per_gpu:
+            stage["hydra.launcher.n_jobs"] = ["null"]
+            stage[f"hydra.launcher.{PER_GPU_KEY}"] = [jobs_per_gpu[best["seq_len"]]]
         stages.append((best["seq_len"], mean, stage))
     head = (f"# seeds: every cell of {', '.join(map(str, results))} again with seed "
             f"{','.join(map(str, wanted))} at its best lr by mean {metric} ({len(stages)} cell(s) "
@@ -1660,6 +1671,9 @@ def main(argv: list[str] | None = None) -> int:
                          help="overrides put in every stage, e.g. 'hydra/launcher=joblib_gpu'")
     command.add_argument("--n-jobs", default="",
                          help="hydra.launcher.n_jobs by length, LENGTH=JOBS,..., e.g. 2048=8,1024=8,512=24")
+    command.add_argument("--jobs-per-gpu", default="",
+                         help="hydra.launcher.jobs_per_gpu by length, LENGTH=JOBS,..., e.g. 2048=1,512=3: "
+                         "the plan then fills any machine's GPUs")
     command.add_argument("--source", type=Path, default=ROOT, help="the checkout (this one)")
     command = sub.add_parser("unpack")
     command.add_argument("archives", type=Path, nargs="+")
@@ -1700,7 +1714,7 @@ def main(argv: list[str] | None = None) -> int:
             if any(seed < 0 for seed in wanted):
                 raise CampaignError(f"--seeds {args.seeds!r}: train.py takes seeds >= 0; give e.g. 1,2")
             print(seeds(args.results, args.source, wanted, args.metric, shlex.split(args.launcher),
-                        parse_n_jobs(args.n_jobs)), end="")
+                        parse_n_jobs(args.n_jobs), parse_n_jobs(args.jobs_per_gpu, "--jobs-per-gpu")), end="")
             return 0
         if args.command == "unpack":
             for archive in args.archives:
