@@ -29,3 +29,14 @@ def visible_subset(indices: list[int]) -> str:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = [e.strip() for e in visible.split(",") if e.strip() and e.strip() != "-1"] if visible else []
     return ",".join(entries[i] if i < len(entries) else str(i) for i in indices)
+
+
+def runs_at_once(n_jobs: int | None, jobs_per_gpu: int | None, gpus: int) -> int:
+    """The local launcher's rule for its jobs at once on a machine of `gpus` GPUs: n_jobs where set (>= 1,
+    already resolved), else jobs_per_gpu on each GPU (on a machine without one, that many on the CPU), else
+    one at a time. The launcher runs it, and the campaign prices its stages with it."""
+    if n_jobs is not None:
+        return n_jobs
+    if jobs_per_gpu is None:
+        return 1
+    return jobs_per_gpu * max(1, gpus)

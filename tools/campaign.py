@@ -93,7 +93,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.lr_rule import cell_lr  # noqa: E402  (standard library only)
 from harness.caches import cache_dirs  # noqa: E402  (standard library only at import)
-from harness.gpus import visible_gpus, visible_subset  # noqa: E402  (standard library only)
+from harness.gpus import runs_at_once, visible_gpus, visible_subset  # noqa: E402  (standard library only)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
 
 # A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
@@ -640,11 +640,9 @@ def choose(cells: list[Cell], pending: list[int], left_s: float, estimates: dict
 
 
 def at_once(cell: Cell, gpus: int) -> int:
-    """How many of its stage's runs one multirun runs at once on a machine of `gpus` GPUs: n_jobs, else
-    jobs_per_gpu on each GPU (on a machine without one, that many on the CPU)."""
-    if cell.n_jobs is None:
-        return (cell.jobs_per_gpu or 1) * max(1, gpus)
-    return max(1, cell.n_jobs)
+    """How many of its stage's runs one multirun runs at once on a machine of `gpus` GPUs (the launcher's
+    runs_at_once)."""
+    return runs_at_once(None if cell.n_jobs is None else max(1, cell.n_jobs), cell.jobs_per_gpu, gpus)
 
 
 def per_gpu(cell: Cell, gpus: int) -> int:
@@ -1240,15 +1238,14 @@ def extend(results: list[Path], source: Path, max_steps: int, below: float, metr
     return "\n".join([head, *notes, *_plan_lines(stages, launcher)]) + "\n"
 
 
-def parse_n_jobs(text: str, flag: str = "--n-jobs") -> dict[int, str]:
+def parse_n_jobs(text: str, flag: str = "--n-jobs", least: int = 0) -> dict[int, str]:
     """'2048=8,256=24' -> {2048: '8', 256: '24'}: hydra.launcher.n_jobs (or, for --jobs-per-gpu,
-    jobs_per_gpu) for the cells of each length."""
+    jobs_per_gpu) for the cells of each length, each at least `least`."""
     table = {}
     for item in filter(None, text.split(",")):
         length, _, jobs = item.partition("=")
-        if not (length.strip().isdigit() and jobs.strip().isdigit()) or (
-                flag == "--jobs-per-gpu" and int(jobs) < 1):
-            at_least = ", JOBS >= 1" if flag == "--jobs-per-gpu" else ""
+        if not (length.strip().isdigit() and jobs.strip().isdigit()) or int(jobs) < least:
+            at_least = f", JOBS >= {least}" if least else ""
             raise CampaignError(f"{flag} {text!r}: each item is LENGTH=JOBS{at_least}, e.g. 2048=8,256=24")
         table[int(length)] = jobs.strip()
     return table
@@ -1713,8 +1710,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise CampaignError(f"--seeds {args.seeds!r}: give integers, e.g. 1,2") from None
             if any(seed < 0 for seed in wanted):
                 raise CampaignError(f"--seeds {args.seeds!r}: train.py takes seeds >= 0; give e.g. 1,2")
+            per_gpu = parse_n_jobs(args.jobs_per_gpu, "--jobs-per-gpu", 1)
             print(seeds(args.results, args.source, wanted, args.metric, shlex.split(args.launcher),
-                        parse_n_jobs(args.n_jobs), parse_n_jobs(args.jobs_per_gpu, "--jobs-per-gpu")), end="")
+                        parse_n_jobs(args.n_jobs), per_gpu), end="")
             return 0
         if args.command == "unpack":
             for archive in args.archives:

@@ -34,7 +34,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.check import GPU_ENV, usable_cores
-from harness.gpus import visible_gpus
+from harness.gpus import runs_at_once, visible_gpus
 from harness.rundir import FileUnreadable, ResumeRefused, RunDir, RunDirBusy, RunDirError
 
 log = logging.getLogger("kda_harness.launcher")
@@ -174,18 +174,19 @@ class LocalLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
 
     def at_once(self, gpus: int) -> tuple[int, str]:
-        """How many jobs run at once on a machine of `gpus` GPUs, and why (for the log)."""
+        """How many jobs run at once on a machine of `gpus` GPUs (runs_at_once), and why (for the log)."""
         if self.n_jobs is not None:
             why = f"n_jobs={self.given_n_jobs}" + (
                 f": one per usable CPU core, less {-self.given_n_jobs}" if self.given_n_jobs <= 0 else "")
             if self.jobs_per_gpu is not None:  # n_jobs=K over joblib_gpu's default: say which one counts
                 why += f", over jobs_per_gpu={self.jobs_per_gpu}"
-            return self.n_jobs, why
-        if self.jobs_per_gpu is None:
-            return 1, "neither n_jobs nor jobs_per_gpu set: one at a time"
-        if gpus < 1:
-            return self.jobs_per_gpu, f"jobs_per_gpu={self.jobs_per_gpu} on the CPU: no GPU visible"
-        return self.jobs_per_gpu * gpus, f"{self.jobs_per_gpu} per GPU x {gpus} GPU{'s' if gpus > 1 else ''}"
+        elif self.jobs_per_gpu is None:
+            why = "neither n_jobs nor jobs_per_gpu set: one at a time"
+        elif gpus < 1:
+            why = f"jobs_per_gpu={self.jobs_per_gpu} on the CPU: no GPU visible"
+        else:
+            why = f"{self.jobs_per_gpu} per GPU x {gpus} GPU{'s' if gpus > 1 else ''}"
+        return runs_at_once(self.n_jobs, self.jobs_per_gpu, gpus), why
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
