@@ -69,7 +69,7 @@ def test_inputs_hands_the_op_q_and_k_as_bf16_hands_them_and_rounds_their_gradien
     assert _bf16_exact(q.grad) and not _bf16_exact(q.detach())
 
 
-def test_bf16_all_runs_kdas_16_bit_kernels_not_the_widened_op() -> None:
+def test_bf16_all_runs_kdas_16_bit_kernels_not_the_widened_op(monkeypatch: pytest.MonkeyPatch) -> None:
     # the op widens bf16 q, k for KDA; bf16_all is the 16-bit path's variant, so it must get past that
     import kernels.triton
 
@@ -79,11 +79,8 @@ def test_bf16_all_runs_kdas_16_bit_kernels_not_the_widened_op() -> None:
         o, _ = model.mixers[0].chunk_op(q, k, v, g, beta, chunk_size=16)
     assert kernels.triton.WIDE_KDA_KEYS  # undone
     widened, _ = triton_chunk(q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, chunk_size=16)
-    kernels.triton.WIDE_KDA_KEYS = False
-    try:
-        narrow, _ = triton_chunk(q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, chunk_size=16)
-    finally:
-        kernels.triton.WIDE_KDA_KEYS = True
+    monkeypatch.setattr(kernels.triton, "WIDE_KDA_KEYS", False)
+    narrow, _ = triton_chunk(q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, chunk_size=16)
     assert torch.equal(o, narrow) and not torch.equal(o, widened)
 
 
