@@ -50,11 +50,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._functorch.config as functorch_config
 from omegaconf import OmegaConf
 from torch import nn
 
 from benchmarks.common import ROOT, commit, indexed_device, provenance, write_csv
-from benchmarks.memory import SAVED, saved_split
+from benchmarks.memory import GIB, SAVED, compiled_rows, outside_graph, saved_split
 from harness import step as train
 from harness.config import fast_step
 from mixers.model import LanguageModel
@@ -207,6 +208,7 @@ def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch
             loss, _ = train.forward_backward(model, features, batch, optimizer, autocast, False)
             train.clip_and_guard(params, 1.0, loss, optimizer)
             optimizer.step()
+        step.features = features  # type: ignore[attr-defined]
         return step
     from fla.modules import FusedLinearCrossEntropyLoss
 
@@ -225,8 +227,9 @@ def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch
     return fla_step
 
 
-def _label(impl: str, lean: bool, compiled: bool) -> str:
-    return impl + ("+lean" if lean else "") + ("+compile" if compiled else "")
+def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None) -> str:
+    return impl + ("+lean" if lean else "") + ("+compile" if compiled else "") \
+        + (f"+mem{budget:g}" if budget is not None else "")
 
 
 # --variants: (compiled, lean) of each form of our step; `default` is resolved per device by fast_step
@@ -249,8 +252,17 @@ class RanEager(RuntimeError):
 
 def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
             compiled: bool, lean: bool = False, default: bool = False,
-            pattern: list[str] | None = None) -> dict[str, Any]:
-    row: dict[str, Any] = {"impl": _label(impl, lean, compiled), "default": default, "task": task,
+            pattern: list[str] | None = None, budget: float | None = None) -> dict[str, Any]:
+    """One row; `budget`: trainer.compile_memory_budget for a compiled form (None: torch's default)."""
+    # the partitioner reads it when the first step compiles and when compiled_rows traces the graph again
+    with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget):
+        return _measure(impl, task, mixer, T, args, device, compiled, lean, default, pattern, budget)
+
+
+def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
+             compiled: bool, lean: bool, default: bool, pattern: list[str] | None,
+             budget: float | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"impl": _label(impl, lean, compiled, budget), "default": default, "task": task,
                            "mixer": mixer, "layers": len(pattern) if pattern else 2, "T": T, "B": args.batch}
     batch, labels, vocab = task_batch(task, args.batch, T, device)
     torch.manual_seed(0)
@@ -299,7 +311,7 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
         row["peak_gib"] = None
     row["step_ms"] = round(ms, 2)
     row["tokens_per_s_M"] = round(args.batch * T / ms / 1000, 3)
-    if not compiled:  # a compiled body saves what its graph decides, outside these modules' hooks
+    if not compiled:
         row.update({f"saved {k} GiB": float(f"{v:.4g}") for k, v in saved_split(model, step).items()})
     if args.profile:
         rest: dict[tuple[str, str], list[float]] = {}
@@ -308,6 +320,14 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
         total = sum(split.values()) or math.nan
         row.update({f"{k} ms": round(v, 2) for k, v in split.items()})
         row["mixer op share"] = round(split["mixer op"] / total, 3)
+    if compiled and impl == "ours" and getattr(args, "backend", "inductor") == "inductor":
+        # a compiled body saves what inductor's partition decides, outside the modules' hooks: its graph's
+        # saved values by the module they were computed in, the head + loss's storages beside them; last,
+        # since tracing the graph again resets dynamo (`step` would compile anew)
+        outside = outside_graph(model, step.features, batch, autocast)
+        rows = compiled_rows(model.features, (batch.inputs,), autocast) + outside
+        row.update({f"saved {k} GiB": float(f"{sum(r['bytes'] for r in rows if r['part'] == k) / GIB:.4g}")
+                    for k in SAVED})
     return row
 
 
@@ -431,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action="store_true", help="also time the compiled forms")
     parser.add_argument("--lean", action="store_true", help="also time the lean forms")
     parser.add_argument("--backend", default="inductor", help="torch.compile's backend")
+    parser.add_argument("--memory-budgets", nargs="+", type=float, default=[], metavar="B",
+                        help="also time each compiled form at these trainer.compile_memory_budget values "
+                             "(in (0, 1]; rows ours+compile+memB)")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--resume", action="store_true",
@@ -450,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     elif "fla" in args.impls and fla_missing:
         parser.error("--impls fla: flash-linear-attention is not installed; pip install "
                      "'flash-linear-attention>=0.6', or leave fla out of --impls")
+    bad = [b for b in args.memory_budgets if not 0 < b <= 1]
+    if bad:
+        parser.error(f"--memory-budgets {bad}: each must be in (0, 1], the fraction of the compiled graph's "
+                     "saved activations it keeps")
     unknown = sorted(set(args.mixers) - set(MIXERS))
     if unknown:
         parser.error(f"unknown mixer(s) {unknown}; choose from {MIXERS}")
@@ -480,16 +507,20 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     # FLA's layers in their own (eager) form: the reference point
                     forms = ours if impl == "ours" else [(False, False, False)]
-                    for compiled, lean, default in forms:
-                        key = (_label(impl, lean, compiled), default, task, mixer,
+                    forms = [(c, lean, d, None) for c, lean, d in forms] + [
+                        (True, lean, False, b) for c, lean, _ in forms if c and impl == "ours"
+                        for b in args.memory_budgets]
+                    for compiled, lean, default, budget in forms:
+                        key = (_label(impl, lean, compiled, budget), default, task, mixer,
                                len(pattern) if pattern else 2, T, args.batch)
                         if key in done:
                             continue
                         try:
                             row = measure(impl, task, mixer, T, args, device, compiled, lean, default,
-                                          pattern)
+                                          pattern, budget)
                         except Exception as error:  # an OOM or an FLA layer that will not build: recorded
-                            row = {"impl": _label(impl, lean, compiled), "default": default, "task": task,
+                            row = {"impl": _label(impl, lean, compiled, budget), "default": default,
+                                   "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,
                                    "error": _error_line(error)}
                         row["measured"] = measured_by

@@ -129,6 +129,10 @@ class TrainerConfig:
     # ops are opaque custom ops to the compiler, so the glue between them fuses. auto | true | false;
     # auto: on CUDA, off on the CPU (fast_step).
     compile: Any = MISSING
+    # what the compiled graph may keep for its backward, as a fraction of what it keeps by default: the
+    # partitioner recomputes the rest in the backward (torch._functorch.config.activation_memory_budget);
+    # null: keep it all (torch's default). Only with the body compiled.
+    compile_memory_budget: float | None = MISSING
     # steps_to_threshold = first eval step with eval/acc >= acc_threshold
     acc_threshold: float = MISSING
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
@@ -292,6 +296,9 @@ def _check_values(cfg: DictConfig) -> None:
          "must be >= 1 (evaluations in a row)"),
         ("trainer.cpu_threads", tr.cpu_threads, tr.cpu_threads is None or tr.cpu_threads >= 1,
          "must be >= 1 (or null)"),
+        ("trainer.compile_memory_budget", tr.compile_memory_budget,
+         tr.compile_memory_budget is None or 0 < tr.compile_memory_budget <= 1,
+         "must be in (0, 1], the fraction of the compiled graph's saved activations it keeps (or null: all)"),
         ("model.mlp_ratio", m.mlp_ratio, m.mlp_ratio > 0, "must be > 0"),
         ("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be > 0"),
     ]
@@ -333,7 +340,7 @@ def fast_step(cfg: DictConfig, device_type: str) -> tuple[bool, bool]:
 # last bits, never the weights. trainer.precision is not: bf16 autocast and fp32 train different numbers
 # (compared as the precision the run took, `auto` resolved on its device).
 RUN_ONLY = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoint_every", "trainer.compile",
-            "model.lean_backward", "trainer.eval_batch_size", "logger.")
+            "trainer.compile_memory_budget", "model.lean_backward", "trainer.eval_batch_size", "logger.")
 # The one key of what a run computes that a relaunch may raise: the run is trained on from its checkpoint.
 EXTENDABLE = "trainer.max_steps"
 

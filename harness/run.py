@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._functorch.config as functorch_config
 from omegaconf import DictConfig, OmegaConf
 
 from harness.caches import share_compile_caches
@@ -140,10 +141,17 @@ def _placement(cfg: DictConfig, run_dir: Path, meta: dict[str, Any],
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
     compiled, lean = fast_step(cfg, device.type)
     meta["compile"], meta["lean_backward"] = compiled, lean
+    budget = trainer.compile_memory_budget if compiled else None
+    meta["compile_memory_budget"] = budget
     log.info("run dir %s | device %s | %s | %s | %s", run_dir, device,
-             "bf16 autocast" if use_bf16 else "fp32", "compiled" if compiled else "eager",
+             "bf16 autocast" if use_bf16 else "fp32",
+             "eager" if not compiled else "compiled" if budget is None
+             else f"compiled, memory budget {budget}",
              "lean backward" if lean else "plain backward")
     if compiled:
+        # read when the graph is partitioned (its first call, and any recompile); set for every compiled
+        # run, since jobs of an in-process sweep share the process. Part of the compile caches' keys.
+        functorch_config.activation_memory_budget = 1.0 if budget is None else float(budget)
         # before the first compile: every job of a sweep on this machine reuses what the first one built
         meta["compile_cache"] = share_compile_caches()
         log.info("compile caches: inductor %s, triton %s", meta["compile_cache"]["inductor"],

@@ -228,3 +228,72 @@ def test_resume_keeps_the_measured_rows_and_measures_the_missing(tmp_path: Path,
     # without --resume the table starts afresh
     assert step.main([*common, "--lengths", "32"]) == 0
     assert [int(r["T"]) for r in csv.DictReader(open(tmp_path / "bench_train.csv"))] == [32]
+
+
+def _node_with_stack(path: str) -> torch.fx.Node:
+    graph = torch.fx.Graph()
+    node = graph.placeholder("x")
+    node.meta["nn_module_stack"] = {"a": ("L['self']", object), "b": (path, object)}
+    return node
+
+
+def test_module_path_reads_the_trace_as_named_modules_writes_it() -> None:
+    for path in ("L['self'].blocks[0].mixer.q_proj", "L['self'].blocks.0.mixer.q_proj",
+                 "self.blocks.0.mixer.q_proj", "L['fn'].blocks['0'].mixer.q_proj"):
+        assert memory._module_path(_node_with_stack(path)) == "blocks.0.mixer.q_proj", path
+    assert memory._module_path(_node_with_stack("L['self'].norm")) == "norm"
+    assert memory._module_path(torch.fx.Graph().placeholder("y")) == ""
+
+
+@pytest.mark.slow  # inductor compiles the step once on the CPU (~35 s on two cores)
+def test_the_compiled_graph_itemised_is_what_its_backward_holds() -> None:
+    """compiled_rows traces and partitions the body without running it; a real compiled step's backward
+    node must then hold exactly those bytes, and the graph keeps less under a memory budget."""
+    from harness import step as train
+
+    batch, _, vocab = step.task_batch("mqar", 2, 64, torch.device("cpu"))
+    torch.manual_seed(0)
+    model = step.build("ours", "kda", vocab, 32, backend="triton")
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    rows = memory.compiled_rows(model.features, (batch.inputs,), autocast)
+    parts = {p: sum(r["bytes"] for r in rows if r["part"] == p) for p in memory.SAVED}
+    assert parts["mixer"] > 0 and parts["mlp"] > 0
+    # the chunk op's saved buffers (its custom op's outputs) are the mixer's, the SwiGLU's up projection
+    # ([B*T, its output width]) the MLP's
+    assert any(r["module"] == "blocks.0.mixer" and r["op"] == "chunk_fwd: Saved.h" for r in rows)
+    up = model.blocks[1].mlp.up.weight.shape[0]
+    assert any(r["module"] == "blocks.1.mlp.up" and r["shape"] == (2 * 64, up) for r in rows)
+    with torch._functorch.config.patch(activation_memory_budget=0.5):
+        less = memory.compiled_rows(model.features, (batch.inputs,), autocast)
+    assert 0 < sum(r["bytes"] for r in less) < sum(parts.values())
+
+    features = torch.compile(model.features)
+    try:
+        outside = memory.outside_graph(model, features, batch, autocast)
+        with memory.saved_storages(model) as live, autocast():
+            loss, _ = train.batch_loss(model, features, batch)
+            nodes = memory.node_names(loss)
+    finally:
+        torch._dynamo.reset()
+    inputs = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), batch.inputs]}
+    held = [r for r in live if r["ptr"] not in inputs
+            and any(name.startswith("CompiledFunction") for name in nodes.get(r["ptr"], ()))]
+    assert held and sum(r["bytes"] for r in held) == sum(parts.values())
+    # outside the graph: the head + loss's gradients, computed in its forward (the weight's: [vocab, D])
+    assert any(r["shape"] == (vocab, 32) for r in outside)
+    assert not any(r["ptr"] in {h["ptr"] for h in held} for r in outside)
+
+
+def test_memory_budgets_add_labelled_compiled_rows(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--device", "cpu", "--batch", "2", "--lengths", "16", "--d-model", "32", "--mixers",
+              "attention", "--impls", "ours", "--warmup", "1", "--steps", "1", "--no-profile",
+              "--backend", "eager", "--tasks", "palindrome", "--variants", "eager", "compile"]
+    assert step.main(["--out", str(tmp_path), *common, "--memory-budgets", "0.5"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
+    assert [r["impl"] for r in rows] == ["ours", "ours+compile", "ours+compile+mem0.5"]
+    assert all(float(r["step_ms"]) > 0 for r in rows)
+    with pytest.raises(SystemExit):
+        step.main(["--out", str(tmp_path / "bad"), *common, "--memory-budgets", "1.5"])
+    assert "--memory-budgets [1.5]: each must be in (0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -59,10 +59,14 @@ def test_what_the_user_set_is_kept(clean_env: pytest.MonkeyPatch, tmp_path: Path
 @pytest.mark.slow  # inductor compiles the step on the CPU: ~2 min on two cores
 def test_a_compiled_run_uses_the_shared_caches_and_says_so(clean_env: pytest.MonkeyPatch, make_cfg: MakeCfg,
                                                            tmp_path: Path) -> None:
-    summary = train(make_cfg("trainer.compile=true", "trainer.max_steps=1", "trainer.eval_every=1"),
-                    tmp_path / "run", mixer_name="attention")
+    # the partitioner's budget is process-wide: the run sets it, monkeypatch puts torch's back
+    clean_env.setattr(functorch_config, "activation_memory_budget", functorch_config.activation_memory_budget)
+    summary = train(make_cfg("trainer.compile=true", "trainer.max_steps=1", "trainer.eval_every=1",
+                             "trainer.compile_memory_budget=0.5"), tmp_path / "run", mixer_name="attention")
     root = default_root()
-    assert summary["compile"] is True
+    assert summary["compile"] is True and summary["compile_memory_budget"] == 0.5
+    assert functorch_config.activation_memory_budget == 0.5
+    assert "| compiled, memory budget 0.5 |" in (tmp_path / "run" / "train.log").read_text()
     assert summary["compile_cache"] == {"inductor": str(root / "inductor"), "triton": str(root / "triton")}
     # inductor wrote its compiled graphs there, and the first step compiled (a miss or a hit, each counted)
     assert any((root / "inductor").iterdir())

@@ -513,5 +513,9 @@ def test_fast_step_is_on_by_default_on_cuda_only_and_either_switch_forces(make_c
     summary = train(make_cfg("trainer.max_steps=3", "trainer.eval_every=3"), tmp_path,
                           mixer_name="attention")
     assert (summary["compile"], summary["lean_backward"]) == (False, False)
-    assert summary["first_step_s"] > 0
+    assert summary["first_step_s"] > 0 and summary["compile_memory_budget"] is None
     assert "| eager | plain backward" in (tmp_path / "train.log").read_text()
+    for value in ("0.0", "1.5", "-0.2"):
+        with pytest.raises(ValueError, match=rf"^trainer.compile_memory_budget={value}: must be in \(0, 1\]"):
+            validate(make_cfg(f"trainer.compile_memory_budget={value}"))
+    validate(make_cfg("trainer.compile_memory_budget=0.8"))
