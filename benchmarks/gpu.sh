@@ -33,6 +33,8 @@
 #                    the missing ones measured (--resume), so the table fills over sessions; STEP_ARGS narrows
 #                    it (e.g. "--lengths 1024 --impls ours")
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
+#   budget      240  the default step at T=1024 beside it at trainer.compile_memory_budget 0.8 and 0.7, and
+#                    what its compiled graph keeps (benchmarks.memory --compiled), KDA GDN Mamba2 attention
 #   paper_packing 400  sweep_packing --preset paper --jobs 3: paper-size runs packed against serial
 #   pilot       500  experiment=kimi_fig4_h200 at L=512 for 1,000 steps, lr 1e-3, 3 runs at a time
 # Alone (one 10-minute command each; all into OUT/lowp): which of the chunk op's 16-bit buffers makes KDA's
@@ -271,6 +273,12 @@ for step in "${steps[@]}"; do
     compile)
       brief 200 python3 -m benchmarks.step --out "$OUT/compile" --lengths 1024 --tasks mqar \
         --mixers kda gdn mamba2 attention --impls ours --compile ;;
+    budget)
+      brief 200 python3 -m benchmarks.step --out "$OUT/budget" --lengths 1024 --tasks mqar \
+        --mixers kda gdn mamba2 attention --impls ours --variants default --memory-budgets 0.8 0.7
+      cp "$OUT/$step.out" "$OUT/budget/step.out"
+      brief 40 python3 -m benchmarks.memory --device cuda --plain --compiled --mixers kda gdn mamba2 attention
+      cp "$OUT/$step.out" "$OUT/budget/compiled_saved.md" ;;
     paper_packing)
       brief 400 python3 -m benchmarks.sweep_packing --preset paper --jobs 3 --out "$OUT/paper_packing" ;;
     pilot)
