@@ -993,6 +993,21 @@ def _timed_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return done
 
 
+GPU_NOT_RECORDED = "not recorded"
+
+
+def gpu_models(runs: pd.DataFrame) -> dict[str, int]:
+    """Finished GPU runs per GPU model their summary names (`gpu.name`; runs that predate the field:
+    GPU_NOT_RECORDED), most first: a grid filled over sessions may have trained on more than one kind."""
+    done = _timed_runs(runs)
+    if done.empty:
+        return {}
+    done = done[done["device"] == "GPU"]
+    names = done.get("gpu.name", pd.Series(None, index=done.index, dtype=object))
+    counts = names.fillna(GPU_NOT_RECORDED).astype(str).value_counts()
+    return {str(name): int(count) for name, count in counts.items()}
+
+
 def cost(runs: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
     """Wall seconds per step by (mixer, length, device kind) from finished runs, hours spent per device kind,
     and from the GPU runs the projected cost of the paper's grid: 3 tasks x 12 runs per (mixer, length) x
@@ -1101,6 +1116,12 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
                 spent.append(f"{hours:.2f} {kind}-hours ({count} runs {where[kind]})")
         lines += [f"Spent over the finished runs: {', '.join(spent)}; each run's wall time, so runs packed n "
                   "to a device count it n times over.", ""]
+        models = gpu_models(all_runs)
+        if models:
+            named = [f"{name} {count}" for name, count in models.items()]
+            mixed = sum(name != GPU_NOT_RECORDED for name in models) > 1
+            lines += [f"GPU runs by the GPU their summary records: {', '.join(named)}"
+                      + ("; the seconds per step below mix these GPUs." if mixed else "."), ""]
         if "paper_grid_gpu_h" in totals:
             hours = totals["paper_grid_gpu_h"]
             measured, needed = int(totals["paper_grid_cells_measured"]), int(totals["paper_grid_cells"])

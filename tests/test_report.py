@@ -642,3 +642,20 @@ def test_the_open_parameters_are_the_grids_own_not_a_load_tests() -> None:
     text = render(pd.concat([grid, heavier], ignore_index=True), "train", "x")
     listed = text.split("### The other open parameters")[1].split("## Compute time")[0]
     assert "MQAR key-value pairs: null (tasks/mqar.py's seq_len // 8" in listed and "512" not in listed
+
+
+def test_the_compute_time_names_the_gpus_and_says_when_they_mix(runs: pd.DataFrame) -> None:
+    from analysis.report import GPU_NOT_RECORDED, gpu_models
+
+    gpu = runs[runs["status"].isin(["completed", "diverged"])]
+    assert gpu_models(runs) == {GPU_NOT_RECORDED: len(gpu)}
+    one = runs.copy()
+    one["gpu.name"] = "NVIDIA H200"
+    assert gpu_models(one) == {"NVIDIA H200": len(gpu)}
+    assert "GPU runs by the GPU their summary records: NVIDIA H200" in render(one, "train", "x")
+    assert "mix these GPUs" not in render(one, "train", "x")
+    two = one.copy()
+    two.loc[two.index[::2], "gpu.name"] = "NVIDIA H100 80GB HBM3"
+    text = render(two, "train", "x")
+    assert "the seconds per step below mix these GPUs" in text
+    assert sum(gpu_models(two).values()) == len(gpu)
