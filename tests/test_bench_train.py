@@ -297,3 +297,18 @@ def test_memory_budgets_add_labelled_compiled_rows(tmp_path: Path,
         step.main(["--out", str(tmp_path / "bad"), *common, "--memory-budgets", "1.5"])
     assert "--memory-budgets [1.5]: each must be in (0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow  # inductor compiles the attention step once on the CPU (~20 s)
+def test_a_compiled_row_splits_what_its_graph_keeps(tmp_path: Path) -> None:
+    assert step.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "16",
+                      "--d-model", "32", "--mixers", "attention", "--impls", "ours", "--variants", "compile",
+                      "--warmup", "1", "--steps", "1", "--no-profile", "--tasks", "palindrome"]) == 0
+    (row,) = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
+    assert row["impl"] == "ours+compile" and int(row["graphs"]) >= 1
+    # each SwiGLU keeps at least its up projection's output (fp32 on the CPU: [B*T, its width]), 2 layers;
+    # the head + loss, outside the graph, keep its gradients ([vocab, D] among them) in "rest"
+    model = step.build("ours", "attention", 64, 32)
+    up_output = 2 * 16 * model.blocks[0].mlp.up.weight.shape[0] * 4 / 2**30
+    assert float(row["saved mlp GiB"]) >= 2 * up_output
+    assert float(row["saved mixer GiB"]) > 0 and float(row["saved rest GiB"]) > 0
