@@ -239,14 +239,15 @@ def compiled_rows(fn: Callable[..., Any], inputs: tuple[Any, ...],
                   autocast: Callable[[], Any]) -> list[dict[str, Any]]:
     """What `torch.compile(fn)` keeps for its backward when called on `inputs`, traced and partitioned by
     inductor without running (`recording_backend(stop=True)`). Resets dynamo before and after."""
+    import torch._inductor.config as inductor_config
+
     torch._dynamo.reset()
     rows: list[dict[str, Any]] = []
     compiled = torch.compile(fn, backend=recording_backend(rows, stop=True))
-    # a cached graph would come back compiled without reaching the recording inner compile
-    no_caches = (torch._functorch.config.patch(enable_autograd_cache=False),
-                 torch._inductor.config.patch(fx_graph_cache=False))
     try:
-        with no_caches[0], no_caches[1], autocast():
+        # a cached graph would come back compiled without reaching the recording inner compile
+        with functorch_config.patch(enable_autograd_cache=False), \
+                inductor_config.patch(fx_graph_cache=False), autocast():
             compiled(*inputs)
     except torch._dynamo.exc.BackendCompilerFailed as error:
         if not isinstance(error.inner_exception, _Traced):
@@ -384,8 +385,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                         help="the plain layers (model.lean_backward off, the training default), to compare")
     parser.add_argument("--compiled", action="store_true",
                         help="what torch.compile's graph of the body keeps (the default step on CUDA), "
-                             "traced "
-                             "by inductor at --scale-batch x --scale-len without running")
+                             "traced by inductor at --scale-batch x --scale-len without running")
     parser.add_argument("--memory-budget", type=float, default=None,
                         help="with --compiled: trainer.compile_memory_budget, in (0, 1] "
                              "(default: torch's, 1)")
