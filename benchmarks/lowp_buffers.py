@@ -75,7 +75,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,39 @@ def _patched(module: Any, name: str,
 
 
 @contextlib.contextmanager
+def saved_rounded(fields: Iterable[str], counter: Counter) -> Iterator[None]:
+    """The chunk op's forward keeps the buffers `fields` (of chunk.Saved) rounded to bf16 for its backward,
+    for the duration of the context; its own output is unchanged. `counter` counts the values changed and
+    the calls where a buffer was absent."""
+    from kernels.triton import chunk
+
+    fields = list(fields)
+    unknown = sorted(set(fields) - set(chunk.Saved._fields))
+    if unknown:
+        raise ValueError(f"saved buffers {unknown} unknown; choose from {chunk.Saved._fields}")
+
+    def rounding_saved(original: Callable[..., Any]) -> Callable[..., Any]:
+        def chunk_forward(*args: Any, **kwargs: Any) -> Any:
+            o, ht, saved = original(*args, **kwargs)
+            if saved is None:  # no gradient wanted: nothing kept
+                return o, ht, saved
+            replaced = {}
+            for field in fields:
+                t = getattr(saved, field)
+                if t is None:
+                    counter.absent += 1
+                else:
+                    # a new tensor, not t rounded in place: a saved buffer may share storage with another
+                    replaced[field] = counter.rounded(t)
+            return o, ht, saved._replace(**replaced)
+
+        return chunk_forward
+
+    with _patched(chunk, "chunk_forward", rounding_saved):
+        yield
+
+
+@contextlib.contextmanager
 def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
     """The variant's patch around the op, for the duration of the context; `counter` counts its effect.
     A variant of several parts (`rounded`, `m+partial`) stacks theirs."""
@@ -163,7 +196,7 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
         return
     import torch
 
-    from kernels.triton import chunk, dqk_bwd, intra_bwd
+    from kernels.triton import dqk_bwd, intra_bwd
 
     mixers = [m for m in model.mixers if hasattr(m, "chunk_op")]
     ops = [m.chunk_op for m in mixers]
@@ -237,24 +270,7 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
             stack.enter_context(_patched(dqk_bwd, "dqk_backward", lambda f: second_rounds_partial(f, 9)))
             stack.enter_context(_patched(intra_bwd, "intra_backward", lambda f: second_rounds_partial(f, 3)))
         elif variant.startswith("saved_"):
-            field = variant.removeprefix("saved_")
-
-            def rounding_saved(original: Callable[..., Any]) -> Callable[..., Any]:
-                def chunk_forward(*args: Any, **kwargs: Any) -> Any:
-                    o, ht, saved = original(*args, **kwargs)
-                    if saved is None:  # no gradient wanted: nothing kept
-                        return o, ht, saved
-                    t = getattr(saved, field)
-                    if t is None:
-                        counter.absent += 1
-                        return o, ht, saved
-                    r = counter.rounded(t)
-                    # a new tensor, not t rounded in place: a saved buffer may share storage with another
-                    return o, ht, saved._replace(**{field: r})
-
-                return chunk_forward
-
-            stack.enter_context(_patched(chunk, "chunk_forward", rounding_saved))
+            stack.enter_context(saved_rounded([variant.removeprefix("saved_")], counter))
         elif variant in STAGES:
             module_name, function, positions = STAGES[variant]
             module = importlib.import_module(f"kernels.triton.{module_name}")

@@ -23,6 +23,10 @@ float64 token loop on the same bf16-rounded inputs, and whether everything staye
     sharp_keys  q and k on 4 channels that do not decay (-1e-3), the rest at the bound, beta = 0.99
     big_v       the layer's draw with v 100 times larger
 
+With --saved, the layer's form again with some of the buffers the op keeps for its backward (chunk.Saved)
+rounded to bf16 in between (benchmarks.lowp_buffers.saved_rounded): which of them the fp32 path could
+store in 16 bits. The output is the forward's and unchanged; the gradients show it.
+
 In the interpreter (--device cpu) bf16 is computed as on a GPU (kernels/triton/interpret.py) and fp32
 exactly, unless --tf32 rounds the fp32 dots' operands as a GPU's tensor cores take them (the GPU's fp32 path
 runs its dots in TF32). Writes DIR/lowp_regimes.csv and DIR/lowp_regimes.md (provenance first).
@@ -102,10 +106,13 @@ FORMS = {"fp32": (), "bf16": SIXTEEN, "bf16 kernels": SIXTEEN, "layer": ("v",)}
 LABELS = {"bf16": "bf16", "bf16 kernels": "bf16, 16-bit kernels", "layer": "layer (v bf16)"}
 
 
-def errors(op: str, inputs: dict[str, torch.Tensor], form: str, seed: int = 1) -> dict[str, float]:
+def errors(op: str, inputs: dict[str, torch.Tensor], form: str, seed: int = 1,
+           saved: tuple[str, ...] = ()) -> dict[str, float]:
     """Relative RMS errors of the op (FORMS[form] in bf16) against the float64 token loop on the same
-    bf16-rounded inputs, and `finite` (1.0 or 0.0)."""
+    bf16-rounded inputs, and `finite` (1.0 or 0.0). `saved`: buffers of chunk.Saved the forward keeps
+    rounded to bf16 for the backward (benchmarks.lowp_buffers.saved_rounded)."""
     import kernels.triton
+    from benchmarks.lowp_buffers import Counter, saved_rounded
     from kernels.naive import naive_recurrent
     from kernels.triton import triton_chunk
 
@@ -124,13 +131,19 @@ def errors(op: str, inputs: dict[str, torch.Tensor], form: str, seed: int = 1) -
 
     cast = {n: t.to(torch.bfloat16) if n in FORMS[form] else t for n, t in rounded.items()}
     wide, kernels.triton.WIDE_KDA_KEYS = kernels.triton.WIDE_KDA_KEYS, form != "bf16 kernels"
+    counter = Counter()
     try:
-        out, note = errors_of(ours, cast, (o_ref.detach(), ht_ref.detach()),
-                              {n: t.grad for n, t in ref.items()}, do, dht)
+        with saved_rounded(saved, counter):
+            out, note = errors_of(ours, cast, (o_ref.detach(), ht_ref.detach()),
+                                  {n: t.grad for n, t in ref.items()}, do, dht)
     finally:
         kernels.triton.WIDE_KDA_KEYS = wide
     if note:
         raise RuntimeError(f"{op}: {note}")
+    if saved and (counter.changed == 0 or counter.absent):
+        # a buffer this plan does not keep, or fp32 values bf16 holds exactly: the row would say nothing
+        raise RuntimeError(f"{op}: saved {'+'.join(saved)} in bf16 changed {counter.changed} values, "
+                           f"absent {counter.absent} times; choose buffers this plan keeps in fp32")
     # a non-finite output or gradient has a non-finite error
     return {**out, "finite": float(all(math.isfinite(e) for e in out.values()))}
 
@@ -162,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--K", type=int, default=128, help="K = V (the Triton kernels take 16-256)")
     parser.add_argument("--tf32", choices=["off", "rne", "trunc"], default="off",
                         help="interpreter only: round the fp32 dots' operands to TF32 as a GPU does")
+    parser.add_argument("--saved", nargs="+", default=[], metavar="F[+F...]",
+                        help="also the layer's form with these chunk.Saved buffers kept in bf16 for the "
+                             "backward, a row each: e.g. h w+h (w and h at once)")
     args = parser.parse_args(argv)
     device = indexed_device(args.device)
     interpreting = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -197,12 +213,13 @@ def _measure(args: argparse.Namespace, device: torch.device, argv: list[str] | N
         decay, lower_bound = OPS[op]
         for regime in args.regimes:
             inputs = regime_inputs(regime, decay, lower_bound, args.T, args.K, device)
-            for form in FORMS:
+            forms = [(form, ()) for form in FORMS] + [("layer", tuple(f.split("+"))) for f in args.saved]
+            for form, saved in forms:
                 if form == "bf16 kernels" and decay != "channel":
                     continue  # the op runs its 16-bit kernels for bf16 already
-                label = LABELS.get(form, fp32_label)
+                label = LABELS.get(form, fp32_label) + (f", saved {'+'.join(saved)} bf16" if saved else "")
                 start = time.time()
-                row = {"op": op, "regime": regime, "inputs": label, **errors(op, inputs, form)}
+                row = {"op": op, "regime": regime, "inputs": label, **errors(op, inputs, form, saved=saved)}
                 rows.append(row)
                 worst = max(ERRORS, key=lambda n: row[n] / BOUNDS[n])
                 print(f"{op:16s} {regime:10s} {label:18s} worst {worst} {row[worst]:.1e} "

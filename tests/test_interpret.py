@@ -222,3 +222,25 @@ def test_kda_widens_16_bit_keys_where_its_16_bit_kernels_lose_a_recurring_key(tm
     assert torch.equal(o, wide.bfloat16())  # what the op runs by default: the fp32 kernels
     o.float().sum().backward()
     assert (q.grad.dtype, k.grad.dtype, v.grad.dtype, beta.grad.dtype) == (torch.bfloat16,) * 4
+
+
+def test_lowp_regimes_keeps_named_saved_buffers_in_bf16_for_the_backward(tmp_path) -> None:
+    # --saved: the layer's form again with kept buffers rounded to bf16 between forward and backward, a row
+    # per form: the forward's output is unchanged, the gradients that read them move
+    import csv
+
+    from benchmarks import lowp_regimes
+
+    assert lowp_regimes.main(["--out", str(tmp_path), "--device", "cpu", "--T", "40", "--K", "16", "--ops",
+                              "kda_bounded", "--regimes", "layer", "--saved", "h", "kd", "h+kd"]) == 0
+    rows = {r["inputs"]: r for r in csv.DictReader(open(tmp_path / "lowp_regimes.csv"))}
+    layer = rows["layer (v bf16)"]
+    for label in ("layer (v bf16), saved h bf16", "layer (v bf16), saved kd bf16",
+                  "layer (v bf16), saved h+kd bf16"):
+        row = rows[label]
+        assert row["o"] == layer["o"] and row["final_state"] == layer["final_state"], label
+        assert any(row[n] != layer[n] for n in ("dq", "dk", "dv", "dg", "dbeta", "dinitial_state")), label
+    # a buffer the plan does not keep (GDN has no per-channel decayed keys) is refused, not a silent row
+    with pytest.raises(RuntimeError, match="saved kd in bf16 changed 0 values, absent"):
+        lowp_regimes.main(["--out", str(tmp_path / "gdn"), "--device", "cpu", "--T", "40", "--K", "16",
+                           "--ops", "gated_delta_rule", "--regimes", "layer", "--saved", "kd"])
