@@ -33,8 +33,9 @@
 #                    the missing ones measured (--resume), so the table fills over sessions; STEP_ARGS narrows
 #                    it (e.g. "--lengths 1024 --impls ours")
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
-#   budget      240  the default step at T=1024 beside it at trainer.compile_memory_budget 0.8 and 0.7, and
-#                    what its compiled graph keeps (benchmarks.memory --compiled), KDA GDN Mamba2 attention
+#   budget      330  KDA's and GDN's default step at MQAR T=1024 beside it at trainer.compile_memory_budget 0.8
+#                    (BUDGET_ARGS widens it, e.g. "--mixers kda gdn mamba2 attention --memory-budgets 0.8 0.7"),
+#                    and what the compiled graph keeps (benchmarks.memory --compiled)
 #   paper_packing 400  sweep_packing --preset paper --jobs 3: paper-size runs packed against serial
 #   pilot       500  experiment=kimi_fig4_h200 at L=512 for 1,000 steps, lr 1e-3, 3 runs at a time
 # Alone (one 10-minute command each; all into OUT/lowp): which of the chunk op's 16-bit buffers makes KDA's
@@ -274,10 +275,11 @@ for step in "${steps[@]}"; do
       brief 200 python3 -m benchmarks.step --out "$OUT/compile" --lengths 1024 --tasks mqar \
         --mixers kda gdn mamba2 attention --impls ours --compile ;;
     budget)
-      brief 200 python3 -m benchmarks.step --out "$OUT/budget" --lengths 1024 --tasks mqar \
-        --mixers kda gdn mamba2 attention --impls ours --variants default --memory-budgets 0.8 0.7
+      # shellcheck disable=SC2086
+      brief 300 python3 -m benchmarks.step --out "$OUT/budget" --lengths 1024 --tasks mqar --impls ours \
+        --variants default ${BUDGET_ARGS:---mixers kda gdn --memory-budgets 0.8}
       cp "$OUT/$step.out" "$OUT/budget/step.out"
-      brief 40 python3 -m benchmarks.memory --device cuda --plain --compiled --mixers kda gdn mamba2 attention
+      brief 30 python3 -m benchmarks.memory --device cuda --plain --compiled --mixers kda gdn
       cp "$OUT/$step.out" "$OUT/budget/compiled_saved.md" ;;
     paper_packing)
       brief 400 python3 -m benchmarks.sweep_packing --preset paper --jobs 3 --out "$OUT/paper_packing" ;;
