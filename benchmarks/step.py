@@ -324,10 +324,14 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
         # a compiled body saves what inductor's partition decides, outside the modules' hooks: its graph's
         # saved values by the module they were computed in, the head + loss's storages beside them; last,
         # since tracing the graph again resets dynamo (`step` would compile anew)
-        outside = outside_graph(model, step.features, batch, autocast)
-        rows = compiled_rows(model.features, (batch.inputs,), autocast) + outside
-        row.update({f"saved {k} GiB": float(f"{sum(r['bytes'] for r in rows if r['part'] == k) / GIB:.4g}")
-                    for k in SAVED})
+        try:
+            outside = outside_graph(model, step.features, batch, autocast)
+            rows = compiled_rows(model.features, (batch.inputs,), autocast) + outside
+        except Exception as error:  # another torch's inductor may not be traced so: the timing stands
+            row["saved error"] = _error_line(error)
+        else:
+            for k in SAVED:
+                row[f"saved {k} GiB"] = float(f"{sum(r['bytes'] for r in rows if r['part'] == k) / GIB:.4g}")
     return row
 
 
