@@ -139,7 +139,7 @@ def saved_split(model: nn.Module, step: Callable[[], None]) -> dict[str, float]:
     attributes) are not seen; the peak includes them."""
     with saved_storages(model) as live:
         step()
-    return {part: sum(r["bytes"] for r in live if r["part"] == part) / GIB for part in SAVED}
+    return split_gib(live, "bytes")
 
 
 class _Traced(Exception):
@@ -324,22 +324,31 @@ def saved_tensors(mixer: str, args: argparse.Namespace, device: torch.device) ->
     return live
 
 
-def split_gib(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Scaled GiB saved by each part (mixer / mlp / norms / rest)."""
-    return {part: sum(r["scaled_bytes"] for r in rows if r["part"] == part) / GIB for part in SAVED}
+def split_gib(rows: list[dict[str, Any]], size: str = "scaled_bytes") -> dict[str, float]:
+    """GiB saved by each part (mixer / mlp / norms / rest), each row counted by its `size` field."""
+    return {part: sum(r[size] for r in rows if r["part"] == part) / GIB for part in SAVED}
+
+
+def _report(heading: str, split: dict[str, float], columns: tuple[str, str, str],
+            rows: list[dict[str, Any]], node: Callable[[dict[str, Any]], str], size: str) -> str:
+    """The split on the heading's line, then every storage of layer 0: module, `node`, shape, dtype, MiB
+    (`columns` names the node, shape and size columns)."""
+    node_col, shape_col, size_col = columns
+    out = [f"## {heading}: " + " / ".join(f"{p} {split[p]:.2f}" for p in SAVED)
+           + f", total {sum(split.values()):.2f}", "",
+           "layer 0 (blocks.0.*; layer 1 saves the same), every saved storage:", "",
+           f"| module | {node_col} | {shape_col} | dtype | {size_col} |", "|---|---|---|---|---:|"]
+    out += [f"| {r['module'].removeprefix('blocks.0.')} | {node(r)} | {list(r['shape'])} | {r['dtype']} "
+            f"| {r[size] / 2**20:.0f} |" for r in rows if r["module"].startswith("blocks.0.")]
+    return "\n".join(out) + "\n"
 
 
 def table(mixer: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    split = split_gib(rows)
     name = mixer + (" (plain)" if args.plain else "")
-    out = [f"## {name}: saved GiB at B={args.scale_batch} T={args.scale_len} (measured at B={args.batch} "
-           f"T={args.seq_len}): " + " / ".join(f"{p} {split[p]:.2f}" for p in SAVED)
-           + f", total {sum(split.values()):.2f}", "",
-           "layer 0 (blocks.0.*; layer 1 saves the same), every saved storage:", "",
-           "| module | autograd node(s) | shape (measured) | dtype | MiB scaled |", "|---|---|---|---|---:|"]
-    out += [f"| {r['module'].removeprefix('blocks.0.')} | {r['nodes']} | {list(r['shape'])} | {r['dtype']} "
-            f"| {r['scaled_bytes'] / 2**20:.0f} |" for r in rows if r["module"].startswith("blocks.0.")]
-    return "\n".join(out) + "\n"
+    heading = (f"{name}: saved GiB at B={args.scale_batch} T={args.scale_len} (measured at B={args.batch} "
+               f"T={args.seq_len})")
+    return _report(heading, split_gib(rows), ("autograd node(s)", "shape (measured)", "MiB scaled"), rows,
+                   lambda r: r["nodes"], "scaled_bytes")
 
 
 def compiled_table(mixer: str, args: argparse.Namespace,
@@ -355,18 +364,13 @@ def compiled_table(mixer: str, args: argparse.Namespace,
     with functorch_config.patch(activation_memory_budget=budget):
         rows = compiled_rows(model.features, (batch.inputs,),
                              lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16))
-    split = {part: sum(r["bytes"] for r in rows if r["part"] == part) / GIB for part in SAVED}
+    split = split_gib(rows, "bytes")
     name = mixer + (" (plain)" if args.plain else "") + (f", memory budget {budget:g}"
                                                           if args.memory_budget is not None else "")
-    out = [f"## {name}, compiled: the graph's saved GiB at B={args.scale_batch} T={args.scale_len} "
-           "(traced at that size by inductor, not run; the head + loss outside the graph not included): "
-           + " / ".join(f"{p} {split[p]:.2f}" for p in SAVED) + f", total {sum(split.values()):.2f}", "",
-           "layer 0 (blocks.0.*; layer 1 saves the same), every saved storage:", "",
-           "| module | graph node (op) | shape | dtype | MiB |", "|---|---|---|---|---:|"]
-    out += [f"| {r['module'].removeprefix('blocks.0.')} | {r['name']} ({r['op']}) | {list(r['shape'])} "
-            f"| {r['dtype']} | {r['bytes'] / 2**20:.0f} |"
-            for r in rows if r["module"].startswith("blocks.0.")]
-    return "\n".join(out) + "\n", split
+    heading = (f"{name}, compiled: the graph's saved GiB at B={args.scale_batch} T={args.scale_len} "
+               "(traced at that size by inductor, not run; the head + loss outside the graph not included)")
+    return _report(heading, split, ("graph node (op)", "shape", "MiB"), rows,
+                   lambda r: f"{r['name']} ({r['op']})", "bytes"), split
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:

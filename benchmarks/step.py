@@ -55,7 +55,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from benchmarks.common import ROOT, commit, indexed_device, provenance, write_csv
-from benchmarks.memory import GIB, SAVED, compiled_rows, outside_graph, saved_split
+from benchmarks.memory import SAVED, compiled_rows, outside_graph, saved_split, split_gib
 from harness import step as train
 from harness.config import fast_step
 from mixers.model import LanguageModel
@@ -312,7 +312,7 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
     row["step_ms"] = round(ms, 2)
     row["tokens_per_s_M"] = round(args.batch * T / ms / 1000, 3)
     if not compiled:
-        row.update({f"saved {k} GiB": float(f"{v:.4g}") for k, v in saved_split(model, step).items()})
+        row.update(_saved_columns(saved_split(model, step)))
     if args.profile:
         rest: dict[tuple[str, str], list[float]] = {}
         split = profile_split(step, device, rest)
@@ -330,9 +330,12 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
         except Exception as error:  # another torch's inductor may not be traced so: the timing stands
             row["saved error"] = _error_line(error)
         else:
-            for k in SAVED:
-                row[f"saved {k} GiB"] = float(f"{sum(r['bytes'] for r in rows if r['part'] == k) / GIB:.4g}")
+            row.update(_saved_columns(split_gib(rows, "bytes")))
     return row
+
+
+def _saved_columns(split: dict[str, float]) -> dict[str, float]:
+    return {f"saved {k} GiB": float(f"{v:.4g}") for k, v in split.items()}
 
 
 def _baseline() -> dict[tuple[str, int], dict[str, str]]:
