@@ -86,8 +86,8 @@ def triton_chunk(
     if WIDE_KDA_KEYS and g is not None and g.dim() == 4 and beta is not None and q.dtype != torch.float32:
         # the per-channel decay with the delta rule (KDA) takes q, k, beta in fp32: its 16-bit path rounds
         # each position's decayed copy of a key apart, and a key that recurs with beta near 1 erases
-        # through 1 - beta k.k ~ 0.01, which bf16's 2^-8 swamps (benchmarks/lowp_regimes.py: off by 1e8 on
-        # an H200); v stays in its dtype, the form a layer feeds and the regimes check
+        # through 1 - beta k.k ~ 0.01, which bf16's 2^-8 swamps (benchmarks/lowp_regimes.py measures it);
+        # v stays in its dtype, the form a layer feeds and the regimes check
         o, ht = triton_chunk(q.float(), k.float(), v, g, beta.float(), scale, initial_state,
                              output_final_state, chunk_size, lower_bound)
         return o.to(q.dtype), ht
