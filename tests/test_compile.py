@@ -151,6 +151,28 @@ def test_opcheck_without_state_or_gradient(keep: bool) -> None:
     torch.library.opcheck(chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
 
 
+def test_compiled_graph_keeps_the_op_buffers_and_no_gate() -> None:
+    # the gate computed in the graph is handed to the op, whose backward reads its cumsum (Saved.gc): the
+    # partitioner keeps nothing for the op's backward but its buffers (softplus's input is a graph input)
+    import contextlib
+
+    import torch.nn.functional as F
+
+    from benchmarks import memory
+
+    x = make_inputs("channel", True, **SHAPE, seed=0, with_state=False)
+    z = torch.randn(x["q"].shape, requires_grad=True)
+    args = (x["q"].requires_grad_(), x["k"].requires_grad_(), x["v"].requires_grad_(), z,
+            x["beta"].requires_grad_())
+
+    def layer(q, k, v, z, beta):
+        return triton_chunk(q, k, v, -F.softplus(z), beta)[0]
+
+    rows = memory.compiled_rows(layer, args, contextlib.nullcontext)
+    assert any(r["op"] == "chunk_fwd: Saved.gc" for r in rows)
+    assert all(r["op"].startswith("chunk_fwd") for r in rows), [r["op"] for r in rows]
+
+
 def test_compiled_function_calls_the_op_opaquely_and_matches_eager() -> None:
     x = _args("channel", True, None)
     graphs: list[torch.fx.GraphModule] = []

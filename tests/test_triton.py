@@ -20,6 +20,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton")
 
@@ -283,6 +284,59 @@ def test_bf16_backward_buffers(
     errors = errors_against_naive(inputs, lower_bound)
     assert all(e <= 2e-2 for e in errors.values()), errors
     assert not all(e <= TOL for e in errors.values()), errors  # the bf16 buffers are really in use
+
+
+class _Allocations(TorchDispatchMode):
+    """The shapes and dtypes of the tensors the factory ops allocate inside the block."""
+
+    FACTORIES = ("empty", "empty_like", "empty_strided", "new_empty", "zeros", "zeros_like")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in self.FACTORIES:
+            self.made.append((tuple(out.shape), out.dtype))
+        return out
+
+
+@pytest.mark.parametrize("name,decay,delta", [("kda", "channel", True), ("gla", "channel", False),
+                                              ("gdn", "scalar", True), ("delta_rule", "none", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_keeps_no_gate_copy_and_sums_in_place(
+    monkeypatch: pytest.MonkeyPatch, name: str, decay: str, delta: bool, dtype: torch.dtype
+) -> None:
+    # the backward reads g's values through its cumsum G (kept), so the op keeps no copy of g; and where the
+    # partial dq, dk, dG have the final sums' dtype they are the final buffers: one [B, T, H, K] tensor
+    # allocated for each of dq, dk and dg (dG per key channel for a scalar g), not two. K != V keeps the
+    # shapes apart; the gradients stay those of the reference (the other tests)
+    import kernels.triton as kt
+
+    monkeypatch.setattr(kt, "WIDE_KDA_KEYS", False)  # (the 16-bit kernels for bf16, as given)
+    B, T, H, K, V = 1, 40, 2, 32, 16
+    inputs = make_inputs(decay, delta, B, T, H, K=K, V=V, seed=3, with_state=False, dtype=dtype)
+    leaves = {n: t.requires_grad_(True) for n, t in inputs.items() if t is not None}
+    g = leaves["g"] * 1.0 if "g" in leaves else None  # a value of its own, as a layer's gate is
+    kept: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept.add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        o, _ = triton_chunk(leaves["q"], leaves["k"], leaves["v"], g, leaves.get("beta"))
+    if g is not None:
+        assert g.untyped_storage().data_ptr() not in kept
+    made = _Allocations()
+    with made:
+        o.float().square().sum().backward()
+    rows = [m for m in made.made if m[0] == (B, T, H, K)]
+    dq_dk_dg = 3 if decay != "none" else 2
+    # 16-bit inputs keep bf16 partial sums (their own dtype, fp16's excepted), dG fp32 as the gate
+    assert len(rows) == dq_dk_dg, rows
+    assert all(torch.isfinite(t.grad).all() for t in leaves.values())
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32])

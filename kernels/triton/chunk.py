@@ -57,9 +57,10 @@ class Grads(NamedTuple):
 
     dq_out: torch.Tensor  # the final dq, dk, in the inputs' dtypes
     dk_out: torch.Tensor
-    dq: torch.Tensor  # the partial dq, dk (dq_out, dk_out themselves where dqk does all: FUSED)
+    dq: torch.Tensor  # the partial dq, dk (dq_out, dk_out themselves where of their dtype or FUSED)
     dk: torch.Tensor
-    dgk: torch.Tensor  # dG per key channel before its reverse cumsum, fp32 (dq's pointer without a decay)
+    dgk: torch.Tensor  # dG per key channel before its reverse cumsum, fp32 (dq's pointer without a decay; dg
+    # itself for an fp32 per-channel g)
     m_qk: torch.Tensor | None  # dA_qk, dvt's for the intra backward (not for FUSED)
     m_kk: torch.Tensor | None  # diag(beta) dA_kk (the delta rule; else m_qk)
     dv: torch.Tensor  # dv (the delta rule; else dVt itself)
@@ -135,6 +136,13 @@ def chunk_forward(
     return o, ht, Saved(gc, aqk, akk, linv, w, vt, h, qg, kd, None if fp.keep_x else kg, x)
 
 
+def shape_only(g: torch.Tensor | None) -> torch.Tensor | None:
+    """What the backward keeps of g: a zero-byte stand-in with its shape, dtype and device. The backward
+    reads g's values only through G, its chunk-local cumsum (Saved.gc), so keeping g itself would hold a
+    second copy of the gate ([B, T, H, K] fp32 for KDA) for nothing."""
+    return None if g is None else g.new_empty(()).expand(g.shape)
+
+
 def _gradients(q, k, v, g, dvt: torch.Tensor, bp) -> Grads:
     # the buffers dqk, dvt and the intra backward write, in the plan's precisions
     p = bp.problem
@@ -142,17 +150,24 @@ def _gradients(q, k, v, g, dvt: torch.Tensor, bp) -> Grads:
     dev = q.device
     dq_out = torch.empty_like(q)
     dk_out = torch.empty_like(k)
-    # the partial dq, dk in bf16 for 16-bit inputs (fp32's range, also for fp16 inputs), else fp32
+    # the partial dq, dk in bf16 for 16-bit inputs (fp32's range, also for fp16 inputs), else fp32. Where that
+    # is the inputs' dtype the final sums overwrite them: the kernel that finishes a tile is the one program
+    # that reads its partial sums, and it reads them before it writes (so also for dG below)
     partial = torch.bfloat16 if p.lowp else torch.float32
-    dq = dq_out if bp.fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
-    dk = dk_out if bp.fused else torch.empty(B, T, H, K, device=dev, dtype=partial)
-    # (without a decay: no dG at all; dq only stands in for the pointer)
-    dgk = torch.empty(B, T, H, K, device=dev, dtype=torch.float32) if p.decay != "none" else dq
+    dq = dq_out if bp.fused or q.dtype == partial else torch.empty(B, T, H, K, device=dev, dtype=partial)
+    dk = dk_out if bp.fused or k.dtype == partial else torch.empty(B, T, H, K, device=dev, dtype=partial)
+    # (g is shape_only's stand-in: dense strides stated, not preserved from it)
+    dg = torch.empty(g.shape, device=dev, dtype=g.dtype) if p.decay != "none" else None
+    if p.decay == "channel" and g.dtype == torch.float32:
+        # dqk reverse-cumsums dG per chunk from these rows into dg (the plan's first)
+        dgk = dg
+    else:
+        # (without a decay: no dG at all; dq only stands in for the pointer)
+        dgk = torch.empty(B, T, H, K, device=dev, dtype=torch.float32) if p.decay != "none" else dq
     m_qk = None if bp.fused else torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(p.lowp))
     m_kk = torch.empty(B, T, H, BT, device=dev, dtype=_m_dtype(p.lowp)) if p.delta_rule else m_qk
     dv = torch.empty(B, T, H, v.shape[-1], device=dev, dtype=v.dtype) if p.delta_rule else dvt
     dbeta = torch.empty(B, T, H, device=dev, dtype=torch.float32) if p.delta_rule else None
-    dg = torch.empty_like(g) if p.decay != "none" else None
     return Grads(dq_out, dk_out, dq, dk, dgk, m_qk, m_kk, dv, dbeta, dg)
 
 
@@ -216,7 +231,7 @@ class ChunkFunction(torch.autograd.Function):
             o, ht, saved = chunk_forward(
                 q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound
             )
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, *saved)
+        ctx.save_for_backward(q, k, v, shape_only(g), beta, initial_state, *saved)
         ctx.scale, ctx.chunk_size, ctx.lower_bound = scale, chunk_size, lower_bound
         if ht is not None:
             return o, ht

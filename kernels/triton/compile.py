@@ -119,7 +119,7 @@ def _setup_context(ctx, inputs, output) -> None:
     # the buffers take no gradient; unused outputs' gradients stay None (no zero-filled h or A)
     ctx.mark_non_differentiable(*saved)
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, *saved)
+    ctx.save_for_backward(q, k, v, _chunk.shape_only(g), beta, initial_state, *saved)
     ctx.o_shape, ctx.keep = o.shape, keep
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.chunk_size, ctx.lower_bound = chunk_size, lower_bound
