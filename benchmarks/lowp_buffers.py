@@ -247,13 +247,14 @@ def variant_patch(variant: str, model: Any, counter: Counter) -> Iterator[None]:
             stack.enter_context(_patched(intra_bwd, "intra_backward", intra_rounding_m))
         elif variant == "partial":
             # dqk and the intra backward both write the partial dq, dk; the second of the two (the plan's
-            # order) reads them and writes the finished dq_out, dk_out
+            # order) reads them and writes the finished dq_out, dk_out (over them where they share a buffer:
+            # it holds the partial sums until then)
             calls: dict[int, int] = {}
 
             def second_rounds_partial(original: Callable[..., Any], at: int) -> Callable[..., Any]:
                 def stage(*args: Any) -> None:
-                    grads = args[at]
-                    if grads.dq is not grads.dq_out:
+                    grads, bp = args[at], args[-1]
+                    if not bp.fused:
                         calls[id(grads)] = calls.get(id(grads), 0) + 1
                         if calls[id(grads)] == 2:
                             del calls[id(grads)]

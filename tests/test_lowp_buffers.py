@@ -102,7 +102,7 @@ def test_output_hands_on_o_as_the_16_bit_path_returns_it_and_rounds_its_gradient
     torch.testing.assert_close(leaf.grad, plain_leaf.grad, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("variant", ["bwd_dvt", "bwd_dh"])
+@pytest.mark.parametrize("variant", ["bwd_dvt", "bwd_dh", "partial"])
 def test_a_backward_variant_moves_the_gradients_and_leaves_the_output(variant: str) -> None:
     q, k, v, g, beta = _inputs()
     grads = {}
