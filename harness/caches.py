@@ -8,15 +8,23 @@ and Triton's directories at one directory per machine (under ~/.cache, which out
 default), so every job of a sweep on the machine, each its own process, finds what the first one built.
 A directory or switch the user set in the environment is kept.
 
-Triton's cache of autotuning results (TRITON_CACHE_AUTOTUNING) is not needed: our kernels take their
-launch configs from kernels/triton/plan.py, not from `triton.autotune`, and inductor caches its own
-autotuning (`autotune_local_cache`, in its directory).
+Inductor's directory is one per version of kernels/. Our custom ops (the chunk op, the short convolution,
+SwiGLU) are opaque to the compiler: their fake implementations and autograd formulas decide what a compiled
+graph hands its backward (the chunk op's kept buffers, chunk.saved_layout), yet AOTAutograd's cache key
+covers the traced graph, not their source, so a graph cached under another version of them is reused and
+fails on a buffer's shape (or, where the shapes agree, hands the backward the wrong buffer). Triton's
+binaries are keyed by their source and stay shared. A version's directory that no run has set up for
+PRUNE_DAYS is removed when a run sets up the caches.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import os
+import shutil
+import time
 from pathlib import Path
 
 INDUCTOR_DIR, TRITON_DIR = "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"
@@ -35,6 +43,25 @@ COUNTERS = (
 )
 
 
+# the sources whose version names inductor's directory
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+PRUNE_DAYS = 14
+
+
+@functools.cache
+def code_version(kernels: Path = KERNELS) -> str:
+    """12 hex digits of a hash of every .py file under `kernels` (its path and bytes)."""
+    digest = hashlib.sha256()
+    for path in sorted(kernels.rglob("*.py")):
+        digest.update(path.relative_to(kernels).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def inductor_name(version: str | None = None) -> str:
+    """The name of inductor's directory under the root for this version of kernels/ (the current one)."""
+    return f"inductor-{version or code_version()}"
+
+
 def default_root() -> Path:
     """~/.cache/kda_harness/compile ($XDG_CACHE_HOME in place of ~/.cache when set)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
@@ -42,21 +69,40 @@ def default_root() -> Path:
 
 
 def cache_dirs(root: Path | None = None) -> dict[str, Path]:
-    """{"inductor": dir, "triton": dir}: the directory the environment names, else root/inductor and
-    root/triton (root: default_root()); what share_compile_caches gives a run."""
+    """{"inductor": dir, "triton": dir}: the directory the environment names, else root/inductor-VERSION
+    (inductor_name) and root/triton (root: default_root()); what share_compile_caches gives a run."""
     root = default_root() if root is None else root
-    return {name: Path(os.environ.get(variable) or root / name) for name, variable in DIR_VARIABLES}
+    own = {"inductor": root / inductor_name(), "triton": root / "triton"}
+    return {name: Path(os.environ.get(variable) or own[name]) for name, variable in DIR_VARIABLES}
+
+
+def prune(root: Path, keep: Path, days: float = PRUNE_DAYS) -> list[Path]:
+    """Remove inductor's directories of other versions of kernels/ under root (and the unversioned one of
+    older harnesses) that no run has set up for `days`; returns those removed."""
+    removed = []
+    for path in [root / "inductor", *root.glob("inductor-*")]:
+        if path == keep or not path.is_dir():
+            continue
+        if time.time() - path.stat().st_mtime > days * 86400:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def share_compile_caches(root: Path | None = None) -> dict[str, str]:
-    """Turn on the compile caches and give inductor and Triton one directory per machine (root/inductor,
-    root/triton) where the environment names none; returns {"inductor": dir, "triton": dir} as used.
-    Call before the first compile: both read their directory from the environment when they write."""
+    """Turn on the compile caches and give inductor and Triton one directory per machine (root/inductor-
+    VERSION, root/triton) where the environment names none; returns {"inductor": dir, "triton": dir} as
+    used. Call before the first compile: both read their directory from the environment when they write."""
     own = cache_dirs(root)
     dirs = {}
     for name, variable in DIR_VARIABLES:
         if not os.environ.get(variable):
             os.environ[variable] = str(own[name])
+            if name == "inductor":
+                # set up now: its mtime says when a run last used this version's directory
+                own[name].mkdir(parents=True, exist_ok=True)
+                os.utime(own[name])
+                prune(own[name].parent, own[name])
         dirs[name] = os.environ[variable]
     for module_name, switch, variable in SWITCHES:
         module = importlib.import_module(module_name)

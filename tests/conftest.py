@@ -13,6 +13,17 @@ import os
 # On a GPU: `TRITON_INTERPRET=0 python -m pytest -m gpu tests/gpu` runs the compiled kernels instead.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The compiling tests' graphs in a cache directory of this version of kernels/ (inductor's default, /tmp,
+# outlives a checkout's edits): a graph cached under another version of our custom ops fails on their
+# buffers' shapes (harness/caches.py)
+if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    import tempfile
+
+    from harness.caches import inductor_name
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "kda_harness_tests",
+                                                         inductor_name())
+
 # Under `pytest -n N` each worker gets its share of the cores for torch's OpenMP threads (and the processes
 # its tests start): N workers with a thread per core each oversubscribe the machine, and OpenMP's spinning
 # threads then make the small ops of these tests several times slower.

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness import caches
+
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = ROOT / "tools" / "campaign.py"
 TINY = ("experiment=smoke hydra/launcher=local hydra.sweep.dir=results/campaign_test trainer.max_steps=6 "
@@ -361,14 +363,15 @@ def test_a_campaign_whose_first_runs_fail_before_a_step_stops_there(tmp_path: Pa
 
 
 def test_compile_caches_travel_in_parts_and_restore_beside_what_is_there(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # a lent machine starts bare and sends back files of at most 16 MiB: its compile caches go back in
     # parts, and the next machine's start adds them to its own, keeping what it has
     campaign = _module()
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "first"))
-    entries = {"inductor/fxgraph/ab/entry": os.urandom(300_000), "triton/XYZ/k.cubin": os.urandom(200_000)}
+    inductor = caches.inductor_name()
+    entries = {f"{inductor}/fxgraph/ab/entry": os.urandom(300_000), "triton/XYZ/k.cubin": os.urandom(200_000)}
     for name, data in entries.items():
         path = tmp_path / "first" / "kda_harness" / "compile" / name
         path.parent.mkdir(parents=True)
@@ -383,9 +386,17 @@ def test_compile_caches_travel_in_parts_and_restore_beside_what_is_there(
     (root / "triton" / "XYZ").mkdir(parents=True)
     (root / "triton" / "XYZ" / "k.cubin").write_bytes(b"its own")
     assert campaign.restore_caches(list(reversed(parts))) == 1
-    restored = root / "inductor" / "fxgraph" / "ab" / "entry"
-    assert restored.read_bytes() == entries["inductor/fxgraph/ab/entry"]
+    restored = root / inductor / "fxgraph" / "ab" / "entry"
+    assert restored.read_bytes() == entries[f"{inductor}/fxgraph/ab/entry"]
     assert (root / "triton" / "XYZ" / "k.cubin").read_bytes() == b"its own"
+
+    # a machine on another version of kernels/ takes the Triton binaries and none of inductor's graphs
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other"))
+    monkeypatch.setattr(caches, "code_version", lambda: "0" * 12)
+    assert campaign.restore_caches(parts) == 1
+    other = tmp_path / "other" / "kda_harness" / "compile"
+    assert sorted(p.name for p in other.iterdir()) == ["triton"]
+    assert "1 of inductor's from another version of kernels/ left out" in capsys.readouterr().out
 
 
 def test_with_caches_needs_out_before_anything_is_packed(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.lr_rule import cell_lr  # noqa: E402  (standard library only)
-from harness.caches import cache_dirs  # noqa: E402  (standard library only at import)
+from harness.caches import cache_dirs, inductor_name  # noqa: E402  (standard library only at import)
 from harness.gpus import runs_at_once, visible_gpus, visible_subset  # noqa: E402  (standard library only)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
 
@@ -1387,13 +1387,14 @@ def save_caches(out: Path) -> list[Path]:
     """The compile caches (inductor's graphs, AOTAutograd's, Triton's binaries) as one archive under `out`,
     split into parts of PART_BYTES when larger, so that the next machine's runs start warm (`start
     --caches`); their keys hold the torch, Triton and GPU versions, so entries from another kind of
-    machine are simply never hit."""
+    machine are simply never hit. Inductor's directory goes under its name for this version of kernels/
+    (harness/caches.py says why), which restore_caches matches."""
     out.mkdir(parents=True, exist_ok=True)
     archive = out / f"compile-caches-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         for name, directory in cache_dirs().items():
             if directory.is_dir():
-                tar.add(directory, arcname=name)
+                tar.add(directory, arcname=inductor_name() if name == "inductor" else name)
     return _split(archive, "the compile caches")
 
 
@@ -1488,23 +1489,28 @@ def read_parts(files: list[Path], flag: str) -> bytes:
 
 def restore_caches(files: list[Path]) -> int:
     """Extract a save_caches archive (its parts in any order) into the compile caches' directories, keeping
-    every file already there; returns the files added."""
+    every file already there; returns the files added. Inductor's entries of another version of kernels/
+    are left out: its graphs would be reused with this version's ops."""
     dirs = cache_dirs()
+    homes = {inductor_name(): dirs["inductor"], "triton": dirs["triton"]}
     data = read_parts(files, "--caches")
-    added = 0
+    added = other = 0
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         for member in tar.getmembers():
             parts = Path(member.name).parts
-            if not member.isfile() or Path(member.name).is_absolute() or ".." in parts or len(parts) < 2 \
-                    or parts[0] not in dirs:
+            if not member.isfile() or Path(member.name).is_absolute() or ".." in parts or len(parts) < 2:
                 continue
-            target = dirs[parts[0]].joinpath(*parts[1:])
+            if parts[0] not in homes:
+                other += parts[0].startswith("inductor")
+                continue
+            target = homes[parts[0]].joinpath(*parts[1:])
             if target.exists():
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(tar.extractfile(member).read())
             added += 1
-    print(f"compile caches: {added} file(s) added under {', '.join(map(str, dirs.values()))}")
+    print(f"compile caches: {added} file(s) added under {', '.join(map(str, dirs.values()))}"
+          + (f"; {other} of inductor's from another version of kernels/ left out" if other else ""))
     return added
 
 
