@@ -43,7 +43,7 @@
 #   lowp_split  420  the fp32 path, the whole 16-bit path, and every buffer it stores rounded at once on the
 #                    fp32 path: the stored buffers together, or what only happens inside the kernels
 #   lowp        540  the fp32 path, the whole 16-bit path, M_qk/M_kk and the partial dq/dk rounded to bf16
-#   lowp_saved  540  the saved W, h, Q exp(G), K exp(G_last - G), A_qk, A_kk rounded to bf16, one at a time
+#   lowp_saved  540  the saved W, h, A_qk, A_kk, L rounded to bf16, one at a time
 #   lowp_fwd    500  q, k into the op; the forward's A_qk and decayed Q, K, its L, its W: rounded, one at a time
 #   lowp_bwd    420  the op's output o (and so dO), the reverse state pass's dVt and dh: rounded, one at a time
 #   lowp_regimes 90  the op alone, fp32 and bf16, KDA and GDN, at recurring and sharp keys (lowp_regimes);
@@ -293,7 +293,7 @@ for step in "${steps[@]}"; do
       brief 540 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants fp32 bf16_all m partial ;;
     lowp_saved)
       brief 540 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" \
-        --variants saved_w saved_h saved_qg saved_kd saved_aqk saved_akk ;;
+        --variants saved_w saved_h saved_aqk saved_akk saved_linv ;;
     lowp_fwd)
       brief 500 python3 -m benchmarks.lowp_buffers --out "$OUT/lowp" --variants inputs fwd_intra fwd_linv fwd_wu ;;
     lowp_regimes)

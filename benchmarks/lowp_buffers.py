@@ -27,9 +27,9 @@ not edited):
     m          fp32 path, M_qk and M_kk rounded to bf16 between dvt's backward (writes) and the intra
                backward (reads)
     partial    fp32 path, the partial dq, dk rounded to bf16 before the stage that finishes them
-    saved_F    fp32 path, the forward's saved buffer F (Saved.F: w, vt, h, qg, kd by default; aqk, akk,
-               linv, kg, x on request) rounded to bf16 for the backward (the forward's own output
-               unchanged: only what the backward reads)
+    saved_F    fp32 path, the forward's saved buffer F (Saved.F: w, vt, h by default; aqk, akk, linv, kg,
+               x on request; the fp32 path keeps no decayed Q, K: its reverse state pass forms them) rounded
+               to bf16 for the backward (the forward's own output unchanged: only what the backward reads)
     fwd_F      fp32 path, the forward's buffers F rounded to bf16 where its stage returns them, so the
                forward's later stages (its state recurrence and output) read them rounded, as the backward
                does: fwd_intra (A_qk and the decayed Q, K of the intra forward; A_kk stays fp32 in
@@ -58,8 +58,8 @@ On the H200 (each variant ~1 min at B=256; three commands under the 10-minute li
 that split the question in two (`--variants fp32 bf16_all rounded`):
 
     python -m benchmarks.lowp_buffers --out $OUT/lowp --variants fp32 bf16_all m partial
-    python -m benchmarks.lowp_buffers --out $OUT/lowp --variants saved_w saved_h saved_qg saved_kd \
-        saved_aqk saved_akk
+    python -m benchmarks.lowp_buffers --out $OUT/lowp --variants saved_w saved_h saved_aqk saved_akk \
+        saved_linv
     python -m benchmarks.lowp_buffers --out $OUT/lowp --variants inputs fwd_intra fwd_linv fwd_wu
 
 (`bash benchmarks/gpu.sh $OUT lowp lowp_saved lowp_fwd` runs the same three.)
@@ -79,7 +79,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SAVED = ("w", "vt", "h", "qg", "kd")
+DEFAULT_SAVED = ("w", "vt", "h")
 OTHER_SAVED = ("aqk", "akk", "linv", "kg", "x")
 # the stage (module of kernels.triton, function) and which of its returned buffers the 16-bit path keeps in
 # bf16 (A_kk stays fp32 there when training; U follows v's dtype in both paths)

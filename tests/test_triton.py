@@ -339,6 +339,45 @@ def test_backward_keeps_no_gate_copy_and_sums_in_place(
     assert all(torch.isfinite(t.grad).all() for t in leaves.values())
 
 
+@pytest.mark.parametrize("name,delta,lower_bound", [("kda", True, None), ("kda_bounded", True, -5.0),
+                                                    ("gla", False, None)])
+@pytest.mark.parametrize("wide", [False, True])
+def test_reverse_state_pass_forms_the_decayed_operands_of_fp32_inputs(
+    monkeypatch: pytest.MonkeyPatch, name: str, delta: bool, lower_bound: float | None, wide: bool
+) -> None:
+    # the per-channel decay with fp32 inputs keeps neither Q exp(G) nor K_d: the reverse state pass forms
+    # them from q, k and G (16-bit inputs keep the rounded copies the forward used). Both forms give the same
+    # gradients to fp32 rounding, on both of the pass's load orders (wide: the differentiable KDA's late one)
+    import dataclasses
+
+    from kernels.triton import chunk, plan
+
+    if wide:
+        monkeypatch.setattr(plan, "FILL_PROGRAMS", 1)
+    inputs = make_inputs("channel", delta, 1, 100, 2, K=16, V=32, seed=5, lower_bound=lower_bound)
+    layout = chunk.saved_layout(inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], 16,
+                                lower_bound)
+    assert layout.qg is None and layout.kd is None
+    bf16 = {n: t.bfloat16() if n in ("q", "k") else t for n, t in inputs.items() if t is not None}
+    layout16 = chunk.saved_layout(bf16["q"], bf16["k"], bf16["v"], bf16["g"], bf16.get("beta"), 16,
+                                  lower_bound)
+    assert layout16.qg is not None and layout16.kd is not None
+
+    def grads() -> dict[str, torch.Tensor]:
+        leaves = {n: t.clone().requires_grad_(True) for n, t in inputs.items() if t is not None}
+        o, ht = triton_chunk(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves.get("beta"), None,
+                             leaves["initial_state"], True, chunk_size=16, lower_bound=lower_bound)
+        (o.square().sum() + ht.square().sum()).backward()
+        return {n: t.grad for n, t in leaves.items()}
+
+    formed = grads()
+    rule = plan.plan_forward
+    monkeypatch.setattr(plan, "plan_forward", lambda p: dataclasses.replace(rule(p), keep_decayed=True))
+    kept = grads()
+    for n, ref in kept.items():
+        assert rel_rms(formed[n], ref) < 1e-6, n
+
+
 @pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_kda_small_chunks_and_wide_heads(chunk_size: int, lower_bound: float | None) -> None:

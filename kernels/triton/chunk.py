@@ -46,8 +46,8 @@ class Saved(NamedTuple):
     w: torch.Tensor | None  # W = L diag(beta) Gamma K (the delta rule)
     vt: torch.Tensor | None  # the pseudo-values Vt (the delta rule, unless the plan forms them from X)
     h: torch.Tensor  # the chunk-entry states [B, H, NT, K, V]
-    qg: torch.Tensor | None  # Q exp(G) (the per-channel decay)
-    kd: torch.Tensor | None  # K exp(G_last - G)
+    qg: torch.Tensor | None  # Q exp(G) (the per-channel decay, the plan's keep_decayed)
+    kd: torch.Tensor | None  # K exp(G_last - G) (likewise)
     kg: torch.Tensor | None  # K exp(G) (KDA, where X does not stand in for it)
     x: torch.Tensor | None  # X = V - (Gamma K) S (the plan's keep_x)
 
@@ -105,8 +105,8 @@ def saved_layout(q, k, v, g, beta, chunk_size, lower_bound) -> Saved:
         w=(tuple(k.shape), k.dtype) if fp.runs_wu else None,
         vt=(tuple(v.shape), v.dtype) if fp.store_vt else None,
         h=((B, H, p.NT, K, V), dots),
-        qg=((B, T, H, K), dots) if channel else None,
-        kd=((B, T, H, K), dots) if channel else None,
+        qg=((B, T, H, K), dots) if fp.keep_decayed else None,
+        kd=((B, T, H, K), dots) if fp.keep_decayed else None,
         kg=((B, T, H, K), dots) if channel and p.delta_rule and not fp.keep_x else None,
         x=(tuple(v.shape), v.dtype) if fp.keep_x else None,
     )
@@ -132,6 +132,8 @@ def chunk_forward(
         state_fwd.output(q, v, gc, scale, aqk, vt, h, qg, o, fp)
     if not keep:
         return o, ht, None
+    if not fp.keep_decayed:
+        qg = kd = None  # (the reverse state pass decays fp32 q and k itself)
     # (Gamma K only served X in the backward)
     return o, ht, Saved(gc, aqk, akk, linv, w, vt, h, qg, kd, None if fp.keep_x else kg, x)
 

@@ -246,6 +246,9 @@ class ForwardPlan:
     state_bv: int
     state_early: bool  # the state pass loads a chunk's small inputs at the top of its step, else where used
     output_bv: int
+    # with a gradient, the per-channel decay: Q exp(G) and K_d kept for the reverse state pass (16-bit
+    # inputs: the rounded copies the forward multiplied with), else that pass forms them from q, k and G
+    keep_decayed: bool
 
     @property
     def runs_wu(self) -> bool:
@@ -354,6 +357,7 @@ def plan_forward(p: Problem) -> ForwardPlan:
         state_bv=bv,
         state_early=not late,
         output_bv=min(p.V, 64),
+        keep_decayed=keep and decay == "channel" and p.lowp,
     )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from kernels.triton.common import (
     _key_decay_from,
     _key_decay_to_end,
     _load_qg,
+    _load_row,
     _load_rows,
     _rows,
     _unchain,
@@ -51,13 +52,15 @@ def _state_bwd_kernel(
     DECAY: tl.constexpr,
     EARLY: tl.constexpr,
     UNCHAIN: tl.constexpr,
+    DECAYED: tl.constexpr,
 ):
     # reverse over chunks: dh[c] = gradient w.r.t. the state leaving chunk c; dVt = A_qk^T dO + K_d dS'
     # (dht: the final state's gradient where given; a buffer a launch does not read is None). states: (dh,
     # dht, dh0).
     # EARLY (the plan's state_early): the chunk's decay (_chunk_small) loaded at the top of the chunk's
     # step, else where used. DELTA: w given (the delta rule). LOWP: 16-bit inputs, told by q (Q exp(G) is
-    # kept in the op's dot dtype; v is bf16 in fp32-q,k training)
+    # kept in the op's dot dtype; v is bf16 in fp32-q,k training). DECAYED (the per-channel decay): q, k
+    # hold the forward's Q exp(G) and K_d (the plan's keep_decayed), else the pass forms them from G
     DELTA: tl.constexpr = w is not None
     LOWP: tl.constexpr = q.dtype.element_ty != tl.float32
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -91,7 +94,14 @@ def _state_bwd_kernel(
         b_a = tl.load(aqk + p_a, mask=m_t[:, None], other=0.0)
         b_do = tl.load(do + p_v, mask=m_t[:, None], other=0.0).to(tl.float32)
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        if EARLY:
+        if DECAY == "channel" and not DECAYED:
+            # K_d = K exp(G_last - G) and Q exp(G) from the chunk's rows of G, both <= 1 (G falls along the
+            # chunk): its [BT, K] tile of G loaded once for both
+            b_g = _load_rows(gc, o_t, m_t, H, K)
+            b_gl = _load_row(gc, t_last, T, H, K)
+            b_dl = b_gv if EARLY else tl.exp(b_gl)
+            b_kd = _load_rows(k, o_t, m_t, H, K) * tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, 0.0))
+        elif EARLY:
             b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, H, K, DECAY)
         else:
             b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, T, H, K, DECAY)
@@ -99,7 +109,9 @@ def _state_bwd_kernel(
         b_dvt += tl.dot(_dot_cast(b_kd, LOWP), _dot_cast(b_ds, LOWP))
         b_dvt = _unchain(b_dvt, T > 0, UNCHAIN and DELTA)  # (with the delta rule it feeds W^T dVt)
         tl.store(dvt + p_v, b_dvt.to(dvt.dtype.element_ty), mask=m_t[:, None])
-        if EARLY:
+        if DECAY == "channel" and not DECAYED:
+            b_qg = _load_rows(q, o_t, m_t, H, K) * tl.exp(tl.where(m_t[:, None], b_g, 0.0))
+        elif EARLY:
             b_qg = _decay_rows(_load_rows(q, o_t, m_t, H, K), b_gv, DECAY)
         else:
             b_qg = _load_qg(q, gc, o_t, m_t, H, K, DECAY)
@@ -150,6 +162,7 @@ def state_backward(
         DECAY=p.decay,
         EARLY=bp.state_early,
         UNCHAIN=bp.state_unchain,
+        DECAYED=saved.qg is not None,
         num_warps=bp.state.warps,
         num_stages=bp.state.stages,
     )
