@@ -15,6 +15,7 @@ import yaml
 from analysis.cells import best_lr, cells, scored_runs
 from analysis.collect import collect_dirs
 from analysis.report import (
+    PAPER_KDA_VARIANT,
     cell_minutes,
     cell_table,
     cost,
@@ -445,6 +446,15 @@ def test_the_load_tests_say_whether_the_load_explains_kda_solving_mqar_at_2048()
     k3 = easy.assign(**{"mixer.gate": "bounded", "mixer.output_gate_rank": "full"})
     text = "\n".join(mqar_section(k3, cell_table(pd.concat([k3, gdn], ignore_index=True)), "train"))
     assert "none of the choices varied here; the KDA form is the candidate left (KDA's gate, above)." in text
+    # Kimi Linear's own KDA at the cell settles it, either way
+    for acc, said in ((0.997, "nor is the KDA form: Kimi Linear's KDA passes 50% there too (1.00;"),
+                      (0.3, "the KDA form is: Kimi Linear's KDA stays below 50% there (0.30;")):
+        kimi = grid.iloc[-1:].assign(variant=PAPER_KDA_VARIANT, best_train_acc=acc, **{
+            "mixer.gate": "softplus", "mixer.output_gate_rank": "low"})
+        both = pd.concat([k3, kimi], ignore_index=True)
+        text = "\n".join(mqar_section(both, cell_table(pd.concat([both, gdn], ignore_index=True)), "train"))
+        assert f"none of the choices varied here; {said} KDA's gate, above)." in text
+        assert "the candidate left" not in text
 
 
 def test_the_short_conv_verdict_names_where_the_conv_lifts_mamba2_where_it_fails_and_where_it_holds() -> None:
