@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -51,3 +52,29 @@ def test_a_revision_that_is_neither_folder_nor_commit_is_refused(tmp_path: Path)
     # and so is a step the sheet does not have
     res = _sheet(tmp_path / "out", "check nonsense")
     assert res.returncode == 2 and "unknown step nonsense" in res.stderr
+
+
+def test_a_check_part_stopped_at_its_limit_or_over_its_bounds_fails_the_sheet(tmp_path: Path) -> None:
+    # check_kernels.py stood in for by a script that answers as a part stopped by `timeout` (124), one over
+    # its bounds (1) or one within them would: the sheet must say which parts did not finish and exit 1
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = tests/gpu/check_kernels.py ]; then\n'
+        '  echo "op T H who o"; echo "kda 63 16 ours 2e-03"\n'
+        '  case "$*" in *"--T 8192"*) exit 124 ;; *"--dtype fp16"*) exit 1 ;; esac\n'
+        '  echo "ALL WITHIN BOUNDS"; exit 0\n'
+        "fi\n"
+        f'exec "{shutil.which("python3")}" "$@"\n'
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    res = subprocess.run(["bash", "benchmarks/gpu.sh", str(tmp_path / "out"), "check"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "check_long INCOMPLETE: stopped at its 60 s limit" in res.stdout
+    assert "check_fp16 FAILED: exit 1" in res.stdout
+    assert "check_bf16 INCOMPLETE" not in res.stdout and "check_fp32 FAILED" not in res.stdout
+    assert res.stdout.count("ALL WITHIN BOUNDS") == 2  # bf16 and fp32
