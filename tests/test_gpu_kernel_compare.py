@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -52,6 +53,21 @@ def test_a_revision_that_is_neither_folder_nor_commit_is_refused(tmp_path: Path)
     # and so is a step the sheet does not have
     res = _sheet(tmp_path / "out", "check nonsense")
     assert res.returncode == 2 and "unknown step nonsense" in res.stderr
+
+
+def test_every_step_the_sheet_runs_is_one_it_accepts() -> None:
+    # the sheet names its steps twice, in the parser of its arguments and in the dispatch that runs them; a
+    # step written only into the dispatch is refused as unknown on the device, after the machine has started
+    text = (ROOT / "benchmarks" / "gpu.sh").read_text()
+    parser = text.split('case "$s" in', 1)[1].split("esac", 1)[0]
+    accepted = set()
+    for arm in parser.replace("\\\n", "").split(";;"):
+        head = arm.strip().split(")", 1)[0]
+        if head and head != "*" and "steps+=(\"$s\")" in arm:
+            accepted |= set(head.split("|"))
+    dispatch = text.split('case "$step" in', 1)[1].split("\n  esac", 1)[0]
+    run = set(re.findall(r"^    ([a-z_]+)\)$", dispatch, flags=re.M))
+    assert run and run == accepted, (run - accepted, accepted - run)
 
 
 def test_a_check_part_stopped_at_its_limit_or_over_its_bounds_fails_the_sheet(tmp_path: Path) -> None:
