@@ -30,7 +30,8 @@ Each row is printed beside the last committed figure of the same form (`benchmar
 train_eaf2b28_h200.csv`, H200) and beside FLA's layers; the step before this benchmark existed
 (`train_a359d38_h200.csv`) closes the report.
 Writes DIR/bench_train.csv and DIR/bench_train.md (date, GPU, versions, commit on top), and
-DIR/bench_train_rest.csv: the "rest" of each step's GPU time by launching op and kernel, largest first.
+DIR/bench_train_kernels.csv: each category of each step's GPU time by launching op and kernel, largest
+first, so that every figure of the split can be traced to the kernels it adds up.
 `--resume` keeps the rows DIR holds and measures the missing ones, so that a table larger than one
 session's device time fills over several (every row records its date and commit).
 """
@@ -43,6 +44,7 @@ import datetime
 import importlib.util
 import inspect
 import math
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -156,7 +158,8 @@ def _category(names: list[str], kernel: str) -> str:
     kernel = kernel.lower()
     if "bench::loss" in joined or "linearcrossentropy" in joined or "cross_entropy" in joined:
         return "lm head+loss"
-    if "short_conv" in joined or "conv1d" in kernel or "convolution" in joined or "conv" in kernel:
+    # "conv" but not "convert": inductor names a fused kernel by the ops it holds, dtype casts among them
+    if "short_conv" in joined or "convolution" in joined or re.search(r"conv(?!ert)", kernel):
         return "short conv"
     if ("bench::mixer_op" in joined or "chunk" in joined or "kda_harness" in joined
             or "attention" in joined or "flash" in kernel or "chunk" in kernel):
@@ -168,9 +171,9 @@ def _category(names: list[str], kernel: str) -> str:
 
 
 def profile_split(step: Callable[[], None], device: torch.device,
-                  rest: dict[tuple[str, str], list[float]] | None = None) -> dict[str, float]:
-    """GPU time (ms) of one step per category; on the CPU, the ops' own CPU time instead. `rest`, if given,
-    collects the "rest" category by (op that launched it, kernel): [ms, launches], to say what it is."""
+                  kernels: dict[tuple[str, str, str], list[float]] | None = None) -> dict[str, float]:
+    """GPU time (ms) of one step per category; on the CPU, the ops' own CPU time instead. `kernels`, if
+    given, collects each category by (category, op that launched it, kernel): [ms, launches]."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -191,8 +194,8 @@ def profile_split(step: Callable[[], None], device: torch.device,
         for kernel, duration in items:
             category = _category(names, kernel)
             split[category] += duration / 1000
-            if rest is not None and category == "rest":
-                entry = rest.setdefault((event.name, kernel[:120]), [0.0, 0])
+            if kernels is not None:
+                entry = kernels.setdefault((category, event.name, kernel[:120]), [0.0, 0])
                 entry[0] += duration / 1000
                 entry[1] += 1
     return split
@@ -314,9 +317,10 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
     if not compiled:
         row.update(_saved_columns(saved_split(model, step)))
     if args.profile:
-        rest: dict[tuple[str, str], list[float]] = {}
-        split = profile_split(step, device, rest)
-        row["_rest"] = sorted(((ms, n, op, kernel) for (op, kernel), (ms, n) in rest.items()), reverse=True)
+        kernels: dict[tuple[str, str, str], list[float]] = {}
+        split = profile_split(step, device, kernels)
+        row["_kernels"] = sorted(((category, ms, n, op, kernel) for (category, op, kernel), (ms, n)
+                                  in kernels.items()), key=lambda k: (CATEGORIES.index(k[0]), -k[1]))
         total = sum(split.values()) or math.nan
         row.update({f"{k} ms": round(v, 2) for k, v in split.items()})
         row["mixer op share"] = round(split["mixer op"] / total, 3)
@@ -368,7 +372,7 @@ def _key(row: dict[str, Any]) -> tuple:
 
 
 def load(out: Path) -> list[dict[str, Any]]:
-    """The rows of out/bench_train.csv that measured a step (with their "rest" listings), to be kept by a
+    """The rows of out/bench_train.csv that measured a step (with their kernel listings), to be kept by a
     --resume run; rows that recorded an error are measured again."""
     path = out / "bench_train.csv"
     if not path.exists():
@@ -376,24 +380,35 @@ def load(out: Path) -> list[dict[str, Any]]:
     with open(path, newline="") as f:
         rows = [{k: _cell(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
     rows = [r for r in rows if "step_ms" in r]
-    rest: dict[tuple, list] = {}
-    if (out / "bench_train_rest.csv").exists():
+    listed: dict[tuple, list] = {}
+    if (out / "bench_train_kernels.csv").exists():
+        with open(out / "bench_train_kernels.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                key = (r["impl"], r["default"] == "True", r["task"], r["mixer"], int(r["layers"]),
+                       int(r["T"]))
+                listed.setdefault(key, []).append((r["category"], float(r["ms"]), int(r["launches"]),
+                                                   r["op"], r["kernel"]))
+        for r in rows:
+            r["_kernels"] = listed.get(_key(r)[:-1], [])
+    elif (out / "bench_train_rest.csv").exists():
+        # written before the listing covered every category: the "rest" alone, keyed without the form
         with open(out / "bench_train_rest.csv", newline="") as f:
             for r in csv.DictReader(f):
-                key = (r["impl"], r["task"], r["mixer"], int(r["T"]))
-                rest.setdefault(key, []).append((float(r["ms"]), int(r["launches"]), r["op"], r["kernel"]))
-    for r in rows:
-        r["_rest"] = rest.get((r["impl"], r["task"], r["mixer"], int(r["T"])), [])
+                listed.setdefault((r["impl"], r["task"], r["mixer"], int(r["T"])), []).append(
+                    ("rest", float(r["ms"]), int(r["launches"]), r["op"], r["kernel"]))
+        for r in rows:
+            r["_kernels"] = listed.get((r["impl"], r["task"], r["mixer"], int(r["T"])), [])
     return rows
 
 
 def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True) -> None:
-    # what the "rest" of each step's GPU time is made of, largest first
-    fields = ["impl", "task", "mixer", "T", "ms", "launches", "op", "kernel"]
-    rest = [dict(zip(fields, (r["impl"], r["task"], r["mixer"], r["T"], f"{ms:.4f}", *listed), strict=True))
-            for r in rows for ms, *listed in r.get("_rest", [])]
-    write_csv(out / "bench_train_rest.csv", rest, fields)
-    write_csv(out / "bench_train.csv", rows, list(dict.fromkeys(k for r in rows for k in r if k != "_rest")))
+    # what each category of each step's GPU time is made of, largest first
+    fields = ["impl", "default", "task", "mixer", "layers", "T", "category", "ms", "launches", "op", "kernel"]
+    listing = [dict(zip(fields, (*_key(r)[:-1], category, f"{ms:.4f}", *rest), strict=True))
+               for r in rows for category, ms, *rest in r.get("_kernels", [])]
+    write_csv(out / "bench_train_kernels.csv", listing, fields)
+    write_csv(out / "bench_train.csv", rows,
+              list(dict.fromkeys(k for r in rows for k in r if k != "_kernels")))
     base, last = _baseline(), _last()
     lines = [f"# Training step, whole model\n\n{header}\n",
              "| task | mixer | T | impl | step ms | tokens/s (M) | peak GiB | first step s | vs eaf2b28 "
@@ -531,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "mixer": mixer, "T": T, "B": args.batch,
                                    "error": _error_line(error)}
                         row["measured"] = measured_by
-                        print({k: v for k, v in row.items() if k != "_rest"}, flush=True)
+                        print({k: v for k, v in row.items() if k != "_kernels"}, flush=True)
                         rows.append(row)
                         # written after every row: a run cut off by a time limit keeps what it measured
                         write(rows, args.out, header, echo=False)

@@ -37,12 +37,16 @@ def test_bench_train_smoke(tmp_path: Path) -> None:
     for row in rows:
         assert float(row["saved mlp GiB"]) >= 2 * up_output
         assert float(row["saved mixer GiB"]) > 0 and float(row["saved norms GiB"]) > 0
-    # the "rest" listing sums to the rest column of its row (rounding apart) and names real ops
-    listing = list(csv.DictReader(open(tmp_path / "bench_train_rest.csv")))
+    # each category's kernel listing sums to its column of the row (rounding apart) and names real ops
+    listing = list(csv.DictReader(open(tmp_path / "bench_train_kernels.csv")))
     for row in rows:
         mine = [r for r in listing if (r["mixer"], r["impl"]) == (row["mixer"], row["impl"])]
         assert mine and all(r["op"] and int(r["launches"]) > 0 for r in mine)
-        assert sum(float(r["ms"]) for r in mine) == pytest.approx(float(row["rest ms"]), abs=0.01)
+        for category in step.CATEGORIES:
+            listed = sum(float(r["ms"]) for r in mine if r["category"] == category)
+            assert listed == pytest.approx(float(row[f"{category} ms"]), abs=0.01), category
+    # KDA's short convolutions are found (the custom op's own kernels under interpretation are CPU ops here)
+    assert any(r["category"] == "short conv" for r in listing if r["mixer"] == "kda")
     report = (tmp_path / "bench_train.md").read_text()
     assert "| palindrome | kda | 32 | ours (default) |" in report and "commit" in report
 
@@ -326,3 +330,27 @@ def test_a_compiled_row_splits_what_its_graph_keeps(tmp_path: Path, monkeypatch:
     (row,) = list(csv.DictReader(open(tmp_path / "failed" / "bench_train.csv")))
     assert float(row["step_ms"]) > 0 and not row.get("error")
     assert row["saved error"] == "RuntimeError: traced otherwise" and "saved mixer GiB" not in row
+
+
+def test_the_kernel_listing_survives_a_resume_and_reads_the_older_rest_file(tmp_path: Path) -> None:
+    row = {"impl": "ours+compile", "default": True, "task": "mqar", "mixer": "kda", "layers": 2, "T": 1024,
+           "B": 256, "step_ms": 43.5, "tokens_per_s_M": 6.03, "peak_gib": 12.8, "first_step_s": 18.1,
+           "measured": "2026-12-05 abc1234"}
+    kernels = [("short conv", 0.9, 6, "kda_harness::short_conv_bwd", "_short_conv_bwd_kernel"),
+               ("rest", 1.4, 2, "CompiledFunction", "triton_poi_fused_mul_silu_3")]
+    step.write([{**row, "_kernels": kernels}], tmp_path, "header", echo=False)
+    (back,) = step.load(tmp_path)
+    assert back["_kernels"] == kernels and back["default"] is True
+    # a directory from before: its bench_train_rest.csv lists the "rest" alone, keyed without the form
+    (tmp_path / "bench_train_kernels.csv").unlink()
+    with open(tmp_path / "bench_train_rest.csv", "w", newline="") as f:
+        f.write("impl,task,mixer,T,ms,launches,op,kernel\n"
+                "ours+compile,mqar,kda,1024,1.4000,2,CompiledFunction,triton_poi_fused_mul_silu_3\n")
+    (back,) = step.load(tmp_path)
+    assert back["_kernels"] == [kernels[1]]
+
+
+def test_a_fused_cast_is_not_a_convolution() -> None:
+    assert step._category(["CompiledFunction"], "triton_poi_fused_convert_element_type_mul_7") == "rest"
+    assert step._category(["CompiledFunction"], "causal_conv1d_fwd_kernel") == "short conv"
+    assert step._category(["kda_harness::short_conv_bwd"], "reduce_kernel<128, 4>") == "short conv"
