@@ -575,7 +575,7 @@ def test_stop_with_checkpoints_carries_the_runs_in_flight_to_the_next_machine(tm
     # the same checkout, the run not in it) resumes it from that step instead of step 0
     checkout, plan, work, out, checkpoints = _training_until_it_checkpoints(tmp_path)
     stopped = _campaign("stop", "--work", work, "--out", out, "--with-checkpoints")
-    assert "1 run(s) in flight with their checkpoints" in stopped.stdout
+    assert "in flight at step" in stopped.stdout and "with its checkpoint" in stopped.stdout
     run = checkpoints[0].parent
     name = str(run.relative_to(work / "src"))
     summary = json.loads((run / "summary.json").read_text())
@@ -597,7 +597,7 @@ def test_wait_with_checkpoints_carries_a_training_runs_last_checkpoint_and_leave
     run = checkpoints[0].parent
     name = str(run.relative_to(work / "src"))
     waited = _campaign("wait", "--work", work, "--out", out, "--with-checkpoints")
-    assert "1 run(s) in flight with their checkpoints" in waited.stdout
+    assert "in flight at step" in waited.stdout and "with its checkpoint" in waited.stdout
     (archive,) = out.glob("resume-*.tar.gz")
     with tarfile.open(archive) as tar:
         carried = torch.load(io.BytesIO(tar.extractfile(f"{name}/checkpoint.pt").read()), weights_only=False)
@@ -634,6 +634,35 @@ def test_restore_puts_back_only_unfinished_runs_below_the_run_roots(tmp_path: Pa
     evil = _archive(tmp_path / "evil.tar.gz", {"src/x/checkpoint.pt": b"x"})
     with pytest.raises(campaign.CampaignError, match="refuses to restore"):
         campaign.restore_checkpoints(campaign.read_parts([evil], "--resume"), src)
+
+
+def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_call_brings_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # three runs in flight whose checkpoints together pass what a call brings back: one archive a run, so
+    # the two furthest on come back whole and the third is named as not carried, not cut off with the rest
+    campaign, work = _module(), _empty_work(tmp_path)
+    monkeypatch.setattr(campaign, "PART_BYTES", 100_000)
+    monkeypatch.setattr(campaign, "CARRY_BYTES", 500_000)
+    for name, step in (("near", 500), ("far", 3000), ("mid", 1500)):
+        run = work / "src" / "results" / "x" / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / "checkpoint.pt").write_bytes(os.urandom(200_000))
+        (run / "summary.json").write_text(json.dumps({"status": "incomplete", "steps": step,
+                                                      "checkpoint_step": step}))
+        (run / ".hydra" / "overrides.yaml").write_text(f"- mixer={name}\n")
+    files = campaign.save_checkpoints(work, tmp_path / "out")
+    printed = capsys.readouterr().out
+    assert "not carried: results/x/near at step 500" in printed
+    assert all(path.stat().st_size <= 100_000 for path in files)
+    assert sum(path.stat().st_size for path in files) <= 500_000
+    # the parts of both archives, in any order, make both again, and a fresh copy gets both runs back
+    archives = campaign.read_archives(list(reversed(files)), "--resume")
+    assert len(archives) == 2
+    src = tmp_path / "fresh"
+    assert sum(campaign.restore_checkpoints(data, src) for data in archives) == 2
+    assert sorted(p.name for p in (src / "results" / "x").iterdir()) == ["far", "mid"]
+    assert (src / "results" / "x" / "far" / "checkpoint.pt").read_bytes() == \
+        (work / "src" / "results" / "x" / "far" / "checkpoint.pt").read_bytes()
 
 
 def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_that_does_not_fit(

@@ -20,8 +20,9 @@ finished since the copy (summary.json, metrics.jsonl, train.log, .hydra/; never 
 archive under `--out`, with a status table on the console. `stop` ends the stages with SIGTERM, so the
 runs in flight checkpoint and stay `incomplete` there; they are not packed with the finished runs. Without
 more, the next stretch trains them again from step 0; `stop --with-checkpoints` also packs them, checkpoint
-included, into a `resume-*` archive (in parts of at most 15 MiB), and the next machine's `start --resume
-PARTS...` puts them back into its copy, where train.py resumes each from its checkpoint. `start` and
+included, one `resume-*` archive a run (in parts of at most 15 MiB), as many as fit what a call brings
+back, the runs furthest on first, and the next machine's `start --resume FILES...` puts them back into its
+copy, where train.py resumes each from its checkpoint. `start` and
 `wait` take `--with-checkpoints` too: the runs train on, and each one's last checkpoint travels, so a
 machine taken back before the next call costs only the steps since then. With `--fill`,
 a hold whose pending cells no longer fit starts the first of them anyway, for the stop to checkpoint.
@@ -53,9 +54,10 @@ campaign) moves the hold to M minutes from then, once the lender has said how mu
 left. Cells that the checkout holds finished are skipped without a launch. When nothing pending fits,
 the supervisor ends and says so; `wait` and `status` list the postponed cells.
 
-A carried checkpoint is a run's model, optimizer and schedule (about 22 MB for Fig. 4's model): a lent
-machine sends back 8 files a call, and its working tree with what is carried is at most 64 MiB, so
-checkpoints and compile caches (about 45 MB) may not both fit in one call.
+A carried checkpoint is a run's model, optimizer and schedule (22 to 35 MB for Fig. 4's models): a lent
+machine sends back 8 files a call, 64 MiB together, and its working tree with what is carried is at most
+64 MiB, so at most CARRY_BYTES (48 MiB) of checkpoints are packed, and checkpoints and compile caches
+(about 45 MB) may not both fit in one call.
 
 A bare machine compiles every model again (13 to 49 s of a run's first step on the H200, against 3 to 4 s
 with warm caches). `stop --with-caches` (or `wait`) also packs the compile caches into --out, in parts of
@@ -135,6 +137,9 @@ BROKEN_AFTER = 3
 
 # A file that comes back from a lent machine is at most 16 MiB: a larger compile-cache archive goes in parts.
 PART_BYTES = 15 * 2**20
+# What a call brings back (64 MiB) and what travels to the next machine with the checkout (64 MiB) bound the
+# checkpoints carried: an archive cut off by either is lost whole, so runs past this are not packed.
+CARRY_BYTES = 48 * 2**20
 # With --fill, the first pending cell that does not fit starts anyway while at least this much of the hold is
 # left: less would end before its first checkpoint could be worth carrying.
 FILL_MIN_S = 120.0
@@ -1327,7 +1332,7 @@ def wait(work: Path, minutes: float) -> None:
 
 
 def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | None = None,
-          resume: bytes | None = None, fill: bool = False) -> None:
+          resume: list[bytes] | None = None, fill: bool = False) -> None:
     began = time.time()
     state = _state(work)
     if _alive(state.get("pid")):
@@ -1347,8 +1352,8 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
     work.mkdir(parents=True, exist_ok=True)
     (work / HOLD_FILE).unlink(missing_ok=True)  # an earlier campaign's
     snapshot(work, source)
-    if resume:
-        restore_checkpoints(resume, work / "src")
+    for data in resume or []:
+        restore_checkpoints(data, work / "src")
     state = {"plans": [str(plan) for plan in plans], "stages": stages, "started": time.time(), "stage": None}
     if hold_minutes is not None:
         state["deadline"] = began + 60 * hold_minutes
@@ -1426,27 +1431,42 @@ def _add_as_opened(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
         tar.addfile(info, handle)
 
 
-def save_checkpoints(work: Path, out: Path) -> list[Path]:
-    """The runs in flight that hold a checkpoint, checkpoint, metrics, log, summary and .hydra/ included, as
-    one archive under `out` (in parts where larger), for the next machine's `start --resume`; [] where none
+def save_checkpoints(work: Path, out: Path, budget: int | None = None) -> list[Path]:
+    """The runs in flight that hold a checkpoint, checkpoint, metrics, log, summary and .hydra/ included, one
+    archive a run under `out` (in parts where larger), for the next machine's `start --resume`; [] where none
     has one. After `stop` each holds the step it had finished; from `start` or `wait` the runs train on, and
     the archive holds each one's last checkpoint (trainer.checkpoint_every), so a machine taken back before
-    the next call loses only the steps since then."""
+    the next call loses only the steps since then. The runs furthest on go first, and a run whose archive
+    would take the packed ones past `budget` (CARRY_BYTES) bytes is left out, named: an archive cut off on
+    its way back could not be read at all."""
+    budget = CARRY_BYTES if budget is None else budget
     src = work / "src"
     runs = [src / name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
     if not runs:
         print("no run in flight holds a checkpoint: nothing to carry")
         return []
     out.mkdir(parents=True, exist_ok=True)
-    archive = out / f"resume-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for run in runs:
-            paths = [run / f for f in ("checkpoint.pt", *RUN_FILES)]
-            for path in paths + [run / ".hydra" / f for f in HYDRA_FILES]:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    steps = {run: _checkpoint_step(_summary(run) or {}) or 0 for run in runs}
+    packed: list[Path] = []
+    used = 0
+    for index, run in enumerate(sorted(runs, key=lambda run: (-steps[run], str(run)))):
+        name = run.relative_to(src)
+        archive = out / f"resume-{stamp}-{index:02d}.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            for path in [run / f for f in ("checkpoint.pt", *RUN_FILES)] + [run / ".hydra" / f
+                                                                            for f in HYDRA_FILES]:
                 _add_as_opened(tar, path, str(path.relative_to(src)))
-    steps = ", ".join(f"{run.relative_to(src)} at step {_checkpoint_step(_summary(run) or {})}"
-                      for run in runs)
-    return _split(archive, f"{len(runs)} run(s) in flight with their checkpoints ({steps})")
+        size = archive.stat().st_size
+        if used + size > budget:
+            archive.unlink()
+            print(f"not carried: {name} at step {steps[run]} ({size / 2**20:.1f} MiB would take the "
+                  f"checkpoints past the {budget / 2**20:.0f} MiB a call can bring back; it trains again "
+                  "from its start)")
+            continue
+        used += size
+        packed += _split(archive, f"{name} in flight at step {steps[run]} with its checkpoint")
+    return packed
 
 
 def restore_checkpoints(data: bytes, src: Path) -> int:
@@ -1467,6 +1487,16 @@ def restore_checkpoints(data: bytes, src: Path) -> int:
     for run in finished:
         print(f"  not put back {run}: the checkout holds it finished")
     return restored
+
+
+def read_archives(files: list[Path], flag: str) -> list[bytes]:
+    """The archives that `files` make (whole archives and the .partNN files of split ones, in any order),
+    each read by read_parts."""
+    groups: dict[str, list[Path]] = {}
+    for path in files:
+        whole = path.name.rsplit(".part", 1)[0] if re.search(r"\.part\d+$", path.name) else path.name
+        groups.setdefault(str(path.with_name(whole)), []).append(path)
+    return [read_parts(group, flag) for _, group in sorted(groups.items())]
 
 
 def read_parts(files: list[Path], flag: str) -> bytes:
@@ -1620,8 +1650,8 @@ def main(argv: list[str] | None = None) -> int:
                                  help="a compile-cache archive (or its parts) from --with-caches, restored "
                                  "before the first run")
             command.add_argument("--resume", type=Path, nargs="+", default=None,
-                                 help="a resume archive (or its parts) from stop --with-checkpoints: its "
-                                 "runs go back into the copy and train on from their checkpoints")
+                                 help="the resume archives (or their parts) from stop --with-checkpoints: "
+                                 "their runs go back into the copy and train on from their checkpoints")
             command.add_argument("--fill", action="store_true",
                                  help="with --hold-minutes: when no pending cell fits, start the first "
                                  "anyway (for stop --with-checkpoints to carry)")
@@ -1728,7 +1758,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "start":
             # both read and checked before anything is copied or started
-            resume = read_parts(args.resume, "--resume") if args.resume else None
+            resume = read_archives(args.resume, "--resume") if args.resume else None
             if args.caches:
                 restore_caches(args.caches)
             start(args.plans, args.work, args.source, args.hold_minutes, resume, args.fill)
