@@ -575,7 +575,7 @@ def test_stop_with_checkpoints_carries_the_runs_in_flight_to_the_next_machine(tm
     # the same checkout, the run not in it) resumes it from that step instead of step 0
     checkout, plan, work, out, checkpoints = _training_until_it_checkpoints(tmp_path)
     stopped = _campaign("stop", "--work", work, "--out", out, "--with-checkpoints")
-    assert "in flight at step" in stopped.stdout and "with its checkpoint" in stopped.stdout
+    assert "in flight (at step" in stopped.stdout and "with its checkpoint" in stopped.stdout
     run = checkpoints[0].parent
     name = str(run.relative_to(work / "src"))
     summary = json.loads((run / "summary.json").read_text())
@@ -597,7 +597,7 @@ def test_wait_with_checkpoints_carries_a_training_runs_last_checkpoint_and_leave
     run = checkpoints[0].parent
     name = str(run.relative_to(work / "src"))
     waited = _campaign("wait", "--work", work, "--out", out, "--with-checkpoints")
-    assert "in flight at step" in waited.stdout and "with its checkpoint" in waited.stdout
+    assert "in flight (logged to step" in waited.stdout and "with its checkpoint" in waited.stdout
     (archive,) = out.glob("resume-*.tar.gz")
     with tarfile.open(archive) as tar:
         carried = torch.load(io.BytesIO(tar.extractfile(f"{name}/checkpoint.pt").read()), weights_only=False)
@@ -653,6 +653,7 @@ def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_c
     files = campaign.save_checkpoints(work, tmp_path / "out")
     printed = capsys.readouterr().out
     assert "not carried: results/x/near at step 500" in printed
+    assert "results/x/far in flight (at step 3000) with its checkpoint" in printed
     assert all(path.stat().st_size <= 100_000 for path in files)
     assert sum(path.stat().st_size for path in files) <= 500_000
     # the parts of both archives, in any order, make both again, and a fresh copy gets both runs back

@@ -1431,15 +1431,14 @@ def _add_as_opened(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
         tar.addfile(info, handle)
 
 
-def save_checkpoints(work: Path, out: Path, budget: int | None = None) -> list[Path]:
+def save_checkpoints(work: Path, out: Path) -> list[Path]:
     """The runs in flight that hold a checkpoint, checkpoint, metrics, log, summary and .hydra/ included, one
     archive a run under `out` (in parts where larger), for the next machine's `start --resume`; [] where none
     has one. After `stop` each holds the step it had finished; from `start` or `wait` the runs train on, and
     the archive holds each one's last checkpoint (trainer.checkpoint_every), so a machine taken back before
     the next call loses only the steps since then. The runs furthest on go first, and a run whose archive
-    would take the packed ones past `budget` (CARRY_BYTES) bytes is left out, named: an archive cut off on
-    its way back could not be read at all."""
-    budget = CARRY_BYTES if budget is None else budget
+    would take the packed ones past CARRY_BYTES is left out, named: an archive cut off on its way back could
+    not be read at all."""
     src = work / "src"
     runs = [src / name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
     if not runs:
@@ -1447,10 +1446,15 @@ def save_checkpoints(work: Path, out: Path, budget: int | None = None) -> list[P
         return []
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    steps = {run: _checkpoint_step(_summary(run) or {}) or 0 for run in runs}
+    # a stopped run's summary names its checkpoint's step; one still training has only its metrics so far
+    steps: dict[Path, tuple[int, str]] = {}
+    for run in runs:
+        step = _checkpoint_step(_summary(run) or {})
+        logged = _last_step(run) or 0
+        steps[run] = (step, f"at step {step}") if step is not None else (logged, f"logged to step {logged}")
     packed: list[Path] = []
     used = 0
-    for index, run in enumerate(sorted(runs, key=lambda run: (-steps[run], str(run)))):
+    for index, run in enumerate(sorted(runs, key=lambda run: (-steps[run][0], str(run)))):
         name = run.relative_to(src)
         archive = out / f"resume-{stamp}-{index:02d}.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
@@ -1458,14 +1462,14 @@ def save_checkpoints(work: Path, out: Path, budget: int | None = None) -> list[P
                                                                             for f in HYDRA_FILES]:
                 _add_as_opened(tar, path, str(path.relative_to(src)))
         size = archive.stat().st_size
-        if used + size > budget:
+        if used + size > CARRY_BYTES:
             archive.unlink()
-            print(f"not carried: {name} at step {steps[run]} ({size / 2**20:.1f} MiB would take the "
-                  f"checkpoints past the {budget / 2**20:.0f} MiB a call can bring back; it trains again "
-                  "from its start)")
+            print(f"not carried: {name} {steps[run][1]} ({size / 2**20:.1f} MiB would take the checkpoints "
+                  f"past the {CARRY_BYTES / 2**20:.0f} MiB a call can bring back; the next machine trains it "
+                  "from step 0)")
             continue
         used += size
-        packed += _split(archive, f"{name} in flight at step {steps[run]} with its checkpoint")
+        packed += _split(archive, f"{name} in flight ({steps[run][1]}) with its checkpoint")
     return packed
 
 
