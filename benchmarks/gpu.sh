@@ -26,7 +26,8 @@
 # The training step (group `train`; its limits add up to more than one 10-minute command):
 #   train_check 240  tests/gpu/test_train_step.py: no host sync between log steps, compiled = eager, each
 #                    plain and lean; the fused softmax and SwiGLU kernels; a non-finite step skipped
-#   conv         60  the short-conv kernels against their reference, and timed (tests/gpu/check_conv.py)
+#   conv         90  the short-conv kernels against their reference, timed at every tile config of its sweep,
+#                    with the bandwidth their least traffic would take (tests/gpu/check_conv.py --sweep)
 #   loss         60  the LM head + loss alone: full logits, torch, fused, FLA (speed loss)
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default and eager, FLA's layers
 #                    where WHEELS has them: the rows of benchmarks/results/h200_step/ carried in and only
@@ -277,7 +278,7 @@ for step in "${steps[@]}"; do
     train_check)
       brief 240 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py ;;
     conv)
-      brief 60 python3 tests/gpu/check_conv.py --out "$OUT/conv" ;;
+      brief 90 python3 tests/gpu/check_conv.py --out "$OUT/conv" --sweep ;;
     loss)
       brief 60 "${speed[@]}" loss --out "$OUT/loss" ;;
     step)

@@ -294,3 +294,36 @@ def test_gpu_check(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "tests/gpu/check_conv.py"), "--out", str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_gpu_checks_least_traffic_counts_what_the_kernels_read_and_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_conv's bandwidth figures divide min_bytes by the kernels' time: its count is the tensors each
+    launch reads and writes once, and the weight-gradient partials the backward allocates (then sums)."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    try:
+        import check_conv
+    finally:
+        sys.path.pop(0)
+    B, T, C, W = 2, 100, 48, 4
+    x = torch.randn(B, T, C, dtype=torch.bfloat16)
+    weight = torch.randn(C, W)
+    allocated = []
+    empty = torch.empty
+
+    def recording(*shape, **kwargs):  # noqa: ANN002, ANN003
+        out = empty(*shape, **kwargs)
+        allocated.append(out)
+        return out
+
+    monkeypatch.setattr(torch, "empty", recording)
+    y = triton_conv.short_conv_fwd(x, weight, None)
+    dx, _, _ = triton_conv.short_conv_bwd(torch.randn_like(y), x, weight, None)
+    monkeypatch.undo()
+    tensor = x.nbytes
+    assert check_conv.min_bytes("fwd", B, T, C, W) == y.nbytes + tensor
+    (partials,) = [t for t in allocated if t.dtype == torch.float32 and t.dim() == 3]
+    block_t = triton_conv._config("bwd", False, C, W)[0]
+    assert partials.shape[0] == B * -(-T // block_t)
+    assert check_conv.min_bytes("bwd", B, T, C, W, block_t=block_t) == \
+        tensor + dx.nbytes + y.nbytes + 2 * partials.nbytes

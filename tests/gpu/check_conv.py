@@ -14,7 +14,9 @@ reference in float64 on the same (rounded) inputs. The same error of the path th
 reference in the input dtype, weight cast to it) is written beside ours as a cross-check of the bounds.
 Bounds: fp32 1e-5; bf16 y 5e-3, gradients 8e-3 (the kernel rounds only its outputs).
 Timing (bf16, B=256, T=1024, C=256, W=4, no state: a training step's conv): forward and forward + backward
-(dx and dweight) of ours and of the F.conv1d path, triton.testing.do_bench medians.
+(dx and dweight) of ours and of the F.conv1d path, triton.testing.do_bench medians, and for ours the
+bandwidth that the kernels' least traffic at that time would take (`min_bytes`: a memory-bound kernel near
+the GPU's peak, 4.8 TB/s on an H200, is as fast as it can be).
 Writes conv_errors.csv and conv_timing.csv into --out, prints tables; exits 1 if an error is over its bound.
 """
 
@@ -94,6 +96,17 @@ def _bench(fn, warmup: int = 25, rep: int = 100) -> float:  # noqa: ANN001
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
+def min_bytes(kernel: str, B: int, T: int, C: int, W: int, x_bytes: int = 2, block_t: int = 32) -> int:
+    """The least traffic of one launch without a state: each [B, T, C] tensor read or written once (fwd: x,
+    y; bwd: x, dy, dx) and the backward's fp32 weight-gradient partials ([B * T / block_t, W, C]) written
+    and summed."""
+    tensor = B * T * C * x_bytes
+    if kernel == "fwd":
+        return 2 * tensor
+    partials = B * -(-T // block_t) * W * C * 4
+    return 3 * tensor + 2 * partials
+
+
 def timing(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
     """ms of forward and forward + backward, ours and the F.conv1d path, bf16, no initial state."""
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -111,7 +124,14 @@ def timing(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
             x.grad = weight.grad = None
             fn().backward(dy)
 
-        rows.append({"path": name, "B": B, "T": T, "C": C, "W": W, "fwd_ms": fwd, "fwd_bwd_ms": _bench(step)})
+        row = {"path": name, "B": B, "T": T, "C": C, "W": W, "fwd_ms": fwd, "fwd_bwd_ms": _bench(step)}
+        if name == "ours":
+            from kernels.triton import conv
+
+            forward = min_bytes("fwd", B, T, C, W)
+            both = forward + min_bytes("bwd", B, T, C, W, block_t=conv.CONFIGS[("bwd", False)][0])
+            row.update(fwd_GBps=forward / fwd / 1e6, fwd_bwd_GBps=both / row["fwd_bwd_ms"] / 1e6)
+        rows.append(row)
     return rows
 
 
@@ -131,7 +151,10 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
             fwd = _bench(lambda: conv.short_conv_fwd(x, weight, None))
             bwd = _bench(lambda: conv.short_conv_bwd(dy, x, weight, None))
             rows.append({"BLOCK_T": config[0], "BLOCK_C": config[1], "num_warps": config[2],
-                         "fwd_ms": fwd, "bwd_ms": bwd, "default_fwd": config == default[("fwd", False)],
+                         "fwd_ms": fwd, "bwd_ms": bwd,
+                         "fwd_GBps": min_bytes("fwd", B, T, C, W) / fwd / 1e6,
+                         "bwd_GBps": min_bytes("bwd", B, T, C, W, block_t=config[0]) / bwd / 1e6,
+                         "default_fwd": config == default[("fwd", False)],
                          "default_bwd": config == default[("bwd", False)]})  # fmt: skip
     finally:
         conv.CONFIGS.update(default)
