@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.colours import mixer_order
-from analysis.lr_rule import median_steps, pick_lr
+from analysis.lr_rule import cell_lr, median_steps
 
 SCORED = ("completed",)
 
@@ -121,17 +121,23 @@ def cells(runs: pd.DataFrame, unscored: pd.DataFrame | None = None) -> pd.DataFr
     return out.sort_values(CELL).reset_index(drop=True)
 
 
-def best_lr(cell_table: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, series, length): the cell of the learning rate that stands for it (analysis.lr_rule:
-    the highest mean accuracy over its completed seeds, the fewest steps to the threshold among means
-    within lr_rule.TIE of it), with n_diverged / n_failed summed over every learning rate at that length."""
+def best_lr(cell_table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, series, length): the cell of the learning rate that stands for it (analysis.lr_rule, from
+    `runs`, the scored runs `cell_table` was made of: the highest mean accuracy over the seeds every lr
+    ran, the fewest steps to the threshold among means within lr_rule.TIE of it), with n_diverged /
+    n_failed summed over every learning rate at that length."""
     keys = ["task", "series", "seq_len"]
     scored = cell_table[cell_table["n_seeds"] > 0]
-    picked = []
-    for _, group in scored.groupby(keys, sort=False):
-        lr = pick_lr({row.lr: (row.acc_mean / 100.0, row.steps_median) for row in group.itertuples()})
-        picked.append(group[group["lr"] == lr].index[0])
-    best = scored.loc[picked].drop(columns=["n_diverged", "n_failed"])
+    seeds = runs["seed"] if "seed" in runs else pd.Series(None, index=runs.index, dtype=object)
+    picks = {}
+    for key, group in runs.assign(seed_=seeds).groupby(keys, sort=False):
+        picked = cell_lr((row.lr, row.acc / 100.0, row.steps_to_threshold,
+                          None if pd.isna(row.seed_) else int(row.seed_)) for row in group.itertuples())
+        if picked is not None:
+            picks[key] = picked[0]
+    chosen = [index for index, row in scored.iterrows()
+              if picks.get((row["task"], row["series"], row["seq_len"])) == row["lr"]]
+    best = scored.loc[chosen].drop(columns=["n_diverged", "n_failed"])
     totals = cell_table.groupby(keys, as_index=False)[["n_diverged", "n_failed"]].sum()
     best = best.merge(totals, on=keys, how="left")
     return best.sort_values(keys).reset_index(drop=True)

@@ -42,17 +42,31 @@ def pick_lr(scores: Mapping[float, tuple[float, float | None]]) -> float:
     return min((lr for lr, (mean, _) in scored.items() if mean >= top - TIE), key=order)
 
 
-def cell_lr(runs: Iterable[tuple[Any, float | None, float | None]]) -> tuple[Any, float] | None:
-    """(the lr pick_lr takes, the mean accuracy there) from a cell's runs as (lr, accuracy as a fraction,
-    steps to the threshold or None / NaN): the mean and the median steps of each lr over its runs with an
-    accuracy; None where no run has one."""
-    by_lr: dict[Any, list[tuple[float, float | None]]] = {}
-    for lr, acc, steps in runs:
+def shared_seeds(seeds_by_lr: Mapping[Any, set[Any]]) -> set[Any]:
+    """The seeds every lr of a cell ran; empty where there is none (or a run's seed is unknown)."""
+    sets = list(seeds_by_lr.values())
+    if not sets or any(None in seeds for seeds in sets):
+        return set()
+    return set.intersection(*sets)
+
+
+def cell_lr(runs: Iterable[tuple[Any, float | None, float | None, Any]]) -> tuple[Any, float] | None:
+    """(the lr pick_lr takes, the mean accuracy there over all its runs) from a cell's runs as (lr,
+    accuracy as a fraction, steps to the threshold or None / NaN, seed or None); None where no run has an
+    accuracy. The lrs are compared on the seeds they all ran: further seeds go to the picked lr only, and
+    counting them there but not at the others would let one seed's luck move the pick (a second seed that
+    fails halves its lr's mean against a single run elsewhere). Where no seed is shared, on all runs."""
+    by_lr: dict[Any, list[tuple[float, float | None, Any]]] = {}
+    for lr, acc, steps, seed in runs:
         if acc is not None and acc == acc:
-            by_lr.setdefault(lr, []).append((acc, steps))
+            by_lr.setdefault(lr, []).append((acc, steps, seed))
     if not by_lr:
         return None
-    scores = {lr: (math.fsum(acc for acc, _ in group) / len(group), median_steps(s for _, s in group))
-              for lr, group in by_lr.items()}
-    lr = pick_lr(scores)
-    return lr, scores[lr][0]
+    common = shared_seeds({lr: {seed for _, _, seed in group} for lr, group in by_lr.items()})
+
+    def score(group: list[tuple[float, float | None, Any]]) -> tuple[float, float]:
+        return (math.fsum(acc for acc, _, _ in group) / len(group), median_steps(s for _, s, _ in group))
+
+    compared = {lr: [run for run in group if not common or run[2] in common] for lr, group in by_lr.items()}
+    lr = pick_lr({lr: score(group) for lr, group in compared.items()})
+    return lr, score(by_lr[lr])[0]

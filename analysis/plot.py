@@ -35,7 +35,7 @@ Conventions: accuracy of a run = its `best_eval_acc` (peak over training; `--met
 `best_train_acc`, the peak training accuracy that Kimi Linear's Fig. 4 plots), and only completed runs have
 one. A cell over seeds is the mean, its spread the standard deviation across seeds (population), drawn
 as a band (or an error bar) only where at least two seeds were measured; legends and the summary give n.
-The best learning rate (analysis.lr_rule) is the one with the highest mean over its completed seeds;
+The best learning rate (analysis.lr_rule) is the one with the highest mean over the seeds every lr ran;
 where two means lie within lr_rule.TIE, the one that reaches the threshold in fewer steps. Diverged and failed
 runs are never an accuracy: each figure marks them in a grey strip below 0 % (a cross for diverged, a
 plus for failed, in the mixer's colour, with a legend entry), the heat maps name them in their cells,
@@ -103,7 +103,7 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
         )
     unscored = unscored_runs(table)
     cell_table = cells(runs, unscored)
-    best = best_lr(cell_table)
+    best = best_lr(cell_table, runs)
     pending = not_run(grid, table) if grid is not None else None
     budget = budget_note(table)
     filled = fill_note(grid, pending) if grid is not None else None
@@ -120,6 +120,8 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
         ends = ("a line that ends before the budget stopped early, its task solved" if len(ran) < 2 else
                 f"a line ends at its run's budget ({' or '.join(f'{int(v):,}' for v in ran)} steps) or "
                 "before it, stopped early, its task solved")
+        if (best[best["seq_len"] == at]["n_seeds"] > 1).any():
+            ends += "; a seed stopped so counts at its last eval while its cell's other seeds train on"
         steps_note = _lines(budget, fill_note(grid, pending, at) if grid is not None else None, ends)
         budget_steps = max_trained_steps(table[table["seq_len"] == at])
         written += plot_acc_vs_steps(runs, best, unscored, at, out_dir, pending, steps_note, budget_steps)

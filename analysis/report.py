@@ -7,7 +7,7 @@ Each claim is marked `reproduced`, `not reproduced` (with the cells that contrad
 (the cells it needs are missing or unfinished, or the step budget cannot show it), from:
 
 - the accuracy of a cell (task, mixer, length) = its mean over the runs (seeds) of its best learning rate,
-  the lr of the highest such mean, as the figures draw it, in either metric:
+  the lr of the highest mean over the seeds every lr ran, as the figures draw it, in either metric:
   `train` (the paper's: peak training accuracy of the logged steps, `best_train_acc`) or `eval` (held-out,
   `best_eval_acc`); both are tabulated, the claims are judged on `--metric` (default: the paper's);
 - convergence = `steps_to_threshold` (first eval step at eval acc >= 0.9) at the cell's best lr: with several
@@ -114,7 +114,8 @@ def _series(frame: pd.DataFrame) -> pd.Series:
 
 def cell_table(runs: pd.DataFrame, metric: str = "train") -> pd.DataFrame:
     """Per (task, series, length): the cell's best lr by `metric` (analysis.lr_rule, as the figures pick
-    it: the highest mean over its runs, the fewest steps to 0.9 among means within lr_rule.TIE of it), both
+    it: the highest mean over the seeds every lr ran, the fewest steps to 0.9 among means within
+    lr_rule.TIE of it), both
     metrics at that lr, steps to 0.9, acc at 2L."""
     done = runs[runs["status"] == "completed"].copy()
     if done.empty:
@@ -129,8 +130,10 @@ def cell_table(runs: pd.DataFrame, metric: str = "train") -> pd.DataFrame:
         lrs = pd.to_numeric(group["lr"], errors="coerce")
         score = _score(group, metric)
         to_threshold = group.get("steps_to_threshold", pd.Series(math.nan, index=group.index))
-        runs_by_lr = zip(lrs, score, to_threshold, strict=True)
-        picked = cell_lr((lr, acc, _steps(steps)) for lr, acc, steps in runs_by_lr if lr == lr)
+        seeds = group.get("seed", pd.Series(None, index=group.index))
+        runs_by_lr = zip(lrs, score, to_threshold, seeds, strict=True)
+        picked = cell_lr((lr, acc, _steps(steps), _seed(seed)) for lr, acc, steps, seed in runs_by_lr
+                         if lr == lr)
         row["lr"] = float(picked[0]) if picked else float(lrs.iloc[0])
         row["lrs"] = tuple(sorted(set(lrs.dropna().astype(float))))
         # every run at that lr (seeds, repeats): the cell's steps to 0.9 is their median, its spread kept
@@ -158,6 +161,11 @@ def cell_table(runs: pd.DataFrame, metric: str = "train") -> pd.DataFrame:
         row["early_stopped_at"] = pd.to_numeric(best.get("early_stopped_at"), errors="coerce")
         rows.append(row)
     return pd.DataFrame(rows).sort_values(["task", "seq_len", "series"], ignore_index=True)
+
+
+def _seed(value: Any) -> int | None:
+    number = pd.to_numeric(value, errors="coerce")
+    return None if pd.isna(number) else int(number)
 
 
 def _with_range(cell: pd.Series, name: str) -> str:

@@ -864,12 +864,15 @@ def test_seeds_extend_the_report_and_the_figures_pick_one_lr_for_a_cell(tmp_path
         ("c", 1e-3, 0, 1.0, 500), ("c", 5e-4, 0, 1.0, 500),
         # d: neither reaches 0.9 and the peaks are within TIE: the higher peak, never the speed
         ("d", 1e-3, 0, 0.301, None), ("d", 5e-4, 0, 0.304, None),
+        # e: seed 0 at both, 1e-3 the faster; a failed seed 1 at 1e-3 alone (planned there) keeps 1e-3:
+        # the lrs are compared on the seeds both ran
+        ("e", 1e-3, 0, 1.0, 750), ("e", 5e-4, 0, 1.0, 1500), ("e", 1e-3, 1, 0.213, None),
     ]
     for task, lr, seed, acc, steps in runs:
         _scored(root, f"{task}{lr}{seed}", ["experiment=e", "task.seq_len=1024", f"task={task}",
                                             f"optim.lr={lr}", f"seed={seed}"], acc, seq_len=1024,
                 to_threshold=steps)
-    expected = {"a": 1e-3, "b": 5e-4, "c": 5e-4, "d": 5e-4}
+    expected = {"a": 1e-3, "b": 5e-4, "c": 5e-4, "d": 5e-4, "e": 1e-3}
     plan = campaign.seeds([root], tmp_path, [1, 2], "best_train_acc", [], {})
     picked = {task: float(line.split("optim.lr=")[1].split()[0])
               for line in plan.splitlines() if not line.startswith("#")
@@ -880,13 +883,16 @@ def test_seeds_extend_the_report_and_the_figures_pick_one_lr_for_a_cell(tmp_path
                            "status": "completed", "best_train_acc": acc, "best_eval_acc": acc,
                            "steps_to_threshold": steps} for t, lr, seed, acc, steps in runs])
     assert dict(zip(*report.cell_table(table)[["task", "lr"]].T.values, strict=True)) == expected
-    best = figures.best_lr(figures.cells(figures.scored_runs(table, "train")))
+    scored = figures.scored_runs(table, "train")
+    best = figures.best_lr(figures.cells(scored), scored)
     assert dict(zip(*best[["task", "lr"]].T.values, strict=True)) == expected
     # extend judges a cell by that mean: b's lucky 0.95 does not hide a 0.9 cell (nor d's 0.301 and 0.304
-    # cells); b runs at 5e-4 with its best seed there (0)
+    # cells); b runs at 5e-4 with its best seed there (0); e's failed seed makes it a 0.61 cell, at 1e-3
     extended = [line for line in campaign.extend([root], tmp_path, 20000, 0.99, "best_train_acc", [])
                 .splitlines() if not line.startswith("#")]
     assert extended == ["experiment=e task.seq_len=1024 task=d,b optim.lr=0.0005 seed=0 "
+                        "hydra.sweep.dir=results/grid trainer.max_steps=20000",
+                        "experiment=e task.seq_len=1024 task=e optim.lr=0.001 seed=0 "
                         "hydra.sweep.dir=results/grid trainer.max_steps=20000"]
 
 

@@ -512,10 +512,25 @@ def test_pick_lr_takes_the_speed_only_between_peaks_within_the_tie() -> None:
 def test_cell_lr_means_each_lrs_runs_with_an_accuracy_and_picks_by_the_rule() -> None:
     from analysis.lr_rule import cell_lr
     # 1e-3: (0.999 + 0.997) / 2 at median 700 steps; 5e-4: 1.0 at 2,000: within TIE, the faster
-    runs = [(1e-3, 0.999, 600.0), (1e-3, 0.997, 800.0), (5e-4, 1.0, 2000.0), (5e-4, math.nan, 10.0),
-            (3e-4, None, 5.0)]
+    runs = [(1e-3, 0.999, 600.0, None), (1e-3, 0.997, 800.0, None), (5e-4, 1.0, 2000.0, None),
+            (5e-4, math.nan, 10.0, None), (3e-4, None, 5.0, None)]
     assert cell_lr(runs) == (1e-3, pytest.approx(0.998))
-    assert cell_lr([(1e-3, None, None), (5e-4, math.nan, 100.0)]) is None
+    assert cell_lr([(1e-3, None, None, 0), (5e-4, math.nan, 100.0, 0)]) is None
+
+
+def test_cell_lr_compares_the_lrs_on_the_seeds_they_all_ran() -> None:
+    from analysis.lr_rule import cell_lr
+    # seed 0 at both lrs; seed 1 (a failure) only at 1e-3, where the plan put the cell's seeds: the pick
+    # stays on seed 0 (1e-3 the faster within TIE), the mean there is over both seeds
+    runs = [(1e-3, 1.0, 750.0, 0), (5e-4, 1.0, 1500.0, 0), (1e-3, 0.213, None, 1)]
+    assert cell_lr(runs) == (1e-3, pytest.approx(0.6065))
+    # without the seeds, 1e-3's mean (0.61) loses to 5e-4's single run
+    assert cell_lr([(lr, acc, steps, None) for lr, acc, steps, _ in runs])[0] == 5e-4
+    # the shared seed decides against the more-seeded lr too: 5e-4 is better on seed 0
+    runs = [(1e-3, 0.95, None, 0), (1e-3, 0.99, 900.0, 1), (1e-3, 0.99, 900.0, 2), (5e-4, 0.99, 800.0, 0)]
+    assert cell_lr(runs) == (5e-4, pytest.approx(0.99))
+    # no seed every lr ran: all runs compared
+    assert cell_lr([(1e-3, 0.5, None, 1), (5e-4, 0.9, 100.0, 0)]) == (5e-4, pytest.approx(0.9))
 
 
 def test_claim_2_says_when_its_gap_is_within_the_measured_run_to_run_spread() -> None:
@@ -575,7 +590,8 @@ def test_a_cell_is_its_best_lr_by_the_reports_metric_as_in_the_figures() -> None
     by_train = cell_table(runs).iloc[0]
     assert by_train["lr"] == 5e-4 and by_train["train"] == 0.0685 and by_train["eval"] == 0.0611
     assert cell_table(runs, "eval").iloc[0]["lr"] == 1e-3
-    figures = best_lr(cells(scored_runs(runs, "train")))
+    scored = scored_runs(runs, "train")
+    figures = best_lr(cells(scored), scored)
     assert figures.iloc[0]["lr"] == by_train["lr"]
 
 

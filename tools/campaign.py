@@ -1173,14 +1173,15 @@ def _cells_of(results: list[Path], source: Path, metric: str) -> Iterator[tuple[
 def _best_run(runs: list[dict[str, Any]], metric: str,
               notes: list[str]) -> tuple[dict[str, Any], float] | None:
     """(the best run of `runs` at the cell's best lr, the mean metric there): the lr analysis.report and
-    the figures take for the cell (analysis.lr_rule: the highest mean, the fewest steps to the threshold
-    among means within lr_rule.TIE of it), so that seeds and longer runs land where the report counts
-    them; None, with a line in `notes`, where no run has a metric."""
+    the figures take for the cell (analysis.lr_rule: the highest mean over the seeds every lr ran, the
+    fewest steps to the threshold among means within lr_rule.TIE of it), so that seeds and longer runs
+    land where the report counts them; None, with a line in `notes`, where no run has a metric."""
     def lr_of(run: dict[str, Any]) -> float:
         lr = run["values"].get("optim.lr")
         return float(lr) if isinstance(lr, (int, float)) else math.inf
 
-    picked = cell_lr((lr_of(run), run["metric"], run["to_threshold"]) for run in runs)
+    picked = cell_lr((lr_of(run), run["metric"], run["to_threshold"], run["values"].get("seed"))
+                     for run in runs)
     if picked is None:
         notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
         return None
