@@ -48,6 +48,26 @@ def curves_left_out(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
     return left_out
 
 
+def _carry_solved(per_seed: list[tuple[pd.DataFrame, bool]]) -> pd.DataFrame:
+    """The seeds' curves of one cell as one frame, each seed that stopped early (its task solved: eval acc
+    held the early-stopping threshold) held at its last eval to the last step of the cell's longest seed
+    (`carried` True there). Averaged without it, a solved seed drops out of the mean when it stops, and
+    the mean falls to the other seeds' as if the cell had unlearned."""
+    curves = [curve for curve, _ in per_seed if not curve.empty]
+    if not curves:
+        return pd.DataFrame(columns=["step", "acc", "seed", "carried"])
+    steps = sorted(set().union(*(curve["step"] for curve in curves)))
+    out = []
+    for curve, stopped_early in per_seed:
+        out.append(curve)
+        if stopped_early and not curve.empty:
+            last = curve.sort_values("step").iloc[-1]
+            later = [step for step in steps if step > last["step"]]
+            out.append(pd.DataFrame({"step": later, "acc": last["acc"], "seed": last["seed"],
+                                     "carried": True}))
+    return pd.concat([c for c in out if not c.empty], ignore_index=True)
+
+
 def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataFrame, length: int,
                       out_dir: Path, pending: pd.DataFrame | None = None, note: str | None = None,
                       max_steps: int | None = None) -> list[Path]:
@@ -56,7 +76,8 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
     `pending`: the grid's cells not yet run (analysis.grid.not_run): a task with one at this length gets
     its panel, each such series a legend entry, a panel without a line says so. `note`: lines above the
     panels. `max_steps`: the step budget, the x axis's end in every panel (a line ending before it stopped
-    early, its task solved: only completed runs are drawn)."""
+    early, its task solved: only completed runs are drawn; a seed that stopped so counts at its last eval
+    while the cell's other seeds train on, the CSV's n_carried)."""
     if "run_dir" not in runs or runs["run_dir"].isna().all():
         raise ValueError("accuracy-vs-steps needs local run directories (metrics.jsonl); this table has none")
     pending = pending if pending is not None else unscored.iloc[:0]
@@ -75,21 +96,21 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
             & (runs["seq_len"] == length)
             & (runs["lr"] == cell["lr"])
         ]
-        per_seed = []
-        for _, run in members.iterrows():
-            curve = eval_curve(run["run_dir"])
-            per_seed.append(curve.assign(seed=run["seed"]))
-        merged = pd.concat(per_seed, ignore_index=True) if per_seed else pd.DataFrame(columns=["step", "acc"])
+        per_seed = [(eval_curve(run["run_dir"]).assign(seed=run["seed"], carried=False),
+                     pd.notna(pd.to_numeric(run.get("early_stopped_at"), errors="coerce")))
+                    for _, run in members.iterrows()]
+        merged = _carry_solved(per_seed)
         if merged.empty:
             continue
         stats = (
-            merged.groupby("step")["acc"]
+            merged.groupby("step")
             .agg(
-                acc_mean="mean",
-                acc_std=lambda a: float(np.std(a, ddof=0)),
-                acc_min="min",
-                acc_max="max",
-                n_seeds="size",
+                acc_mean=("acc", "mean"),
+                acc_std=("acc", lambda a: float(np.std(a, ddof=0))),
+                acc_min=("acc", "min"),
+                acc_max=("acc", "max"),
+                n_seeds=("acc", "size"),
+                n_carried=("carried", "sum"),
             )
             .reset_index()
         )
@@ -97,7 +118,7 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
             stats[key] = cell[key]
         curves.append(stats)
     columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "step", "acc_mean", "acc_std",
-               "acc_min", "acc_max", "n_seeds"]
+               "acc_min", "acc_max", "n_seeds", "n_carried"]
     data = pd.concat(curves, ignore_index=True)[columns] if curves else pd.DataFrame(columns=columns)
     stopped = unscored[unscored["seq_len"] == length]
     everything = pd.concat([at_length, stopped, todo], ignore_index=True)

@@ -375,7 +375,7 @@ def test_steps_axis_of_a_sweep_with_one_eval_per_run(tmp_path: Path, monkeypatch
     monkeypatch.setattr(draw, "save_figure", described_save)
     table = collect.collect_dirs([sweep])
     runs, unscored = plot.scored_runs(table), plot.unscored_runs(table)
-    best = plot.best_lr(plot.cells(runs, unscored))
+    best = plot.best_lr(plot.cells(runs, unscored), runs)
     fig_steps.plot_acc_vs_steps(runs, best, unscored, 32, tmp_path / "figs")
     figure = drawn["figure"]
     assert figure["problems"] == []
@@ -497,3 +497,19 @@ def test_steps_figure_has_a_panel_per_task_and_names_what_has_not_run(partial_gr
     assert any("at most 5,000 steps a run" in t for t in texts)
     steps = pd.read_csv(partial_grid["out"] / "acc_vs_steps_len1024.csv")
     assert set(steps["series"]) == {"kda"}  # the run cut off is no curve
+
+
+def test_a_seed_that_stopped_solved_counts_at_its_last_eval_while_the_others_train_on() -> None:
+    """Seed 0 solves the task and stops at step 500; seed 1 trains to 1,000 at 20 %. The cell's mean
+    stays 60 % after 500 (without the carry it fell to 20 %, a cell that unlearned), one value carried a
+    step; a seed that ran its budget out is never carried."""
+    solved = pd.DataFrame({"step": [250, 500], "acc": [50.0, 100.0], "seed": 0, "carried": False})
+    stuck = pd.DataFrame({"step": [250, 500, 750, 1000], "acc": [0.0, 20.0, 20.0, 20.0], "seed": 1,
+                          "carried": False})
+    merged = fig_steps._carry_solved([(solved, True), (stuck, False)])
+    mean = merged.groupby("step")["acc"].mean()
+    assert mean.to_dict() == {250: 25.0, 500: 60.0, 750: 60.0, 1000: 60.0}
+    assert merged.groupby("step")["carried"].sum().to_dict() == {250: 0, 500: 0, 750: 1, 1000: 1}
+    # the same seed not stopped early (it ran out of steps, say): not held beyond its last eval
+    merged = fig_steps._carry_solved([(solved, False), (stuck, False)])
+    assert merged.groupby("step")["acc"].mean().to_dict() == {250: 25.0, 500: 60.0, 750: 20.0, 1000: 20.0}
