@@ -754,7 +754,7 @@ def test_extend_plans_the_unsolved_cells_again_at_their_best_run_merged_into_pro
         f"experiment=e hydra/launcher=x task=b task.seq_len=1024 optim.lr=0.001 seed=0 {tail}",
         f"experiment=e hydra/launcher=x task=a task.seq_len=1024 optim.lr=0.0005 seed=0 {tail}",
     ]
-    assert "(5 cell(s))" not in plan and "(4 cell(s))" in plan
+    assert "(5 run(s))" not in plan and "(4 run(s))" in plan
     assert "all diverged" in plan and str(root / "e") in plan
     # the same cells in another results directory are stages of their own, never hydra.sweep.dir=a,b
     other = tmp_path / "results" / "other"
@@ -788,7 +788,7 @@ def test_extend_of_a_real_sweep_runs_the_longer_budget_beside_it(tmp_path: Path)
     assert [s["lr"] for s in longer if s["steps"] == 8] == [best]
     # planned again, the cell is held at that budget now: nothing left
     again = _campaign("extend", sweep, "--max-steps", 8).stdout
-    assert "(0 cell(s))" in again and len(again.splitlines()) == 1
+    assert "(0 run(s))" in again and len(again.splitlines()) == 1
 
 
 def test_extend_names_a_missing_results_directory_in_one_line(tmp_path: Path) -> None:
@@ -887,12 +887,13 @@ def test_seeds_extend_the_report_and_the_figures_pick_one_lr_for_a_cell(tmp_path
     best = figures.best_lr(figures.cells(scored), scored)
     assert dict(zip(*best[["task", "lr"]].T.values, strict=True)) == expected
     # extend judges a cell by that mean: b's lucky 0.95 does not hide a 0.9 cell (nor d's 0.301 and 0.304
-    # cells); b runs at 5e-4 with its best seed there (0); e's failed seed makes it a 0.61 cell, at 1e-3
+    # cells); b runs at 5e-4 with its best seed there (0), both its seeds being below; e's failed seed
+    # makes it a 0.61 cell, and that seed (1) runs again at 1e-3, not seed 0, which solved it
     extended = [line for line in campaign.extend([root], tmp_path, 20000, 0.99, "best_train_acc", [])
                 .splitlines() if not line.startswith("#")]
     assert extended == ["experiment=e task.seq_len=1024 task=d,b optim.lr=0.0005 seed=0 "
                         "hydra.sweep.dir=results/grid trainer.max_steps=20000",
-                        "experiment=e task.seq_len=1024 task=e optim.lr=0.001 seed=0 "
+                        "experiment=e task.seq_len=1024 task=e optim.lr=0.001 seed=1 "
                         "hydra.sweep.dir=results/grid trainer.max_steps=20000"]
 
 

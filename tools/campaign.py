@@ -1223,10 +1223,11 @@ def _stage_of(overrides: list[str], drop: tuple[str, ...], place: str) -> dict[s
 def extend(results: list[Path], source: Path, max_steps: int, below: float, metric: str,
            launcher: list[str]) -> str:
     """A plan that trains every cell of `results` whose finished runs at its best lr (_best_run) stayed
-    below `below` on `metric`, their mean, again with trainer.max_steps=`max_steps` at the overrides of
-    the best of them (its lr, its seed), into the same results directory; cells that a run of at least
-    that budget already holds are left out. Longest sequences first; cells that differ in one key's values
-    share a stage."""
+    below `below` on `metric`, their mean, again with trainer.max_steps=`max_steps` at that lr: the best
+    of them (its seed) where none reached `below`, else each of them that did not (a seed that solved the
+    task at the shorter budget has nothing left to learn), into the same results directory; cells that a
+    run of at least that budget already holds are left out. Longest sequences first; cells that differ in
+    one key's values share a stage."""
     stages, notes = [], []
     for place, runs in _cells_of(results, source, metric):
         if any(isinstance(run["max_steps"], int) and run["max_steps"] >= max_steps for run in runs):
@@ -1235,12 +1236,17 @@ def extend(results: list[Path], source: Path, max_steps: int, below: float, metr
         if picked is None or picked[1] >= below:
             continue
         best, mean = picked
-        stage = _stage_of(best["overrides"], ("trainer.max_steps",), place)
-        stage["trainer.max_steps"] = [str(max_steps)]
-        stages.append((best["seq_len"], mean, stage))
+        lr = best["values"].get("optim.lr")
+        at_lr = [run for run in runs if run["values"].get("optim.lr") == lr and run["metric"] is not None]
+        unsolved = [run for run in at_lr if run["metric"] < below]
+        again = unsolved if len(unsolved) < len(at_lr) else [best]
+        for run in again:
+            stage = _stage_of(run["overrides"], ("trainer.max_steps",), place)
+            stage["trainer.max_steps"] = [str(max_steps)]
+            stages.append((run["seq_len"], mean, stage))
     head = (f"# extend: every cell of {', '.join(map(str, results))} whose mean {metric} at its best lr "
-            f"is < {below:g}, again with trainer.max_steps={max_steps} at that lr and its best run's seed "
-            f"({len(stages)} cell(s))")
+            f"is < {below:g}, again with trainer.max_steps={max_steps} at that lr, its seeds below {below:g} "
+            f"(the best one where all are) ({len(stages)} run(s))")
     return "\n".join([head, *notes, *_plan_lines(stages, launcher)]) + "\n"
 
 
