@@ -26,8 +26,11 @@
 # The training step (group `train`; its limits add up to more than one 10-minute command):
 #   train_check 240  tests/gpu/test_train_step.py: no host sync between log steps, compiled = eager, each
 #                    plain and lean; the fused softmax and SwiGLU kernels; a non-finite step skipped
-#   conv         90  the short-conv kernels against their reference, timed at every tile config of its sweep,
-#                    with the bandwidth their least traffic would take (tests/gpu/check_conv.py --sweep)
+#   conv        150  the short-conv kernels against their reference, both forms of the backward (fused, two
+#                    passes), timed at every tile config of its sweep, with the bandwidth their least traffic
+#                    would take (tests/gpu/check_conv.py --sweep)
+#   conv_step   400  KDA's and GDN's default step at MQAR T=1024 with each short-conv backward (the second's
+#                    rows labelled +conv-two_pass), kernels listed by category
 #   loss         60  the LM head + loss alone: full logits, torch, fused, FLA (speed loss)
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default and eager, FLA's layers
 #                    where WHEELS has them: the rows of benchmarks/results/h200_step/ carried in and only
@@ -83,7 +86,8 @@ for s in ${2:-kernels}; do
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
-compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench|budget) steps+=("$s") ;;
+compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench|budget|\
+conv_step) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -278,7 +282,12 @@ for step in "${steps[@]}"; do
     train_check)
       brief 240 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py ;;
     conv)
-      brief 90 python3 tests/gpu/check_conv.py --out "$OUT/conv" --sweep ;;
+      brief 150 python3 tests/gpu/check_conv.py --out "$OUT/conv" --sweep ;;
+    conv_step)
+      for form in fused two_pass; do
+        brief 200 python3 -m benchmarks.step --out "$OUT/conv_step" --resume --lengths 1024 --tasks mqar \
+          --impls ours --variants default --mixers kda gdn --conv-bwd "$form"
+      done ;;
     loss)
       brief 60 "${speed[@]}" loss --out "$OUT/loss" ;;
     step)

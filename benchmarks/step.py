@@ -60,6 +60,8 @@ from benchmarks.common import ROOT, commit, indexed_device, provenance, write_cs
 from benchmarks.memory import SAVED, compiled_rows, outside_graph, saved_split, split_gib
 from harness import step as train
 from harness.config import fast_step
+from kernels.triton import conv as triton_conv
+from kernels.triton.conv import BWD_FORMS
 from mixers.model import LanguageModel
 from mixers.pattern import check_pattern, expand, mixer_yaml, pattern_name
 
@@ -230,9 +232,11 @@ def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch
     return fla_step
 
 
-def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None) -> str:
+def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None, conv: str = "") -> str:
+    """What ran: `conv` names a short-conv backward other than the default (--conv-bwd), ours only."""
     return impl + ("+lean" if lean else "") + ("+compile" if compiled else "") \
-        + (f"+mem{budget:g}" if budget is not None else "")
+        + (f"+mem{budget:g}" if budget is not None else "") \
+        + (f"+conv-{conv}" if conv and impl == "ours" else "")
 
 
 # --variants: (compiled, lean) of each form of our step; `default` is resolved per device by fast_step
@@ -265,7 +269,9 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
 def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
              compiled: bool, lean: bool, default: bool, pattern: list[str] | None,
              budget: float | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"impl": _label(impl, lean, compiled, budget), "default": default, "task": task,
+    row: dict[str, Any] = {"impl": _label(impl, lean, compiled, budget, getattr(args, "conv_label", "")),
+                           "default": default,
+                           "task": task,
                            "mixer": mixer, "layers": len(pattern) if pattern else 2, "T": T, "B": args.batch}
     batch, labels, vocab = task_batch(task, args.batch, T, device)
     torch.manual_seed(0)
@@ -476,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-budgets", nargs="+", type=float, default=[], metavar="B",
                         help="also time each compiled form at these trainer.compile_memory_budget values "
                              "(in (0, 1]; rows ours+compile+memB)")
+    parser.add_argument("--conv-bwd", choices=BWD_FORMS, default=None,
+                        help="the short conv's backward (kernels/triton/conv.py BWD_FORM); a form other than "
+                             "the default labels its rows +conv-FORM, none of them `default`")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--resume", action="store_true",
@@ -515,6 +524,13 @@ def main(argv: list[str] | None = None) -> int:
     names = list(args.variants) + ["compile"] * args.compile + ["lean"] * args.lean \
         + ["lean+compile"] * (args.compile and args.lean)
     ours = variants(names, device)
+    args.conv_label = ""
+    if args.conv_bwd is not None and device.type != "cuda":
+        parser.error(f"--conv-bwd {args.conv_bwd}: the models take the Triton short conv on CUDA only (the "
+                     "torch reference on the CPU); run it on the GPU, or leave the flag out")
+    if args.conv_bwd is not None and args.conv_bwd != triton_conv.BWD_FORM:
+        triton_conv.BWD_FORM, args.conv_label = args.conv_bwd, args.conv_bwd
+        ours = [(c, lean, False) for c, lean, _ in ours]
     rows = load(args.out) if args.resume else []
     done = {_key(r) for r in rows}
     measured_by = f"{datetime.date.today()} {commit()}"
@@ -533,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
                         (True, lean, False, b) for c, lean, _ in forms if c and impl == "ours"
                         for b in args.memory_budgets]
                     for compiled, lean, default, budget in forms:
-                        key = (_label(impl, lean, compiled, budget), default, task, mixer,
+                        key = (_label(impl, lean, compiled, budget, args.conv_label), default, task, mixer,
                                len(pattern) if pattern else 2, T, args.batch)
                         if key in done:
                             continue
@@ -541,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
                             row = measure(impl, task, mixer, T, args, device, compiled, lean, default,
                                           pattern, budget)
                         except Exception as error:  # an OOM or an FLA layer that will not build: recorded
-                            row = {"impl": _label(impl, lean, compiled, budget), "default": default,
+                            row = {"impl": _label(impl, lean, compiled, budget, args.conv_label),
+                                   "default": default,
                                    "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,
                                    "error": _error_line(error)}

@@ -354,3 +354,18 @@ def test_a_fused_cast_is_not_a_convolution() -> None:
     assert step._category(["CompiledFunction"], "triton_poi_fused_convert_element_type_mul_7") == "rest"
     assert step._category(["CompiledFunction"], "causal_conv1d_fwd_kernel") == "short conv"
     assert step._category(["kda_harness::short_conv_bwd"], "reduce_kernel<128, 4>") == "short conv"
+
+
+def test_a_conv_backward_other_than_the_default_labels_its_rows(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--conv-bwd names the short conv's backward in every row of ours it times (never `default`), FLA's
+    rows untouched; on the CPU, where the models take the torch reference conv, it is refused before
+    anything is written."""
+    assert step._label("ours", False, True, None, "two_pass") == "ours+compile+conv-two_pass"
+    assert step._label("ours", False, True) == "ours+compile"
+    assert step._label("fla", False, False, None, "two_pass") == "fla"
+    with pytest.raises(SystemExit):
+        step.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--conv-bwd", "two_pass"])
+    err = capsys.readouterr().err
+    assert "--conv-bwd two_pass: the models take the Triton short conv on CUDA only" in err
+    assert not (tmp_path / "out").exists()

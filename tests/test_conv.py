@@ -37,6 +37,13 @@ pytestmark = pytest.mark.skipif(
 TOL = 1e-5
 
 
+@pytest.fixture(params=triton_conv.BWD_FORMS)
+def bwd_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each form of the backward (kernels/triton/conv.py's BWD_FORM) in turn."""
+    monkeypatch.setattr(triton_conv, "BWD_FORM", request.param)
+    return request.param
+
+
 def make(B: int, T: int, C: int, W: int, with_state: bool, seed: int, dtype: torch.dtype = torch.float32):
     """x [B, T, C], weight [C, W] and an initial state [B, C, W - 1] (or None), as leaves needing grad."""
     gen = torch.Generator().manual_seed(seed)
@@ -78,7 +85,7 @@ def check(B: int, T: int, C: int, W: int, with_state: bool, seed: int = 0) -> No
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("W", [2, 3, 4])
 @pytest.mark.parametrize("T", [1, 17, 63, 100])
-def test_matches_reference(T: int, W: int, with_state: bool) -> None:
+def test_matches_reference(T: int, W: int, with_state: bool, bwd_form: str) -> None:
     check(2, T, 48, W, with_state)
 
 
@@ -95,14 +102,15 @@ WIDE_CASES = [(C, T, W, with_state) for C, T, W in WIDE for with_state in (False
 
 @pytest.mark.slow
 @pytest.mark.parametrize("C,T,W,with_state", WIDE_CASES)
-def test_matches_reference_wide(C: int, T: int, W: int, with_state: bool) -> None:
+def test_matches_reference_wide(C: int, T: int, W: int, with_state: bool, bwd_form: str) -> None:
     check(2, T, C, W, with_state, seed=T + W)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16_bit_inputs(dtype: torch.dtype) -> None:
-    """16-bit x and state: outputs and gradients in their dtypes, dweight in the weight's (fp32); fp32 inside,
-    so the error is the output's rounding, against a float64 reference on the same rounded inputs."""
+def test_16_bit_inputs(dtype: torch.dtype, bwd_form: str) -> None:
+    """16-bit x and state: outputs and gradients in their dtypes, dweight in the weight's (fp32); fp32 inside
+    (the two-pass backward rounds da to x's dtype between its kernels), so the error is the outputs'
+    rounding, against a float64 reference on the same rounded inputs."""
     x, weight, state = make(2, 33, 48, 4, True, seed=3, dtype=dtype)
     dy, dstate = torch.randn(2, 33, 48).to(dtype), torch.randn(2, 48, 3).to(dtype)
     ours = run(x, weight, state, "triton", dy, dstate)
@@ -114,7 +122,7 @@ def test_16_bit_inputs(dtype: torch.dtype) -> None:
         assert rel_rms(ref[name], ours[name]) < (8e-3 if dtype == torch.bfloat16 else 1e-3), name
 
 
-def test_pieces_equal_one_call() -> None:
+def test_pieces_equal_one_call(bwd_form: str) -> None:
     """A sequence cut in pieces (each starting from the previous final state), down to single decode steps,
     gives the output, final state and gradients of one call."""
     B, T, C, W = 2, 23, 48, 4
@@ -269,19 +277,23 @@ def test_gpu_check_runs_its_cpu_part(tmp_path: Path) -> None:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = (tmp_path / "conv_errors.csv").read_text().splitlines()
-    assert rows[0].startswith("dtype,") and len(rows) > 4, rows
+    assert rows[0].startswith("form,dtype,") and len(rows) > 4, rows
+    # both forms of the backward, every case within its bound
+    assert {row.split(",")[0] for row in rows[1:]} == set(triton_conv.BWD_FORMS), rows
+    assert all(row.endswith(",True") for row in rows[1:]), rows
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills() -> None:
     """The compiled path (which the interpreter does not take) builds for an H200 at W = 2, 4 and 8, bf16 x,
-    both kernels with and without an initial state, and keeps everything in registers."""
+    all four kernels (forward, fused backward, the two-pass backward's two) with and without an initial
+    state, and keeps everything in registers."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, str(ROOT / "tests/gpu/check_conv.py"), "--compile", "--W", "2", "4", "8"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     header, *rows = [line.split() for line in done.stdout.strip().splitlines()]
-    assert len(rows) == 12, done.stdout
+    assert len(rows) == 24, done.stdout
     spills = header.index("spill_bytes")
     assert all(row[spills] == "0" for row in rows), done.stdout
 
@@ -327,3 +339,15 @@ def test_the_gpu_checks_least_traffic_counts_what_the_kernels_read_and_write(
     assert partials.shape[0] == B * -(-T // block_t)
     assert check_conv.min_bytes("bwd", B, T, C, W, block_t=block_t) == \
         tensor + dx.nbytes + y.nbytes + 2 * partials.nbytes
+    # the two-pass backward: da (x's dtype) written by its first kernel and read by its second besides
+    monkeypatch.setattr(triton_conv, "BWD_FORM", "two_pass")
+    allocated.clear()
+    monkeypatch.setattr(torch, "empty", recording)
+    dx, _, _ = triton_conv.short_conv_bwd(torch.randn_like(y), x, weight, None)
+    monkeypatch.setattr(torch, "empty", empty)
+    (partials,) = [t for t in allocated if t.dtype == torch.float32 and t.dim() == 3]
+    (da,) = [t for t in allocated if t.dtype == x.dtype and t.shape == x.shape and t is not dx]
+    block_t = triton_conv._config("da", False, C, W)[0]
+    assert partials.shape[0] == B * -(-T // block_t)
+    assert check_conv.min_bytes("two_pass", B, T, C, W, block_t=block_t) == \
+        tensor + dx.nbytes + y.nbytes + 2 * da.nbytes + 2 * partials.nbytes

@@ -8,10 +8,14 @@ Backward, with a[t] the pre-activation and da[t] = dy[t] * silu'(a[t]):
     dx[s, c]      = sum_k weight[c, W - 1 - k] * da[s + k, c]          (k = 0 .. W - 1, da = 0 past T)
     dweight[c, j] = sum_{b, t} da[t, c] * x[t - (W - 1) + j, c]
 
-One kernel computes both. It recomputes a[s + k] for its W shifts instead of reading a saved one (nothing
-but x is kept for the backward), and it runs over the positions s = -(W - 1) .. T - 1 when there is an
-initial state, so the rows s < 0 are the gradient of the initial state. The weight gradient is a partial sum
-per program in fp32, reduced afterwards by one torch sum (no atomics: deterministic).
+Two forms of the backward (BWD_FORM). "fused": one kernel computes both; it recomputes a[s + k] for its W
+shifts instead of reading a saved one (nothing but x is kept for the backward): W sigmoids and W x W
+multiply-adds an element. "two_pass": a first kernel computes da once per position (the forward's work
+plus dy) with the weight gradient beside it, and stores da in x's dtype, as autograd would store the
+activation's gradient; a second computes dx from da's W shifts: fewer instructions for one more round
+trip of da through memory. Either runs over the positions s = -(W - 1) .. T - 1 for dx when there is an
+initial state, so the rows s < 0 are the gradient of the initial state. The weight gradient is a partial
+sum per program in fp32, reduced afterwards by one torch sum (no atomics: deterministic).
 
 The two launches are torch custom ops (namespace kda_harness) with fake implementations and a registered
 autograd formula, so torch.compile treats them as opaque calls and fuses the glue around them.
@@ -43,6 +47,18 @@ CONFIGS = {
 # the backward of a kernel longer than 4 taps holds 2W - 1 > 7 shifted tiles: a quarter of the elements a
 # thread (W = 8: 128 / 238 registers, no spills; the tiles above spill there)
 LONG_BWD_CONFIG = (16, 64, 8)
+# The two-pass backward's kernels hold W shifted tiles at most, as the forward does. Compiled for sm_90 at
+# W = 4, bf16: da 157 / 126 registers, dx 72 / 48, no spills; 61 + 24 instructions an element against the
+# fused kernel's 151 (check_conv.py --compile); longer kernels take the state's smaller tile.
+TWO_PASS_CONFIGS = {
+    ("da", False): (64, 64, 4),
+    ("da", True): (16, 64, 4),
+    ("dx", False): (32, 64, 4),
+    ("dx", True): (16, 64, 4),
+}
+# "fused" or "two_pass" (module docstring); the GPU check times both
+BWD_FORM = "fused"
+BWD_FORMS = ("fused", "two_pass")
 
 
 @triton.jit
@@ -173,6 +189,93 @@ def _short_conv_bwd_kernel(
         tl.store(p_dw + j * C, tl.sum(b_da0 * b_x, axis=0), mask=m_c)
 
 
+@triton.jit
+def _short_conv_da_kernel(
+    x,  # [B, T, C]
+    weight,  # [C, W]
+    state,  # [B, C, W - 1] (unused without HAS_STATE)
+    dy,  # [B, T, C]
+    da,  # [B, T, C] in x's dtype: dy * silu'(a)
+    dweight_partial,  # [B * NT, W, C] fp32: one partial sum per program row
+    T,
+    C,
+    NT,  # number of position tiles per sequence
+    W: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    i_bt, i_c = tl.program_id(0), tl.program_id(1)
+    i_b, i_t = i_bt // NT, i_bt % NT
+    o_t = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = o_c < C
+    x += i_b.to(tl.int64) * T * C
+    dy += i_b.to(tl.int64) * T * C
+    da += i_b.to(tl.int64) * T * C
+    state += i_b.to(tl.int64) * C * (W - 1)
+
+    # the forward's pre-activation at the tile's own positions, once
+    b_a = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(W):
+        b_w = tl.load(weight + o_c * W + j, mask=m_c, other=0.0).to(tl.float32)
+        b_a += b_w[None, :] * _load_prefixed(x, state, o_t + (j - (W - 1)), o_c, m_c, T, C, W, HAS_STATE)
+    m_t = (o_t < T)[:, None] & m_c[None, :]
+    b_dy = tl.load(dy + o_t[:, None] * C + o_c[None, :], mask=m_t, other=0.0).to(tl.float32)
+    b_sig = tl.sigmoid(b_a)
+    # silu'(a) = sigma(a) (1 + a (1 - sigma(a))); zero past T, where dy is
+    b_da = b_dy * b_sig * (1.0 + b_a * (1.0 - b_sig))
+    tl.store(da + o_t[:, None] * C + o_c[None, :], b_da.to(da.dtype.element_ty), mask=m_t)
+    # the weight gradient from the unrounded da; the x tiles are the ones loaded above (same shifts)
+    p_dw = dweight_partial + i_bt.to(tl.int64) * W * C + o_c
+    for j in tl.static_range(W):
+        b_x = _load_prefixed(x, state, o_t + (j - (W - 1)), o_c, m_c, T, C, W, HAS_STATE)
+        tl.store(p_dw + j * C, tl.sum(b_da * b_x, axis=0), mask=m_c)
+
+
+@triton.jit
+def _short_conv_dx_kernel(
+    da,  # [B, T, C]
+    weight,  # [C, W]
+    dx,  # [B, T, C]
+    dstate,  # [B, C, W - 1] (unused without HAS_STATE)
+    T,
+    C,
+    NT,  # number of position tiles per sequence (over T + W - 1 positions with HAS_STATE)
+    W: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    i_bt, i_c = tl.program_id(0), tl.program_id(1)
+    i_b, i_t = i_bt // NT, i_bt % NT
+    if HAS_STATE:
+        o_s = i_t * BLOCK_T + tl.arange(0, BLOCK_T) - (W - 1)
+    else:
+        o_s = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = o_c < C
+    da += i_b.to(tl.int64) * T * C
+    dx += i_b.to(tl.int64) * T * C
+    dstate += i_b.to(tl.int64) * C * (W - 1)
+
+    b_dx = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for k in tl.static_range(W):
+        # the output position s + k reads x[s] through tap W - 1 - k
+        o_p = o_s + k
+        m_p = (o_p >= 0) & (o_p < T)
+        b_da = tl.load(da + o_p[:, None] * C + o_c[None, :], mask=m_p[:, None] & m_c[None, :], other=0.0)
+        b_w = tl.load(weight + o_c * W + (W - 1 - k), mask=m_c, other=0.0).to(tl.float32)
+        b_dx += b_w[None, :] * b_da.to(tl.float32)
+    m_x = (o_s >= 0) & (o_s < T)
+    p_dx = dx + o_s[:, None] * C + o_c[None, :]
+    tl.store(p_dx, b_dx.to(dx.dtype.element_ty), mask=m_x[:, None] & m_c[None, :])
+    if HAS_STATE:
+        m_s = o_s < 0
+        p_ds = dstate + o_c[None, :] * (W - 1) + (o_s + W - 1)[:, None]
+        tl.store(p_ds, b_dx.to(dstate.dtype.element_ty), mask=m_s[:, None] & m_c[None, :])
+
+
 def _config(kernel: str, has_state: bool, C: int, W: int) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_C, num_warps) of one launch."""
     if INTERPRET:
@@ -180,6 +283,8 @@ def _config(kernel: str, has_state: bool, C: int, W: int) -> tuple[int, int, int
         return 64, max(16, min(256, triton.next_power_of_2(C))), 4
     if kernel == "bwd" and W > 4:
         return LONG_BWD_CONFIG
+    if kernel in ("da", "dx"):
+        return TWO_PASS_CONFIGS[(kernel, has_state or W > 4)]
     return CONFIGS[(kernel, has_state)]
 
 
@@ -245,17 +350,51 @@ def short_conv_bwd(
     else:
         state = dstate = x
     positions = T + (W - 1 if has_state else 0)
-    BT, BC, num_warps = _config("bwd", has_state, C, W)
-    NT = triton.cdiv(positions, BT)
-    dweight_partial = torch.empty(B * NT, W, C, device=x.device, dtype=torch.float32)
-    if B * C > 0 and NT > 0:
-        with _device(x):
-            _short_conv_bwd_kernel[(B * NT, triton.cdiv(C, BC))](
-                x, weight, state, dy, dx, dstate, dweight_partial, T, C, NT,
-                W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=num_warps,
-            )  # fmt: skip
+    if BWD_FORM not in BWD_FORMS:
+        raise ValueError(f"short_conv: BWD_FORM {BWD_FORM!r}; expected one of {BWD_FORMS}")
+    if BWD_FORM == "two_pass":
+        dweight_partial = _two_pass_bwd(dy, x, weight, state, dx, dstate, has_state)
+    else:
+        BT, BC, num_warps = _config("bwd", has_state, C, W)
+        NT = triton.cdiv(positions, BT)
+        dweight_partial = torch.empty(B * NT, W, C, device=x.device, dtype=torch.float32)
+        if B * C > 0 and NT > 0:
+            with _device(x):
+                _short_conv_bwd_kernel[(B * NT, triton.cdiv(C, BC))](
+                    x, weight, state, dy, dx, dstate, dweight_partial, T, C, NT,
+                    W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=num_warps,
+                )  # fmt: skip
     dweight = dweight_partial.sum(0).t().to(weight.dtype).contiguous()  # [C, W]
     return dx, dweight, dstate if has_state else x.new_empty(0)
+
+
+def _two_pass_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
+                  dx: torch.Tensor, dstate: torch.Tensor, has_state: bool) -> torch.Tensor:
+    """The two-pass backward into dx and dstate; returns the weight gradient's partial sums."""
+    B, T, C = x.shape
+    W = weight.shape[1]
+    BT, BC, warps = _config("da", has_state, C, W)
+    NT = triton.cdiv(T, BT)
+    dweight_partial = torch.empty(B * NT, W, C, device=x.device, dtype=torch.float32)
+    if B * C == 0 or NT == 0:
+        dweight_partial.zero_()
+        dx.zero_()
+        if has_state:
+            dstate.zero_()
+        return dweight_partial
+    da = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
+    with _device(x):
+        _short_conv_da_kernel[(B * NT, triton.cdiv(C, BC))](
+            x, weight, state, dy, da, dweight_partial, T, C, NT,
+            W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=warps,
+        )  # fmt: skip
+        BT, BC, warps = _config("dx", has_state, C, W)
+        NT = triton.cdiv(T + (W - 1 if has_state else 0), BT)
+        _short_conv_dx_kernel[(B * NT, triton.cdiv(C, BC))](
+            da, weight, dx, dstate, T, C, NT,
+            W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=warps,
+        )  # fmt: skip
+    return dweight_partial
 
 
 @short_conv_bwd.register_fake

@@ -4,9 +4,10 @@ Run on the device machine (a CUDA GPU):
 
     python tests/gpu/check_conv.py --out runs/gpu_check           # correctness grid + timing
     python tests/gpu/check_conv.py --out runs/gpu_check --sweep   # + the kernels' tile configs timed
-    python tests/gpu/check_conv.py --compile                      # sm_90 registers/spills (no GPU needed)
+    python tests/gpu/check_conv.py --compile       # sm_90 registers, spills, instructions (no GPU needed)
     TRITON_INTERPRET=1 python tests/gpu/check_conv.py --cpu --out /tmp/conv   # the grid, tiny, on the CPU
 
+Each form of the backward (kernels/triton/conv.py's BWD_FORMS: fused, two_pass) is checked and timed.
 Correctness: for bf16 and fp32 at the paper's shape (B=256, T=1024, C=256, W=4, with and without an initial
 state) and odd shapes (odd lengths and channel counts, W in {2, 3, 4, 8}, the decode step T=1): relative RMS
 error of y, the final state and the gradients of x, weight and the initial state, against the F.conv1d
@@ -67,8 +68,11 @@ def _grads(x, weight, state, fn, dy, dfinal) -> dict[str, torch.Tensor]:  # noqa
 
 
 def check_case(
-    B: int, T: int, C: int, W: int, with_state: bool, dtype: torch.dtype, device: str
+    B: int, T: int, C: int, W: int, with_state: bool, dtype: torch.dtype, device: str, form: str = "fused"
 ) -> list[dict]:
+    from kernels.triton import conv
+
+    conv.BWD_FORM = form
     gen = torch.Generator(device=device).manual_seed(B * 7 + T * 3 + C + W)
     x = torch.randn(B, T, C, device=device, generator=gen).to(dtype)
     weight = torch.randn(C, W, device=device, generator=gen) / W**0.5
@@ -83,9 +87,9 @@ def check_case(
     for name in ref:
         err, err_before = rel_rms(ref[name], ours[name]), rel_rms(ref[name], before[name])
         rows.append({
-            "dtype": str(dtype).removeprefix("torch."), "B": B, "T": T, "C": C, "W": W, "state": with_state,
-            "tensor": name, "ours": err, "before": err_before, "bound": BOUNDS[dtype][name],
-            "ok": err <= BOUNDS[dtype][name],
+            "form": form, "dtype": str(dtype).removeprefix("torch."), "B": B, "T": T, "C": C, "W": W,
+            "state": with_state, "tensor": name, "ours": err, "before": err_before,
+            "bound": BOUNDS[dtype][name], "ok": err <= BOUNDS[dtype][name],
         })  # fmt: skip
     return rows
 
@@ -98,13 +102,19 @@ def _bench(fn, warmup: int = 25, rep: int = 100) -> float:  # noqa: ANN001
 
 def min_bytes(kernel: str, B: int, T: int, C: int, W: int, x_bytes: int = 2, block_t: int = 32) -> int:
     """The least traffic of one launch without a state: each [B, T, C] tensor read or written once (fwd: x,
-    y; bwd: x, dy, dx) and the backward's fp32 weight-gradient partials ([B * T / block_t, W, C]) written
-    and summed."""
+    y; bwd: x, dy, dx; two_pass, both its kernels: x, dy, da written and read, dx) and the backward's fp32
+    weight-gradient partials ([B * T / block_t, W, C]) written and summed."""
     tensor = B * T * C * x_bytes
     if kernel == "fwd":
         return 2 * tensor
     partials = B * -(-T // block_t) * W * C * 4
-    return 3 * tensor + 2 * partials
+    return (5 if kernel == "two_pass" else 3) * tensor + 2 * partials
+
+
+def _bwd_block_t(form: str) -> int:
+    from kernels.triton import conv
+
+    return conv.TWO_PASS_CONFIGS[("da", False)][0] if form == "two_pass" else conv.CONFIGS[("bwd", False)][0]
 
 
 def timing(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
@@ -113,25 +123,34 @@ def timing(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
     x = torch.randn(B, T, C, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_(True)
     weight = (torch.randn(C, W, device="cuda", generator=gen) / W**0.5).requires_grad_(True)
     dy = torch.randn(B, T, C, device="cuda", generator=gen, dtype=torch.bfloat16)
+    from kernels.triton import conv
+
     paths = {"ours": lambda: short_conv(x, weight, backend="triton")[0],
              "F.conv1d": lambda: short_conv_reference(x, weight)[0]}  # fmt: skip
     rows = []
-    for name, fn in paths.items():
-        with torch.no_grad():
-            fwd = _bench(fn)
+    default = conv.BWD_FORM
+    try:
+        for name, fn in paths.items():
+            for form in conv.BWD_FORMS if name == "ours" else (None,):
+                conv.BWD_FORM = form or default
+                with torch.no_grad():
+                    fwd = _bench(fn)
 
-        def step(fn=fn) -> None:
-            x.grad = weight.grad = None
-            fn().backward(dy)
+                def step(fn=fn) -> None:
+                    x.grad = weight.grad = None
+                    fn().backward(dy)
 
-        row = {"path": name, "B": B, "T": T, "C": C, "W": W, "fwd_ms": fwd, "fwd_bwd_ms": _bench(step)}
-        if name == "ours":
-            from kernels.triton import conv
-
-            forward = min_bytes("fwd", B, T, C, W)
-            both = forward + min_bytes("bwd", B, T, C, W, block_t=conv.CONFIGS[("bwd", False)][0])
-            row.update(fwd_GBps=forward / fwd / 1e6, fwd_bwd_GBps=both / row["fwd_bwd_ms"] / 1e6)
-        rows.append(row)
+                row = {"path": f"{name} ({form})" if form else name, "B": B, "T": T, "C": C, "W": W,
+                       "fwd_ms": fwd, "fwd_bwd_ms": _bench(step)}
+                if form:
+                    forward = min_bytes("fwd", B, T, C, W)
+                    both = forward + min_bytes("two_pass" if form == "two_pass" else "bwd", B, T, C, W,
+                                               block_t=_bwd_block_t(form))
+                    row.update(fwd_GBps=forward / fwd / 1e6, fwd_bwd_GBps=both / row["fwd_bwd_ms"] / 1e6,
+                               default=form == default)
+                rows.append(row)
+    finally:
+        conv.BWD_FORM = default
     return rows
 
 
@@ -144,20 +163,28 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
     weight = torch.randn(C, W, device="cuda", generator=gen)
     dy = torch.randn_like(x)
     rows = []
-    default = dict(conv.CONFIGS)
+    default, default_two, default_form = dict(conv.CONFIGS), dict(conv.TWO_PASS_CONFIGS), conv.BWD_FORM
     try:
         for config in SWEEP:
             conv.CONFIGS[("fwd", False)] = conv.CONFIGS[("bwd", False)] = config
+            conv.TWO_PASS_CONFIGS[("da", False)] = conv.TWO_PASS_CONFIGS[("dx", False)] = config
             fwd = _bench(lambda: conv.short_conv_fwd(x, weight, None))
-            bwd = _bench(lambda: conv.short_conv_bwd(dy, x, weight, None))
-            rows.append({"BLOCK_T": config[0], "BLOCK_C": config[1], "num_warps": config[2],
-                         "fwd_ms": fwd, "bwd_ms": bwd,
-                         "fwd_GBps": min_bytes("fwd", B, T, C, W) / fwd / 1e6,
-                         "bwd_GBps": min_bytes("bwd", B, T, C, W, block_t=config[0]) / bwd / 1e6,
-                         "default_fwd": config == default[("fwd", False)],
-                         "default_bwd": config == default[("bwd", False)]})  # fmt: skip
+            row = {"BLOCK_T": config[0], "BLOCK_C": config[1], "num_warps": config[2], "fwd_ms": fwd}
+            for form in conv.BWD_FORMS:
+                conv.BWD_FORM = form
+                bwd = _bench(lambda: conv.short_conv_bwd(dy, x, weight, None))
+                kind = "two_pass" if form == "two_pass" else "bwd"
+                row[f"bwd_{form}_ms"] = bwd
+                row[f"bwd_{form}_GBps"] = min_bytes(kind, B, T, C, W, block_t=config[0]) / bwd / 1e6
+            row["fwd_GBps"] = min_bytes("fwd", B, T, C, W) / fwd / 1e6
+            row["default_fwd"] = config == default[("fwd", False)]
+            row["default_bwd"] = config == default[("bwd", False)]
+            row["default_two_pass"] = config == default_two[("da", False)] == default_two[("dx", False)]
+            rows.append(row)
     finally:
         conv.CONFIGS.update(default)
+        conv.TWO_PASS_CONFIGS.update(default_two)
+        conv.BWD_FORM = default_form
     return rows
 
 
@@ -178,9 +205,10 @@ def compile_report(W: int = 4) -> list[dict]:
     from kernels.triton import conv
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    kernels = {"fwd": conv._short_conv_fwd_kernel, "bwd": conv._short_conv_bwd_kernel}
+    kernels = {"fwd": conv._short_conv_fwd_kernel, "bwd": conv._short_conv_bwd_kernel,
+               "da": conv._short_conv_da_kernel, "dx": conv._short_conv_dx_kernel}
     rows = []
-    for name, has_state in conv.CONFIGS:
+    for name, has_state in [*conv.CONFIGS, *conv.TWO_PASS_CONFIGS]:
         kernel = kernels[name]
         BT, BC, warps = conv._config(name, has_state, 256, W)
         sig, consts, attrs = {}, {}, {}
@@ -202,10 +230,16 @@ def compile_report(W: int = 4) -> list[dict]:
             f.flush()
             usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
                                    text=True, check=True).stdout  # fmt: skip
+            sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True,
+                                  check=True).stdout  # fmt: skip
         fields = dict(re.findall(r"(\w+(?:\[\d\])?):(\d+)", usage))
+        # SASS instructions a thread issues for each element of its tile (loops unrolled: straight code),
+        # what bounds a kernel that is not memory-bound
+        instructions = len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+\S", sass, flags=re.M))
         rows.append({"kernel": kernel.fn.__name__, "state": has_state, "BLOCK_T": BT, "BLOCK_C": BC,
                      "warps": warps, "regs": int(fields["REG"]),
-                     "spill_bytes": int(fields["LOCAL"]) + int(fields["STACK"])})  # fmt: skip
+                     "spill_bytes": int(fields["LOCAL"]) + int(fields["STACK"]),
+                     "instr_per_element": instructions / (BT * BC / (32 * warps))})  # fmt: skip
     return rows
 
 
@@ -232,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="folder for conv_errors.csv, conv_timing.csv")
     parser.add_argument("--cpu", action="store_true", help="tiny grid on CPU tensors; TRITON_INTERPRET=1")
     parser.add_argument("--sweep", action="store_true", help="also time the kernels at the configs of SWEEP")
-    parser.add_argument("--compile", action="store_true", help="only compile for sm_90: registers, spills")
+    parser.add_argument("--compile", action="store_true",
+                        help="only compile for sm_90: registers, spills, instructions an element")
     parser.add_argument("--W", type=int, nargs="+", default=[4], help="taps for --compile (default 4)")
     args = parser.parse_args(argv)
     if args.compile:
@@ -248,7 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         device, cases, dtypes = "cuda", PAPER + ODD, (torch.bfloat16, torch.float32)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-    errors = [row for dtype in dtypes for case in cases for row in check_case(*case, dtype, device)]
+    from kernels.triton import conv
+
+    default = conv.BWD_FORM
+    errors = [row for form in conv.BWD_FORMS for dtype in dtypes for case in cases
+              for row in check_case(*case, dtype, device, form)]
+    conv.BWD_FORM = default
     print(_table(errors))
     if args.out is not None:
         _write(args.out / "conv_errors.csv", errors)
@@ -256,9 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}")
         times = timing()
         print(_table(times))
-        ours, ref = times
-        fwd, both = ref["fwd_ms"] / ours["fwd_ms"], ref["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
-        print(f"speed-up of ours over F.conv1d: forward {fwd:.1f}x, forward + backward {both:.1f}x")
+        ref = times[-1]
+        for ours in times[:-1]:
+            fwd, both = ref["fwd_ms"] / ours["fwd_ms"], ref["fwd_bwd_ms"] / ours["fwd_bwd_ms"]
+            print(f"speed-up of {ours['path']} over F.conv1d: forward {fwd:.1f}x, "
+                  f"forward + backward {both:.1f}x")
         if args.out is not None:
             _write(args.out / "conv_timing.csv", times)
         if args.sweep:
