@@ -87,6 +87,29 @@ def _load_prefixed(
 
 
 @triton.jit
+def _pre_activation(
+    x,  # pointer to x[b, 0, 0]
+    weight,  # [C, W]
+    state,  # pointer to initial_state[b, 0, 0]
+    o_t,  # [BLOCK_T] output positions
+    o_c,  # [BLOCK_C] channels
+    m_c,  # [BLOCK_C]
+    T,
+    C,
+    W: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """a[t, c] = sum_j weight[c, j] x[t - (W - 1) + j, c] at the positions o_t: fp32 [BT, BC]."""
+    b_a = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(W):
+        b_w = tl.load(weight + o_c * W + j, mask=m_c, other=0.0).to(tl.float32)
+        b_a += b_w[None, :] * _load_prefixed(x, state, o_t + (j - (W - 1)), o_c, m_c, T, C, W, HAS_STATE)
+    return b_a
+
+
+@triton.jit
 def _short_conv_fwd_kernel(
     x,  # [B, T, C]
     weight,  # [C, W]
@@ -110,10 +133,7 @@ def _short_conv_fwd_kernel(
     y += i_b.to(tl.int64) * T * C
     state += i_b.to(tl.int64) * C * (W - 1)
 
-    b_a = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-    for j in tl.static_range(W):
-        b_w = tl.load(weight + o_c * W + j, mask=m_c, other=0.0).to(tl.float32)
-        b_a += b_w[None, :] * _load_prefixed(x, state, o_t + (j - (W - 1)), o_c, m_c, T, C, W, HAS_STATE)
+    b_a = _pre_activation(x, weight, state, o_t, o_c, m_c, T, C, W, HAS_STATE, BLOCK_T, BLOCK_C)
     b_y = b_a * tl.sigmoid(b_a)
     m_y = (o_t < T)[:, None] & m_c[None, :]
     tl.store(y + o_t[:, None] * C + o_c[None, :], b_y.to(y.dtype.element_ty), mask=m_y)
@@ -157,6 +177,7 @@ def _short_conv_bwd_kernel(
     for k in tl.static_range(W):
         # the output position o_s + k reads x[o_s] through tap W - 1 - k: recompute its pre-activation
         o_p = o_s + k
+        # not _pre_activation(o_p): its shifts off o_p are not CSE'd across k (288 more instructions)
         b_a = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
         for i in tl.static_range(W):
             b_w = tl.load(weight + o_c * W + i, mask=m_c, other=0.0).to(tl.float32)
@@ -216,10 +237,7 @@ def _short_conv_da_kernel(
     state += i_b.to(tl.int64) * C * (W - 1)
 
     # the forward's pre-activation at the tile's own positions, once
-    b_a = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-    for j in tl.static_range(W):
-        b_w = tl.load(weight + o_c * W + j, mask=m_c, other=0.0).to(tl.float32)
-        b_a += b_w[None, :] * _load_prefixed(x, state, o_t + (j - (W - 1)), o_c, m_c, T, C, W, HAS_STATE)
+    b_a = _pre_activation(x, weight, state, o_t, o_c, m_c, T, C, W, HAS_STATE, BLOCK_T, BLOCK_C)
     m_t = (o_t < T)[:, None] & m_c[None, :]
     b_dy = tl.load(dy + o_t[:, None] * C + o_c[None, :], mask=m_t, other=0.0).to(tl.float32)
     b_sig = tl.sigmoid(b_a)
