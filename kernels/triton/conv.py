@@ -140,6 +140,26 @@ def _short_conv_fwd_kernel(
 
 
 @triton.jit
+def _dx_positions(i_t, W: tl.constexpr, HAS_STATE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The positions s whose dx a tile computes; with an initial state they start at -(W - 1), its columns."""
+    if HAS_STATE:
+        return i_t * BLOCK_T + tl.arange(0, BLOCK_T) - (W - 1)
+    return i_t * BLOCK_T + tl.arange(0, BLOCK_T)
+
+
+@triton.jit
+def _store_dx(dx, dstate, b_dx, o_s, o_c, m_c, T, C, W: tl.constexpr, HAS_STATE: tl.constexpr):
+    """b_dx at the positions o_s: s >= 0 into dx, s < 0 into the initial state's gradient."""
+    m_x = (o_s >= 0) & (o_s < T)
+    p_dx = dx + o_s[:, None] * C + o_c[None, :]
+    tl.store(p_dx, b_dx.to(dx.dtype.element_ty), mask=m_x[:, None] & m_c[None, :])
+    if HAS_STATE:
+        m_s = o_s < 0
+        p_ds = dstate + o_c[None, :] * (W - 1) + (o_s + W - 1)[:, None]
+        tl.store(p_ds, b_dx.to(dstate.dtype.element_ty), mask=m_s[:, None] & m_c[None, :])
+
+
+@triton.jit
 def _short_conv_bwd_kernel(
     x,  # [B, T, C]
     weight,  # [C, W]
@@ -158,11 +178,7 @@ def _short_conv_bwd_kernel(
 ):
     i_bt, i_c = tl.program_id(0), tl.program_id(1)
     i_b, i_t = i_bt // NT, i_bt % NT
-    # the positions s of this tile; with an initial state they start at -(W - 1), its columns
-    if HAS_STATE:
-        o_s = i_t * BLOCK_T + tl.arange(0, BLOCK_T) - (W - 1)
-    else:
-        o_s = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_s = _dx_positions(i_t, W, HAS_STATE, BLOCK_T)
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
     m_c = o_c < C
     x += i_b.to(tl.int64) * T * C
@@ -195,13 +211,7 @@ def _short_conv_bwd_kernel(
         if k == 0:
             b_da0 = b_da
 
-    m_x = (o_s >= 0) & (o_s < T)
-    p_dx = dx + o_s[:, None] * C + o_c[None, :]
-    tl.store(p_dx, b_dx.to(dx.dtype.element_ty), mask=m_x[:, None] & m_c[None, :])
-    if HAS_STATE:
-        m_s = o_s < 0
-        p_ds = dstate + o_c[None, :] * (W - 1) + (o_s + W - 1)[:, None]
-        tl.store(p_ds, b_dx.to(dstate.dtype.element_ty), mask=m_s[:, None] & m_c[None, :])
+    _store_dx(dx, dstate, b_dx, o_s, o_c, m_c, T, C, W, HAS_STATE)
 
     # b_da0 is zero at s < 0 and s >= T (no output there), so the state's rows add nothing here
     p_dw = dweight_partial + i_bt.to(tl.int64) * W * C + o_c
@@ -267,10 +277,7 @@ def _short_conv_dx_kernel(
 ):
     i_bt, i_c = tl.program_id(0), tl.program_id(1)
     i_b, i_t = i_bt // NT, i_bt % NT
-    if HAS_STATE:
-        o_s = i_t * BLOCK_T + tl.arange(0, BLOCK_T) - (W - 1)
-    else:
-        o_s = i_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    o_s = _dx_positions(i_t, W, HAS_STATE, BLOCK_T)
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
     m_c = o_c < C
     da += i_b.to(tl.int64) * T * C
@@ -285,13 +292,7 @@ def _short_conv_dx_kernel(
         b_da = tl.load(da + o_p[:, None] * C + o_c[None, :], mask=m_p[:, None] & m_c[None, :], other=0.0)
         b_w = tl.load(weight + o_c * W + (W - 1 - k), mask=m_c, other=0.0).to(tl.float32)
         b_dx += b_w[None, :] * b_da.to(tl.float32)
-    m_x = (o_s >= 0) & (o_s < T)
-    p_dx = dx + o_s[:, None] * C + o_c[None, :]
-    tl.store(p_dx, b_dx.to(dx.dtype.element_ty), mask=m_x[:, None] & m_c[None, :])
-    if HAS_STATE:
-        m_s = o_s < 0
-        p_ds = dstate + o_c[None, :] * (W - 1) + (o_s + W - 1)[:, None]
-        tl.store(p_ds, b_dx.to(dstate.dtype.element_ty), mask=m_s[:, None] & m_c[None, :])
+    _store_dx(dx, dstate, b_dx, o_s, o_c, m_c, T, C, W, HAS_STATE)
 
 
 def _config(kernel: str, has_state: bool, C: int, W: int) -> tuple[int, int, int]:
