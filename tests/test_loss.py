@@ -93,10 +93,21 @@ def test_bad_shapes_are_named() -> None:
         linear_cross_entropy(hidden, weight, targets[:3])
 
 
+@pytest.fixture(params=["whole", "passes"])
+def ce_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each of the softmax kernels: rows held whole (the default up to WHOLE_ROW_MAX columns), or read in
+    passes of 2,048 columns (the default past it; here for every row)."""
+    if request.param == "passes":
+        from kernels.triton import cross_entropy
+
+        monkeypatch.setattr(cross_entropy, "WHOLE_ROW_MAX", 0)
+    return request.param
+
+
 # the fused softmax kernel (kernels/triton/cross_entropy.py) against the torch chain it replaces:
 # V below, at and above one pass of 2,048 columns, with a masked tail
 @pytest.mark.parametrize("N,V,block_rows", [(1, 16, 4), (37, 77, 8), (19, 2048, 7), (23, 2100, 64)])
-def test_triton_softmax_kernel_equals_torch_chain(N: int, V: int, block_rows: int) -> None:
+def test_triton_softmax_kernel_equals_torch_chain(N: int, V: int, block_rows: int, ce_kernel: str) -> None:
     hidden64, weight64, targets = _inputs(N, 24, V, seed=V)
     results = {}
     for impl in ("torch", "triton"):
@@ -112,9 +123,9 @@ def test_triton_softmax_kernel_equals_torch_chain(N: int, V: int, block_rows: in
     torch.testing.assert_close(dw, ref_dw, rtol=1e-5, atol=1e-6)
 
 
-def test_triton_softmax_kernel_ties_and_no_grad() -> None:
+def test_triton_softmax_kernel_ties_and_no_grad(ce_kernel: str) -> None:
     # equal logits (identical rows of the head): argmax is the first of them, as torch.argmax says; 7 and
-    # 7 + 2048 share a lane of the kernel's first and second pass, 25 is another lane
+    # 7 + 2048 share a lane of the two-pass kernel's first and second pass, 25 is another lane
     hidden, weight, targets = _inputs(30, 8, 2100, seed=3)
     weight = weight.detach().clone()
     weight[7] *= 4
@@ -162,10 +173,10 @@ def test_bench_loss_smoke(tmp_path) -> None:
     from benchmarks import speed
 
     assert speed.main(["loss", "--out", str(tmp_path), "--device", "cpu", "--rows", "40", "--tasks",
-                       "palindrome", "--impls", "full", "torch", "triton", "--warmup", "0", "--steps",
-                       "1"]) == 0
+                       "palindrome", "--impls", "full", "torch", "triton", "triton-passes", "--warmup", "0",
+                       "--steps", "1"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "bench_loss.csv")))
-    assert [r["impl"] for r in rows] == ["full", "torch", "triton"]
+    assert [r["impl"] for r in rows] == ["full", "torch", "triton", "triton-passes"]
     assert all(float(r["err_loss"]) < 1e-3 and float(r["ms"]) > 0 for r in rows)
 
 

@@ -3,9 +3,10 @@
 mixers/loss.py forms each block of logits with a matmul. What follows the matmul is a memory-bound chain
 in torch: the logits cast to fp32, logsumexp (itself max, subtract, exp, sum, log), gather, argmax, the
 subtraction and exponential of the gradient and its cast back, each a full pass over the block. Here one
-program owns one row and reads it twice: a first pass keeps, per lane, the running max, the sum of
-exponentials rescaled to it and the first index of the max; a second pass (only when a gradient is wanted)
-writes d(lse - x_y)/dx = softmax(x) - onehot(y) over the logits, in place and in their dtype.
+program owns one row. A row of up to WHOLE_ROW_MAX columns is read once and held: max, exponentials, their
+sum, and (only when a gradient is wanted) d(lse - x_y)/dx = softmax(x) - onehot(y) written over the
+logits, in place and in their dtype. A longer row is read twice: a first pass keeps, per lane, the running
+max, the sum of exponentials rescaled to it and the first index of the max; the second writes the gradient.
 
 Results per row: lse, x_y (the target's logit) and argmax, in fp32 / int32. The reference is the torch
 chain in mixers/loss.py (`impl="torch"`); tests/test_loss.py compares the two.
@@ -66,6 +67,44 @@ def _ce_rows_kernel(
             tl.store(base + cols, grad.to(logits.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _ce_whole_row_kernel(
+    logits,  # [n, V], row stride `stride`; overwritten with the gradient when WANT_GRAD
+    targets,  # [n] int64, each in [0, V)
+    lse_out,  # [n] fp32
+    picked_out,  # [n] fp32
+    argmax_out,  # [n] int32
+    V,
+    stride,
+    WANT_GRAD: tl.constexpr,
+    BLOCK_V: tl.constexpr,  # >= V
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = logits + row * stride
+    cols = tl.arange(0, BLOCK_V)
+    mask = cols < V
+    x = tl.load(base + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    row_max = tl.max(x, 0)
+    e = tl.exp(x - row_max)
+    lse = row_max + tl.log(tl.sum(e, 0))
+    # the first column holding the row's max, as torch.argmax returns
+    first = tl.min(tl.where(x == row_max, cols, V), 0)
+    target = tl.load(targets + row)
+    picked = tl.sum(tl.where(cols == target, x, 0.0), 0)
+    tl.store(lse_out + row, lse)
+    tl.store(picked_out + row, picked)
+    tl.store(argmax_out + row, first)
+    if WANT_GRAD:
+        # softmax from the exponentials already taken: one read and one write of the row in all
+        grad = e * tl.exp(row_max - lse) - tl.where(cols == target, 1.0, 0.0)
+        tl.store(base + cols, grad.to(logits.dtype.element_ty), mask=mask)
+
+
+# A row of at most this many columns is held whole in registers (16 fp32 a thread over 16 warps at 8,192:
+# MQAR's vocabulary), read once; longer rows take the two-pass kernel above.
+WHOLE_ROW_MAX = 16384
+
+
 def row_buffers(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Empty (lse, target logit, argmax) buffers for n rows, in the dtypes ce_rows writes."""
     return (torch.empty(n, dtype=torch.float32, device=device),
@@ -91,9 +130,13 @@ def ce_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool,
                              f"{list(t.shape)} {t.dtype}")
     if n == 0:
         return lse, picked, argmax
-    # 2,048 columns a pass: 8 KiB fp32 a row in registers over 8 warps; small vocabularies in one pass
-    block = max(16, min(2048, triton.next_power_of_2(V)))
-    warps = 8 if block >= 2048 else 4 if block >= 512 else 1
+    whole = max(16, triton.next_power_of_2(V))
+    if whole <= WHOLE_ROW_MAX:
+        warps = max(1, min(16, whole // 512))
+        _ce_whole_row_kernel[(n,)](logits, targets, lse, picked, argmax, V, logits.stride(0),
+                                   WANT_GRAD=want_grad, BLOCK_V=whole, num_warps=warps)
+        return lse, picked, argmax
+    # 2,048 columns a pass: 8 KiB fp32 a row in registers over 8 warps
     _ce_rows_kernel[(n,)](logits, targets, lse, picked, argmax, V, logits.stride(0),
-                          WANT_GRAD=want_grad, BLOCK_V=block, num_warps=warps)
+                          WANT_GRAD=want_grad, BLOCK_V=2048, num_warps=8)
     return lse, picked, argmax
