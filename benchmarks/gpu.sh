@@ -31,7 +31,7 @@
 #                    would take (tests/gpu/check_conv.py --sweep)
 #   conv_step   400  KDA's and GDN's default step at MQAR T=1024 with each short-conv backward (the second's
 #                    rows labelled +conv-two_pass), kernels listed by category
-#   loss         90  the LM head + loss alone: full logits, torch, fused (rows whole, and in two passes), FLA
+#   loss         90  the LM head + loss alone: full logits, torch, fused (two passes, and rows whole), FLA
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default and eager, FLA's layers
 #                    where WHEELS has them: the rows of benchmarks/results/h200_step/ carried in and only
 #                    the missing ones measured (--resume), so the table fills over sessions; STEP_ARGS narrows

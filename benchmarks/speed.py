@@ -25,8 +25,8 @@ would count that wait as its time. `--out FILE`: one CSV row per (op, pass, kern
 `loss`: the LM head + cross-entropy of one training step at the tasks' shapes (the scored positions of a
 [256, 1024] batch: MQAR 767 a sequence, vocabulary 8,192; Palindrome 511, vocabulary 64; d_model 256, bf16
 autocast on CUDA), forward and backward of the summed loss: `full` F.cross_entropy on the [N, V] logits,
-`torch` / `triton` mixers/loss.py's blocks with the torch softmax chain or the fused kernel (`triton-passes`:
-its kernel for long rows, reading each row twice, at every vocabulary), `fla` FLA's
+`torch` / `triton` mixers/loss.py's blocks with the torch softmax chain or the fused kernel (`triton-whole`:
+its rows held whole, read once, where they fit), `fla` FLA's
 fused linear cross-entropy. Error: relative RMS of loss, d(hidden) and d(weight) against the same
 computation in fp32. Writes DIR/bench_loss.{csv,md}.
 
@@ -607,7 +607,7 @@ def kernels(argv: list[str]) -> None:
 
 # task -> (scored positions per sequence at T=1024, vocabulary)
 LOSS_SHAPES = {"mqar": (767, 8192), "palindrome": (511, 64)}
-LOSS_IMPLS = ["full", "torch", "triton", "triton-passes", "fla"]
+LOSS_IMPLS = ["full", "torch", "triton", "triton-whole", "fla"]
 
 
 def loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
@@ -617,18 +617,18 @@ def loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], t
         return lambda h, w, t: F.cross_entropy((h @ w.T).float(), t, reduction="sum")
     if impl in ("torch", "triton"):
         return lambda h, w, t: linear_cross_entropy(h, w, t, impl=impl)[0]
-    if impl == "triton-passes":
+    if impl == "triton-whole":
         from kernels.triton import cross_entropy
 
-        def passes(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            # every row through the two-pass kernel, which the fused path keeps for rows past WHOLE_ROW_MAX
-            keep, cross_entropy.WHOLE_ROW_MAX = cross_entropy.WHOLE_ROW_MAX, 0
+        def whole(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            # rows up to WHOLE_ROW_LIMIT columns held whole, beside the default's two passes
+            keep, cross_entropy.WHOLE_ROW_MAX = cross_entropy.WHOLE_ROW_MAX, cross_entropy.WHOLE_ROW_LIMIT
             try:
                 return linear_cross_entropy(h, w, t, impl="triton")[0]
             finally:
                 cross_entropy.WHOLE_ROW_MAX = keep
 
-        return passes
+        return whole
     try:
         from fla.modules import FusedLinearCrossEntropyLoss
     except Exception:  # not installed, or an FLA that does not build here

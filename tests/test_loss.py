@@ -93,14 +93,14 @@ def test_bad_shapes_are_named() -> None:
         linear_cross_entropy(hidden, weight, targets[:3])
 
 
-@pytest.fixture(params=["whole", "passes"])
+@pytest.fixture(params=["passes", "whole"])
 def ce_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each of the softmax kernels: rows held whole (the default up to WHOLE_ROW_MAX columns), or read in
-    passes of 2,048 columns (the default past it; here for every row)."""
-    if request.param == "passes":
-        from kernels.triton import cross_entropy
+    """Each of the softmax kernels: rows read in passes of 2,048 columns (past WHOLE_ROW_MAX, the
+    default's), or held whole (here every row up to WHOLE_ROW_LIMIT)."""
+    from kernels.triton import cross_entropy
 
-        monkeypatch.setattr(cross_entropy, "WHOLE_ROW_MAX", 0)
+    limit = cross_entropy.WHOLE_ROW_LIMIT if request.param == "whole" else 0
+    monkeypatch.setattr(cross_entropy, "WHOLE_ROW_MAX", limit)
     return request.param
 
 
@@ -173,10 +173,10 @@ def test_bench_loss_smoke(tmp_path) -> None:
     from benchmarks import speed
 
     assert speed.main(["loss", "--out", str(tmp_path), "--device", "cpu", "--rows", "40", "--tasks",
-                       "palindrome", "--impls", "full", "torch", "triton", "triton-passes", "--warmup", "0",
+                       "palindrome", "--impls", "full", "torch", "triton", "triton-whole", "--warmup", "0",
                        "--steps", "1"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "bench_loss.csv")))
-    assert [r["impl"] for r in rows] == ["full", "torch", "triton", "triton-passes"]
+    assert [r["impl"] for r in rows] == ["full", "torch", "triton", "triton-whole"]
     assert all(float(r["err_loss"]) < 1e-3 and float(r["ms"]) > 0 for r in rows)
 
 

@@ -3,10 +3,11 @@
 mixers/loss.py forms each block of logits with a matmul. What follows the matmul is a memory-bound chain
 in torch: the logits cast to fp32, logsumexp (itself max, subtract, exp, sum, log), gather, argmax, the
 subtraction and exponential of the gradient and its cast back, each a full pass over the block. Here one
-program owns one row. A row of up to WHOLE_ROW_MAX columns is read once and held: max, exponentials, their
-sum, and (only when a gradient is wanted) d(lse - x_y)/dx = softmax(x) - onehot(y) written over the
-logits, in place and in their dtype. A longer row is read twice: a first pass keeps, per lane, the running
-max, the sum of exponentials rescaled to it and the first index of the max; the second writes the gradient.
+program owns one row. A row of up to WHOLE_ROW_MAX columns (none by default) is read once and held: max,
+exponentials, their sum, and (only when a gradient is wanted) d(lse - x_y)/dx = softmax(x) - onehot(y)
+written over the logits, in place and in their dtype. A longer row is read twice: a first pass keeps, per
+lane, the running max, the sum of exponentials rescaled to it and the first index of the max; the second
+writes the gradient.
 
 Results per row: lse, x_y (the target's logit) and argmax, in fp32 / int32. The reference is the torch
 chain in mixers/loss.py (`impl="torch"`); tests/test_loss.py compares the two.
@@ -101,8 +102,10 @@ def _ce_whole_row_kernel(
 
 
 # A row of at most this many columns is held whole in registers (16 fp32 a thread over 16 warps at 8,192:
-# MQAR's vocabulary), read once; longer rows take the two-pass kernel above.
-WHOLE_ROW_MAX = 16384
+# MQAR's vocabulary), read once; longer rows take the two-pass kernel above. 0, every row in two passes,
+# until the GPU has timed the whole-row kernel against it and checked it (speed loss, triton-whole).
+WHOLE_ROW_LIMIT = 16384
+WHOLE_ROW_MAX = 0
 
 
 def row_buffers(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
