@@ -132,9 +132,15 @@ def test_non_finite_step_is_skipped_on_the_device() -> None:
     assert all(torch.equal(a, p) for a, p in zip(before, params, strict=True))
 
 
+@pytest.mark.parametrize("whole", [False, True])
 @pytest.mark.parametrize("V", [64, 8192, 8200])
-def test_fused_softmax_kernel_equals_torch_chain(V: int) -> None:
+def test_fused_softmax_kernel_equals_torch_chain(V: int, whole: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both softmax kernels (kernels/triton/cross_entropy.py): rows in two passes, and held whole."""
+    from kernels.triton import cross_entropy
     from mixers.loss import linear_cross_entropy
+
+    monkeypatch.setattr(cross_entropy, "WHOLE_ROW_MAX", cross_entropy.WHOLE_ROW_LIMIT if whole else 0)
 
     generator = torch.Generator().manual_seed(V)
     hidden0 = torch.randn(5000, 256, generator=generator).cuda()
