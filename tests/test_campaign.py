@@ -720,12 +720,13 @@ def test_missing_or_partial_parts_are_one_line_before_anything_starts(tmp_path: 
 
 
 def _scored(root: Path, name: str, overrides: list[str], acc: float | None, max_steps: int = 1000,
-            status: str = "completed", seq_len: int = 256, to_threshold: int | None = None) -> None:
+            status: str = "completed", seq_len: int = 256, to_threshold: int | None = None,
+            seed: int | None = None) -> None:
     run = root / name
     (run / ".hydra").mkdir(parents=True)
-    (run / "summary.json").write_text(json.dumps({
-        "status": status, "steps": max_steps, "seq_len": seq_len, "best_train_acc": acc,
-        "steps_to_threshold": to_threshold, "config": {"trainer.max_steps": max_steps}}))
+    summary = {"status": status, "steps": max_steps, "seq_len": seq_len, "best_train_acc": acc,
+               "steps_to_threshold": to_threshold, "config": {"trainer.max_steps": max_steps}}
+    (run / "summary.json").write_text(json.dumps(summary | ({} if seed is None else {"seed": seed})))
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
 
 
@@ -895,6 +896,21 @@ def test_seeds_extend_the_report_and_the_figures_pick_one_lr_for_a_cell(tmp_path
                         "hydra.sweep.dir=results/grid trainer.max_steps=20000",
                         "experiment=e task.seq_len=1024 task=e optim.lr=0.001 seed=1 "
                         "hydra.sweep.dir=results/grid trainer.max_steps=20000"]
+
+
+def test_the_seed_that_picks_a_cells_lr_is_the_summarys_where_the_sweep_did_not_name_it(
+        tmp_path: Path) -> None:
+    """Runs whose overrides leave the seed at the experiment's default: the summary's seed is theirs, so a
+    failed further seed at 1e-3 does not move the cell to 5e-4 (the lrs compared on seed 0, both ran)."""
+    campaign = _module()
+    root = tmp_path / "results" / "grid"
+    head = ["experiment=e", "task=a", "task.seq_len=1024"]
+    _scored(root, "fast", [*head, "optim.lr=1e-3"], 1.0, seq_len=1024, to_threshold=750, seed=0)
+    _scored(root, "slow", [*head, "optim.lr=5e-4"], 1.0, seq_len=1024, to_threshold=1500, seed=0)
+    _scored(root, "failed", [*head, "optim.lr=1e-3", "seed=1"], 0.2, seq_len=1024, seed=1)
+    ((_, runs),) = list(campaign._cells_of([root], tmp_path, "best_train_acc"))
+    best, mean = campaign._best_run(runs, "best_train_acc", [])
+    assert best["values"]["optim.lr"] == 1e-3 and mean == pytest.approx(0.6)
 
 
 def test_a_best_lr_cell_waits_for_its_cells_other_runs_then_takes_the_reports_lr(tmp_path: Path) -> None:

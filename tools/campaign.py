@@ -1064,12 +1064,14 @@ def _cell_runs(results: Path, metric: str) -> dict[tuple, list[dict[str, Any]]]:
             continue
         key = tuple(sorted(o for o in ordered if o.split("=", 1)[0] not in RUN_OF_CELL))
         value = summary.get(metric)
+        values = {k: _number(v) for k, v in (o.split("=", 1) for o in ordered)}
         cells.setdefault(key, []).append({
-            "overrides": ordered, "dir": run,
-            "values": {k: _number(v) for k, v in (o.split("=", 1) for o in ordered)},
+            "overrides": ordered, "dir": run, "values": values,
             "metric": float(value) if isinstance(value, (int, float)) and value == value else None,
             "has_metric": metric in summary,
             "to_threshold": summary.get("steps_to_threshold"),
+            # the run's seed, also where the sweep left it at the experiment's default
+            "seed": summary.get("seed", values.get("seed")),
             "max_steps": (summary.get("config") or {}).get("trainer.max_steps", summary.get("steps")),
             "seq_len": summary.get("seq_len") or 0,
         })
@@ -1180,8 +1182,7 @@ def _best_run(runs: list[dict[str, Any]], metric: str,
         lr = run["values"].get("optim.lr")
         return float(lr) if isinstance(lr, (int, float)) else math.inf
 
-    picked = cell_lr((lr_of(run), run["metric"], run["to_threshold"], run["values"].get("seed"))
-                     for run in runs)
+    picked = cell_lr((lr_of(run), run["metric"], run["to_threshold"], run["seed"]) for run in runs)
     if picked is None:
         notes.append(f"# no run with {metric} (all diverged?): {runs[0]['dir']}")
         return None
