@@ -4,7 +4,9 @@
 # steps done.
 #
 #   bash benchmarks/gpu.sh OUT [STEPS]             STEPS: step names below and the groups kernels (the
-#                                                  default), train and compare, in the order to run them
+#                                                  default), train, compare and candidates (conv loss
+#                                                  conv_step: the kernels written beside a default, off
+#                                                  until timed here), in the order to run them
 #   PACK=FILE.tgz bash benchmarks/gpu.sh OUT ...   also OUT as one archive after every step (checkpoints left
 #                                                  out), for a runner that returns few files
 #   REV=HEAD~3 bash benchmarks/gpu.sh OUT compare  the working tree's kernels against those of REV
@@ -85,6 +87,7 @@ for s in ${2:-kernels}; do
     kernels) steps+=(check profile fla bench sweep packing) ;;
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
+    candidates) steps+=(conv loss conv_step) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
 compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench|budget|\
 conv_step) steps+=("$s") ;;
