@@ -183,9 +183,9 @@ def test_plot_draws_the_three_fig4_figures_from_the_right_data(tmp_path: Path) -
 
 
 def _run(root: Path, task: str, length: int, mixer: str, evals: list[float], *, max_steps: int = 1000,
-         early: int | None = None, variant: bool = False) -> None:
+         early: int | None = None, variant: bool = False, seed: int = 0) -> None:
     """A finished run directory: evals every max_steps / len(evals) steps (ending early at `early`)."""
-    overrides = [f"mixer={mixer}", "optim.lr=0.001", "seed=0", f"task={task}", f"task.seq_len={length}"]
+    overrides = [f"mixer={mixer}", "optim.lr=0.001", f"seed={seed}", f"task={task}", f"task.seq_len={length}"]
     overrides += ["mixer.use_short_conv=false"] if variant else []
     run = root.joinpath(*overrides)
     (run / ".hydra").mkdir(parents=True)
@@ -200,7 +200,7 @@ def _run(root: Path, task: str, length: int, mixer: str, evals: list[float], *, 
                                                + "\n" for s, a in zip(steps, evals, strict=True)))
     summary = {"status": "completed", "best_eval_acc": max(evals), "best_train_acc": max(evals) + 0.01,
                "steps": early or max_steps, "early_stopped_at": early, "task": task, "mixer": mixer,
-               "seq_len": length, "lr": 1e-3, "seed": 0, "wall_time_s": 1.0}
+               "seq_len": length, "lr": 1e-3, "seed": seed, "wall_time_s": 1.0}
     (run / "summary.json").write_text(json.dumps(summary))
 
 
@@ -270,6 +270,30 @@ def test_claim_1_names_what_could_hold_back_the_mixer_behind(tmp_path: Path) -> 
     item = _section(out.read_text(), "Claim 1's cells")
     assert "still learning when its 20,000 steps ended" in item and "the paper's budget or more" in item
     assert "may lift it" not in item
+
+
+def test_claim_1_says_where_the_mixer_behind_has_a_seed_level_with_the_one_ahead(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    # mqar@256: kda's seed 0 solves it, its seed 1 stalls: a mean of 0.585 behind gdn's 0.96
+    _run(sweep, "mqar", 256, "kda", [0.5, 0.9, 0.95, 0.95, 0.95])
+    _run(sweep, "mqar", 256, "kda", [0.1, 0.2, 0.2, 0.2, 0.2], seed=1)
+    _run(sweep, "mqar", 256, "gdn", [0.5, 0.9, 0.95, 0.95, 0.95])
+    _run(sweep, "mqar", 256, "mamba2", [0.3, 0.4, 0.5, 0.5, 0.5])
+    # palindrome@256: kda's two seeds agree, both behind
+    for seed in (0, 1):
+        _run(sweep, "palindrome", 256, "kda", [0.3, 0.5, 0.6, 0.6, 0.6 + 0.001 * seed], seed=seed)
+    _run(sweep, "palindrome", 256, "gdn", [0.9] * 5)
+    _run(sweep, "palindrome", 256, "mamba2", [0.3] * 5)
+    out = tmp_path / "REPORT.md"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    section = _section(out.read_text(), "Claim 1's cells")
+    items = [line for line in section.splitlines() if line.startswith("- ")]
+    mqar = next(i for i in items if i.startswith("- mqar@256"))
+    assert "kda 0.58 behind gdn 0.96" in mqar, mqar
+    assert "its 2 seeds span 0.21 to 0.96: its best seed is level with the mixer ahead" in mqar, mqar
+    assert "one seed" not in mqar.split("kda:")[1].split("gdn:")[0]
+    palindrome = next(i for i in items if i.startswith("- palindrome@256"))
+    assert "seeds span" not in palindrome, palindrome
 
 
 def _kda_run(root: Path, task: str, length: int, evals: list[float], *, kimi: bool = False) -> None:
