@@ -3,6 +3,8 @@ learning rate (the conventions: analysis.plot's docstring)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -121,6 +123,12 @@ def cells(runs: pd.DataFrame, unscored: pd.DataFrame | None = None) -> pd.DataFr
     return out.sort_values(CELL).reset_index(drop=True)
 
 
+def seed_number(value: Any) -> int | None:
+    """A run's seed as an int; None where the table has none for it."""
+    number = pd.to_numeric(value, errors="coerce")
+    return None if pd.isna(number) else int(number)
+
+
 def best_lr(cell_table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Per (task, series, length): the cell of the learning rate that stands for it (analysis.lr_rule, from
     `runs`, the scored runs `cell_table` was made of: the highest mean accuracy over the seeds every lr
@@ -131,8 +139,8 @@ def best_lr(cell_table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     seeds = runs["seed"] if "seed" in runs else pd.Series(None, index=runs.index, dtype=object)
     picks = {}
     for key, group in runs.assign(seed_=seeds).groupby(keys, sort=False):
-        picked = cell_lr((row.lr, row.acc / 100.0, row.steps_to_threshold,
-                          None if pd.isna(row.seed_) else int(row.seed_)) for row in group.itertuples())
+        picked = cell_lr((row.lr, row.acc / 100.0, row.steps_to_threshold, seed_number(row.seed_))
+                         for row in group.itertuples())
         if picked is not None:
             picks[key] = picked[0]
     chosen = [index for index, row in scored.iterrows()
