@@ -622,11 +622,11 @@ def loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], t
 
         def whole(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             # rows up to WHOLE_ROW_LIMIT columns held whole, beside the default's two passes
-            keep, cross_entropy.WHOLE_ROW_MAX = cross_entropy.WHOLE_ROW_MAX, cross_entropy.WHOLE_ROW_LIMIT
+            keep, cross_entropy.WHOLE_ROWS = cross_entropy.WHOLE_ROWS, True
             try:
                 return linear_cross_entropy(h, w, t, impl="triton")[0]
             finally:
-                cross_entropy.WHOLE_ROW_MAX = keep
+                cross_entropy.WHOLE_ROWS = keep
 
         return whole
     try:

@@ -95,12 +95,11 @@ def test_bad_shapes_are_named() -> None:
 
 @pytest.fixture(params=["passes", "whole"])
 def ce_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each of the softmax kernels: rows read in passes of 2,048 columns (past WHOLE_ROW_MAX, the
-    default's), or held whole (here every row up to WHOLE_ROW_LIMIT)."""
+    """Each of the softmax kernels: rows read in passes of 2,048 columns (the default's), or held whole
+    (WHOLE_ROWS: every row up to WHOLE_ROW_LIMIT)."""
     from kernels.triton import cross_entropy
 
-    limit = cross_entropy.WHOLE_ROW_LIMIT if request.param == "whole" else 0
-    monkeypatch.setattr(cross_entropy, "WHOLE_ROW_MAX", limit)
+    monkeypatch.setattr(cross_entropy, "WHOLE_ROWS", request.param == "whole")
     return request.param
 
 

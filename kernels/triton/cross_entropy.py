@@ -3,11 +3,11 @@
 mixers/loss.py forms each block of logits with a matmul. What follows the matmul is a memory-bound chain
 in torch: the logits cast to fp32, logsumexp (itself max, subtract, exp, sum, log), gather, argmax, the
 subtraction and exponential of the gradient and its cast back, each a full pass over the block. Here one
-program owns one row. A row of up to WHOLE_ROW_MAX columns (none by default) is read once and held: max,
-exponentials, their sum, and (only when a gradient is wanted) d(lse - x_y)/dx = softmax(x) - onehot(y)
-written over the logits, in place and in their dtype. A longer row is read twice: a first pass keeps, per
-lane, the running max, the sum of exponentials rescaled to it and the first index of the max; the second
-writes the gradient.
+program owns one row. With WHOLE_ROWS (off by default), a row of up to WHOLE_ROW_LIMIT columns is read
+once and held: max, exponentials, their sum, and (only when a gradient is wanted) d(lse - x_y)/dx =
+softmax(x) - onehot(y) written over the logits, in place and in their dtype. Otherwise a row is read twice:
+a first pass keeps, per lane, the running max, the sum of exponentials rescaled to it and the first index
+of the max; the second writes the gradient.
 
 Results per row: lse, x_y (the target's logit) and argmax, in fp32 / int32. The reference is the torch
 chain in mixers/loss.py (`impl="torch"`); tests/test_loss.py compares the two.
@@ -101,11 +101,11 @@ def _ce_whole_row_kernel(
         tl.store(base + cols, grad.to(logits.dtype.element_ty), mask=mask)
 
 
-# A row of at most this many columns is held whole in registers (16 fp32 a thread over 16 warps at 8,192:
-# MQAR's vocabulary), read once; longer rows take the two-pass kernel above. 0, every row in two passes,
+# With WHOLE_ROWS, a row of at most WHOLE_ROW_LIMIT columns is held whole in registers (16 fp32 a thread
+# over 16 warps at 8,192: MQAR's vocabulary), read once; longer rows take the two-pass kernel above. Off
 # until the GPU has timed the whole-row kernel against it and checked it (speed loss, triton-whole).
 WHOLE_ROW_LIMIT = 16384
-WHOLE_ROW_MAX = 0
+WHOLE_ROWS = False
 
 
 def row_buffers(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -134,7 +134,7 @@ def ce_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool,
     if n == 0:
         return lse, picked, argmax
     whole = max(16, triton.next_power_of_2(V))
-    if whole <= WHOLE_ROW_MAX:
+    if WHOLE_ROWS and whole <= WHOLE_ROW_LIMIT:
         warps = max(1, min(16, whole // 512))
         _ce_whole_row_kernel[(n,)](logits, targets, lse, picked, argmax, V, logits.stride(0),
                                    WANT_GRAD=want_grad, BLOCK_V=whole, num_warps=warps)

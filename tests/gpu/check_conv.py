@@ -102,8 +102,9 @@ def _bench(fn, warmup: int = 25, rep: int = 100) -> float:  # noqa: ANN001
 
 def min_bytes(kernel: str, B: int, T: int, C: int, W: int, x_bytes: int = 2, block_t: int = 32) -> int:
     """The least traffic of one launch without a state: each [B, T, C] tensor read or written once (fwd: x,
-    y; bwd: x, dy, dx; two_pass, both its kernels: x, dy, da written and read, dx) and the backward's fp32
-    weight-gradient partials ([B * T / block_t, W, C]) written and summed."""
+    y; bwd or fused, the one backward kernel: x, dy, dx; two_pass, both its kernels: x, dy, da written and
+    read, dx) and the backward's fp32 weight-gradient partials ([B * T / block_t, W, C]) written and
+    summed."""
     tensor = B * T * C * x_bytes
     if kernel == "fwd":
         return 2 * tensor
@@ -144,8 +145,7 @@ def timing(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
                        "fwd_ms": fwd, "fwd_bwd_ms": _bench(step)}
                 if form:
                     forward = min_bytes("fwd", B, T, C, W)
-                    both = forward + min_bytes("two_pass" if form == "two_pass" else "bwd", B, T, C, W,
-                                               block_t=_bwd_block_t(form))
+                    both = forward + min_bytes(form, B, T, C, W, block_t=_bwd_block_t(form))
                     row.update(fwd_GBps=forward / fwd / 1e6, fwd_bwd_GBps=both / row["fwd_bwd_ms"] / 1e6,
                                default=form == default)
                 rows.append(row)
@@ -173,9 +173,8 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
             for form in conv.BWD_FORMS:
                 conv.BWD_FORM = form
                 bwd = _bench(lambda: conv.short_conv_bwd(dy, x, weight, None))
-                kind = "two_pass" if form == "two_pass" else "bwd"
                 row[f"bwd_{form}_ms"] = bwd
-                row[f"bwd_{form}_GBps"] = min_bytes(kind, B, T, C, W, block_t=config[0]) / bwd / 1e6
+                row[f"bwd_{form}_GBps"] = min_bytes(form, B, T, C, W, block_t=config[0]) / bwd / 1e6
             row["fwd_GBps"] = min_bytes("fwd", B, T, C, W) / fwd / 1e6
             row["default_fwd"] = config == default[("fwd", False)]
             row["default_bwd"] = config == default[("bwd", False)]
