@@ -727,3 +727,28 @@ def test_kdas_gate_sets_the_two_kdas_side_by_side_on_the_seeds_both_ran(tmp_path
     assert ("mqar@1024 (claim 1): on the seeds both ran (0) the grid's KDA reaches 0.96 and Kimi Linear's "
             "0.95; the grid's mean of 0.58 falls behind on seeds Kimi Linear's KDA has not run") in section
     assert "explains claim 1" not in section
+
+
+def test_kdas_gate_times_claim_2_on_the_seeds_both_ran(tmp_path: Path) -> None:
+    """GDN's median over seeds 0 (0.9 at step 400) and 1 (never) is 'never', Kimi Linear's KDA ran seed 0
+    alone (400): set against GDN's other seed it would read as much sooner; on seed 0 the two are level."""
+    grid, gate = tmp_path / "grid", tmp_path / "gate"
+    for task in ("mqar", "palindrome"):
+        _kda_run(grid, task, 1024, [0.5, 0.95, 0.95, 0.95, 0.95])
+        _run(grid, task, 1024, "gdn", [0.5, 0.95, 0.95, 0.95, 0.95])
+        _run(grid, task, 1024, "mamba2", [0.5] * 5)
+        _kda_run(gate, task, 1024, [0.5, 0.95, 0.95, 0.95, 0.95], kimi=True)
+    _run(grid, "mqar", 1024, "gdn", [0.1] * 5, seed=1)
+    for summary in tmp_path.rglob("summary.json"):  # the first eval at 0.9, as train.py records it
+        rows = [json.loads(line) for line in (summary.parent / "metrics.jsonl").read_text().splitlines()]
+        reached = [r["step"] for r in rows if r["eval/acc"] >= 0.9]
+        summary.write_text(json.dumps({**json.loads(summary.read_text()),
+                                       "steps_to_threshold": reached[0] if reached else None}))
+    out = tmp_path / "REPORT.md"
+    assert main([str(grid), str(gate), "--out", str(out)]) == 0
+    section = _section(out.read_text(), "KDA's gate")
+    assert ("mqar@1024 (claim 2): Kimi Linear's KDA reaches 0.9 in 400 steps, GDN in 400 steps on the seeds "
+            "both ran (0): not much sooner") in section
+    assert ("palindrome@1024 (claim 2): Kimi Linear's KDA reaches 0.9 in 400 steps, GDN in 400 steps: not "
+            "much sooner") in section
+    assert "as the paper says" not in section
