@@ -25,8 +25,9 @@ would count that wait as its time. `--out FILE`: one CSV row per (op, pass, kern
 `loss`: the LM head + cross-entropy of one training step at the tasks' shapes (the scored positions of a
 [256, 1024] batch: MQAR 767 a sequence, vocabulary 8,192; Palindrome 511, vocabulary 64; d_model 256, bf16
 autocast on CUDA), forward and backward of the summed loss: `full` F.cross_entropy on the [N, V] logits,
-`torch` / `triton` mixers/loss.py's blocks with the torch softmax chain or the fused kernel (`triton-whole`:
-its rows held whole, read once, where they fit), `fla` FLA's
+`torch` / `triton` mixers/loss.py's blocks with the torch softmax chain or the fused kernels as the default
+picks them (`triton-passes`: every row read in two passes; `triton-whole`: every row held whole, read once,
+up to the kernel's limit), `fla` FLA's
 fused linear cross-entropy. Error: relative RMS of loss, d(hidden) and d(weight) against the same
 computation in fp32. Writes DIR/bench_loss.{csv,md}.
 
@@ -607,7 +608,8 @@ def kernels(argv: list[str]) -> None:
 
 # task -> (scored positions per sequence at T=1024, vocabulary)
 LOSS_SHAPES = {"mqar": (767, 8192), "palindrome": (511, 64)}
-LOSS_IMPLS = ["full", "torch", "triton", "triton-whole", "fla"]
+# triton: the default (rows up to WHOLE_ROW_LIMIT held whole); -passes and -whole force either softmax kernel
+LOSS_IMPLS = ["full", "torch", "triton", "triton-passes", "triton-whole", "fla"]
 
 
 def loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
@@ -617,18 +619,19 @@ def loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], t
         return lambda h, w, t: F.cross_entropy((h @ w.T).float(), t, reduction="sum")
     if impl in ("torch", "triton"):
         return lambda h, w, t: linear_cross_entropy(h, w, t, impl=impl)[0]
-    if impl == "triton-whole":
+    if impl in ("triton-passes", "triton-whole"):
         from kernels.triton import cross_entropy
 
-        def whole(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            # rows up to WHOLE_ROW_LIMIT columns held whole, beside the default's two passes
-            keep, cross_entropy.WHOLE_ROWS = cross_entropy.WHOLE_ROWS, True
+        limit = cross_entropy.WHOLE_ROW_MAX if impl == "triton-whole" else 0
+
+        def forced(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            keep, cross_entropy.WHOLE_ROW_LIMIT = cross_entropy.WHOLE_ROW_LIMIT, limit
             try:
                 return linear_cross_entropy(h, w, t, impl="triton")[0]
             finally:
-                cross_entropy.WHOLE_ROWS = keep
+                cross_entropy.WHOLE_ROW_LIMIT = keep
 
-        return whole
+        return forced
     try:
         from fla.modules import FusedLinearCrossEntropyLoss
     except Exception:  # not installed, or an FLA that does not build here

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -96,10 +98,11 @@ def test_bad_shapes_are_named() -> None:
 @pytest.fixture(params=["passes", "whole"])
 def ce_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each of the softmax kernels: rows read in passes of 2,048 columns (the default's), or held whole
-    (WHOLE_ROWS: every row up to WHOLE_ROW_LIMIT)."""
+    (every row up to WHOLE_ROW_MAX)."""
     from kernels.triton import cross_entropy
 
-    monkeypatch.setattr(cross_entropy, "WHOLE_ROWS", request.param == "whole")
+    monkeypatch.setattr(cross_entropy, "WHOLE_ROW_LIMIT",
+                        cross_entropy.WHOLE_ROW_MAX if request.param == "whole" else 0)
     return request.param
 
 
@@ -172,11 +175,36 @@ def test_bench_loss_smoke(tmp_path) -> None:
     from benchmarks import speed
 
     assert speed.main(["loss", "--out", str(tmp_path), "--device", "cpu", "--rows", "40", "--tasks",
-                       "palindrome", "--impls", "full", "torch", "triton", "triton-whole", "--warmup", "0",
-                       "--steps", "1"]) == 0
+                       "palindrome", "--impls", "full", "torch", "triton", "triton-passes", "triton-whole",
+                       "--warmup", "0", "--steps", "1"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "bench_loss.csv")))
-    assert [r["impl"] for r in rows] == ["full", "torch", "triton", "triton-whole"]
+    assert [r["impl"] for r in rows] == ["full", "torch", "triton", "triton-passes", "triton-whole"]
     assert all(float(r["err_loss"]) < 1e-3 and float(r["ms"]) > 0 for r in rows)
+
+
+def test_the_default_holds_a_row_whole_where_it_fits_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows up to WHOLE_ROW_LIMIT columns (2,048 by default) go to the whole-row kernel, longer ones to the
+    two passes; the limit at 0 sends every row to the two passes."""
+    from kernels.triton import cross_entropy
+
+    launched = []
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getitem__(self, grid: tuple) -> Callable[..., None]:
+            return lambda *args, **kwargs: launched.append((self.name, kwargs["BLOCK_V"]))
+
+    monkeypatch.setattr(cross_entropy, "_ce_whole_row_kernel", Recorder("whole"))
+    monkeypatch.setattr(cross_entropy, "_ce_rows_kernel", Recorder("passes"))
+    for V in (64, 2000, 2048, 2049, 8192):
+        cross_entropy.ce_rows(torch.randn(3, V), torch.zeros(3, dtype=torch.long), want_grad=True)
+    assert launched == [("whole", 64), ("whole", 2048), ("whole", 2048), ("passes", 2048), ("passes", 2048)]
+    launched.clear()
+    monkeypatch.setattr(cross_entropy, "WHOLE_ROW_LIMIT", 0)
+    cross_entropy.ce_rows(torch.randn(3, 64), torch.zeros(3, dtype=torch.long), want_grad=True)
+    assert launched == [("passes", 2048)]
 
 
 def test_softmax_kernel_out_buffers_are_checked() -> None:

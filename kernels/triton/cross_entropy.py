@@ -3,7 +3,7 @@
 mixers/loss.py forms each block of logits with a matmul. What follows the matmul is a memory-bound chain
 in torch: the logits cast to fp32, logsumexp (itself max, subtract, exp, sum, log), gather, argmax, the
 subtraction and exponential of the gradient and its cast back, each a full pass over the block. Here one
-program owns one row. With WHOLE_ROWS (off by default), a row of up to WHOLE_ROW_LIMIT columns is read
+program owns one row. A row of up to WHOLE_ROW_LIMIT columns (padded to a power of two) is read
 once and held: max, exponentials, their sum, and (only when a gradient is wanted) d(lse - x_y)/dx =
 softmax(x) - onehot(y) written over the logits, in place and in their dtype. Otherwise a row is read twice:
 a first pass keeps, per lane, the running max, the sum of exponentials rescaled to it and the first index
@@ -101,11 +101,13 @@ def _ce_whole_row_kernel(
         tl.store(base + cols, grad.to(logits.dtype.element_ty), mask=mask)
 
 
-# With WHOLE_ROWS, a row of at most WHOLE_ROW_LIMIT columns is held whole in registers (16 fp32 a thread
-# over 16 warps at 8,192: MQAR's vocabulary), read once; longer rows take the two-pass kernel above. Off
-# until the GPU has timed the whole-row kernel against it and checked it (speed loss, triton-whole).
-WHOLE_ROW_LIMIT = 16384
-WHOLE_ROWS = False
+# A row of at most WHOLE_ROW_LIMIT columns is held whole in registers and read once; longer rows take the
+# two-pass kernel above. On Hopper the whole row is the faster for a row that fits one pass of that kernel
+# (one warp at Palindrome's 64 columns, where the two passes spread 2,048 lanes over 8 warps) and no faster
+# at MQAR's 8,192 (speed loss: triton, triton-whole). The kernel holds up to WHOLE_ROW_MAX (16 fp32 a
+# thread over 16 warps at 8,192); 0 sends every row to the two passes.
+WHOLE_ROW_MAX = 16384
+WHOLE_ROW_LIMIT = 2048
 
 
 def row_buffers(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -134,7 +136,7 @@ def ce_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool,
     if n == 0:
         return lse, picked, argmax
     whole = max(16, triton.next_power_of_2(V))
-    if WHOLE_ROWS and whole <= WHOLE_ROW_LIMIT:
+    if whole <= min(WHOLE_ROW_LIMIT, WHOLE_ROW_MAX):
         warps = max(1, min(16, whole // 512))
         _ce_whole_row_kernel[(n,)](logits, targets, lse, picked, argmax, V, logits.stride(0),
                                    WANT_GRAD=want_grad, BLOCK_V=whole, num_warps=warps)

@@ -140,7 +140,7 @@ def test_fused_softmax_kernel_equals_torch_chain(V: int, whole: bool,
     from kernels.triton import cross_entropy
     from mixers.loss import linear_cross_entropy
 
-    monkeypatch.setattr(cross_entropy, "WHOLE_ROWS", whole)
+    monkeypatch.setattr(cross_entropy, "WHOLE_ROW_LIMIT", cross_entropy.WHOLE_ROW_MAX if whole else 0)
 
     generator = torch.Generator().manual_seed(V)
     hidden0 = torch.randn(5000, 256, generator=generator).cuda()
