@@ -283,6 +283,26 @@ def test_gpu_check_runs_its_cpu_part(tmp_path: Path) -> None:
     assert all(row.endswith(",True") for row in rows[1:]), rows
 
 
+def test_the_gpu_sweep_checks_every_tile_against_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_conv --sweep reports each tile's worst error as a fraction of its bound, and `ok` false where
+    a kernel is off (here the forward's output scaled, as a wrong tile's masking would leave it)."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    try:
+        import check_conv
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(check_conv, "_bench", lambda fn: 1.0)
+    kept = (dict(triton_conv.CONFIGS), dict(triton_conv.TWO_PASS_CONFIGS), triton_conv.BWD_FORM)
+    rows = check_conv.sweep(B=2, T=40, C=32, W=4, device="cpu")
+    assert (dict(triton_conv.CONFIGS), dict(triton_conv.TWO_PASS_CONFIGS), triton_conv.BWD_FORM) == kept
+    assert len(rows) == len(check_conv.SWEEP)
+    assert all(row["ok"] and 0 <= row["err_of_bound"] < 1 for row in rows), rows
+    forward = triton_conv.short_conv_fwd
+    monkeypatch.setattr(triton_conv, "short_conv_fwd", lambda *a: forward(*a) * 1.01)
+    rows = check_conv.sweep(B=2, T=40, C=32, W=4, device="cpu")
+    assert not any(row["ok"] for row in rows) and all(row["err_of_bound"] > 1 for row in rows), rows
+
+
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills() -> None:
     """The compiled path (which the interpreter does not take) builds for an H200 at W = 2, 4 and 8, bf16 x,
