@@ -3,18 +3,10 @@ turns on unless told otherwise: `TRITON_INTERPRET=0 python -m pytest -m gpu test
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-        reason="needs a CUDA GPU and compiled (not interpreted) Triton kernels",
-    ),
-]
+# skipped where there is no GPU or Triton interprets: tests/gpu/conftest.py
+pytestmark = pytest.mark.gpu
 
 
 def test_bf16_kernels_within_bounds() -> None:

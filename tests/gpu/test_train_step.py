@@ -4,7 +4,6 @@ a non-finite step skipped on the device. `TRITON_INTERPRET=0 python -m pytest -m
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import pytest
@@ -15,13 +14,8 @@ from benchmarks.common import CHECK_BOUNDS, rel_rms
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-        reason="needs a CUDA GPU and compiled (not interpreted) Triton kernels",
-    ),
-]
+# skipped where there is no GPU or Triton interprets: tests/gpu/conftest.py
+pytestmark = pytest.mark.gpu
 
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
 # Kimi Linear's hybrid (model.pattern): three KDA layers and one of attention, in the short form
