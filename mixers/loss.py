@@ -8,8 +8,9 @@ only inside the loop, and with a gradient wanted the block's gradients with resp
 the head's weight are computed right there, so the backward only scales them.
 
 After each block's matmul, the softmax, its gradient and the argmax are either a chain of torch ops
-(`impl="torch"`, every device) or one Triton kernel that reads the block twice and writes the gradient over
-the logits in place (`impl="triton"`, kernels/triton/cross_entropy.py; `"auto"` takes it on CUDA): at
+(`impl="torch"`, every device) or one Triton kernel that reads each row once (rows it can hold whole) or
+twice and writes the gradient over the logits in place (`impl="triton"`, kernels/triton/cross_entropy.py;
+`"auto"` takes it on CUDA): at
 MQAR's 8,192 ids the torch chain is a dozen full passes over fp32 copies of the logits.
 
 The slow, obvious reference is `F.cross_entropy(hidden @ weight.T, targets, reduction="sum")`
