@@ -27,7 +27,7 @@ would count that wait as its time. `--out FILE`: one CSV row per (op, pass, kern
 autocast on CUDA), forward and backward of the summed loss: `full` F.cross_entropy on the [N, V] logits,
 `torch` / `triton` mixers/loss.py's blocks with the torch softmax chain or the fused kernels as the default
 picks them (`triton-passes`: every row read in two passes; `triton-whole`: every row held whole, read once,
-up to the kernel's limit), `fla` FLA's
+up to the kernel's limit; `triton-whole-wN`: so, on N warps a row), `fla` FLA's
 fused linear cross-entropy. Error: relative RMS of loss, d(hidden) and d(weight) against the same
 computation in fp32. Writes DIR/bench_loss.{csv,md}.
 
@@ -608,8 +608,9 @@ def kernels(argv: list[str]) -> None:
 
 # task -> (scored positions per sequence at T=1024, vocabulary)
 LOSS_SHAPES = {"mqar": (767, 8192), "palindrome": (511, 64)}
-# triton: the default (rows up to WHOLE_ROW_LIMIT held whole); -passes and -whole force either softmax kernel
-LOSS_IMPLS = ["full", "torch", "triton", "triton-passes", "triton-whole", "fla"]
+# triton: the default (rows up to WHOLE_ROW_LIMIT held whole); -passes, -whole force either softmax kernel
+LOSS_IMPLS = ["full", "torch", "triton", "triton-passes", "triton-whole", "triton-whole-w4",
+              "triton-whole-w8", "fla"]
 
 
 def loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
@@ -619,17 +620,19 @@ def loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], t
         return lambda h, w, t: F.cross_entropy((h @ w.T).float(), t, reduction="sum")
     if impl in ("torch", "triton"):
         return lambda h, w, t: linear_cross_entropy(h, w, t, impl=impl)[0]
-    if impl in ("triton-passes", "triton-whole"):
+    if impl.startswith("triton-"):
         from kernels.triton import cross_entropy
 
-        limit = cross_entropy.WHOLE_ROW_MAX if impl == "triton-whole" else 0
+        limit = 0 if impl == "triton-passes" else cross_entropy.WHOLE_ROW_MAX
+        warps = int(impl.removeprefix("triton-whole-w")) if impl.startswith("triton-whole-w") else None
 
         def forced(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            keep, cross_entropy.WHOLE_ROW_LIMIT = cross_entropy.WHOLE_ROW_LIMIT, limit
+            keep = cross_entropy.WHOLE_ROW_LIMIT, cross_entropy.WHOLE_ROW_WARPS
+            cross_entropy.WHOLE_ROW_LIMIT, cross_entropy.WHOLE_ROW_WARPS = limit, warps
             try:
                 return linear_cross_entropy(h, w, t, impl="triton")[0]
             finally:
-                cross_entropy.WHOLE_ROW_LIMIT = keep
+                cross_entropy.WHOLE_ROW_LIMIT, cross_entropy.WHOLE_ROW_WARPS = keep
 
         return forced
     try:

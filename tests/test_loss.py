@@ -176,15 +176,17 @@ def test_bench_loss_smoke(tmp_path) -> None:
 
     assert speed.main(["loss", "--out", str(tmp_path), "--device", "cpu", "--rows", "40", "--tasks",
                        "palindrome", "--impls", "full", "torch", "triton", "triton-passes", "triton-whole",
-                       "--warmup", "0", "--steps", "1"]) == 0
+                       "triton-whole-w4", "--warmup", "0", "--steps", "1"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "bench_loss.csv")))
-    assert [r["impl"] for r in rows] == ["full", "torch", "triton", "triton-passes", "triton-whole"]
+    assert [r["impl"] for r in rows] == ["full", "torch", "triton", "triton-passes", "triton-whole",
+                                         "triton-whole-w4"]
     assert all(float(r["err_loss"]) < 1e-3 and float(r["ms"]) > 0 for r in rows)
 
 
 def test_the_default_holds_a_row_whole_where_it_fits_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows up to WHOLE_ROW_LIMIT columns (2,048 by default) go to the whole-row kernel, longer ones to the
-    two passes; the limit at 0 sends every row to the two passes."""
+    """Rows up to WHOLE_ROW_LIMIT columns (2,048 by default) go to the whole-row kernel, on a warp per 512
+    columns unless WHOLE_ROW_WARPS says, longer ones to the two passes; the limit at 0 sends every row to the
+    two passes."""
     from kernels.triton import cross_entropy
 
     launched = []
@@ -194,17 +196,20 @@ def test_the_default_holds_a_row_whole_where_it_fits_one_pass(monkeypatch: pytes
             self.name = name
 
         def __getitem__(self, grid: tuple) -> Callable[..., None]:
-            return lambda *args, **kwargs: launched.append((self.name, kwargs["BLOCK_V"]))
+            return lambda *a, **kwargs: launched.append((self.name, kwargs["BLOCK_V"], kwargs["num_warps"]))
 
     monkeypatch.setattr(cross_entropy, "_ce_whole_row_kernel", Recorder("whole"))
     monkeypatch.setattr(cross_entropy, "_ce_rows_kernel", Recorder("passes"))
     for V in (64, 2000, 2048, 2049, 8192):
         cross_entropy.ce_rows(torch.randn(3, V), torch.zeros(3, dtype=torch.long), want_grad=True)
-    assert launched == [("whole", 64), ("whole", 2048), ("whole", 2048), ("passes", 2048), ("passes", 2048)]
+    assert launched == [("whole", 64, 1), ("whole", 2048, 4), ("whole", 2048, 4), ("passes", 2048, 8),
+                        ("passes", 2048, 8)]
     launched.clear()
+    monkeypatch.setattr(cross_entropy, "WHOLE_ROW_WARPS", 8)
+    cross_entropy.ce_rows(torch.randn(3, 64), torch.zeros(3, dtype=torch.long), want_grad=True)
     monkeypatch.setattr(cross_entropy, "WHOLE_ROW_LIMIT", 0)
     cross_entropy.ce_rows(torch.randn(3, 64), torch.zeros(3, dtype=torch.long), want_grad=True)
-    assert launched == [("passes", 2048)]
+    assert launched == [("whole", 64, 8), ("passes", 2048, 8)]
 
 
 def test_softmax_kernel_out_buffers_are_checked() -> None:

@@ -108,6 +108,9 @@ def _ce_whole_row_kernel(
 # thread over 16 warps at 8,192); 0 sends every row to the two passes.
 WHOLE_ROW_MAX = 16384
 WHOLE_ROW_LIMIT = 2048
+# warps of a whole-row program; None: one per 512 columns (16 fp32 a thread), 1 to 16. The loss benchmark
+# times others (triton-whole-wN) to find where the reductions' synchronisation outweighs the registers
+WHOLE_ROW_WARPS: int | None = None
 
 
 def row_buffers(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -137,7 +140,7 @@ def ce_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool,
         return lse, picked, argmax
     whole = max(16, triton.next_power_of_2(V))
     if whole <= min(WHOLE_ROW_LIMIT, WHOLE_ROW_MAX):
-        warps = max(1, min(16, whole // 512))
+        warps = WHOLE_ROW_WARPS or max(1, min(16, whole // 512))
         _ce_whole_row_kernel[(n,)](logits, targets, lse, picked, argmax, V, logits.stride(0),
                                    WANT_GRAD=want_grad, BLOCK_V=whole, num_warps=warps)
         return lse, picked, argmax
