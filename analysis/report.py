@@ -21,7 +21,9 @@ the grid ran against Kimi Linear's (softplus gate, low-rank output gate) and, wh
 exist (a variant, e.g. results/kimi_fig4_h200_gate), the claims' cells with both side by side; the cells
 below 0.99 that ran their whole step budget, with
 their eval acc at 80% of the steps and at the end (still learning or not); Mamba2 beside Mamba2 without its
-short convolution where both ran; MQAR's load per length (pairs, queries, pairs per key dimension of a
+short convolution where both ran; where one seed of a cell solved it and another failed, how the failed one
+failed (never left the uniform guess's plateau, or learnt part and stalled) beside when the solved seeds
+took off; MQAR's load per length (pairs, queries, pairs per key dimension of a
 layer, recall targets a step) and, where KDA solves MQAR at 2048 against claim 4, which unpinned choice
 makes it easier and the cell that would test it; the open parameters' values as the runs' configs set them.
 
@@ -51,6 +53,7 @@ from analysis.cells import budgets, longest_budget, max_trained_steps, seed_numb
 from analysis.collect import collect_dirs, read_table
 from analysis.fig_steps import eval_curve
 from analysis.lr_rule import TIE, cell_lr, median_steps
+from harness.rundir import read_metrics
 
 MIXERS = ("kda", "gdn", "mamba2")  # the paper's order: the claims compare these
 METRICS = {"train": "best_train_acc", "eval": "best_eval_acc"}
@@ -67,6 +70,14 @@ SOLVED = 0.99
 # steps: above the wobble of one eval on 1,000 held-out sequences.
 STILL_LEARNING = 0.02
 LATE_FRACTION = 0.8  # where "the last 20% of steps" begins
+# A run has taken off once its training accuracy reaches this: until then MQAR's and Palindrome's loss sits
+# at the uniform guess's, for a number of steps that varies by seed
+TOOK_OFF = 0.1
+# ... and has stalled from the step after which its training accuracy stays within this of its last value
+STALLED = 0.02
+# A seed has failed its cell below this (claim 2's threshold), where another seed solved it (SOLVED): seeds
+# between the two differ by seed noise, not by whether they learnt the task
+FAILED = 0.9
 # Mamba2 without its short convolution (experiment/kimi_fig4_h200_noconv): the variant its override makes.
 NOCONV_VARIANT = "use_short_conv=false"
 # The open parameters the paper does not pin: (label, config column, the task whose runs have it or None)
@@ -921,6 +932,101 @@ def load_tests(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[str
     return lines
 
 
+def train_curve(run_dir: Any) -> list[tuple[int, float]]:
+    """(step, train acc) of every record of a run's metrics.jsonl that logs it; empty where none can be
+    read."""
+    path = Path(str(run_dir)) / "metrics.jsonl"
+    if not isinstance(run_dir, str) or not path.is_file():
+        return []
+    records, _ = read_metrics(path)
+    return [(int(r["step"]), float(r["train/acc"])) for r in records
+            if isinstance(r.get("train/acc"), (int, float))]
+
+
+def took_off_and_stalled(curve: list[tuple[int, float]]) -> tuple[int | None, int | None]:
+    """(the first step at train acc >= TOOK_OFF, the step from which it stayed within STALLED of its last
+    value) of a curve; None for either that did not happen (a run that never took off has not stalled)."""
+    took = next((step for step, acc in curve if acc >= TOOK_OFF), None)
+    if took is None or len(curve) < 2:
+        return took, None
+    last = curve[-1][1]
+    apart = [i for i, (_, acc) in enumerate(curve) if abs(acc - last) > STALLED]
+    start = apart[-1] + 1 if apart else 0
+    return took, (curve[start][0] if start < len(curve) - 1 else None)
+
+
+def seeds_apart(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Each run at its cell's lr, for the cells where one seed solved the task (>= SOLVED by `metric`) and
+    another failed it (< FAILED): seed, peak, steps run, when it took off and when it stalled
+    (took_off_and_stalled)."""
+    columns = ["task", "series", "seq_len", "lr", "seed", "acc", "steps", "took_off", "stalled"]
+    done = runs[runs["status"] == "completed"].copy() if "status" in runs else runs.iloc[0:0]
+    if done.empty or cells.empty:
+        return pd.DataFrame(columns=columns)
+    done["series"] = _series(done)
+    rows = []
+    for _, c in cells.iterrows():
+        spread = c.get(f"{metric}_range")
+        if c["runs"] < 2 or not isinstance(spread, tuple) or not spread[0] < FAILED < SOLVED <= spread[1]:
+            continue
+        lrs = pd.to_numeric(done["lr"], errors="coerce")
+        at = done[(done["task"] == c["task"]) & (done["series"] == c["series"])
+                  & (done["seq_len"] == c["seq_len"]) & ((lrs - c["lr"]).abs() <= 1e-12)]
+        for _, run in at.iterrows():
+            took, stalled = took_off_and_stalled(train_curve(run.get("run_dir")))
+            rows.append({"task": c["task"], "series": c["series"], "seq_len": int(c["seq_len"]),
+                         "lr": c["lr"], "seed": seed_number(run.get("seed")),
+                         "acc": pd.to_numeric(run.get(METRICS[metric]), errors="coerce"),
+                         "steps": pd.to_numeric(run.get("steps"), errors="coerce"),
+                         "took_off": took, "stalled": stalled})
+    frame = pd.DataFrame(rows, columns=columns)
+    return frame.sort_values(["task", "seq_len", "series", "seed"], ignore_index=True)
+
+
+def seeds_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[str]:
+    """Where a cell's seeds part: which failed, and how (never took off, or took off and stalled), beside
+    when its solved seeds took off."""
+    apart = seeds_apart(runs, cells, metric)
+    if apart.empty:
+        return []
+    lines = ["### Seeds apart", "",
+             f"Cells where one seed solved the task at the cell's lr (>= {SOLVED}) and another failed it "
+             f"(< {FAILED}; {METRICS[metric]}). Took off: the first logged step at train acc >= {TOOK_OFF} "
+             "(on these tasks the loss stays near the uniform guess's until then); stalled, for a failed "
+             f"seed: from that step on, train acc stayed within {STALLED} of its last value.", "",
+             "| task | mixer | L | lr | seed | peak | steps run | took off | stalled from |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def step(value: Any) -> str:
+        return MISSING if value is None or pd.isna(value) else f"{int(value):,}"
+    for _, r in apart.iterrows():
+        lines.append(f"| {r['task']} | {r['series']} | {r['seq_len']} | {r['lr']:g} | {r['seed']} | "
+                     f"{_fmt(r['acc'], '.3f')} | {step(r['steps'])} | {step(r['took_off'])} | "
+                     f"{step(r['stalled'] if r['acc'] < FAILED else None)} |")
+    said = []
+    for (task, series, length), cell in apart.groupby(["task", "series", "seq_len"], sort=False):
+        solved = cell[cell["acc"] >= SOLVED]
+        seeds = ", ".join(str(seed) for seed in solved["seed"])
+        off = (f"{' and '.join(step(t) for t in solved['took_off'])} "
+               f"(seed{'s' if len(solved) > 1 else ''} {seeds})")
+        for _, r in cell[cell["acc"] < FAILED].iterrows():
+            if r["took_off"] is None or pd.isna(r["took_off"]):
+                said.append(f"{task}@{length} {series}, seed {r['seed']}: never took off in its "
+                            f"{step(r['steps'])} steps, where its solved seeds took off at steps {off}: a "
+                            "plateau longer than this budget, whose length the seed sets; more steps may "
+                            "end it")
+            elif r["stalled"] is not None and pd.notna(r["stalled"]):
+                said.append(f"{task}@{length} {series}, seed {r['seed']}: took off at step "
+                            f"{step(r['took_off'])}, its solved seeds at {off}, and stalled at "
+                            f"{r['acc']:.2f} from step {step(r['stalled'])} to its end ({step(r['steps'])}): "
+                            "part of the task learnt, then no progress")
+            else:
+                said.append(f"{task}@{length} {series}, seed {r['seed']}: took off at step "
+                            f"{step(r['took_off'])}, its solved seeds at {off}, and was still learning at "
+                            f"its end ({step(r['steps'])}, {r['acc']:.2f})")
+    return lines + ["", *(f"- {line}." for line in said), ""]
+
+
 def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train",
                 verdicts: list[dict[str, str]] | None = None,
                 budget: pd.DataFrame | None = None) -> list[str]:
@@ -948,7 +1054,8 @@ def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train",
             learning = MISSING if r["still_learning"] is None else ("yes" if r["still_learning"] else "no")
             lines.append(f"| {r['task']} | {r['series']} | {r['seq_len']} | {r['steps_run']:,} | "
                          f"{_fmt(r['acc_late'], '.3f')} | {_fmt(r['acc_end'], '.3f')} | {learning} |")
-    lines += ["", "### The learning rates", "", *lr_section(cells, metric)]
+    lines += ["", *seeds_section(runs, cells, metric)]
+    lines += ["### The learning rates", "", *lr_section(cells, metric)]
     lines += ["", "### Mamba2's short convolution", ""]
     side = short_conv_table(cells)
     noconv = series_name("mamba2", NOCONV_VARIANT)

@@ -752,3 +752,36 @@ def test_kdas_gate_times_claim_2_on_the_seeds_both_ran(tmp_path: Path) -> None:
     assert ("palindrome@1024 (claim 2): Kimi Linear's KDA reaches 0.9 in 400 steps, GDN in 400 steps: not "
             "much sooner") in section
     assert "as the paper says" not in section
+
+
+def test_took_off_and_stalled_read_a_runs_training_curve() -> None:
+    from analysis.report import took_off_and_stalled
+
+    assert took_off_and_stalled([(100, 0.0), (200, 0.001), (300, 0.0)]) == (None, None)
+    # learnt to 0.21 by step 300 and held it: stalled from there
+    learnt = [(100, 0.0), (200, 0.15), (300, 0.20), (400, 0.21), (500, 0.205)]
+    assert took_off_and_stalled(learnt) == (200, 300)
+    # still climbing at its last step: not stalled
+    assert took_off_and_stalled([(100, 0.0), (200, 0.3), (300, 0.6), (400, 0.9)]) == (200, None)
+
+
+def test_seeds_apart_says_how_a_failed_seed_failed(tmp_path: Path) -> None:
+    """A cell with a solved seed, one that never left the plateau and one that learnt part and stopped: the
+    report names each failure's kind beside when the solved seed took off; a cell whose seeds all solved
+    it, or that none solved, gets no such lines."""
+    _run(tmp_path, "mqar", 1024, "gdn", [0.05, 0.5, 0.995, 0.995, 0.995])
+    _run(tmp_path, "mqar", 1024, "gdn", [0.0] * 5, seed=1)
+    _run(tmp_path, "mqar", 1024, "gdn", [0.05, 0.2, 0.2, 0.2, 0.2], seed=2)
+    _run(tmp_path, "mqar", 1024, "kda", [0.5, 0.995, 0.995, 0.995, 0.995])
+    _run(tmp_path, "mqar", 1024, "kda", [0.5, 0.995, 0.995, 0.995, 0.995], seed=1)
+    _run(tmp_path, "mqar", 1024, "mamba2", [0.0] * 5)
+    _run(tmp_path, "mqar", 1024, "mamba2", [0.0] * 5, seed=1)
+    out = tmp_path / "REPORT.md"
+    assert main([str(tmp_path), "--out", str(out)]) == 0
+    section = _section(out.read_text(), "Seeds apart")
+    assert ("mqar@1024 gdn, seed 1: never took off in its 1,000 steps, where its solved seeds took off at "
+            "steps 400 (seed 0): a plateau longer than this budget") in section
+    assert ("mqar@1024 gdn, seed 2: took off at step 400, its solved seeds at 400 (seed 0), and stalled at "
+            "0.21 from step 400 to its end (1,000): part of the task learnt") in section
+    assert "| mqar | gdn | 1024 | 0.001 | 0 | 1.005 | 1,000 | 400 | – |" in section
+    assert "kda" not in section and "mamba2" not in section
