@@ -51,9 +51,16 @@ OPS: dict[tuple[Decay, bool], tuple[Callable[..., Any], Callable[..., Any]]] = {
 
 
 @functools.cache
+def _takes_lower_bound(op: Callable[..., Any]) -> bool:
+    return "lower_bound" in inspect.signature(op).parameters
+
+
+# a constant of the op for torch.compile: called at trace time, not traced (whose tracing of the cache
+# wrapper warns in every compiled run)
+@torch.compiler.assume_constant_result
 def accepts_lower_bound(op: Callable[..., Any]) -> bool:
     """Whether `op` takes `lower_bound=` (a Triton fast path for a bounded log-decay; same result without)."""
-    return "lower_bound" in inspect.signature(op).parameters
+    return _takes_lower_bound(op)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:

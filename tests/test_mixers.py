@@ -241,6 +241,20 @@ def test_kda_passes_lower_bound_only_to_ops_that_take_it() -> None:
     assert build("kda", gate="softplus")._op_kwargs(op_with_lower_bound) == {}
 
 
+def test_the_lower_bound_check_is_a_constant_to_torch_compile() -> None:
+    """Dynamo calls accepts_lower_bound at trace time instead of tracing its cache (which warned in every
+    compiled run) and keeps one graph."""
+    import warnings
+
+    m = build("kda", gate="bounded", g_min=-5.0, backend="torch")
+    x = randn(2, T, D)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = torch.compile(m, backend="eager", fullgraph=True)(x)
+    assert not [w for w in caught if "lru_cache" in str(w.message)], [str(w.message) for w in caught]
+    torch.testing.assert_close(y, m(x))
+
+
 def test_kda_initial_decay_is_the_same_for_both_gates() -> None:
     # the two gates start from the same decay range, so the gate ablation compares the functions, not inits
     x = torch.zeros(1, 1, D)
