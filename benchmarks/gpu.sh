@@ -39,7 +39,7 @@
 #                    the missing ones measured (--resume), so the table fills over sessions; STEP_ARGS narrows
 #                    it (e.g. "--lengths 1024 --impls ours")
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
-#   budget      330  KDA's and GDN's default step at MQAR T=1024 beside it at trainer.compile_memory_budget 0.8
+#   budget      390  KDA's and GDN's default step at MQAR T=1024 beside it at trainer.compile_memory_budget 0.8
 #                    (BUDGET_ARGS widens it, e.g. "--mixers kda gdn mamba2 attention --memory-budgets 0.8 0.7"),
 #                    and what the compiled graph keeps (benchmarks.memory --compiled)
 #   paper_packing 400  sweep_packing --preset paper --jobs 3: paper-size runs packed against serial
@@ -306,7 +306,8 @@ for step in "${steps[@]}"; do
       brief 300 python3 -m benchmarks.step --out "$OUT/budget" --lengths 1024 --tasks mqar --impls ours \
         --variants default ${BUDGET_ARGS:---mixers kda gdn --memory-budgets 0.8}
       cp "$OUT/$step.out" "$OUT/budget/step.out"
-      brief 30 python3 -m benchmarks.memory --device cuda --plain --compiled --mixers kda gdn
+      # tracing both mixers' graphs cold can take more than half a minute
+      brief 90 python3 -m benchmarks.memory --device cuda --plain --compiled --mixers kda gdn
       cp "$OUT/$step.out" "$OUT/budget/compiled_saved.md" ;;
     paper_packing)
       brief 400 python3 -m benchmarks.sweep_packing --preset paper --jobs 3 --out "$OUT/paper_packing" ;;
