@@ -51,9 +51,9 @@ import pandas as pd
 
 from analysis.cells import budgets, longest_budget, max_trained_steps, seed_number, series_name
 from analysis.collect import collect_dirs, read_table
+from analysis.curves import read_curve
 from analysis.fig_steps import eval_curve
 from analysis.lr_rule import TIE, cell_lr, median_steps
-from harness.rundir import read_metrics
 
 MIXERS = ("kda", "gdn", "mamba2")  # the paper's order: the claims compare these
 METRICS = {"train": "best_train_acc", "eval": "best_eval_acc"}
@@ -524,18 +524,27 @@ def _acc_of(cells: pd.DataFrame, task: str, length: int, series: str, metric: st
     return float(cell[metric]) if cell is not None else float("nan")
 
 
-def _steps_on_shared_seeds(kda: pd.Series, gdn: pd.Series | None
-                           ) -> tuple[int | None, int | None, str] | None:
-    """(KDA's, GDN's median steps to 0.9, the seeds) over the seeds both cells ran, where they ran
-    different seeds and share some (a median over one cell's other seeds would set seed luck against a
-    mixer); None otherwise. None in place of steps: never got there."""
-    a = kda.get("steps_by_seed")
-    b = gdn.get("steps_by_seed") if gdn is not None else None
+def _seeds_both_ran(ours: pd.Series | None, theirs: pd.Series | None, column: str
+                    ) -> tuple[dict, dict, list] | None:
+    """(our {seed: value}, theirs, the seeds both ran, sorted) of a per-seed `column` of two cells, where
+    they ran different seeds and share some (a value over one cell's other seeds would set seed luck
+    against a mixer); None otherwise (their values over all seeds compare alike)."""
+    a = ours.get(column) if ours is not None else None
+    b = theirs.get(column) if theirs is not None else None
     if not isinstance(a, dict) or not isinstance(b, dict) or set(a) == set(b):
         return None
     shared = sorted(set(a) & set(b))
-    if not shared:
+    return (a, b, shared) if shared else None
+
+
+def _steps_on_shared_seeds(kda: pd.Series, gdn: pd.Series | None
+                           ) -> tuple[int | None, int | None, str] | None:
+    """(KDA's, GDN's median steps to 0.9, the seeds) over the seeds both cells ran (_seeds_both_ran); None
+    where that does not apply. None in place of steps: never got there."""
+    both = _seeds_both_ran(kda, gdn, "steps_by_seed")
+    if both is None:
         return None
+    a, b, shared = both
 
     def median(by_seed: dict) -> int | None:
         value = median_steps(by_seed[k] for k in shared)
@@ -559,15 +568,12 @@ def _steps_of(cells: pd.DataFrame, task: str, length: int, series: str) -> str:
 
 def _on_shared_seeds(ours: pd.Series | None, theirs: pd.Series, metric: str
                      ) -> tuple[tuple[float, str] | None, float]:
-    """((our mean, the seeds) and their mean) over the seeds both cells ran, where the two cells ran
-    different seeds and share some; (None, nan) otherwise (their means over all seeds compare alike)."""
-    a = ours.get(f"{metric}_by_seed") if ours is not None else None
-    b = theirs.get(f"{metric}_by_seed")
-    if not isinstance(a, dict) or not isinstance(b, dict) or set(a) == set(b):
+    """((our mean, the seeds) and their mean) over the seeds both cells ran (_seeds_both_ran); (None, nan)
+    where that does not apply."""
+    both = _seeds_both_ran(ours, theirs, f"{metric}_by_seed")
+    if both is None:
         return None, float("nan")
-    shared = sorted(set(a) & set(b))
-    if not shared:
-        return None, float("nan")
+    a, b, shared = both
     mean = (sum(a[k] for k in shared) / len(shared), ", ".join(map(str, shared)))
     return mean, sum(b[k] for k in shared) / len(shared)
 
@@ -935,12 +941,12 @@ def load_tests(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[str
 def train_curve(run_dir: Any) -> list[tuple[int, float]]:
     """(step, train acc) of every record of a run's metrics.jsonl that logs it; empty where none can be
     read."""
-    path = Path(str(run_dir)) / "metrics.jsonl"
-    if not isinstance(run_dir, str) or not path.is_file():
+    if not isinstance(run_dir, str):
         return []
-    records, _ = read_metrics(path)
-    return [(int(r["step"]), float(r["train/acc"])) for r in records
-            if isinstance(r.get("train/acc"), (int, float))]
+    try:
+        return sorted(read_curve(Path(run_dir), "train/acc").items())
+    except ValueError:  # no metrics.jsonl, or none that logs train/acc
+        return []
 
 
 def took_off_and_stalled(curve: list[tuple[int, float]]) -> tuple[int | None, int | None]:
@@ -964,14 +970,15 @@ def seeds_apart(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> pd.Data
     if done.empty or cells.empty:
         return pd.DataFrame(columns=columns)
     done["series"] = _series(done)
+    lrs = pd.to_numeric(done["lr"], errors="coerce")
     rows = []
     for _, c in cells.iterrows():
         spread = c.get(f"{metric}_range")
         if c["runs"] < 2 or not isinstance(spread, tuple) or not spread[0] < FAILED < SOLVED <= spread[1]:
             continue
-        lrs = pd.to_numeric(done["lr"], errors="coerce")
+        # the runs cell_table averaged at the cell's lr (the same lr values, compared as it compares them)
         at = done[(done["task"] == c["task"]) & (done["series"] == c["series"])
-                  & (done["seq_len"] == c["seq_len"]) & ((lrs - c["lr"]).abs() <= 1e-12)]
+                  & (done["seq_len"] == c["seq_len"]) & (lrs == c["lr"])]
         for _, run in at.iterrows():
             took, stalled = took_off_and_stalled(train_curve(run.get("run_dir")))
             rows.append({"task": c["task"], "series": c["series"], "seq_len": int(c["seq_len"]),
