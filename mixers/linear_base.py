@@ -345,7 +345,8 @@ class LinearMixer(Mixer):
     def _inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x for (q_proj, k_proj, v_proj, gates, output gate). Under autocast each projection would cast
         (and save) its own low-precision copy of x: with lean_backward they share one (views of one cast,
-        their gradients summed in fp32 as the separate casts' were)."""
+        their gradients summed in fp32 as the separate casts' were; the gates' view feeds every gate
+        projection, whose gradients autograd sums in the low precision first)."""
         device = x.device.type
         if self.lean_backward and x.dtype == torch.float32 and torch.is_autocast_enabled(device):
             return shared_cast(x, torch.get_autocast_dtype(device), 5)

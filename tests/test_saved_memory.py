@@ -203,6 +203,28 @@ def test_lean_backward_under_bf16_autocast_is_as_close_to_fp32_as_the_plain_path
         assert ours < 2 * plain + 1e-2, (key, ours, plain)
 
 
+def test_compiled_lean_backward_under_bf16_autocast_is_as_close_to_fp32_as_the_compiled_plain_path() -> None:
+    # the Functions of mixers/recompute.py as Dynamo and AOTAutograd trace them (their backward traced
+    # under the forward's autocast, `recomputed` falling back to the plain call): the form the compiled
+    # lean step takes on CUDA, here on the CPU's ops
+    tokens = torch.randint(0, 11, (2, 37), generator=_generator())
+    ref_loss, ref_grads = _loss_and_grads(_model("kda", {}, lean=False), tokens)
+    results = []
+    for lean in (True, False):
+        model = _model("kda", {}, lean=lean)
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        with torch.autocast("cpu", torch.bfloat16):
+            logits = compiled(tokens)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens.roll(-1, 1).flatten())
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss, grads), (plain_loss, plain_grads) = results
+    assert abs(loss - ref_loss) < 1e-2 * ref_loss
+    for key, ref in ref_grads.items():
+        ours, plain = rel_rms(ref, grads[key]), rel_rms(ref, plain_grads[key])
+        assert ours < 2 * plain + 1e-2, (key, ours, plain)
+
+
 def _op_input_dtypes(name: str, lean: bool) -> list[torch.dtype]:
     """The dtypes of (q, k, v, g?, beta?) layer 0's op receives under the trainer's bf16 autocast."""
     model = _model(name, {}, lean)
