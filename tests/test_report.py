@@ -763,12 +763,22 @@ def test_took_off_and_stalled_read_a_runs_training_curve() -> None:
     assert took_off_and_stalled(learnt) == (200, 300)
     # still climbing at its last step: not stalled
     assert took_off_and_stalled([(100, 0.0), (200, 0.3), (300, 0.6), (400, 0.9)]) == (200, None)
+    # climbing until the schedule's last few percent, where every run flattens: not stalled either
+    ending = [(step, min(0.9, step / 1000)) for step in range(100, 1001, 50)]
+    assert took_off_and_stalled(ending) == (100, None)
+    # flat over its last quarter: stalled
+    assert took_off_and_stalled([*ending[:-6], *((s, 0.6) for s, _ in ending[-6:])]) == (100, 750)
 
 
 def test_seeds_apart_says_how_a_failed_seed_failed(tmp_path: Path) -> None:
     """A cell with a solved seed, one that never left the plateau and one that learnt part and stopped: the
-    report names each failure's kind beside when the solved seed took off; a cell whose seeds all solved
-    it, or that none solved, gets no such lines."""
+    report names each failure's kind beside when the solved seed took off; so for a cell whose best seed
+    learnt the task (0.9) without solving it (0.99); a cell whose seeds all learnt it, or that none
+    learnt, gets no such lines."""
+    _run(tmp_path, "mqar", 512, "mamba2", [0.05, 0.5, 0.95, 0.95, 0.95])
+    _run(tmp_path, "mqar", 512, "mamba2", [0.0] * 5, seed=1)
+    _run(tmp_path, "mqar", 512, "kda", [0.5, 0.95, 0.95, 0.95, 0.95])
+    _run(tmp_path, "mqar", 512, "kda", [0.5, 0.91, 0.91, 0.91, 0.91], seed=1)
     _run(tmp_path, "mqar", 1024, "gdn", [0.05, 0.5, 0.995, 0.995, 0.995])
     _run(tmp_path, "mqar", 1024, "gdn", [0.0] * 5, seed=1)
     _run(tmp_path, "mqar", 1024, "gdn", [0.05, 0.2, 0.2, 0.2, 0.2], seed=2)
@@ -779,9 +789,11 @@ def test_seeds_apart_says_how_a_failed_seed_failed(tmp_path: Path) -> None:
     out = tmp_path / "REPORT.md"
     assert main([str(tmp_path), "--out", str(out)]) == 0
     section = _section(out.read_text(), "Seeds apart")
-    assert ("mqar@1024 gdn, seed 1: never took off in its 1,000 steps, where its solved seeds took off at "
-            "steps 400 (seed 0): a plateau longer than this budget") in section
-    assert ("mqar@1024 gdn, seed 2: took off at step 400, its solved seeds at 400 (seed 0), and stalled at "
-            "0.21 from step 400 to its end (1,000): part of the task learnt") in section
+    assert ("mqar@1024 gdn, seed 1: never took off in its 1,000 steps, where its seeds that learnt it took "
+            "off at steps 400 (seed 0): a plateau longer than this budget") in section
+    assert ("mqar@1024 gdn, seed 2: took off at step 400, its seeds that learnt it at 400 (seed 0), and "
+            "stalled at 0.21 from step 400 to its end (1,000): part of the task learnt") in section
     assert "| mqar | gdn | 1024 | 0.001 | 0 | 1.005 | 1,000 | 400 | – |" in section
-    assert "kda" not in section and "mamba2" not in section
+    assert ("mqar@512 mamba2, seed 1: never took off in its 1,000 steps, where its seeds that learnt it took "
+            "off at steps 400 (seed 0)") in section
+    assert "| kda |" not in section and "| mamba2 | 1024 |" not in section
