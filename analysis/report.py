@@ -1016,10 +1016,10 @@ def seeds_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[
                      f"{step(r['stalled'] if r['acc'] < FAILED else None)} |")
     said = []
     for (task, series, length), cell in apart.groupby(["task", "series", "seq_len"], sort=False):
-        solved = cell[cell["acc"] >= FAILED]
-        seeds = ", ".join(str(seed) for seed in solved["seed"])
-        off = (f"{' and '.join(step(t) for t in solved['took_off'])} "
-               f"(seed{'s' if len(solved) > 1 else ''} {seeds})")
+        learnt = cell[cell["acc"] >= FAILED]
+        seeds = ", ".join(str(seed) for seed in learnt["seed"])
+        off = (f"{' and '.join(step(t) for t in learnt['took_off'])} "
+               f"(seed{'s' if len(learnt) > 1 else ''} {seeds})")
         for _, r in cell[cell["acc"] < FAILED].iterrows():
             if r["took_off"] is None or pd.isna(r["took_off"]):
                 said.append(f"{task}@{length} {series}, seed {r['seed']}: never took off in its "
