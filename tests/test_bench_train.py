@@ -369,3 +369,39 @@ def test_a_conv_backward_other_than_the_default_labels_its_rows(
     err = capsys.readouterr().err
     assert "--conv-bwd two_pass: the models take the Triton short conv on CUDA only" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_graph_compiled_while_timed_is_timed_again_or_an_error() -> None:
+    """A guard that fails inside the timed steps would count a compilation as step time: the steps are
+    timed once more on the cached graphs; a guard that fails at every step is an error, not a row."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    scale = {"value": 1}
+    compiled = torch.compile(lambda x, s: x * s, backend="eager", dynamic=False)
+    x = torch.ones(4)
+    calls = []
+
+    def run() -> None:
+        calls.append(None)
+        compiled(x, scale["value"])  # an int argument: dynamo specialises on its value
+
+    cpu = torch.device("cpu")
+    run()  # the warm-up's compile
+    assert step._graph_count() == 1
+
+    # a timed step sees a new value: one graph made there, and the second round times cached graphs
+    def once() -> None:
+        scale["value"] = 2 if len(calls) >= 1 else 1
+        run()
+    calls.clear()
+    ms, peak, made = step.timed_compiled(once, 3, cpu, compiled=True)
+    assert (made, peak, len(calls)) == (1, None, 6) and ms > 0
+    assert step.timed_compiled(once, 3, cpu, compiled=True)[2] == 0  # both values' graphs cached now
+
+    # a new value at every step: each round compiles
+    def always() -> None:
+        scale["value"] += 1
+        run()
+    with pytest.raises(step.RecompiledWhileTimed, match="a guard fails at every step"):
+        step.timed_compiled(always, 2, cpu, compiled=True)
+    torch._dynamo.reset()
