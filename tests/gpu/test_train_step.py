@@ -87,7 +87,8 @@ def _loss_and_grads(steps, model, features, params, batch, autocast):
 def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
     steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
     batch = steps.make_batch(inputs, labels, device)
-    compiled = _compiled_afresh(model.features)
+    _dynamo_afresh()
+    compiled = torch.compile(model.features)
     fp32 = contextlib.nullcontext
     # in fp32 the compiled graph differs from eager only by the order of its fused elementwise work
     ref_loss, ref_grads = _loss_and_grads(steps, model, model.features, params, batch, fp32)
@@ -105,12 +106,11 @@ def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
     _assert_compiled(2)  # one graph in fp32, one under autocast
 
 
-def _compiled_afresh(fn):  # noqa: ANN001, ANN202
+def _dynamo_afresh() -> None:
     # every model's `features` is one code object to dynamo, whose recompile limit (8) the models of these
     # tests would pass, and past it dynamo runs eager without a word: each test compiles from a clean slate
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    return torch.compile(fn)
 
 
 def _assert_compiled(graphs: int) -> None:
@@ -128,13 +128,11 @@ def test_lean_step_is_as_close_to_fp32_as_the_plain_step(compiled: bool) -> None
         steps, model, params, _, _, inputs, labels, device = _setup("kda", B=4, T=2048, lean=lean,
                                                                      task_name="palindrome")
         batch = steps.make_batch(inputs, labels, device)
-        features = model.features
-        if compiled and autocast is not None:
-            # the plain model's compile starts the clean slate, the lean one's adds to it: both counted
-            features = torch.compile(features) if lean else _compiled_afresh(features)
+        features = torch.compile(model.features) if compiled and autocast is not None else model.features
         return _loss_and_grads(steps, model, features, params, batch, autocast or contextlib.nullcontext)[1]
 
     bf16 = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+    _dynamo_afresh()
     ref, plain, lean = grads(False, None), grads(False, bf16), grads(True, bf16)
     if compiled:
         _assert_compiled(2)  # the plain model's graph and the lean one's
