@@ -28,6 +28,12 @@ def wide(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
+def narrow(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype: a Function's output must not be a no-op cast (or .contiguous()) of a tensor it computed,
+    which torch 2.11's Dynamo routes the backward's gradient past (pytorch/pytorch#180642: zero gradients)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
@@ -109,7 +115,7 @@ class L2Norm(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, eps: float) -> torch.Tensor:
         norm = wide(x).norm(dim=-1, keepdim=True)  # [..., 1]
         r = 1 / norm.clamp_min(eps)
-        y = (wide(x) * r).to(x.dtype)
+        y = narrow(wide(x) * r, x.dtype)
         # the sign of r marks the clamped rows (r > 0 always): they need no projection
         ctx.save_for_backward(y, torch.where(norm > eps, r, -r))
         return y
