@@ -35,8 +35,9 @@
 #                    rows labelled +conv-two_pass), kernels listed by category
 #   loss         90  the LM head + loss alone: full logits, torch, fused (two passes, and rows whole), FLA
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default and eager, FLA's layers
-#                    where WHEELS has them: the rows of benchmarks/results/h200_step/ carried in and only
-#                    the missing ones measured (--resume), so the table fills over sessions; STEP_ARGS narrows
+#                    where WHEELS has them: the rows of this GPU's table (benchmarks/results/h200_step/ or
+#                    h100_step/) carried in and only the missing ones measured (--resume), so the table
+#                    fills over sessions; STEP_ARGS narrows
 #                    it (e.g. "--lengths 1024 --impls ours")
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
 #   budget      390  KDA's and GDN's default step at MQAR T=1024 beside it at trainer.compile_memory_budget 0.8
@@ -295,7 +296,9 @@ for step in "${steps[@]}"; do
       brief 90 "${speed[@]}" loss --out "$OUT/loss" ;;
     step)
       mkdir -p "$OUT/step"
-      cp "$ROOT"/benchmarks/results/h200_step/bench_train*.csv "$OUT/step/" 2>/dev/null
+      # a table is of one GPU (--resume refuses rows of another): the committed one of this GPU's kind
+      kind="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr 'H' 'h')"
+      cp "$ROOT/benchmarks/results/${kind:-none}_step/"bench_train* "$OUT/step/" 2>/dev/null
       # shellcheck disable=SC2086
       brief 540 python3 -m benchmarks.step --out "$OUT/step" --resume ${STEP_ARGS:-} ;;
     compile)

@@ -36,7 +36,8 @@ Writes DIR/bench_train.csv and DIR/bench_train.md (date, GPU, versions, commit o
 DIR/bench_train_kernels.csv: each category of each step's GPU time by launching op and kernel, largest
 first, so that every figure of the split can be traced to the kernels it adds up.
 `--resume` keeps the rows DIR holds and measures the missing ones, so that a table larger than one
-session's device time fills over several (every row records its date and commit).
+session's device time fills over several (every row records its date, commit and device; a table is of
+one device, so rows of another make --resume stop before anything is measured or written).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ import torch._functorch.config as functorch_config
 from omegaconf import OmegaConf
 from torch import nn
 
-from benchmarks.common import ROOT, commit, indexed_device, provenance, write_csv
+from benchmarks.common import ROOT, commit, device_name, indexed_device, provenance, write_csv
 from benchmarks.memory import SAVED, compiled_rows, outside_graph, saved_split, split_gib
 from harness import step as train
 from harness.config import fast_step
@@ -441,6 +442,18 @@ def load(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def row_devices(out: Path, rows: list[dict[str, Any]]) -> set[str]:
+    """The devices the kept rows were measured on: their `device`, else (rows written before the column)
+    the one bench_train.md's header names, its second field."""
+    named = None
+    md = out / "bench_train.md"
+    if md.exists():
+        lines = md.read_text().splitlines()
+        fields = lines[2].split(", ") if len(lines) > 2 else []
+        named = fields[1] if len(fields) > 1 else None
+    return {str(r.get("device") or named or "an unnamed device") for r in rows}
+
+
 # a step whose kernels account for less than 1 - this of its time is named under the table
 UNPROFILED = 0.1
 
@@ -585,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
         triton_conv.BWD_FORM, args.conv_label = args.conv_bwd, args.conv_bwd
         ours = [(c, lean, False) for c, lean, _ in ours]
     rows = load(args.out) if args.resume else []
+    here = device_name(device)
+    other = sorted(row_devices(args.out, rows) - {here})
+    if other:
+        parser.error(f"--resume: {args.out} holds rows measured on {', '.join(other)}, and this run is on "
+                     f"{here}: resume there, or give this device its own --out (a table is of one device)")
     done = {_key(r) for r in rows}
     measured_by = f"{datetime.date.today()} {commit()}"
     if rows:
@@ -615,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,
                                    "error": _error_line(error)}
-                        row["measured"] = measured_by
+                        row["measured"], row["device"] = measured_by, here
                         print({k: v for k, v in row.items() if k != "_kernels"}, flush=True)
                         rows.append(row)
                         # written after every row: a run cut off by a time limit keeps what it measured

@@ -234,6 +234,35 @@ def test_resume_keeps_the_measured_rows_and_measures_the_missing(tmp_path: Path,
     assert [int(r["T"]) for r in csv.DictReader(open(tmp_path / "bench_train.csv"))] == [32]
 
 
+def test_resume_refuses_a_table_of_another_device_before_writing(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--d-model", "32", "--mixers",
+              "attention", "--impls", "ours", "--warmup", "0", "--steps", "1", "--tasks", "palindrome",
+              "--no-profile", "--lengths", "16"]
+    assert step.main(common) == 0
+    (row,) = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
+    assert row["device"] == step.device_name("cpu")
+    # a row of another device, and rows written before the column, which take the header's device
+    for text, name in [(open(tmp_path / "bench_train.csv").read().replace(row["device"], "NVIDIA H200"),
+                        "NVIDIA H200"), (None, "NVIDIA H100 80GB HBM3")]:
+        if text is None:
+            rows = list(csv.DictReader(open(tmp_path / "bench_train.csv")))
+            for r in rows:
+                del r["device"]
+            step.write_csv(tmp_path / "bench_train.csv", rows, [k for k in rows[0]])
+            md = (tmp_path / "bench_train.md").read_text()
+            (tmp_path / "bench_train.md").write_text(md.replace(row["device"], name, 1))
+        else:
+            (tmp_path / "bench_train.csv").write_text(text)
+        before = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+        with pytest.raises(SystemExit) as exit_:
+            step.main([*common, "--lengths", "32", "--resume"])
+        assert exit_.value.code == 2
+        assert f"holds rows measured on {name}, and this run is on {step.device_name('cpu')}" in (
+            capsys.readouterr().err)
+        assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == before
+
+
 def _node_with_stack(path: str) -> torch.fx.Node:
     graph = torch.fx.Graph()
     node = graph.placeholder("x")
