@@ -424,6 +424,11 @@ def test_mqar_section_explains_kda_solving_mqar_at_2048_and_names_the_runs_that_
     assert "1,535 a sequence at 2048, 6.0 for each pair" in text and "392,960 recalls" in text
     # the choices that cannot explain a success are named as such, with the grid's values
     assert "vocabulary (8,192" in text and "batch (256" in text and "at most 5,000" in text
+    # the budget is the claim's cell's: another cell's failed seed trained again at 20,000 steps lifts
+    # neither KDA's runs at 2048 nor what a longer budget could do for them
+    longer = _mqar_runs().iloc[:1].assign(mixer="gdn", **{"trainer.max_steps": 20000})
+    text = "\n".join(mqar_section(pd.concat([runs, longer], ignore_index=True), cells, "train"))
+    assert "a budget of at most 5,000 steps, below the paper's 20,000, can only lower a cell" in text
     assert "task.params.num_pairs=512" in text and "task.params.num_queries=256" in text
     # below 50% (as the paper shows), or not run: no explanation owed
     below = cells.assign(train=0.4)
@@ -506,6 +511,18 @@ def _claim2_cells(kda: tuple[float, ...], gdn: tuple[float, ...],
          "steps_all": steps, "steps_to_0.9": median_steps(steps), "runs": len(steps)}
         for task, series, length, steps in cells
     ])
+
+
+def test_claim_2_untestable_names_its_cells_own_budget() -> None:
+    # neither mixer reaches 0.9 in its cells' 5,000 steps; a longer run elsewhere in the table (the
+    # judge's max_steps) does not make that "in 20,000"
+    never = _claim2_cells((math.inf,), (math.inf,))
+    claim = judge(never.assign(max_steps=5000.0), max_steps=20000)[1]
+    assert claim["verdict"] == "not testable"
+    assert "mqar@1024 (neither reaches 0.9 in 5000 steps)" in claim["evidence"]
+    assert "20000" not in claim["evidence"]
+    # cells that name no budget take the table's
+    assert "(neither reaches 0.9 in 20000 steps)" in judge(never, max_steps=20000)[1]["evidence"]
 
 
 def test_median_steps_counts_never_as_slowest() -> None:
