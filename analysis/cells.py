@@ -177,6 +177,14 @@ def max_trained_steps(table: pd.DataFrame) -> int | None:
     return int(steps.max()) if steps.notna().any() else None
 
 
+def max_steps_run(table: pd.DataFrame) -> int | None:
+    """The most steps a run of the table trained (its summary's `steps`), else its largest budget: the
+    step axis's end, so that a longer budget a run stopped early within does not stretch the axis past
+    every line."""
+    steps = pd.to_numeric(table["steps"], errors="coerce") if "steps" in table else pd.Series(dtype=float)
+    return int(steps.max()) if steps.notna().any() else max_trained_steps(table)
+
+
 # What one run of a cell repeats: a run of these at a larger trainer.max_steps supersedes it.
 SAME_RUN = ["task", "mixer", "variant", "seq_len", "lr", "seed"]
 

@@ -75,9 +75,9 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
     lr, seed band; runs at that length that diverged or failed are marked at the step they stopped.
     `pending`: the grid's cells not yet run (analysis.grid.not_run): a task with one at this length gets
     its panel, each such series a legend entry, a panel without a line says so. `note`: lines above the
-    panels. `max_steps`: the step budget, the x axis's end in every panel (a line ending before it stopped
-    early, its task solved: only completed runs are drawn; a seed that stopped so counts at its last eval
-    while the cell's other seeds train on, the CSV's n_carried)."""
+    panels. `max_steps`: the x axis's end in every panel, the most steps a run trained (a line ending
+    before its budget stopped early, its task solved: only completed runs are drawn; a seed that stopped
+    so counts at its last eval while the cell's other seeds train on, the CSV's n_carried)."""
     if "run_dir" not in runs or runs["run_dir"].isna().all():
         raise ValueError("accuracy-vs-steps needs local run directories (metrics.jsonl); this table has none")
     pending = pending if pending is not None else unscored.iloc[:0]
@@ -153,7 +153,7 @@ def plot_acc_vs_steps(runs: pd.DataFrame, best: pd.DataFrame, unscored: pd.DataF
         if not drawn:
             ax.text(0.5, 0.55, f"no completed run at L = {length:,} yet", transform=ax.transAxes,
                     ha="center", va="center", color="0.45")
-        # Steps from 0 to the budget (else the last one drawn), in whole steps: matplotlib's own limits
+        # Steps from 0 to the longest run (else the last one drawn), in whole steps: matplotlib's own limits
         # around a single eval step (19.0 to 21.0 for an eval at 20) read as fractional steps.
         ax.set_xlim(0, max(end, last) + gap * ((len(drawn) - 1) / 2 + 2))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))

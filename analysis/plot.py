@@ -59,7 +59,7 @@ from analysis.cells import (
     cells,
     distinct,
     longest_budget,
-    max_trained_steps,
+    max_steps_run,
     scored_runs,
     unscored_runs,
 )
@@ -123,8 +123,8 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
         if (best[best["seq_len"] == at]["n_seeds"] > 1).any():
             ends += "; a seed stopped so counts at its last eval while its cell's other seeds train on"
         steps_note = _lines(budget, fill_note(grid, pending, at) if grid is not None else None, ends)
-        budget_steps = max_trained_steps(table[table["seq_len"] == at])
-        written += plot_acc_vs_steps(runs, best, unscored, at, out_dir, pending, steps_note, budget_steps)
+        axis_end = max_steps_run(table[table["seq_len"] == at])
+        written += plot_acc_vs_steps(runs, best, unscored, at, out_dir, pending, steps_note, axis_end)
     elif "acc_vs_steps" in figures:
         print("skipping accuracy vs steps: the table has no local run directories", file=sys.stderr)
     if "lr_sensitivity" in figures:

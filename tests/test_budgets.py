@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.cells import budgets, longest_budget
+from analysis.cells import budgets, longest_budget, max_steps_run
 from analysis.plot import plot_all
 from analysis.report import render
 
@@ -32,6 +32,17 @@ def test_a_longer_completed_run_of_the_same_cell_lr_and_seed_supersedes_the_shor
     kept = longest_budget(table)
     assert list(kept.index) == [1, 2, 3, 4, 5]
     assert longest_budget(kept).equals(kept)
+
+
+def test_the_step_axis_ends_at_the_longest_run_not_the_longest_budget() -> None:
+    # a failed seed trained again at 20,000 steps that stopped early at 5,000 does not stretch the axis
+    # to 20,000, past every line; a run that trained its 20,000 does
+    stopped = {**_run("gdn", "mqar", 0.999, max_steps=20000), "steps": 5000}
+    table = pd.DataFrame([_run("kda", "mqar", 1.0), stopped])
+    assert max_steps_run(table) == 5000
+    assert max_steps_run(pd.concat([table, pd.DataFrame([_run("kda", "palindrome", 0.8, 20000)])])) == 20000
+    # summaries without `steps`: the largest budget
+    assert max_steps_run(table.drop(columns="steps")) == 20000
 
 
 def test_budgets_in_words() -> None:
