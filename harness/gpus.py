@@ -23,6 +23,18 @@ def visible_gpus() -> int:
     return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
 
 
+def gpu_name() -> str | None:
+    """The name of the machine's first GPU as nvidia-smi gives it (the one torch names too), None without
+    one: the campaign prices a run from runs of the same GPU where it has them."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    return names[0] if listed.returncode == 0 and names else None
+
+
 def visible_subset(indices: list[int]) -> str:
     """CUDA_VISIBLE_DEVICES for a job given the machine's GPUs `indices` (0 .. visible_gpus() - 1): the
     entries of the inherited CUDA_VISIBLE_DEVICES where one is set, else the indices themselves."""

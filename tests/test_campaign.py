@@ -218,13 +218,13 @@ def test_cells_expand_in_order_and_pack_n_jobs_to_a_multirun() -> None:
 
 def _finished(root: Path, name: str, mixer: str, seq_len: int, wall: float, given: list[str],
               status: str = "completed", n_jobs: int | None = None, layers: int | None = None,
-              jobs_per_gpu: int | None = None) -> None:
+              jobs_per_gpu: int | None = None, gpu: str | None = None) -> None:
     run = root / "results" / "x" / name
     (run / ".hydra").mkdir(parents=True)
     config = {"trainer.max_steps": 1000, **({"model.num_layers": layers} if layers else {})}
     (run / "summary.json").write_text(json.dumps({
         "status": status, "steps": 1001, "wall_time_s": wall + 10.0, "first_step_s": 10.0, "mixer": mixer,
-        "seq_len": seq_len, "task": "mqar", "config": config}))
+        "seq_len": seq_len, "task": "mqar", "config": config, **({"gpu": {"name": gpu}} if gpu else {})}))
     overrides = ["task=mqar", f"task.seq_len={seq_len}", f"mixer={mixer}", "seed=0", *given]
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     launcher = f"  launcher:\n    _target_: x\n    n_jobs: {n_jobs}\n" if n_jobs else ""
@@ -308,6 +308,26 @@ def test_a_cell_is_timed_from_runs_of_its_own_experiment_and_group_choices_first
     # an experiment not yet run at all is timed from every alike run, as before (the hybrid's run set a
     # group this cell does not, so only the grid's)
     assert campaign.estimate(first, runs) == pytest.approx(0.1 * 1000 + 10.0)
+
+
+def test_a_cell_is_timed_from_runs_on_the_machines_gpu_where_there_are_any(tmp_path: Path) -> None:
+    campaign = _module()
+    # kda at 2048: 0.1 s a step on the H200, 0.13 on the H100; gdn at 2048 measured on the H200 alone
+    _finished(tmp_path, "a", "kda", 2048, 100.0, ["experiment=grid"], gpu="NVIDIA H200")
+    _finished(tmp_path, "b", "kda", 2048, 130.0, ["experiment=grid"], gpu="NVIDIA H100 80GB HBM3")
+    _finished(tmp_path, "c", "gdn", 2048, 80.0, ["experiment=grid"], gpu="NVIDIA H200")
+    runs = campaign.finished_runs(tmp_path)
+    kda, gdn = campaign.expand([["experiment=grid", "task.seq_len=2048", "mixer=kda", "task=mqar"],
+                                ["experiment=grid", "task.seq_len=2048", "mixer=gdn", "task=mqar"]])
+    assert campaign.estimate(kda, runs, gpu="NVIDIA H100 80GB HBM3") == pytest.approx(0.13 * 1000 + 10.0)
+    assert campaign.estimate(kda, runs, gpu="NVIDIA H200") == pytest.approx(0.1 * 1000 + 10.0)
+    # no GPU named (a CPU's `left`), or one with no run: every run, as before
+    assert campaign.estimate(kda, runs) == pytest.approx(0.115 * 1000 + 10.0)
+    assert campaign.estimate(kda, runs, gpu="NVIDIA B200") == pytest.approx(0.115 * 1000 + 10.0)
+    # a cell whose runs are all of another GPU keeps them
+    assert campaign.estimate(gdn, runs, gpu="NVIDIA H100 80GB HBM3") == pytest.approx(0.08 * 1000 + 10.0)
+    estimates = campaign.estimates_of([kda, gdn], [0, 1], runs, [], gpu="NVIDIA H100 80GB HBM3")
+    assert estimates[0] == pytest.approx(0.13 * 1000 + 10.0)
 
 
 def test_a_deeper_stack_is_timed_in_proportion_to_its_layers(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ a GPU), and the launcher spreads them over every GPU. On a machine of several GP
 GPUs its runs need (its CUDA_VISIBLE_DEVICES), and the next pending cell that fits, of any stage, starts on
 the idle ones beside it.
 Before each launch it estimates the cell's duration from the finished runs of the work copy
-(`estimate`); a cell that would not end a minute before the deadline is postponed (left pending for the
+(`estimate`; those of the machine's GPU where there are any: an H100 is slower than an H200); a cell that would not end a minute before the deadline is postponed (left pending for the
 next stretch) and the next pending cell that fits runs instead, so the end of a hold fills with short
 runs rather than with a run that is lost. `wait --hold-minutes M` (or `start` again on the running
 campaign) moves the hold to M minutes from then, once the lender has said how much time the machine has
@@ -95,7 +95,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.lr_rule import cell_lr  # noqa: E402  (standard library only)
 from harness.caches import cache_dirs, inductor_name  # noqa: E402  (standard library only at import)
-from harness.gpus import runs_at_once, visible_gpus, visible_subset  # noqa: E402  (standard library only)
+from harness.gpus import gpu_name, runs_at_once, visible_gpus, visible_subset  # noqa: E402  (standard library only)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
 
 # A run directory's files that travel back; checkpoints are too large and only resume on the same machine.
@@ -503,7 +503,8 @@ def finished_runs(src: Path) -> list[dict[str, Any]]:
             config = summary.get("config") or {}
             entry.update(mixer=summary.get("mixer"), seq_len=int(summary["seq_len"]), first_s=first,
                          step_s=max(0.0, wall - first) / (steps - 1),
-                         max_steps=config.get("trainer.max_steps"), layers=config.get("model.num_layers"))
+                         max_steps=config.get("trainer.max_steps"), layers=config.get("model.num_layers"),
+                         gpu=(summary.get("gpu") or {}).get("name"))
         found.append(entry)
     return found
 
@@ -530,7 +531,8 @@ def is_finished(cell: Cell, runs: list[dict[str, Any]]) -> bool:
     return run_of(cell, runs) is not None
 
 
-def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: int = 1) -> float | None:
+def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: int = 1,
+             gpu: str | None = None) -> float | None:
     """Seconds the cell's run should take at most (max_steps less the `done` steps its checkpoint holds,
     no early stop): from finished runs of its
     mixer and length, else of its mixer at the nearest length scaled by length, else of any mixer at its
@@ -539,7 +541,9 @@ def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: in
     three sharing a GPU steps about three times slower than one alone, and scaled by length that would keep
     a lone run postponed forever. The measured runs of an n_jobs launcher count as run on one GPU (all of
     ours were); those of jobs_per_gpu as that many a GPU. max_steps: the cell's override, else the measured
-    runs'."""
+    runs'. `gpu` (the machine's GPU, harness.gpus.gpu_name): of the runs that time the cell, those measured
+    on that GPU where there are any (an H100 steps a KDA run at 2,048 about 1.3x slower than an H200, and a
+    run the hold cannot finish is lost)."""
     mixer = cell.values.get("mixer")
     try:
         length = int(float(cell.values["task.seq_len"]))
@@ -569,6 +573,7 @@ def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: in
         runs, scale = [m for m in measured if m["seq_len"] == nearest], length / nearest
     if not runs:
         return None
+    runs = [m for m in runs if gpu is not None and m.get("gpu") == gpu] or runs
     try:
         max_steps = int(float(cell.values["trainer.max_steps"]))
     except (KeyError, ValueError):
@@ -616,12 +621,13 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def estimates_of(cells: list[Cell], pending: list[int], measured: list[dict[str, Any]],
-                 partial: list[dict[str, Any]], gpus: int = 1) -> dict[int, float | None]:
+                 partial: list[dict[str, Any]], gpus: int = 1,
+                 gpu: str | None = None) -> dict[int, float | None]:
     """estimate() of each pending cell, less the steps of its run's checkpoint where it has one."""
     found = {}
     for i in pending:
         run = run_of(cells[i], partial)
-        found[i] = estimate(cells[i], measured, done=run["steps"] if run else 0, gpus=gpus)
+        found[i] = estimate(cells[i], measured, done=run["steps"] if run else 0, gpus=gpus, gpu=gpu)
     return found
 
 
@@ -948,7 +954,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 waiting = resolve_best(cells, pending, src)
                 pending = [i for i in pending if not is_finished(cells[i], measured)]  # lr set: held?
                 ready = [i for i in pending if i not in waiting]
-                estimates = estimates_of(cells, ready, measured, partial_runs(src), gpus)
+                estimates = estimates_of(cells, ready, measured, partial_runs(src), gpus, state.get("gpu"))
                 group, postponed = choose(cells, ready, left, estimates, len(free), gpus)
                 if not group and not running and ready and state.get("fill") and left >= FILL_MIN_S:
                     # the stop checkpoints it and --with-checkpoints carries it to the next machine
@@ -1001,7 +1007,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
     return ending
 
 
-def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
+def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None) -> float:
     """What the plans still have to run against the checkout `source`: each pending cell with its estimate
     (from the checkout's finished runs; at most max_steps, so early stopping only shortens it) and the
     minute its group ends, counted from the first launch (what a hold of that length would finish), and the
@@ -1017,7 +1023,7 @@ def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
     # a cell of optim.lr=best is priced whether or not its lr can be picked yet (the lr does not time it)
     waiting = resolve_best(cells, pending, source)
     pending = [i for i in pending if not is_finished(cells[i], runs)]
-    estimates = estimates_of(cells, pending, runs, partial_runs(source), gpus)
+    estimates = estimates_of(cells, pending, runs, partial_runs(source), gpus, gpu)
     unknown, todo = 0, list(pending)
     free_at = [0.0] * max(1, gpus)
     while todo:
@@ -1039,8 +1045,8 @@ def left(plans: list[Path], source: Path, gpus: int = 1) -> float:
         todo = [i for i in todo if i not in group]
     total = max(free_at)
     print(f"{len(pending)} of {len(first)} cells left in {', '.join(map(str, plans))}: at most "
-          f"{total / 60:.0f} min of device time" + (f", {unknown} cell(s) without an estimate" if unknown
-                                                    else "") + " (early stopping shortens it)")
+          f"{total / 60:.0f} min of device time" + (f" on an {gpu}" if gpu else "")
+          + (f", {unknown} cell(s) without an estimate" if unknown else "") + " (early stopping shortens it)")
     return total
 
 
@@ -1368,6 +1374,7 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
         state["fill"] = fill
         # a stage's runs at once spread over the GPUs: each cell steps as fast as the runs per GPU let it
         state["gpus"] = max(1, visible_gpus())
+        state["gpu"] = gpu_name()
     _write_state(work, state)
     log = open(work / "campaign.log", "ab")
     supervisor = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_supervise", "--work",
@@ -1694,6 +1701,9 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--gpus", type=int, default=None,
                          help="the GPUs of the machine that will run the plans (default: this one's, at "
                          "least 1): a stage's n_jobs spread over them, its jobs_per_gpu on each")
+    command.add_argument("--gpu", default=None, metavar="NAME",
+                         help="the GPU that will run them, as nvidia-smi names it (default: this machine's): "
+                         "each cell priced from runs on it where there are any")
     command = sub.add_parser("extend", help="a plan that trains the unsolved cells of results again, "
                              "longer")
     command.add_argument("results", type=Path, nargs="+", help="results directories (a sweep's dir)")
@@ -1745,7 +1755,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "_supervise":
             return supervise(args.work)
         if args.command == "left":
-            left(args.plans, args.source, args.gpus or max(1, visible_gpus()))
+            left(args.plans, args.source, args.gpus or max(1, visible_gpus()), args.gpu or gpu_name())
             return 0
         if args.command == "extend":
             print(extend(args.results, args.source, args.max_steps, args.below, args.metric,
