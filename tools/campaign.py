@@ -47,8 +47,8 @@ a GPU), and the launcher spreads them over every GPU. On a machine of several GP
 GPUs its runs need (its CUDA_VISIBLE_DEVICES), and the next pending cell that fits, of any stage, starts on
 the idle ones beside it.
 Before each launch it estimates the cell's duration from the finished runs of the work copy
-(`estimate`; those of the machine's GPU where there are any: an H100 is slower than an H200); a cell that would not end a minute before the deadline is postponed (left pending for the
-next stretch) and the next pending cell that fits runs instead, so the end of a hold fills with short
+(`estimate`; those of the machine's GPU where there are any: an H100 is slower than an H200); a cell
+that would not end a minute before the deadline is postponed (left pending for the next stretch) and the next pending cell that fits runs instead, so the end of a hold fills with short
 runs rather than with a run that is lost. `wait --hold-minutes M` (or `start` again on the running
 campaign) moves the hold to M minutes from then, once the lender has said how much time the machine has
 left. Cells that the checkout holds finished are skipped without a launch. When nothing pending fits,
