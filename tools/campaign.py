@@ -46,13 +46,14 @@ else hydra.launcher.jobs_per_gpu x the machine's GPUs (the launcher's rule; hydr
 a GPU), and the launcher spreads them over every GPU. On a machine of several GPUs a block takes only the
 GPUs its runs need (its CUDA_VISIBLE_DEVICES), and the next pending cell that fits, of any stage, starts on
 the idle ones beside it.
-Before each launch it estimates the cell's duration from the finished runs of the work copy
-(`estimate`; those of the machine's GPU where there are any: an H100 is slower than an H200); a cell
-that would not end a minute before the deadline is postponed (left pending for the next stretch) and the next pending cell that fits runs instead, so the end of a hold fills with short
-runs rather than with a run that is lost. `wait --hold-minutes M` (or `start` again on the running
-campaign) moves the hold to M minutes from then, once the lender has said how much time the machine has
-left. Cells that the checkout holds finished are skipped without a launch. When nothing pending fits,
-the supervisor ends and says so; `wait` and `status` list the postponed cells.
+Before each launch it estimates the cell's duration from the finished runs of the work copy (`estimate`;
+those of the machine's GPU where there are any: an H100 is slower than an H200); a cell that would not
+end a minute before the deadline is postponed (left pending for the next stretch) and the next pending
+cell that fits runs instead, so the end of a hold fills with short runs rather than with a run that is
+lost. `wait --hold-minutes M` (or `start` again on the running campaign) moves the hold to M minutes from
+then, once the lender has said how much time the machine has left. Cells that the checkout holds finished
+are skipped without a launch. When nothing pending fits, the supervisor ends and says so; `wait` and
+`status` list the postponed cells.
 
 A carried checkpoint is a run's model, optimizer and schedule (22 to 35 MB for Fig. 4's models): a lent
 machine sends back 8 files a call, 64 MiB together, and its working tree with what is carried is at most
