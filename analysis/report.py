@@ -286,7 +286,7 @@ def judge(
         evidence.append(f"{task}: kda {shown['kda']}, gdn {shown['gdn']}")
         if k is None and g is None:
             # the two cells' own budgets: another cell's longer run does not lengthen these
-            own = [int(b) for b in budget.values() if b is not None and not pd.isna(b)]
+            own = [int(b) for b in budget.values() if pd.notna(b)]
             cap = max(own) if own else max_steps
             missing.append(f"{task}@1024 (neither reaches 0.9 in {cap or 'the'} steps)")
             continue
@@ -839,7 +839,7 @@ def mqar_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[s
     mqar = runs[runs["task"] == "mqar"]
     batch = _int(mqar["trainer.batch_size"].max()) if "trainer.batch_size" in mqar else None
     # the budget of the cell the claim turns on (a longer run elsewhere does not lift this one)
-    kda_runs = mqar[(mqar["seq_len"] == 2048) & (_series(mqar) == "kda").to_numpy()] if len(mqar) else mqar
+    kda_runs = mqar[(mqar["seq_len"] == 2048) & (_series(mqar) == "kda").to_numpy()]
     budget = max_trained_steps(kda_runs if len(kda_runs) else mqar)
     below = f", below the paper's {PAPER_STEPS:,}," if budget and budget < PAPER_STEPS else ""
     tested = not _load_cells(cells).empty

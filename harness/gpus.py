@@ -14,25 +14,24 @@ def visible_gpus() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([entry for entry in visible.split(",") if entry.strip() and entry.strip() != "-1"])
-    try:
-        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    if listed.returncode != 0:
-        return 0
-    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+    return sum(line.startswith("GPU ") for line in _nvidia_smi("-L"))
 
 
 def gpu_name() -> str | None:
     """The name of the machine's first GPU as nvidia-smi gives it (the one torch names too), None without
     one: the campaign prices a run from runs of the same GPU where it has them."""
+    listed = _nvidia_smi("--query-gpu=name", "--format=csv,noheader")
+    names = [line.strip() for line in listed if line.strip()]
+    return names[0] if names else None
+
+
+def _nvidia_smi(*args: str) -> list[str]:
+    """nvidia-smi's output lines for `args`; none where it is missing or fails (no GPU to give)."""
     try:
-        listed = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30)
+        listed = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return None
-    names = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
-    return names[0] if listed.returncode == 0 and names else None
+        return []
+    return listed.stdout.splitlines() if listed.returncode == 0 else []
 
 
 def visible_subset(indices: list[int]) -> str:
