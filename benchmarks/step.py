@@ -30,8 +30,8 @@ graph compiled inside the timed steps (a guard failing after the warm-up) sends 
 the cached graphs (`graphs made while timed`), and a second such round fails the row. `unprofiled ms` is
 the step time in no kernel (the GPU idle between them); the report names rows where it passes 10 %.
 Each row is printed beside the last committed figure of the same form (`benchmarks/anchors/
-train_eaf2b28_h200.csv`, H200) and beside FLA's layers; the step before this benchmark existed
-(`train_a359d38_h200.csv`) closes the report.
+train_eaf2b28_h200.csv`, H200; rows of another GPU get none) and beside FLA's layers; the step before this
+benchmark existed (`train_a359d38_h200.csv`) closes the report of an H200's table.
 Writes DIR/bench_train.csv and DIR/bench_train.md (date, GPU, versions, commit on top), and
 DIR/bench_train_kernels.csv: each category of each step's GPU time by launching op and kernel, largest
 first, so that every figure of the split can be traced to the kernels it adds up.
@@ -74,6 +74,8 @@ TASKS = {"mqar": "mqar", "palindrome": "palindrome"}
 BASELINE = ROOT / "benchmarks" / "anchors" / "train_a359d38_h200.csv"
 # the last committed step figures, per form (impl label), task, mixer and length
 LAST = ROOT / "benchmarks" / "anchors" / "train_eaf2b28_h200.csv"
+# the GPU both anchors were measured on: a row of another is not compared with them
+ANCHOR_GPU = "H200"
 CATEGORIES = ["mixer op", "lm head+loss", "short conv", "matmuls", "rest"]
 
 # our mixer -> FLA's layer of the same op (FLA's own gates and defaults), as module.Class under fla.layers
@@ -467,6 +469,11 @@ def _unprofiled(row: dict[str, Any]) -> float:
     return 0.0 if None in split else row["step_ms"] - sum(split)
 
 
+def _anchored(row: dict[str, Any]) -> bool:
+    # rows from before the device column are of the H200's table, the only one then
+    return ANCHOR_GPU in str(row.get("device", ANCHOR_GPU))
+
+
 def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True) -> None:
     # what each category of each step's GPU time is made of, largest first
     fields = ["impl", "default", "task", "mixer", "layers", "T", "category", "ms", "launches", "op", "kernel"]
@@ -489,7 +496,7 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
             lines.append(f"| {r['task']} | {name} | {r['T']} | {r['impl']} | {r.get('error', '?')} "
                          "| | | | | | | |")
             continue
-        old = last.get((r["impl"], r["task"], r["mixer"], r["T"]))
+        old = last.get((r["impl"], r["task"], r["mixer"], r["T"])) if _anchored(r) else None
         ratio = f"{r['step_ms'] / float(old['step_ms']):.2f}x of {old['step_ms']}" if old else ""
         other = fla.get((r["task"], r["mixer"], r["T"]))
         vs_fla = f"{r['step_ms'] / other['step_ms']:.2f}x" if other and r["impl"].startswith("ours") else ""
@@ -507,7 +514,7 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
     if idle:
         lines += ["", f"Over {UNPROFILED:.0%} of the step in no kernel (the GPU idle between them; the split "
                   "above accounts for the rest): " + "; ".join(idle)]
-    if base:
+    if base and any(_anchored(r) for r in rows):
         lines += ["", "a359d38 (MQAR, B=256, from the training-step issue): " + ", ".join(
             f"{m} T={t}: {r['step_ms']} ms, {r['peak_gib']} GiB" for (m, t), r in sorted(base.items()))]
     (out / "bench_train.md").write_text("\n".join(lines) + "\n")

@@ -434,3 +434,16 @@ def test_a_graph_compiled_while_timed_is_timed_again_or_an_error() -> None:
     with pytest.raises(step.RecompiledWhileTimed, match="a guard fails at every step"):
         step.timed_compiled(always, 2, cpu, compiled=True)
     torch._dynamo.reset()
+
+
+def test_a_row_of_another_gpu_is_not_compared_with_the_h200_anchors(tmp_path: Path) -> None:
+    row = {"impl": "ours+compile", "default": True, "task": "mqar", "mixer": "kda", "layers": 2, "T": 1024,
+           "B": 256, "step_ms": 48.5, "tokens_per_s_M": 5.4, "peak_gib": 12.8, "first_step_s": 25.5,
+           "measured": "commit abc1234"}
+    assert ("ours+compile", "mqar", "kda", 1024) in step._last() and step.ANCHOR_GPU in "NVIDIA H200"
+    for device, compared in (("NVIDIA H200", True), (None, True), ("NVIDIA H100 80GB HBM3", False)):
+        step.write([{**row, **({"device": device} if device else {})}], tmp_path, "header", echo=False)
+        text = (tmp_path / "bench_train.md").read_text()
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("| mqar | kda |")]
+        assert ("x of " in line) is compared, (device, line)
+        assert ("a359d38" in text) is compared, device
