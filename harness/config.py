@@ -325,9 +325,8 @@ def _check_values(cfg: DictConfig) -> None:
 def fast_step(cfg: DictConfig, device_type: str) -> tuple[bool, bool]:
     """(compile, lean_backward) as this run takes them; true/false force either. `auto` compiles on CUDA
     (the step in two thirds of the eager time there) and not on the CPU (where compiling costs more than
-    it saves), and leaves the lean backward off everywhere: compiled under torch 2.11 it got no gradient
-    through the L2 norm (mixers/recompute.narrow now avoids that), and its corrected form is not yet
-    measured to train as the plain step does and faster on the GPU (results/fast_step_check/)."""
+    it saves), and leaves the lean backward off everywhere: compiled on the GPU it keeps less memory but
+    takes longer than the plain compiled step (benchmarks/results/h100_step/), so it is a memory switch."""
     compile_ = device_type == "cuda" if cfg.trainer.compile == "auto" else bool(cfg.trainer.compile)
     lean = False if cfg.model.lean_backward == "auto" else bool(cfg.model.lean_backward)
     return compile_, lean
