@@ -252,10 +252,11 @@ PHASES = ("forward without a gradient", "forward with a gradient", "backward")
 
 
 def record_launches(op: str, B: int, T: int, H: int, D: int = 128,
-                    states: bool = False) -> dict[str, list[Launch]]:
+                    states: bool = False, recompute_states: bool = False) -> dict[str, list[Launch]]:
     """Every kernel launch of `op` (a name of kernels.triton.VARIANTS) at [B, T, H, D] in bf16, by phase
     (PHASES), from the launch code run on meta tensors with every kernel replaced by a Recorder; with
-    `states`, from an initial state, with the final state and its gradient."""
+    `states`, from an initial state, with the final state and its gradient; with `recompute_states`, the
+    forward keeping no chunk-entry states and the backward rebuilding them."""
     from kernels.triton import VARIANTS, chunk
 
     found = [v[1:] for v in VARIANTS if v[0] == op]
@@ -276,9 +277,13 @@ def record_launches(op: str, B: int, T: int, H: int, D: int = 128,
     forward = getattr(chunk, "chunk_forward", None) or chunk._chunk_fwd
     backward = getattr(chunk, "chunk_backward", None) or chunk._chunk_bwd
     phases = {}
+    # (passed only where asked: a revision before the option has no such argument)
+    rebuild = {"recompute_states": True} if recompute_states else {}
     try:
         for phase, keep in ((PHASES[0], False), (PHASES[1], True)):
-            o, _, saved = forward(q, k, v, g, beta, D**-0.5, h0, states, 64, lower_bound, keep=keep)
+            o, _, saved = forward(
+                q, k, v, g, beta, D**-0.5, h0, states, 64, lower_bound, keep=keep, **(rebuild if keep else {})
+            )
             phases[phase] = launches[:]
             launches.clear()
         backward(q, k, v, g, beta, D**-0.5, h0, torch.empty_like(o), dht, 64, lower_bound, saved)

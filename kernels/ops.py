@@ -299,9 +299,12 @@ def _chunk(
     backend: str,
     chunk_size: int,
     lower_bound: float | None = None,
+    recompute_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The one generic chunked op, the family's op `name` (its switches from kernels.family): validate,
-    then dispatch to a backend."""
+    then dispatch to a backend. `recompute_states` (every chunked op's): the Triton backend keeps no
+    chunk-entry states for the backward and rebuilds them there (less memory, one more state pass; the
+    same result); the other backends keep what autograd keeps."""
     switches = family.op(name)
     op = switches.chunk
     _check_backend(backend)
@@ -322,8 +325,11 @@ def _chunk(
     if backend == "torch":
         with torch.autocast(q.device.type, enabled=False):
             return chunk_torch(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
-    # lower_bound only changes how the Triton kernels compute (same result), so it is passed only there
+    # lower_bound and recompute_states only change how the Triton kernels compute (same result), so they
+    # are passed only there
     extra = {} if lower_bound is None else {"lower_bound": lower_bound}
+    if recompute_states:
+        extra["recompute_states"] = True
     return _import_triton().triton_chunk(
         q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, **extra
     )
@@ -371,11 +377,13 @@ def chunk_linear_attn(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
+    recompute_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Linear attention, S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t. Returns (o, S_T | None)."""
     return _chunk(
         "linear_attn", q, k, v, None, None,
         scale, initial_state, output_final_state, backend, chunk_size,
+        recompute_states=recompute_states,
     )  # fmt: skip
 
 
@@ -389,11 +397,13 @@ def chunk_simple_gla(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
+    recompute_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Mamba2-style / simple GLA: S_t = exp(g_t) S_{t-1} + k_t v_t^T, one scalar decay per head."""
     return _chunk(
         "simple_gla", q, k, v, g, None,
         scale, initial_state, output_final_state, backend, chunk_size,
+        recompute_states=recompute_states,
     )  # fmt: skip
 
 
@@ -408,6 +418,7 @@ def chunk_gla(
     backend: str = "auto",
     chunk_size: int = 64,
     lower_bound: float | None = None,
+    recompute_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GLA: S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, one decay per key channel.
 
@@ -417,6 +428,7 @@ def chunk_gla(
     return _chunk(
         "gla", q, k, v, g, None,
         scale, initial_state, output_final_state, backend, chunk_size, lower_bound,
+        recompute_states,
     )  # fmt: skip
 
 
@@ -430,11 +442,13 @@ def chunk_delta_rule(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
+    recompute_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """DeltaNet: S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T."""
     return _chunk(
         "delta_rule", q, k, v, None, beta,
         scale, initial_state, output_final_state, backend, chunk_size,
+        recompute_states=recompute_states,
     )  # fmt: skip
 
 
@@ -449,11 +463,13 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
+    recompute_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet: S_t = (I - beta_t k_t k_t^T) exp(g_t) S_{t-1} + beta_t k_t v_t^T, scalar decay."""
     return _chunk(
         "gated_delta_rule", q, k, v, g, beta,
         scale, initial_state, output_final_state, backend, chunk_size,
+        recompute_states=recompute_states,
     )  # fmt: skip
 
 
@@ -469,6 +485,7 @@ def chunk_kda(
     backend: str = "auto",
     chunk_size: int = 64,
     lower_bound: float | None = None,
+    recompute_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """KDA: S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T, per-channel decay.
 
@@ -477,6 +494,7 @@ def chunk_kda(
     return _chunk(
         "kda", q, k, v, g, beta,
         scale, initial_state, output_final_state, backend, chunk_size, lower_bound,
+        recompute_states,
     )  # fmt: skip
 
 

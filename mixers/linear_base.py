@@ -166,8 +166,8 @@ class LinearMixer(Mixer):
     `lean_backward` (False; `model.lean_backward` sets it on every layer) keeps less for the backward
     (mixers/README.md): one autocast cast of x for all projections; the short convs, KDA's gate and the
     output gate recomputed from it; the L2 norm and the output norm as the Functions of mixers/recompute.py,
-    which save their inputs instead of their fp32 intermediates. False runs the plain torch expressions,
-    the reference."""
+    which save their inputs instead of their fp32 intermediates; the Triton op's chunk-entry states rebuilt
+    in its backward (`recompute_states`). False runs the plain torch expressions, the reference."""
 
     lean_backward: bool = False
 
@@ -365,6 +365,8 @@ class LinearMixer(Mixer):
             output_final_state=cache is not None,
             backend=self.backend,
             chunk_size=self.chunk_size,
+            # the Triton op's chunk-entry states rebuilt in the backward (the other backends ignore it)
+            recompute_states=self.lean_backward,
             **self._op_kwargs(self.chunk_op),
         )  # o: [B, T, H, V]
         if cache is not None:

@@ -63,18 +63,22 @@ def _described(out) -> list[tuple[tuple[int, ...], torch.dtype]]:
 
 # the layouts with the plan's keep_x and vt_x (X kept, no Vt) too: FILL_PROGRAMS lowered, so that the state
 # pass counts as filling the GPU at the tests' shapes (the interpreter's cost grows with B * H)
+@pytest.mark.parametrize("recompute_states", [False, True], ids=["h", "rebuilt"])
 @pytest.mark.parametrize("wide", [False, True], ids=["narrow", "wide"])
 @pytest.mark.parametrize("name,decay,delta,lower_bound", VARIANTS, ids=[v[0] for v in VARIANTS])
-def test_fake_forward_states_the_real_buffers(name, decay, delta, lower_bound, wide, monkeypatch) -> None:
+def test_fake_forward_states_the_real_buffers(
+    name, decay, delta, lower_bound, wide, recompute_states, monkeypatch
+) -> None:
     # the compiled graph is traced with the fake forward's outputs and runs on the real one's: every saved
-    # buffer's shape and dtype must agree, for every op, precision, state and plan form
+    # buffer's shape and dtype must agree, for every op, precision, state and plan form, and with
+    # recompute_states h's place holds the empty placeholder
     if wide:
         monkeypatch.setattr(plan, "FILL_PROGRAMS", 1)
     for dtype, with_state in ((torch.float32, True), (torch.bfloat16, False)):
         x = make_inputs(decay, delta, **SHAPE, seed=0, lower_bound=lower_bound, with_state=with_state,
                         dtype=dtype)
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, x["initial_state"], with_state,
-                16, lower_bound, True)
+                16, lower_bound, True, recompute_states)
         fp = plan.plan_forward(chunk._problem(x["q"], x["v"], x["g"], x["beta"], 16, lower_bound, True))
         assert fp.keep_x == (wide and delta)
         real = chunk_fwd(*args)
@@ -82,6 +86,8 @@ def test_fake_forward_states_the_real_buffers(name, decay, delta, lower_bound, w
             fake = chunk_fwd(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
         assert len(real[2]) == len(chunk.Saved._fields)
         assert _described(fake) == _described(real), dtype
+        h = real[2][chunk.Saved._fields.index("h")]
+        assert (h.shape == (0,)) == recompute_states, h.shape
 
 
 def test_fake_forward_asks_no_device() -> None:
@@ -89,7 +95,7 @@ def test_fake_forward_asks_no_device() -> None:
     # device is never asked) states the CPU one's buffers
     x = make_inputs("channel", True, **SHAPE, seed=0)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, x["initial_state"], True, 16, None,
-            True)
+            True, False)
     layouts = []
     for device in ("cpu", "cuda"):
         with FakeTensorMode():
@@ -140,14 +146,14 @@ def test_custom_op_matches_eager_with_x_kept(name, decay, delta, lower_bound, mo
 def test_opcheck(name, decay, delta, lower_bound) -> None:
     x = _args(decay, delta, lower_bound)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, x["initial_state"], True, 16,
-            lower_bound, True)
+            lower_bound, True, False)
     torch.library.opcheck(chunk_fwd, args)
 
 
 @pytest.mark.parametrize("keep", [False, True])
 def test_opcheck_without_state_or_gradient(keep: bool) -> None:
     x = _args("channel", True, None, grad=False)
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, None, False, 16, None, keep)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], SHAPE["K"] ** -0.5, None, False, 16, None, keep, False)
     torch.library.opcheck(chunk_fwd, args, test_utils=("test_schema", "test_faketensor"))
 
 

@@ -316,8 +316,9 @@ def test_forward_kernels_wait_for_the_one_before_under_pdl() -> None:
 def test_every_launch_of_every_op_compiles_with_and_without_states() -> None:
     # the interpreter runs a kernel's Python, not Triton's compiler, and accepts forms the compiler rejects
     # (a helper that returns None fails to compile on Triton 3.6): each distinct launch of the seven ops'
-    # forwards and backward, without and with an initial state, the final state and its gradient, compiled
-    # for sm_90 with its real constexprs, dtypes, warps and stages
+    # forwards and backward, without and with an initial state, the final state and its gradient, and with
+    # the states rebuilt in the backward (recompute_states), compiled for sm_90 with its real constexprs,
+    # dtypes, warps and stages
     code = textwrap.dedent(
         """
         import torch
@@ -332,8 +333,9 @@ def test_every_launch_of_every_op_compiles_with_and_without_states() -> None:
 
         seen, failed = set(), []
         for op, *_ in VARIANTS:
-            for states in (False, True):
-                for launches in record_launches(op, 1, 130, 2, 128, states=states).values():
+            for states, rebuild in ((False, False), (True, False), (False, True), (True, True)):
+                phases = record_launches(op, 1, 130, 2, 128, states=states, recompute_states=rebuild)
+                for launches in phases.values():
                     for launch in launches:
                         key = (launch.kernel, form(launch.args), repr(sorted(launch.kwargs.items())))
                         if key in seen:
@@ -342,7 +344,8 @@ def test_every_launch_of_every_op_compiles_with_and_without_states() -> None:
                         try:
                             compile_launch(launch)
                         except Exception as error:
-                            failed.append(f"{op} states={states} {launch.kernel}: {str(error)[-400:]}")
+                            failed.append(f"{op} states={states} recompute_states={rebuild} {launch.kernel}: "
+                                          f"{str(error)[-400:]}")
         print(f"{len(seen)} launches", *failed, sep="\\n")
         """
     )

@@ -59,12 +59,16 @@ def triton_chunk(
     output_final_state: bool = False,
     chunk_size: int = 64,
     lower_bound: float | None = None,
+    recompute_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise recurrence of docs/design.md §1 on Triton; differentiable in every tensor input.
 
     `lower_bound` (e.g. K3's g_min = -5) promises g >= lower_bound everywhere and lets the
     per-channel decay compute its diagonal 16x16 blocks with dense dots; values of g below it
     can overflow. A bound below -5.5 is too loose for that and is ignored (general path).
+    `recompute_states`: keep no chunk-entry states for the backward (the largest buffer the forward keeps,
+    [B, H, T/64, K, V]) and rebuild them there with a second state pass; the same result (bit for bit but
+    for a few ulps under the bounded gate).
     Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32 or None). The per-channel decay
     with the delta rule (KDA) computes from fp32 q, k, beta whatever their dtype (WIDE_KDA_KEYS).
     """
@@ -89,7 +93,7 @@ def triton_chunk(
         # through 1 - beta k.k ~ 0.01, which bf16's 2^-8 swamps (benchmarks/lowp_regimes.py measures it);
         # v stays in its dtype, the form a layer feeds and the regimes check
         o, ht = triton_chunk(q.float(), k.float(), v, g, beta.float(), scale, initial_state,
-                             output_final_state, chunk_size, lower_bound)
+                             output_final_state, chunk_size, lower_bound, recompute_states)
         return o.to(q.dtype), ht
     if g is None or g.dim() != 4:
         lower_bound = None  # only the per-channel decay has a position-pair diagonal to replace
@@ -105,8 +109,9 @@ def triton_chunk(
     if torch.compiler.is_compiling():
         # opaque to the compiler: custom ops with fake shapes and a registered backward (compile.py)
         return compiled_chunk(
-            q, k, v, g, beta, float(scale), initial_state, output_final_state, chunk_size, lower_bound
-        )
+            q, k, v, g, beta, float(scale), initial_state, output_final_state, chunk_size, lower_bound,
+            recompute_states,
+        )  # fmt: skip
     if not _wants_grad(q, k, v, g, beta, initial_state):
         # no gradient wanted (inference, evaluation): the forward without the buffers kept for a backward
         with _chunk._resources(q, v, "chunk forward"):
@@ -125,8 +130,9 @@ def triton_chunk(
             )
         return o, ht
     out = ChunkFunction.apply(
-        q, k, v, g, beta, float(scale), initial_state, output_final_state, chunk_size, lower_bound
-    )
+        q, k, v, g, beta, float(scale), initial_state, output_final_state, chunk_size, lower_bound,
+        recompute_states,
+    )  # fmt: skip
     if output_final_state:
         return out[0], out[1]
     return out, None

@@ -45,7 +45,7 @@ class Saved(NamedTuple):
     linv: torch.Tensor | None  # L = (I + diag(beta) A_kk)^-1 (the delta rule)
     w: torch.Tensor | None  # W = L diag(beta) Gamma K (the delta rule)
     vt: torch.Tensor | None  # the pseudo-values Vt (the delta rule, unless the plan forms them from X)
-    h: torch.Tensor  # the chunk-entry states [B, H, NT, K, V]
+    h: torch.Tensor | None  # the chunk-entry states [B, H, NT, K, V] (None: recompute_states)
     qg: torch.Tensor | None  # Q exp(G) (the per-channel decay, the plan's keep_decayed)
     kd: torch.Tensor | None  # K exp(G_last - G) (likewise)
     kg: torch.Tensor | None  # K exp(G) (KDA, where X does not stand in for it)
@@ -83,11 +83,11 @@ def _problem(q, v, g, beta, chunk_size, lower_bound, keep: bool, launch: bool = 
     )  # fmt: skip
 
 
-def saved_layout(q, k, v, g, beta, chunk_size, lower_bound) -> Saved:
-    """(shape, dtype) of each buffer chunk_forward(keep=True) keeps for these inputs, None where it keeps
-    none: a function of the shapes, dtypes and switches alone (the plan's keep_x and vt_x through B * H and
-    V), so that the compiled path's fake forward can state the buffers (compile.py). It mirrors the stages'
-    allocations; tests/test_compile.py checks it against chunk_forward for every op."""
+def saved_layout(q, k, v, g, beta, chunk_size, lower_bound, recompute_states=False) -> Saved:
+    """(shape, dtype) of each buffer chunk_forward(keep=True, recompute_states) keeps for these inputs, None
+    where it keeps none: a function of the shapes, dtypes and switches alone (the plan's keep_x and vt_x
+    through B * H and V), so that the compiled path's fake forward can state the buffers (compile.py). It
+    mirrors the stages' allocations; tests/test_compile.py checks it against chunk_forward for every op."""
     from kernels.triton import plan
 
     fp = plan.plan_forward(_problem(q, v, g, beta, chunk_size, lower_bound, True, launch=False))
@@ -104,7 +104,7 @@ def saved_layout(q, k, v, g, beta, chunk_size, lower_bound) -> Saved:
         linv=(rows, dots) if p.delta_rule else None,
         w=(tuple(k.shape), k.dtype) if fp.runs_wu else None,
         vt=(tuple(v.shape), v.dtype) if fp.store_vt else None,
-        h=((B, H, p.NT, K, V), dots),
+        h=None if recompute_states else ((B, H, p.NT, K, V), dots),
         qg=((B, T, H, K), dots) if fp.keep_decayed else None,
         kd=((B, T, H, K), dots) if fp.keep_decayed else None,
         kg=((B, T, H, K), dots) if channel and p.delta_rule and not fp.keep_x else None,
@@ -113,11 +113,14 @@ def saved_layout(q, k, v, g, beta, chunk_size, lower_bound) -> Saved:
 
 
 def chunk_forward(
-    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=True
-):
+    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=True,
+    recompute_states=False,
+):  # fmt: skip
     """The chunkwise forward on checked, contiguous inputs (triton_chunk checks them): returns (o, final
     state or None, Saved for chunk_backward or None). keep=False (no gradient wanted) keeps nothing and
-    skips the chunk-entry states h and Vt where nothing else reads them."""
+    skips the chunk-entry states h and Vt where nothing else reads them. recompute_states (with keep):
+    no h kept (Saved.h None), chunk_backward rebuilds it; h is written only where the output kernel reads
+    it."""
     from kernels.triton import plan
 
     fp = plan.plan_forward(_problem(q, v, g, beta, chunk_size, lower_bound, keep))
@@ -126,14 +129,17 @@ def chunk_forward(
     linv = solve.solve(beta, akk, fp) if fp.problem.delta_rule else None
     w, u = solve.wu(k, v, gc, beta, linv, kg, fp) if fp.problem.delta_rule else (None, None)
     o, ht, h, vt, x = state_fwd.state_forward(
-        q, k, v, gc, beta, scale, initial_state, output_final_state, aqk, linv, w, u, qg, kd, kg, fp
-    )
+        q, k, v, gc, beta, scale, initial_state, output_final_state, aqk, linv, w, u, qg, kd, kg, fp,
+        keep_h=not recompute_states,
+    )  # fmt: skip
     if not fp.out:
         state_fwd.output(q, v, gc, scale, aqk, vt, h, qg, o, fp)
     if not keep:
         return o, ht, None
     if not fp.keep_decayed:
         qg = kd = None  # (the reverse state pass decays fp32 q and k itself)
+    if recompute_states:
+        h = None  # (the output kernel's, where it ran: the backward rebuilds the states)
     # (Gamma K only served X in the backward)
     return o, ht, Saved(gc, aqk, akk, linv, w, vt, h, qg, kd, None if fp.keep_x else kg, x)
 
@@ -175,9 +181,15 @@ def _gradients(q, k, v, g, dvt: torch.Tensor, bp) -> Grads:
 
 def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, lower_bound, saved):
     """The chunkwise backward from chunk_forward's saved buffers and the output's (and final state's)
-    gradients do, dht: returns (dq, dk, dv, dg, dbeta, dh0) in the kernels' dtypes (ChunkFunction casts)."""
+    gradients do, dht: returns (dq, dk, dv, dg, dbeta, dh0) in the kernels' dtypes (ChunkFunction casts).
+    Where the forward kept no states (saved.h None, recompute_states) it rebuilds them first."""
     from kernels.triton import plan
 
+    if saved.h is None:
+        # the forward's plan (no programmatic dependent launch: that chains the forward's kernels)
+        fp = plan.plan_forward(_problem(q, v, g, beta, chunk_size, lower_bound, True, launch=False))
+        h = state_fwd.rebuild_states(q, k, v, beta, scale, initial_state, saved, fp)
+        saved = saved._replace(h=h)
     # the forward kept X = V - (Gamma K) S and no Vt = T X: dqk and dvt read X for it
     vt_x = beta is not None and saved.vt is None
     problem = _problem(q, v, g, beta, chunk_size, lower_bound, True)
@@ -228,11 +240,15 @@ def _resources(q: torch.Tensor, v: torch.Tensor, where: str):
 
 class ChunkFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
+    def forward(
+        ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound,
+        recompute_states,
+    ):  # fmt: skip
         with _resources(q, v, "chunk forward"):
             o, ht, saved = chunk_forward(
-                q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound
-            )
+                q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound,
+                recompute_states=recompute_states,
+            )  # fmt: skip
         ctx.save_for_backward(q, k, v, shape_only(g), beta, initial_state, *saved)
         ctx.scale, ctx.chunk_size, ctx.lower_bound = scale, chunk_size, lower_bound
         if ht is not None:
@@ -254,6 +270,7 @@ class ChunkFunction(torch.autograd.Function):
             None if beta is None else dbeta.to(beta.dtype),
             None,
             None if h0 is None else dh0.to(h0.dtype),
+            None,
             None,
             None,
             None,

@@ -13,7 +13,8 @@ placeholder for each one the plan does not keep. Which buffers exist, with what 
 (the plan's keep_x and vt_x follow from B * H and V, not from the device; with dynamic shapes their
 thresholds become the compiler's guards). tests/test_compile.py checks it against the real forward's
 buffers for every op. Without a gradient (`keep=False`, read while tracing) the forward keeps nothing and
-returns no buffers. `triton_chunk` takes this path while compiling.
+returns no buffers; with `recompute_states` it returns h's placeholder and `chunk_bwd` rebuilds h.
+`triton_chunk` takes this path while compiling.
 """
 
 from __future__ import annotations
@@ -46,14 +47,16 @@ def chunk_fwd(
     chunk_size: int,
     lower_bound: float | None,
     keep: bool,
+    recompute_states: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """(o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32 or an empty tensor without one, the
-    buffers of chunk.Saved in its order with keep (an empty tensor for each one the plan does not keep),
-    else [])."""
+    buffers of chunk.Saved in its order with keep (an empty tensor for each one the plan does not keep, and
+    for h with recompute_states), else [])."""
     with _chunk._resources(q, v, "chunk forward"):
         o, ht, saved = _chunk.chunk_forward(
-            q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=keep
-        )
+            q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep=keep,
+            recompute_states=recompute_states,
+        )  # fmt: skip
     if not keep:
         return o, _or_empty(ht, q), []
     return o, _or_empty(ht, q), [_or_empty(t, q) for t in saved]
@@ -61,15 +64,16 @@ def chunk_fwd(
 
 @chunk_fwd.register_fake
 def _chunk_fwd_fake(
-    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep
-):
+    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep,
+    recompute_states,
+):  # fmt: skip
     B, T, H, K = q.shape
     V = v.shape[-1]
     ht_shape = (B, H, K, V) if output_final_state else _EMPTY
     o, ht = q.new_empty(B, T, H, V), q.new_empty(ht_shape, dtype=torch.float32)
     if not keep:
         return o, ht, []
-    layout = _chunk.saved_layout(q, k, v, g, beta, chunk_size, lower_bound)
+    layout = _chunk.saved_layout(q, k, v, g, beta, chunk_size, lower_bound, recompute_states)
     return o, ht, [_or_empty(spec and q.new_empty(spec[0], dtype=spec[1]), q) for spec in layout]
 
 
@@ -89,7 +93,7 @@ def chunk_bwd(
     saved: Sequence[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg, dbeta, d initial_state), each in its input's dtype; empty where the input is None.
-    `saved`: chunk_fwd's buffers (keep=True)."""
+    `saved`: chunk_fwd's buffers (keep=True; h's placeholder with recompute_states, then rebuilt here)."""
     kept = _chunk.Saved(*(None if t.dim() == 1 else t for t in saved))
     with _chunk._resources(q, v, "chunk backward"):
         dq, dk, dv, dg, dbeta, dh0 = _chunk.chunk_backward(
@@ -114,7 +118,7 @@ def _chunk_bwd_fake(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size,
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep = inputs
+    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep, _ = inputs
     o, _, saved = output
     # the buffers take no gradient; unused outputs' gradients stay None (no zero-filled h or A)
     ctx.mark_non_differentiable(*saved)
@@ -142,20 +146,24 @@ def _backward(ctx, do, dht, _dsaved):
         dbeta if beta is not None else None,
         None,
         dh0 if initial_state is not None else None,
-        None, None, None, None,
+        None, None, None, None, None,
     )  # fmt: skip
 
 
 chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def compiled_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound):
+def compiled_chunk(
+    q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound,
+    recompute_states=False,
+):  # fmt: skip
     """`triton_chunk`'s result through the custom ops: (o, final state or None). Whether a gradient is
     wanted is read while tracing (the compiler guards on it): without one the forward keeps nothing."""
     from kernels.triton import _wants_grad
 
     keep = _wants_grad(q, k, v, g, beta, initial_state)
     o, ht, _ = chunk_fwd(
-        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep
-    )
+        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, lower_bound, keep,
+        recompute_states,
+    )  # fmt: skip
     return o, ht if output_final_state else None

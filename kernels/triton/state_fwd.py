@@ -1,7 +1,8 @@
 """Stage 4 of the forward: the state pass, sequential over chunks per (batch, head, V block), writing the
 chunk-entry states h, the pseudo-values Vt and the final state, and (the plan's `out`) the output O =
 scale (Q Gamma) S + A_qk Vt; else the output kernel after it. Branches on DECAY (the state's decay) and on
-DELTA (Vt = U - W S, or from L and X in the WY form).
+DELTA (Vt = U - W S, or from L and X in the WY form). The backward of a forward that kept no h (the op's
+recompute_states) runs the pass again for h alone (`rebuild_states`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kernels.triton.common import (
     _key_decay_from,
     _key_decay_to_end,
     _load_qg,
+    _load_row,
     _load_rows,
     _load_vec,
     _pdl_start,
@@ -29,6 +31,7 @@ from kernels.triton.common import (
 )
 
 if TYPE_CHECKING:
+    from kernels.triton.chunk import Saved
     from kernels.triton.plan import ForwardPlan
 
 
@@ -73,21 +76,31 @@ def _state_fwd_kernel(
     # (in registers).
     # TRIL (the plan's tril): L and A_qk loaded block lower-triangular (16-column blocks up to the row's),
     # the zeros above not stored by the solve and the intra forward.
-    # Tuples: keys (q, k, kg), vals (v, vt, x, o), mats (aqk, linv), states (h, h0, ht)
-    q, k, kg = keys
+    # kr given (rebuild_states, the per-channel decay): the raw keys, from which and G the pass forms K_d
+    # where k is None and Gamma K where kg is None, as the intra forward writes them (fp32 inputs keep no
+    # decayed copies, keep_x no Gamma K).
+    # Tuples: keys (q, k, kg, kr), vals (v, vt, x, o), mats (aqk, linv), states (h, h0, ht)
+    q, k, kg, kr = keys
     v, vt, x, o = vals
     aqk, linv = mats
     h, h0, ht = states
     DELTA: tl.constexpr = beta is not None
     WY: tl.constexpr = linv is not None
     OUT: tl.constexpr = o is not None
-    # k's dtype is q's (K exp(G_last - G) is kept in the op's dot dtype); v is bf16 in fp32-q,k training
-    LOWP: tl.constexpr = k.dtype.element_ty != tl.float32
+    # q's dtype is the op's dot dtype (Q exp(G) is kept in it); v is bf16 in fp32-q,k training
+    LOWP: tl.constexpr = q.dtype.element_ty != tl.float32
     _pdl_start(PDL)
     i_v, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows of the [B, T, H, *] tensors, its (batch, head)'s states
     bh = _head(i_bh, T, H)
-    q, k, kg = _rows((q, k, kg), bh, K)
+    if kr is None:
+        q, k, kg = _rows((q, k, kg), bh, K)
+    else:
+        q, kr = _rows((q, kr), bh, K)
+        if k is not None:
+            k += bh * K
+        if kg is not None:
+            kg += bh * K
     v += bh * V
     if OUT:
         o += bh * V
@@ -115,6 +128,8 @@ def _state_fwd_kernel(
             b_gv, b_b = _chunk_small(gc, beta, i_t, T, H, K, BT, DECAY, DELTA and WY, LOG2)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
+        if kr is not None:
+            b_g = _load_rows(gc, o_t, m_t, H, K)  # the chunk's G, for the raw keys
         o_cb = tl.arange(0, BT)
         if TRIL:
             m_tc = m_t[:, None] & (o_cb[None, :] // 16 <= o_cb[:, None] // 16)
@@ -128,7 +143,10 @@ def _state_fwd_kernel(
         if DELTA:
             if WY:
                 # pseudo-values Vt = L diag(beta) (V - (Gamma K) S), the WY form of U - W S
-                b_kg = _load_rows(kg, o_t, m_t, H, K)
+                if kg is None:
+                    b_kg = _load_rows(kr, o_t, m_t, H, K) * tl.exp(tl.where(m_t[:, None], b_g, 0.0))
+                else:
+                    b_kg = _load_rows(kg, o_t, m_t, H, K)
                 if EARLY:
                     b_kg = _decay_rows(b_kg, b_gv, DECAY)
                 elif DECAY == "scalar":
@@ -171,7 +189,12 @@ def _state_fwd_kernel(
             b_o += tl.dot(_dot_cast(b_a, LOWP), _dot_cast(b_vo, LOWP))
             tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
         t_last = tl.minimum(i_t * BT + BT, T) - 1
-        if EARLY:
+        if k is None:
+            # (kr: K_d = K exp(G_last - G), the intra forward's expression)
+            b_gl = _load_row(gc, t_last, T, H, K)
+            b_kd = _load_rows(kr, o_t, m_t, H, K) * tl.exp(tl.where(m_t[:, None], b_gl[None, :] - b_g, 0.0))
+            b_dl = b_gv if EARLY else tl.exp(b_gl)
+        elif EARLY:
             b_kd, b_dl = _key_decay_from(k, b_gv, o_t, m_t, t_last, H, K, DECAY)
         else:
             b_kd, b_dl = _key_decay_to_end(k, gc, o_t, m_t, t_last, T, H, K, DECAY)
@@ -251,17 +274,18 @@ def state_forward(
     kd: torch.Tensor | None,
     kg: torch.Tensor | None,
     fp: ForwardPlan,
+    keep_h: bool = True,
 ) -> tuple[torch.Tensor | None, ...]:
     """(O, final state, h, Vt, X), each None where the plan does not write it (O is allocated always and
-    written here only with the plan's `out`; `output` writes it otherwise)."""
+    written here only with the plan's `out`; `output` writes it otherwise). keep_h False (the op's
+    recompute_states): h only where `output` reads it."""
     p = fp.problem
     B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
     dev = q.device
     keep_x = fp.keep_x
     x = torch.empty_like(v) if keep_x else None
-    # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
-    h_dtype = torch.bfloat16 if p.lowp else torch.float32
-    h = torch.empty(B, H, NT, K, V, device=dev, dtype=h_dtype) if fp.store_h else None
+    store_h = fp.store_h and (keep_h or not fp.out)
+    h = torch.empty(B, H, NT, K, V, device=dev, dtype=_h_dtype(p.lowp)) if store_h else None
     vt = torch.empty_like(v) if fp.store_vt else None
     ht = torch.empty(B, H, K, V, device=dev, dtype=torch.float32) if output_final_state else None
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
@@ -275,6 +299,7 @@ def state_forward(
             qg if qg is not None else q,
             kd if kd is not None else k,
             w if wu else (kg if kg is not None else k),
+            None,
         ),
         (u if wu else v, vt, x, o if fp.out else None),
         (aqk, None if wu else linv),
@@ -300,6 +325,71 @@ def state_forward(
         num_stages=fp.state.stages,
     )
     return o, ht, h, vt, x
+
+
+def _h_dtype(lowp: bool) -> torch.dtype:
+    # intermediate states in bf16 for 16-bit inputs (they feed bf16 dots anyway), fp32 for fp32 inputs
+    return torch.bfloat16 if lowp else torch.float32
+
+
+def rebuild_states(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor | None,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    saved: Saved,
+    fp: ForwardPlan,
+) -> torch.Tensor:
+    """h for a backward whose forward kept none (recompute_states: h is its largest buffer), by the
+    forward's state pass (its plan `fp`) again on the same operands, writing h alone."""
+    from kernels.triton import solve
+
+    p = fp.problem
+    B, H, K, V, NT = p.B, p.H, p.K, p.V, p.NT
+    channel = p.decay == "channel"
+    wu = p.delta_rule and not fp.keep_x
+    u = None
+    # the operands of the forward's launch: V without the delta rule; L, beta, V and Gamma K in the WY form
+    # (keep_x); W and U in the W/U form, U (not kept) from the W/U pass again, which writes W too (the form
+    # of few programs). The per-channel decay's K_d and Gamma K where kept (16-bit inputs), else None: the
+    # pass forms them from k and G as the intra forward does (the bounded gate's in other factors, a few
+    # ulps apart)
+    kd = saved.kd if channel else k
+    if wu:
+        _, u = solve.wu(k, v, saved.gc, beta, saved.linv, saved.kg, fp)
+        kg = saved.w
+    else:
+        kg = saved.kg if channel and p.delta_rule else k
+    raw = k if kd is None or kg is None else None
+    h = torch.empty(B, H, NT, K, V, device=q.device, dtype=_h_dtype(p.lowp))
+    BV = fp.state_bv
+    _state_fwd_kernel[(V // BV, B * H)](
+        (q, kd, kg, raw),
+        (u if wu else v, None, None, None),
+        (saved.aqk, None if wu else saved.linv),
+        saved.gc,
+        beta,
+        (h, initial_state.contiguous() if initial_state is not None else None, None),
+        scale,
+        p.T,
+        NT,
+        H=H,
+        K=K,
+        V=V,
+        BT=p.chunk_size,
+        BV=BV,
+        DECAY=p.decay,
+        UNCHAIN=fp.state_unchain,
+        EARLY=fp.state_early,
+        TRIL=fp.tril,
+        LOG2=fp.log2,
+        PDL=False,
+        num_warps=fp.state.warps,
+        num_stages=fp.state.stages,
+    )
+    return h
 
 
 def output(

@@ -11,6 +11,9 @@ of o, the final state and every gradient, against `naive_recurrent` in fp32 on t
 inputs, and the decode step at B=32, H=16. Bounds (FLA's own test bounds): o and final state 5e-3,
 dq/dk/dv/dh0 8e-3, dg/dbeta 2e-2.
 Where FLA 0.6.0 is importable its kernel is measured the same way, as a cross-check of the bounds.
+`--recompute-states` runs our op with `recompute_states` (no chunk-entry states kept, the backward rebuilds
+them) and also compares it with the op that keeps them: every output and gradient within
+REBUILT_TOL of it (its column `rebuilt`).
 Writes errors.csv into --out and prints a table; exits 1 if one of our errors is over its bound.
 """
 
@@ -38,6 +41,10 @@ from kernels.triton import (  # noqa: E402
 )
 
 BOUNDS = CHECK_BOUNDS
+# the op with recompute_states against the op keeping h (relative RMS, the largest over its outputs and
+# gradients): the rebuild is the forward's state pass again on the same operands, bit for bit under the
+# interpreter but for the bounded gate's few ulps (tests/test_recompute_states.py), which this allows
+REBUILT_TOL = 1e-5
 
 
 def fla_call(name: str):
@@ -72,7 +79,7 @@ def write_rows(rows: list[dict], out: Path | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "errors.csv", "w", newline="") as f:
         writer = csv.DictWriter(
-            f, fieldnames=["op", "T", "H", "impl", *BOUNDS, "over", "note"], extrasaction="ignore"
+            f, fieldnames=["op", "T", "H", "impl", *BOUNDS, "rebuilt", "over", "note"], extrasaction="ignore"
         )
         writer.writeheader()
         writer.writerows(rows)
@@ -104,6 +111,20 @@ def check_step(rows: list[dict]) -> bool:
     return not bad
 
 
+def _rebuilt_error(inputs: dict, do: torch.Tensor, dht: torch.Tensor, chunk_size: int, lower_bound) -> float:
+    """The largest relative RMS difference of our op's outputs and gradients with recompute_states from
+    those of the op keeping the states, on the same inputs and loss."""
+    names = [n for n, t in inputs.items() if t is not None]
+    results = []
+    for rebuild in (False, True):
+        x = {n: inputs[n].detach().clone().requires_grad_(True) for n in names}
+        args = (x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), None, x["initial_state"], True)
+        o, ht = triton_chunk(*args, chunk_size, lower_bound, rebuild)
+        ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
+        results.append([o, ht, *(x[n].grad for n in names)])
+    return max(rel_rms(kept, rebuilt) for kept, rebuilt in zip(*results, strict=True))
+
+
 def run(
     Ts: list[int],
     Hs: list[int],
@@ -118,9 +139,11 @@ def run(
     step: bool = True,
     B: int = 1,
     slow: bool = False,
+    recompute_states: bool = False,
 ) -> bool:
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, ok = [], True
+    rebuild = recompute_states
     deadline = time.time() + budget_s
     header = f"{'op':18s} {'T':>5s} {'H':>3s} {'who':5s} " + " ".join(f"{n:>8s}" for n in BOUNDS)
     print(header, flush=True)
@@ -161,7 +184,7 @@ def run(
 
                 def ours(q, k, v, g, beta, initial_state, output_final_state, lb=lower_bound):
                     return triton_chunk(
-                        q, k, v, g, beta, None, initial_state, output_final_state, chunk_size, lb
+                        q, k, v, g, beta, None, initial_state, output_final_state, chunk_size, lb, rebuild
                     )
 
                 providers = [("ours", ours)]
@@ -176,9 +199,15 @@ def run(
                     except Exception as exc:  # FLA refuses some gated backwards on Triton 3.6 (#640)
                         errs, note = {}, f"ERR {type(exc).__name__}: {str(exc)[:90]}"
                     bad = [n for n, e in errs.items() if not e <= BOUNDS.get(n, 0)]
+                    if who == "ours" and recompute_states and not note:
+                        errs["rebuilt"] = _rebuilt_error(inputs, do, dht, chunk_size, lower_bound)
+                        if not errs["rebuilt"] <= REBUILT_TOL:
+                            bad.append("rebuilt")
                     if who == "ours" and (bad or note):
                         ok = False
                     cells = " ".join(f"{errs.get(n, float('nan')):8.1e}" for n in BOUNDS)
+                    if "rebuilt" in errs:
+                        cells += f" rebuilt {errs['rebuilt']:.1e}"
                     flag = f"  OVER: {','.join(bad)}" if bad else ""
                     print(f"{name:18s} {T:5d} {H:3d} {who:5s} {cells}{flag} {note}", flush=True)
                     if dtype != torch.bfloat16:
@@ -189,6 +218,8 @@ def run(
                         note = f"B={B} {note}".strip()
                     if slow:
                         note = f"slow gates {note}".strip()
+                    if recompute_states and who == "ours":
+                        note = f"recompute_states {note}".strip()
                     rows.append(
                         {"op": name, "T": T, "H": H, "impl": who, **errs, "over": ";".join(bad), "note": note}
                     )
@@ -230,6 +261,12 @@ def main() -> None:
         action="store_true",
         help="every other channel's gate decays slowly (z - 5), so that state carried across chunks shows",
     )
+    parser.add_argument(
+        "--recompute-states",
+        action="store_true",
+        help="our op with recompute_states (the states rebuilt in the backward), also against the op keeping "
+        "them",
+    )
     parser.add_argument("--no-step", action="store_true", help="skip the decode-step check")
     parser.add_argument(
         "--no-fla", action="store_true", help="skip the FLA cross-check (its autotuning takes minutes)"
@@ -257,6 +294,7 @@ def main() -> None:
         step=not args.no_step,
         B=args.B,
         slow=args.slow_gates,
+        recompute_states=args.recompute_states,
     )
     print(f"{'ALL WITHIN BOUNDS' if ok else 'SOME ERRORS OVER BOUNDS'} ({time.time() - start:.0f} s)")
     sys.exit(0 if ok else 1)
