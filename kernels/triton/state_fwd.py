@@ -280,7 +280,7 @@ def state_forward(
     written here only with the plan's `out`; `output` writes it otherwise). keep_h False (the op's
     recompute_states): h only where `output` reads it."""
     p = fp.problem
-    B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
+    B, T, H, K, V, NT = p.B, p.T, p.H, p.K, p.V, p.NT
     dev = q.device
     keep_x = fp.keep_x
     x = torch.empty_like(v) if keep_x else None
@@ -289,12 +289,11 @@ def state_forward(
     vt = torch.empty_like(v) if fp.store_vt else None
     ht = torch.empty(B, H, K, V, device=dev, dtype=torch.float32) if output_final_state else None
     o = torch.empty(B, T, H, V, device=dev, dtype=q.dtype)
-    BV = fp.state_bv
     h0 = initial_state.contiguous() if initial_state is not None else None
     # the delta rule's W/U form: U and W stand where the WY form reads V and Gamma K
     wu = p.delta_rule and not (fp.wy or keep_x)
     # (None for the buffers this launch does not touch: o without the plan's out, L without the WY form)
-    _state_fwd_kernel[(V // BV, B * H)](
+    _launch(
         (
             qg if qg is not None else q,
             kd if kd is not None else k,
@@ -307,24 +306,40 @@ def state_forward(
         beta,
         (h, h0, ht),
         scale,
-        T,
-        NT,
-        H=H,
-        K=K,
-        V=V,
-        BT=BT,
-        BV=BV,
+        fp,
+        fp.pdl,
+    )
+    return o, ht, h, vt, x
+
+
+def _launch(keys, vals, mats, gc, beta, states, scale: float, fp: ForwardPlan, pdl: bool) -> None:
+    # the state pass over the plan's grid and settings (the forward's, and rebuild_states' without PDL)
+    p = fp.problem
+    _state_fwd_kernel[(p.V // fp.state_bv, p.B * p.H)](
+        keys,
+        vals,
+        mats,
+        gc,
+        beta,
+        states,
+        scale,
+        p.T,
+        p.NT,
+        H=p.H,
+        K=p.K,
+        V=p.V,
+        BT=p.chunk_size,
+        BV=fp.state_bv,
         DECAY=p.decay,
         UNCHAIN=fp.state_unchain,
         EARLY=fp.state_early,
         TRIL=fp.tril,
         LOG2=fp.log2,
-        PDL=fp.pdl,
-        **({"launch_pdl": True} if fp.pdl else {}),
+        PDL=pdl,
+        **({"launch_pdl": True} if pdl else {}),
         num_warps=fp.state.warps,
         num_stages=fp.state.stages,
     )
-    return o, ht, h, vt, x
 
 
 def _h_dtype(lowp: bool) -> torch.dtype:
@@ -364,8 +379,7 @@ def rebuild_states(
         kg = saved.kg if channel and p.delta_rule else k
     raw = k if kd is None or kg is None else None
     h = torch.empty(B, H, NT, K, V, device=q.device, dtype=_h_dtype(p.lowp))
-    BV = fp.state_bv
-    _state_fwd_kernel[(V // BV, B * H)](
+    _launch(
         (q, kd, kg, raw),
         (u if wu else v, None, None, None),
         (saved.aqk, None if wu else saved.linv),
@@ -373,21 +387,8 @@ def rebuild_states(
         beta,
         (h, initial_state.contiguous() if initial_state is not None else None, None),
         scale,
-        p.T,
-        NT,
-        H=H,
-        K=K,
-        V=V,
-        BT=p.chunk_size,
-        BV=BV,
-        DECAY=p.decay,
-        UNCHAIN=fp.state_unchain,
-        EARLY=fp.state_early,
-        TRIL=fp.tril,
-        LOG2=fp.log2,
-        PDL=False,
-        num_warps=fp.state.warps,
-        num_stages=fp.state.stages,
+        fp,
+        False,
     )
     return h
 
