@@ -67,8 +67,9 @@ def triton_chunk(
     per-channel decay compute its diagonal 16x16 blocks with dense dots; values of g below it
     can overflow. A bound below -5.5 is too loose for that and is ignored (general path).
     `recompute_states`: keep no chunk-entry states for the backward (the largest buffer the forward keeps,
-    [B, H, T/64, K, V]) and rebuild them there with a second state pass; the same result (bit for bit but
-    for a few ulps under the bounded gate).
+    [B, H, T/64, K, V]) and rebuild them there with a second state pass, nor (with X kept, the WY form) W,
+    which the backward computes instead; the same result (bit for bit but for a few ulps under the bounded
+    gate).
     Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] fp32 or None). The per-channel decay
     with the delta rule (KDA) computes from fp32 q, k, beta whatever their dtype (WIDE_KDA_KEYS).
     """

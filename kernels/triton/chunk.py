@@ -102,7 +102,7 @@ def saved_layout(q, k, v, g, beta, chunk_size, lower_bound, recompute_states=Fal
         aqk=(rows, dots),
         akk=(rows, torch.float32) if p.delta_rule else None,
         linv=(rows, dots) if p.delta_rule else None,
-        w=(tuple(k.shape), k.dtype) if fp.runs_wu else None,
+        w=(tuple(k.shape), k.dtype) if fp.runs_wu and not (recompute_states and fp.keep_x) else None,
         vt=(tuple(v.shape), v.dtype) if fp.store_vt else None,
         h=None if recompute_states else ((B, H, p.NT, K, V), dots),
         qg=((B, T, H, K), dots) if fp.keep_decayed else None,
@@ -120,14 +120,16 @@ def chunk_forward(
     state or None, Saved for chunk_backward or None). keep=False (no gradient wanted) keeps nothing and
     skips the chunk-entry states h and Vt where nothing else reads them. recompute_states (with keep):
     no h kept (Saved.h None), chunk_backward rebuilds it; h is written only where the output kernel reads
-    it."""
+    it; with keep_x no W either (chunk_backward runs the W pass)."""
     from kernels.triton import plan
 
     fp = plan.plan_forward(_problem(q, v, g, beta, chunk_size, lower_bound, keep))
     gc, gq = cumsum.cumsum_forward(g, fp)
     aqk, akk, qg, kd, kg = intra_fwd.intra_forward(q, k, gc, gq, scale, fp)
     linv = solve.solve(beta, akk, fp) if fp.problem.delta_rule else None
-    w, u = solve.wu(k, v, gc, beta, linv, kg, fp) if fp.problem.delta_rule else (None, None)
+    # (with keep_x only the backward reads W: recompute_states leaves it to the backward)
+    defer_w = recompute_states and fp.keep_x
+    w, u = solve.wu(k, v, gc, beta, linv, kg, fp) if fp.problem.delta_rule and not defer_w else (None, None)
     o, ht, h, vt, x = state_fwd.state_forward(
         q, k, v, gc, beta, scale, initial_state, output_final_state, aqk, linv, w, u, qg, kd, kg, fp,
         keep_h=not recompute_states,
@@ -182,12 +184,17 @@ def _gradients(q, k, v, g, dvt: torch.Tensor, bp) -> Grads:
 def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, lower_bound, saved):
     """The chunkwise backward from chunk_forward's saved buffers and the output's (and final state's)
     gradients do, dht: returns (dq, dk, dv, dg, dbeta, dh0) in the kernels' dtypes (ChunkFunction casts).
-    Where the forward kept no states (saved.h None, recompute_states) it rebuilds them first."""
+    Where the forward kept no states (saved.h None, recompute_states) it rebuilds them first (and W, where
+    it kept X)."""
     from kernels.triton import plan
 
     if saved.h is None:
         # the forward's plan (no programmatic dependent launch: that chains the forward's kernels)
         fp = plan.plan_forward(_problem(q, v, g, beta, chunk_size, lower_bound, True, launch=False))
+        if fp.keep_x and beta is not None:
+            # W, which only the reverse state pass reads, left here by the forward (Gamma K formed from k)
+            w, _ = solve.wu(k, v, saved.gc, beta, saved.linv, saved.kg, fp)
+            saved = saved._replace(w=w)
         h = state_fwd.rebuild_states(q, k, v, beta, scale, initial_state, saved, fp)
         saved = saved._replace(h=h)
     # the forward kept X = V - (Gamma K) S and no Vt = T X: dqk and dvt read X for it

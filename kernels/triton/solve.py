@@ -177,10 +177,12 @@ def _wu_kernel(
     BT: tl.constexpr,
     DECAY: tl.constexpr,
     LOWP: tl.constexpr,
+    RAW: tl.constexpr,
 ):
     # W = L diag(beta) (Gamma K), U = L diag(beta) V (the WY representation), one chunk per program. For the
-    # per-channel decay k holds Gamma K already (written by the intra forward). Without u (None) only W (the
-    # state pass then forms Vt from L and V itself, the plan's keep_x)
+    # per-channel decay k holds Gamma K already (written by the intra forward), or with RAW (the backward's
+    # W under recompute_states) k itself, decayed here by exp(G) as the intra forward does. Without u (None)
+    # only W (the state pass then forms Vt from L and V itself, the plan's keep_x)
     i_t, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     # the program's base pointers: its head's rows
     bh = _head(i_bh, T, H)
@@ -190,6 +192,8 @@ def _wu_kernel(
     linv += bh * BT
     if DECAY == "scalar":
         gc += bh
+    if RAW:
+        gc += bh * K
     if u is not None:
         u += bh * V
     o_t = i_t * BT + tl.arange(0, BT)
@@ -201,6 +205,8 @@ def _wu_kernel(
     b_k = _load_rows(k, o_t, m_t, H, K)
     if DECAY == "scalar":
         b_k = b_k * tl.exp(_load_vec(gc, o_t, m_t, H))[:, None]
+    if RAW:
+        b_k = b_k * tl.exp(tl.where(m_t[:, None], _load_rows(gc, o_t, m_t, H, K), 0.0))
     b_w = tl.dot(b_tm, _dot_cast(b_k, LOWP))  # [BT, K]
     p_w = o_t[:, None] * (H * K) + tl.arange(0, K)[None, :]
     tl.store(w + p_w, b_w.to(w.dtype.element_ty), mask=m_t[:, None])
@@ -251,13 +257,16 @@ def wu(
     fp: ForwardPlan,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(W, U), where the plan runs the W/U pass (else None, None): W = L diag(beta) (Gamma K) and, unless
-    the plan keeps X (the backward then reads W alone; U only served Vt), U = L diag(beta) V."""
+    the plan keeps X (the backward then reads W alone; U only served Vt), U = L diag(beta) V. For the
+    per-channel decay without kg (Gamma K not kept: the backward's W under recompute_states) the pass
+    decays k by exp(G) itself."""
     if not fp.runs_wu:
         return None, None
     p = fp.problem
     B, T, H, K, V, BT, NT = p.B, p.T, p.H, p.K, p.V, p.chunk_size, p.NT
     w = torch.empty_like(k)
     u = None if fp.keep_x else torch.empty_like(v)
+    raw = p.decay == "channel" and kg is None
     _wu_kernel[(NT, B * H)](
         kg if kg is not None else k,
         v,
@@ -273,6 +282,7 @@ def wu(
         BT=BT,
         DECAY=p.decay,
         LOWP=p.lowp,
+        RAW=raw,
         num_warps=fp.wu.warps,
     )
     return w, u
