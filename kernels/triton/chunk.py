@@ -191,12 +191,7 @@ def chunk_backward(q, k, v, g, beta, scale, initial_state, do, dht, chunk_size, 
     if saved.h is None:
         # the forward's plan (no programmatic dependent launch: that chains the forward's kernels)
         fp = plan.plan_forward(_problem(q, v, g, beta, chunk_size, lower_bound, True, launch=False))
-        if fp.keep_x and beta is not None:
-            # W, which only the reverse state pass reads, left here by the forward (Gamma K formed from k)
-            w, _ = solve.wu(k, v, saved.gc, beta, saved.linv, saved.kg, fp)
-            saved = saved._replace(w=w)
-        h = state_fwd.rebuild_states(q, k, v, beta, scale, initial_state, saved, fp)
-        saved = saved._replace(h=h)
+        saved = state_fwd.rebuild_states(q, k, v, beta, scale, initial_state, saved, fp)
     # the forward kept X = V - (Gamma K) S and no Vt = T X: dqk and dvt read X for it
     vt_x = beta is not None and saved.vt is None
     problem = _problem(q, v, g, beta, chunk_size, lower_bound, True)

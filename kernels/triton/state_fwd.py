@@ -356,27 +356,28 @@ def rebuild_states(
     initial_state: torch.Tensor | None,
     saved: Saved,
     fp: ForwardPlan,
-) -> torch.Tensor:
-    """h for a backward whose forward kept none (recompute_states: h is its largest buffer), by the
-    forward's state pass (its plan `fp`) again on the same operands, writing h alone."""
+) -> Saved:
+    """`saved` with what a forward under recompute_states left to its backward: h (its largest buffer), by
+    the forward's state pass (its plan `fp`) again on the same operands, writing h alone; and with X kept
+    W, which only the reverse state pass reads, by the W pass."""
     from kernels.triton import solve
 
     p = fp.problem
     B, H, K, V, NT = p.B, p.H, p.K, p.V, p.NT
     channel = p.decay == "channel"
     wu = p.delta_rule and not fp.keep_x
-    u = None
+    w, u = saved.w, None
+    if p.delta_rule:
+        # the W/U pass again: the W/U form's U (not kept; it writes the kept W too), the WY form's W (not
+        # kept), its Gamma K formed from k and G where not kept
+        rebuilt, u = solve.wu(k, v, saved.gc, beta, saved.linv, saved.kg, fp)
+        w = w if w is not None else rebuilt
     # the operands of the forward's launch: V without the delta rule; L, beta, V and Gamma K in the WY form
-    # (keep_x); W and U in the W/U form, U (not kept) from the W/U pass again, which writes W too (the form
-    # of few programs). The per-channel decay's K_d and Gamma K where kept (16-bit inputs), else None: the
-    # pass forms them from k and G as the intra forward does (the bounded gate's in other factors, a few
-    # ulps apart)
+    # (keep_x); W and U in the W/U form (the form of few programs). The per-channel decay's K_d and Gamma K
+    # where kept (16-bit inputs), else None: the pass forms them from k and G as the intra forward does (the
+    # bounded gate's in other factors, a few ulps apart)
     kd = saved.kd if channel else k
-    if wu:
-        _, u = solve.wu(k, v, saved.gc, beta, saved.linv, saved.kg, fp)
-        kg = saved.w
-    else:
-        kg = saved.kg if channel and p.delta_rule else k
+    kg = w if wu else (saved.kg if channel and p.delta_rule else k)
     raw = k if kd is None or kg is None else None
     h = torch.empty(B, H, NT, K, V, device=q.device, dtype=_h_dtype(p.lowp))
     _launch(
@@ -390,7 +391,7 @@ def rebuild_states(
         fp,
         False,
     )
-    return h
+    return saved._replace(h=h, w=w)
 
 
 def output(
