@@ -42,9 +42,13 @@ from kernels.triton import (  # noqa: E402
 
 BOUNDS = CHECK_BOUNDS
 # the op with recompute_states against the op keeping h (relative RMS, the largest over its outputs and
-# gradients): the rebuild is the forward's state pass again on the same operands, bit for bit under the
-# interpreter but for the bounded gate's few ulps (tests/test_recompute_states.py), which this allows
+# gradients): the rebuild is the forward's state pass again on the same operands, bit for bit
 REBUILT_TOL = 1e-5
+# but under the bounded gate, whose rebuild forms Gamma K as one exponential where the intra forward takes
+# two from the block's anchor (tests/test_recompute_states.py): on the GPU tl.exp is the approximate ex2,
+# whose error grows with |G| (up to 5 x 64 within a chunk), and what differs by that flips roundings of the
+# 16-bit operands: a difference of order 1e-4, well under the reference's tightest bound (5e-3)
+REBUILT_TOL_BOUNDED = 1e-3
 
 
 def fla_call(name: str):
@@ -111,9 +115,11 @@ def check_step(rows: list[dict]) -> bool:
     return not bad
 
 
-def _rebuilt_error(inputs: dict, do: torch.Tensor, dht: torch.Tensor, chunk_size: int, lower_bound) -> float:
+def _rebuilt_error(
+    inputs: dict, do: torch.Tensor, dht: torch.Tensor, chunk_size: int, lower_bound
+) -> tuple[float, str]:
     """The largest relative RMS difference of our op's outputs and gradients with recompute_states from
-    those of the op keeping the states, on the same inputs and loss."""
+    those of the op keeping the states, on the same inputs and loss, and the tensor it is of."""
     names = [n for n, t in inputs.items() if t is not None]
     results = []
     for rebuild in (False, True):
@@ -122,7 +128,10 @@ def _rebuilt_error(inputs: dict, do: torch.Tensor, dht: torch.Tensor, chunk_size
         o, ht = triton_chunk(*args, chunk_size, lower_bound, rebuild)
         ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()
         results.append([o, ht, *(x[n].grad for n in names)])
-    return max(rel_rms(kept, rebuilt) for kept, rebuilt in zip(*results, strict=True))
+    labels = ["o", "ht", *(f"d{n}" for n in names)]
+    errs = [rel_rms(kept, rebuilt) for kept, rebuilt in zip(*results, strict=True)]
+    worst = max(range(len(errs)), key=lambda i: errs[i])
+    return errs[worst], labels[worst]
 
 
 def run(
@@ -200,14 +209,15 @@ def run(
                         errs, note = {}, f"ERR {type(exc).__name__}: {str(exc)[:90]}"
                     bad = [n for n, e in errs.items() if not e <= BOUNDS.get(n, 0)]
                     if who == "ours" and recompute_states and not note:
-                        errs["rebuilt"] = _rebuilt_error(inputs, do, dht, chunk_size, lower_bound)
-                        if not errs["rebuilt"] <= REBUILT_TOL:
+                        errs["rebuilt"], rebuilt_of = _rebuilt_error(inputs, do, dht, chunk_size, lower_bound)
+                        tol = REBUILT_TOL if lower_bound is None else REBUILT_TOL_BOUNDED
+                        if not errs["rebuilt"] <= tol:
                             bad.append("rebuilt")
                     if who == "ours" and (bad or note):
                         ok = False
                     cells = " ".join(f"{errs.get(n, float('nan')):8.1e}" for n in BOUNDS)
                     if "rebuilt" in errs:
-                        cells += f" rebuilt {errs['rebuilt']:.1e}"
+                        cells += f" rebuilt {errs['rebuilt']:.1e} ({rebuilt_of})"
                     flag = f"  OVER: {','.join(bad)}" if bad else ""
                     print(f"{name:18s} {T:5d} {H:3d} {who:5s} {cells}{flag} {note}", flush=True)
                     if dtype != torch.bfloat16:
