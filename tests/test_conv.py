@@ -303,17 +303,66 @@ def test_the_gpu_sweep_checks_every_tile_against_the_reference(monkeypatch: pyte
     assert not any(row["ok"] for row in rows) and all(row["err_of_bound"] > 1 for row in rows), rows
 
 
+@pytest.mark.parametrize("W", [3, 4])
+def test_the_looped_backward_walks_several_tiles_a_program(monkeypatch: pytest.MonkeyPatch, W: int) -> None:
+    """The looped form's first kernel with four tiles a program, over a length whose last program holds
+    tiles past T, W = 3 padded to a block of 4 taps, with an initial state: every output and gradient
+    equals the reference's, from one weight-gradient partial sum a program."""
+    monkeypatch.setattr(triton_conv, "BWD_FORM", "looped")
+    block_t = triton_conv._config("da_looped", True, 24, W)[0]
+    monkeypatch.setattr(triton_conv, "LOOP_POSITIONS", 4 * block_t)
+    assert triton_conv.loop_span(block_t) == 4
+    B, T, C = 2, 5 * block_t + 7, 24
+    check(B, T, C, W, with_state=True, seed=3)
+    allocated = []
+    empty = torch.empty
+
+    def recording(*shape, **kwargs):  # noqa: ANN002, ANN003
+        out = empty(*shape, **kwargs)
+        allocated.append(out)
+        return out
+
+    x, weight, state = make(B, T, C, W, True, seed=3)
+    monkeypatch.setattr(torch, "empty", recording)
+    triton_conv.short_conv_bwd(torch.randn(B, T, C), x.detach(), weight.detach(), state.detach())
+    monkeypatch.setattr(torch, "empty", empty)
+    (partials,) = [t for t in allocated if t.dtype == torch.float32 and t.dim() == 3 and t.shape[1] == W]
+    assert partials.shape[0] == B * 2  # six tiles a sequence, four a program
+
+
+def test_the_gpu_loop_sweep_checks_every_config_and_restores_the_defaults(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_conv --sweep's looped part: a row per LOOP_SWEEP config, each checked against the reference,
+    the module's tiles, positions and form as they were afterwards, and `ok` false where dx is off."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    try:
+        import check_conv
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(check_conv, "_bench", lambda fn: 1.0)
+    kept = (dict(triton_conv.TWO_PASS_CONFIGS), triton_conv.LOOP_POSITIONS, triton_conv.BWD_FORM)
+    rows = check_conv.loop_sweep(B=2, T=70, C=32, W=4, device="cpu")
+    assert (dict(triton_conv.TWO_PASS_CONFIGS), triton_conv.LOOP_POSITIONS, triton_conv.BWD_FORM) == kept
+    assert len(rows) == len(check_conv.LOOP_SWEEP)
+    assert all(row["ok"] and 0 <= row["err_of_bound"] < 1 for row in rows), rows
+    assert sum(row["default"] for row in rows) == 1
+    backward = triton_conv.short_conv_bwd
+    monkeypatch.setattr(triton_conv, "short_conv_bwd", lambda *a: (backward(*a)[0] * 1.01, *backward(*a)[1:]))
+    rows = check_conv.loop_sweep(B=2, T=70, C=32, W=4, device="cpu")
+    assert not any(row["ok"] for row in rows), rows
+
+
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills() -> None:
     """The compiled path (which the interpreter does not take) builds for an H200 at W = 2, 4 and 8, bf16 x,
-    all four kernels (forward, fused backward, the two-pass backward's two) with and without an initial
-    state, and keeps everything in registers."""
+    all five kernels (forward, fused backward, the two-pass backward's two, the looped form's first) with
+    and without an initial state, and keeps everything in registers."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, str(ROOT / "tests/gpu/check_conv.py"), "--compile", "--W", "2", "4", "8"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     header, *rows = [line.split() for line in done.stdout.strip().splitlines()]
-    assert len(rows) == 24, done.stdout
+    assert len(rows) == 3 * 5 * 2, done.stdout
     spills = header.index("spill_bytes")
     assert all(row[spills] == "0" for row in rows), done.stdout
 

@@ -13,9 +13,13 @@ shifts instead of reading a saved one (nothing but x is kept for the backward): 
 multiply-adds an element. "two_pass": a first kernel computes da once per position (the forward's work
 plus dy) with the weight gradient beside it, and stores da in x's dtype, as autograd would store the
 activation's gradient; a second computes dx from da's W shifts: fewer instructions for one more round
-trip of da through memory. Either runs over the positions s = -(W - 1) .. T - 1 for dx when there is an
-initial state, so the rows s < 0 are the gradient of the initial state. The weight gradient is a partial
-sum per program in fp32, reduced afterwards by one torch sum (no atomics: deterministic).
+trip of da through memory. "looped": the two-pass form whose first kernel walks several tiles of
+positions a program, the W shifted x tiles loaded as one [W, positions, channels] block, and keeps the
+weight gradient's products over all its tiles in registers, summing them across the positions once at its
+end (the two-pass kernel sums them for every tile, a reduction across threads, and writes a partial sum
+for every tile). Each runs over the positions s = -(W - 1) .. T - 1 for dx when there is an initial state,
+so the rows s < 0 are the gradient of the initial state. The weight gradient is a partial sum per program
+in fp32, reduced afterwards by one torch sum (no atomics: deterministic).
 
 The two launches are torch custom ops (namespace kda_harness) with fake implementations and a registered
 autograd formula, so torch.compile treats them as opaque calls and fuses the glue around them.
@@ -57,11 +61,18 @@ TWO_PASS_CONFIGS = {
     ("da", True): (16, 64, 4),
     ("dx", False): (32, 64, 4),
     ("dx", True): (16, 64, 4),
+    # the looped form's first kernel: a tile of 16 positions, as its [W, 16, 64] x block and the weight
+    # gradient's products over it, in fp32, take as many registers as the two-pass kernel's 64-position tile
+    ("da_looped", False): (16, 64, 4),
+    ("da_looped", True): (16, 64, 4),
 }
-# "fused" or "two_pass" (module docstring): two-pass is the faster on Hopper, both within the reference's
-# bounds (check_conv.py --sweep times and checks both)
+# positions one program of the looped form's first kernel walks (in tiles of its BLOCK_T): its weight
+# gradient's partial sums are one row per LOOP_POSITIONS positions instead of one per tile
+LOOP_POSITIONS = 128
+# "fused", "two_pass" or "looped" (module docstring): two-pass is the faster of the first two on Hopper;
+# all within the reference's bounds (check_conv.py --sweep times and checks each)
 BWD_FORM = "two_pass"
-BWD_FORMS = ("fused", "two_pass")
+BWD_FORMS = ("fused", "two_pass", "looped")
 
 
 @triton.jit
@@ -265,6 +276,65 @@ def _short_conv_da_kernel(
 
 
 @triton.jit
+def _short_conv_da_looped_kernel(
+    x,  # [B, T, C]
+    weight,  # [C, W]
+    state,  # [B, C, W - 1] (unused without HAS_STATE)
+    dy,  # [B, T, C]
+    da,  # [B, T, C] in x's dtype: dy * silu'(a)
+    dweight_partial,  # [B * NP, W, C] fp32: one partial sum per program row
+    T,
+    C,
+    NP,  # number of programs per sequence, each over SPAN tiles of BLOCK_T positions
+    W: tl.constexpr,
+    WP: tl.constexpr,  # W rounded up to a power of two (the block's first dimension)
+    SPAN: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    i_bp, i_c = tl.program_id(0), tl.program_id(1)
+    i_b, i_p = i_bp // NP, i_bp % NP
+    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = o_c < C
+    o_j = tl.arange(0, WP)
+    m_j = o_j < W
+    x += i_b.to(tl.int64) * T * C
+    dy += i_b.to(tl.int64) * T * C
+    da += i_b.to(tl.int64) * T * C
+    state += i_b.to(tl.int64) * C * (W - 1)
+
+    # tap j of the block: weight[c, j], zero past W (so that the padded taps add nothing)
+    b_w = tl.load(weight + o_c[None, :] * W + o_j[:, None], mask=m_j[:, None] & m_c[None, :], other=0.0)
+    b_w = b_w.to(tl.float32)[:, None, :]
+    b_dw = tl.zeros([WP, BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for i_s in range(SPAN):
+        o_t = (i_p * SPAN + i_s) * BLOCK_T + tl.arange(0, BLOCK_T)
+        # x[t - (W - 1) + j] at [j, t, c]: position -(W - 1) .. -1 from the initial state, zero outside
+        o_p = o_t[None, :, None] + (o_j - (W - 1))[:, None, None]
+        p_x = x + o_p * C + o_c[None, None, :]
+        if HAS_STATE:
+            # one load through a pointer chosen per element, as _load_prefixed does
+            p_s = state + o_c[None, None, :] * (W - 1) + (o_p + W - 1)
+            p_x = tl.where(o_p < 0, p_s, p_x)
+            m_p = (o_p >= 1 - W) & (o_p < T)
+        else:
+            m_p = (o_p >= 0) & (o_p < T)
+        b_x = tl.load(p_x, mask=m_p & m_c[None, None, :], other=0.0).to(tl.float32)
+        b_a = tl.sum(b_w * b_x, axis=0)
+        m_t = (o_t < T)[:, None] & m_c[None, :]
+        b_dy = tl.load(dy + o_t[:, None] * C + o_c[None, :], mask=m_t, other=0.0).to(tl.float32)
+        b_sig = tl.sigmoid(b_a)
+        # silu'(a) = sigma(a) (1 + a (1 - sigma(a))); zero past T, where dy is
+        b_da = b_dy * b_sig * (1.0 + b_a * (1.0 - b_sig))
+        tl.store(da + o_t[:, None] * C + o_c[None, :], b_da.to(da.dtype.element_ty), mask=m_t)
+        # the weight gradient from the unrounded da, summed over positions once, after the loop
+        b_dw += b_da[None, :, :] * b_x
+    p_dw = dweight_partial + i_bp.to(tl.int64) * W * C + o_j[:, None] * C + o_c[None, :]
+    tl.store(p_dw, tl.sum(b_dw, axis=1), mask=m_j[:, None] & m_c[None, :])
+
+
+@triton.jit
 def _short_conv_dx_kernel(
     da,  # [B, T, C]
     weight,  # [C, W]
@@ -305,7 +375,7 @@ def _config(kernel: str, has_state: bool, C: int, W: int) -> tuple[int, int, int
         return 64, max(16, min(256, triton.next_power_of_2(C))), 4
     if kernel == "bwd" and W > 4:
         return LONG_BWD_CONFIG
-    if kernel in ("da", "dx"):
+    if kernel in ("da", "dx", "da_looped"):
         return TWO_PASS_CONFIGS[(kernel, has_state or W > 4)]
     return CONFIGS[(kernel, has_state)]
 
@@ -374,8 +444,8 @@ def short_conv_bwd(
     positions = T + (W - 1 if has_state else 0)
     if BWD_FORM not in BWD_FORMS:
         raise ValueError(f"short_conv: BWD_FORM {BWD_FORM!r}; expected one of {BWD_FORMS}")
-    if BWD_FORM == "two_pass":
-        dweight_partial = _two_pass_bwd(dy, x, weight, state, dx, dstate, has_state)
+    if BWD_FORM in ("two_pass", "looped"):
+        dweight_partial = _two_pass_bwd(dy, x, weight, state, dx, dstate, has_state, BWD_FORM == "looped")
     else:
         BT, BC, num_warps = _config("bwd", has_state, C, W)
         NT = triton.cdiv(positions, BT)
@@ -390,13 +460,21 @@ def short_conv_bwd(
     return dx, dweight, dstate if has_state else x.new_empty(0)
 
 
+def loop_span(block_t: int) -> int:
+    """Tiles of block_t positions one program of the looped form's first kernel walks."""
+    return max(1, LOOP_POSITIONS // block_t)
+
+
 def _two_pass_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
-                  dx: torch.Tensor, dstate: torch.Tensor, has_state: bool) -> torch.Tensor:
-    """The two-pass backward into dx and dstate; returns the weight gradient's partial sums."""
+                  dx: torch.Tensor, dstate: torch.Tensor, has_state: bool,
+                  looped: bool = False) -> torch.Tensor:
+    """The two-pass (or looped) backward into dx and dstate; returns the weight gradient's partial sums."""
     B, T, C = x.shape
     W = weight.shape[1]
-    BT, BC, warps = _config("da", has_state, C, W)
-    NT = triton.cdiv(T, BT)
+    BT, BC, warps = _config("da_looped" if looped else "da", has_state, C, W)
+    span = loop_span(BT) if looped else 1
+    # programs per sequence, each over `span` tiles of BT positions
+    NT = triton.cdiv(T, BT * span)
     dweight_partial = torch.empty(B * NT, W, C, device=x.device, dtype=torch.float32)
     if B * C == 0 or NT == 0:
         dweight_partial.zero_()
@@ -406,10 +484,17 @@ def _two_pass_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, state
         return dweight_partial
     da = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
     with _device(x):
-        _short_conv_da_kernel[(B * NT, triton.cdiv(C, BC))](
-            x, weight, state, dy, da, dweight_partial, T, C, NT,
-            W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=warps,
-        )  # fmt: skip
+        if looped:
+            _short_conv_da_looped_kernel[(B * NT, triton.cdiv(C, BC))](
+                x, weight, state, dy, da, dweight_partial, T, C, NT,
+                W=W, WP=triton.next_power_of_2(W), SPAN=span, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC,
+                num_warps=warps,
+            )  # fmt: skip
+        else:
+            _short_conv_da_kernel[(B * NT, triton.cdiv(C, BC))](
+                x, weight, state, dy, da, dweight_partial, T, C, NT,
+                W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=warps,
+            )  # fmt: skip
         BT, BC, warps = _config("dx", has_state, C, W)
         NT = triton.cdiv(T + (W - 1 if has_state else 0), BT)
         _short_conv_dx_kernel[(B * NT, triton.cdiv(C, BC))](

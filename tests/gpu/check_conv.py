@@ -7,7 +7,7 @@ Run on the device machine (a CUDA GPU):
     python tests/gpu/check_conv.py --compile       # sm_90 registers, spills, instructions (no GPU needed)
     TRITON_INTERPRET=1 python tests/gpu/check_conv.py --cpu --out /tmp/conv   # the grid, tiny, on the CPU
 
-Each form of the backward (kernels/triton/conv.py's BWD_FORMS: fused, two_pass) is checked and timed.
+Each form of the backward (kernels/triton/conv.py's BWD_FORMS: fused, two_pass, looped) is checked and timed.
 Correctness: for bf16 and fp32 at the paper's shape (B=256, T=1024, C=256, W=4, with and without an initial
 state) and odd shapes (odd lengths and channel counts, W in {2, 3, 4, 8}, the decode step T=1): relative RMS
 error of y, the final state and the gradients of x, weight and the initial state, against the F.conv1d
@@ -18,9 +18,11 @@ Timing (bf16, B=256, T=1024, C=256, W=4, no state: a training step's conv): forw
 (dx and dweight) of ours and of the F.conv1d path, triton.testing.do_bench medians, and for ours the
 bandwidth that the kernels' least traffic at that time would take (`min_bytes`: a memory-bound kernel near
 the GPU's peak, 4.8 TB/s on an H200, is as fast as it can be).
---sweep times each kernel at other tiles too, and checks each tile's outputs against the reference.
-Writes conv_errors.csv and conv_timing.csv (and conv_sweep.csv) into --out, prints tables; exits 1 if an
-error is over its bound.
+--sweep times each kernel at other tiles too, and checks each tile's outputs against the reference; the
+looped form's first kernel keeps its own tile there (its [W, positions, channels] block at the larger tiles
+would spill) and is swept apart, over its tiles and the positions a program walks (LOOP_SWEEP).
+Writes conv_errors.csv and conv_timing.csv (and conv_sweep.csv, conv_loop_sweep.csv) into --out, prints
+tables; exits 1 if an error is over its bound.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ ODD = [
 CPU = [(2, 17, 48, 4, True), (2, 1, 48, 3, True), (1, 63, 20, 2, False)]
 # tile configs (BLOCK_T, BLOCK_C, num_warps) for --sweep
 SWEEP = [(16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 64, 8), (64, 128, 8), (128, 64, 8)]
+# the looped form's first kernel: (BLOCK_T, BLOCK_C, num_warps, LOOP_POSITIONS)
+LOOP_SWEEP = [(16, 64, 4, 64), (16, 64, 4, 128), (16, 64, 4, 256), (16, 64, 4, 1024), (16, 128, 4, 128),
+              (16, 128, 8, 128), (32, 64, 4, 128), (32, 64, 8, 256), (16, 64, 2, 128)]
 
 
 def _grads(x, weight, state, fn, dy, dfinal) -> dict[str, torch.Tensor]:  # noqa: ANN001
@@ -104,19 +109,22 @@ def _bench(fn, warmup: int = 25, rep: int = 100) -> float:  # noqa: ANN001
 
 def min_bytes(kernel: str, B: int, T: int, C: int, W: int, x_bytes: int = 2, block_t: int = 32) -> int:
     """The least traffic of one launch without a state: each [B, T, C] tensor read or written once (fwd: x,
-    y; bwd or fused, the one backward kernel: x, dy, dx; two_pass, both its kernels: x, dy, da written and
-    read, dx) and the backward's fp32 weight-gradient partials ([B * T / block_t, W, C]) written and
-    summed."""
+    y; bwd or fused, the one backward kernel: x, dy, dx; two_pass or looped, both its kernels: x, dy, da
+    written and read, dx) and the backward's fp32 weight-gradient partials ([B * T / block_t, W, C], block_t
+    the positions of one partial sum) written and summed."""
     tensor = B * T * C * x_bytes
     if kernel == "fwd":
         return 2 * tensor
     partials = B * -(-T // block_t) * W * C * 4
-    return (5 if kernel == "two_pass" else 3) * tensor + 2 * partials
+    return (5 if kernel in ("two_pass", "looped") else 3) * tensor + 2 * partials
 
 
 def _bwd_block_t(form: str) -> int:
     from kernels.triton import conv
 
+    if form == "looped":
+        block_t = conv.TWO_PASS_CONFIGS[("da_looped", False)][0]
+        return block_t * conv.loop_span(block_t)
     return conv.TWO_PASS_CONFIGS[("da", False)][0] if form == "two_pass" else conv.CONFIGS[("bwd", False)][0]
 
 
@@ -188,7 +196,8 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: str = "
                          rel_rms(ref["dweight"], dweight) / bound["dweight"]]
                 bwd = _bench(lambda: conv.short_conv_bwd(dy, x, weight, None))
                 row[f"bwd_{form}_ms"] = bwd
-                row[f"bwd_{form}_GBps"] = min_bytes(form, B, T, C, W, block_t=config[0]) / bwd / 1e6
+                block_t = _bwd_block_t(form) if form == "looped" else config[0]
+                row[f"bwd_{form}_GBps"] = min_bytes(form, B, T, C, W, block_t=block_t) / bwd / 1e6
             row["fwd_GBps"] = min_bytes("fwd", B, T, C, W) / fwd / 1e6
             row["default_fwd"] = config == default[("fwd", False)]
             row["default_bwd"] = config == default[("bwd", False)]
@@ -201,6 +210,45 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: str = "
         conv.CONFIGS.update(default)
         conv.TWO_PASS_CONFIGS.update(default_two)
         conv.BWD_FORM = default_form
+    return rows
+
+
+def loop_sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: str = "cuda") -> list[dict]:
+    """ms of the looped backward (both its kernels, the second at its default tile) at each config of
+    LOOP_SWEEP for its first kernel, bf16, no initial state, and the largest relative RMS error of dx and
+    dweight against the float64 reference as a fraction of its bound (`ok`: within it)."""
+    from kernels.triton import conv
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(B, T, C, device=device, generator=gen, dtype=torch.bfloat16)
+    weight = torch.randn(C, W, device=device, generator=gen)
+    dy = torch.randn_like(x)
+    x64, weight64 = x.double().requires_grad_(True), weight.double().requires_grad_(True)
+    y64 = short_conv_reference(x64, weight64)[0]
+    dx64, dweight64 = torch.autograd.grad((y64 * dy.double()).sum(), (x64, weight64))
+    del x64, weight64, y64
+    bound = BOUNDS[torch.bfloat16]
+    rows = []
+    default = (dict(conv.TWO_PASS_CONFIGS), conv.LOOP_POSITIONS, conv.BWD_FORM)
+    try:
+        conv.BWD_FORM = "looped"
+        for block_t, block_c, warps, positions in LOOP_SWEEP:
+            conv.TWO_PASS_CONFIGS[("da_looped", False)] = (block_t, block_c, warps)
+            conv.LOOP_POSITIONS = positions
+            dx, dweight, _ = conv.short_conv_bwd(dy, x, weight, None)
+            err = max(rel_rms(dx64, dx) / bound["dx"], rel_rms(dweight64, dweight) / bound["dweight"])
+            bwd = _bench(lambda: conv.short_conv_bwd(dy, x, weight, None))
+            per_sum = block_t * conv.loop_span(block_t)
+            least = min_bytes("looped", B, T, C, W, block_t=per_sum)
+            rows.append({"BLOCK_T": block_t, "BLOCK_C": block_c, "num_warps": warps, "positions": per_sum,
+                         "bwd_ms": bwd, "bwd_GBps": least / bwd / 1e6,
+                         "default": (block_t, block_c, warps) == default[0][("da_looped", False)]
+                         and positions == default[1],
+                         "err_of_bound": err, "ok": err <= 1})  # fmt: skip
+    finally:
+        conv.TWO_PASS_CONFIGS.clear()
+        conv.TWO_PASS_CONFIGS.update(default[0])
+        conv.LOOP_POSITIONS, conv.BWD_FORM = default[1], default[2]
     return rows
 
 
@@ -222,7 +270,8 @@ def compile_report(W: int = 4) -> list[dict]:
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     kernels = {"fwd": conv._short_conv_fwd_kernel, "bwd": conv._short_conv_bwd_kernel,
-               "da": conv._short_conv_da_kernel, "dx": conv._short_conv_dx_kernel}
+               "da": conv._short_conv_da_kernel, "dx": conv._short_conv_dx_kernel,
+               "da_looped": conv._short_conv_da_looped_kernel}
     rows = []
     for name, has_state in [*conv.CONFIGS, *conv.TWO_PASS_CONFIGS]:
         kernel = kernels[name]
@@ -231,13 +280,14 @@ def compile_report(W: int = 4) -> list[dict]:
         for i, p in enumerate(kernel.params):
             if p.is_constexpr:
                 sig[p.name] = "constexpr"
-                consts[p.name] = {"W": W, "HAS_STATE": has_state, "BLOCK_T": BT, "BLOCK_C": BC}[p.name]
+                consts[p.name] = {"W": W, "HAS_STATE": has_state, "BLOCK_T": BT, "BLOCK_C": BC,
+                                  "WP": triton.next_power_of_2(W), "SPAN": conv.loop_span(BT)}[p.name]
                 continue
-            if p.name in ("T", "C", "NT"):
+            if p.name in ("T", "C", "NT", "NP"):
                 sig[p.name] = "i32"
             else:
                 sig[p.name] = "*fp32" if p.name in ("weight", "dweight_partial") else "*bf16"
-            if p.name != "NT":
+            if p.name not in ("NT", "NP"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
@@ -325,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
             print(_table(configs))
             if args.out is not None:
                 _write(args.out / "conv_sweep.csv", configs)
+            looped = loop_sweep()
+            print(_table(looped))
+            if args.out is not None:
+                _write(args.out / "conv_loop_sweep.csv", looped)
+            configs += looped
     bad = [r for r in errors + configs if not r["ok"]]
     for r in bad:
         print(f"OVER BOUND: {r}")
