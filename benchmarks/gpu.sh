@@ -28,11 +28,11 @@
 # The training step (group `train`; its limits add up to more than one 10-minute command):
 #   train_check 240  tests/gpu/test_train_step.py: no host sync between log steps, compiled = eager, each
 #                    plain and lean; the fused softmax and SwiGLU kernels; a non-finite step skipped
-#   conv        150  the short-conv kernels against their reference, both forms of the backward (fused, two
-#                    passes), timed at every tile config of its sweep, with the bandwidth their least traffic
-#                    would take (tests/gpu/check_conv.py --sweep)
-#   conv_step   400  KDA's and GDN's default step at MQAR T=1024 with each short-conv backward (the second's
-#                    rows labelled +conv-two_pass), kernels listed by category
+#   conv        200  the short-conv kernels against their reference, every form of the backward (fused, two
+#                    passes, looped), timed at every tile config of its sweep and the looped form's own, with
+#                    the bandwidth their least traffic would take (tests/gpu/check_conv.py --sweep)
+#   conv_step   400  KDA's and GDN's default step at MQAR T=1024 with the two-pass short-conv backward (the
+#                    default) and the looped one (rows labelled +conv-looped), kernels listed by category
 #   loss         90  the LM head + loss alone: full logits, torch, fused (two passes, and rows whole), FLA
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default and eager, FLA's layers
 #                    where WHEELS has them: the rows of this GPU's table (benchmarks/results/h200_step/ or
@@ -286,9 +286,9 @@ for step in "${steps[@]}"; do
     train_check)
       brief 240 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py ;;
     conv)
-      brief 150 python3 tests/gpu/check_conv.py --out "$OUT/conv" --sweep ;;
+      brief 200 python3 tests/gpu/check_conv.py --out "$OUT/conv" --sweep ;;
     conv_step)
-      for form in fused two_pass; do
+      for form in two_pass looped; do
         brief 200 python3 -m benchmarks.step --out "$OUT/conv_step" --resume --lengths 1024 --tasks mqar \
           --impls ours --variants default --mixers kda gdn --conv-bwd "$form"
       done ;;
