@@ -5,8 +5,9 @@
 #
 #   bash benchmarks/gpu.sh OUT [STEPS]             STEPS: step names below and the groups kernels (the
 #                                                  default), train, compare and candidates (conv loss
-#                                                  conv_step: the kernels written beside a default, off
-#                                                  until timed here), in the order to run them
+#                                                  conv_step graphs: the kernels and forms written beside
+#                                                  a default, off until timed here), in the order to run
+#                                                  them
 #   PACK=FILE.tgz bash benchmarks/gpu.sh OUT ...   also OUT as one archive after every step (checkpoints left
 #                                                  out), for a runner that returns few files
 #   REV=HEAD~3 bash benchmarks/gpu.sh OUT compare  the working tree's kernels against those of REV
@@ -33,6 +34,8 @@
 #                    the bandwidth their least traffic would take (tests/gpu/check_conv.py --sweep)
 #   conv_step   400  KDA's and GDN's default step at MQAR T=1024 with the two-pass short-conv backward (the
 #                    default) and the looped one (rows labelled +conv-looped), kernels listed by category
+#   graphs      480  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
+#                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
 #   loss         90  the LM head + loss alone: full logits, torch, fused (two passes, and rows whole), FLA
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default and eager, FLA's layers
 #                    where WHEELS has them: the rows of this GPU's table (benchmarks/results/h200_step/ or
@@ -88,10 +91,10 @@ for s in ${2:-kernels}; do
     kernels) steps+=(check profile fla bench sweep packing) ;;
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
-    candidates) steps+=(conv loss conv_step) ;;
+    candidates) steps+=(conv loss conv_step graphs) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
 compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench|budget|\
-conv_step) steps+=("$s") ;;
+conv_step|graphs) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -291,6 +294,13 @@ for step in "${steps[@]}"; do
       for form in two_pass looped; do
         brief 200 python3 -m benchmarks.step --out "$OUT/conv_step" --resume --lengths 1024 --tasks mqar \
           --impls ours --variants default --mixers kda gdn --conv-bwd "$form"
+      done ;;
+    graphs)
+      # the default step and the same with its compiled body replayed as CUDA graphs, into one table
+      for flag in "" --cuda-graphs; do
+        # shellcheck disable=SC2086
+        brief 240 python3 -m benchmarks.step --out "$OUT/graphs" --resume --lengths 256 1024 --tasks mqar \
+          --impls ours --variants default --mixers kda mamba2 attention $flag
       done ;;
     loss)
       brief 90 "${speed[@]}" loss --out "$OUT/loss" ;;

@@ -29,6 +29,10 @@ fails (recorded, with the reason) if the compiler made no graph: a row labelled 
 graph compiled inside the timed steps (a guard failing after the warm-up) sends them to be timed again on
 the cached graphs (`graphs made while timed`), and a second such round fails the row. `unprofiled ms` is
 the step time in no kernel (the GPU idle between them); the report names rows where it passes 10 %.
+`--cuda-graphs` compiles our body in torch.compile's reduce-overhead mode (its forward and backward
+recorded as CUDA graphs and replayed: a launch each instead of one per kernel, for steps the host bounds);
+those rows are labelled +cudagraphs, are never `default`, carry no split (replayed graphs hide which op
+launched a kernel) and fail if inductor skipped the graphs.
 Each row is printed beside the last committed figure of the same form (`benchmarks/anchors/
 train_eaf2b28_h200.csv`, H200; rows of another GPU get none) and beside FLA's layers; the step before this
 benchmark existed (`train_a359d38_h200.csv`) closes the report of an H200's table.
@@ -210,12 +214,19 @@ def profile_split(step: Callable[[], None], device: torch.device,
 
 
 def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch.Tensor, compiled: bool,
-              autocast: Callable[[], Any], backend: str = "inductor") -> Callable[[], None]:
+              autocast: Callable[[], Any], backend: str = "inductor",
+              graphs: bool = False) -> Callable[[], None]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = train.make_optimizer(params, OmegaConf.load(ROOT / "conf" / "optim" / "adamw.yaml"))
-    features = torch.compile(model.features, backend=backend) if compiled else model.features
+    # reduce-overhead: inductor records the body's forward and backward as CUDA graphs and replays them,
+    # one launch each instead of one per kernel (what bounds a short step on the host)
+    mode = "reduce-overhead" if graphs else None
+    features = torch.compile(model.features, backend=backend, mode=mode) if compiled else model.features
     if impl == "ours":
         def step() -> None:
+            if graphs:
+                # a new iteration: the last step's graph outputs may be overwritten from here on
+                torch.compiler.cudagraph_mark_step_begin()
             loss, _ = train.forward_backward(model, features, batch, optimizer, autocast, False)
             train.clip_and_guard(params, 1.0, loss, optimizer)
             optimizer.step()
@@ -238,9 +249,12 @@ def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch
     return fla_step
 
 
-def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None, conv: str = "") -> str:
-    """What ran: `conv` names a short-conv backward other than the default (--conv-bwd), ours only."""
+def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None, conv: str = "",
+           graphs: bool = False) -> str:
+    """What ran: `conv` names a short-conv backward other than the default (--conv-bwd), ours only;
+    `graphs`: our compiled body replayed as CUDA graphs (--cuda-graphs)."""
     return impl + ("+lean" if lean else "") + ("+compile" if compiled else "") \
+        + ("+cudagraphs" if graphs and compiled and impl == "ours" else "") \
         + (f"+mem{budget:g}" if budget is not None else "") \
         + (f"+conv-{conv}" if conv and impl == "ours" else "")
 
@@ -261,6 +275,15 @@ def variants(names: list[str], device: torch.device) -> list[tuple[bool, bool, b
 
 class RanEager(RuntimeError):
     """torch.compile made no graph for a row labelled compiled (e.g. its recompile limit was reached)."""
+
+
+class RanWithoutGraphs(RuntimeError):
+    """Inductor skipped CUDA graphs for a row labelled +cudagraphs (it logs why: a CPU tensor, a mutated
+    input, dynamic shapes)."""
+
+
+def _graph_skips() -> int:
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
 
 
 class RecompiledWhileTimed(RuntimeError):
@@ -319,7 +342,9 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
 def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
              compiled: bool, lean: bool, default: bool, pattern: list[str] | None,
              budget: float | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"impl": _label(impl, lean, compiled, budget, getattr(args, "conv_label", "")),
+    graphs = compiled and impl == "ours" and getattr(args, "cuda_graphs", False)
+    row: dict[str, Any] = {"impl": _label(impl, lean, compiled, budget, getattr(args, "conv_label", ""),
+                                          graphs),
                            "default": default,
                            "task": task,
                            "mixer": mixer, "layers": len(pattern) if pattern else 2, "T": T, "B": args.batch}
@@ -335,7 +360,8 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
         # models may reach dynamo's recompile limit, and then it runs eager without a word
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-    step = make_step(impl, model, batch, labels, compiled, autocast, getattr(args, "backend", "inductor"))
+    step = make_step(impl, model, batch, labels, compiled, autocast, getattr(args, "backend", "inductor"),
+                     graphs)
     # the first step pays Triton's and (compiled) inductor's compilation: what a run pays once
     t0 = time.perf_counter()
     step()
@@ -348,6 +374,13 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
             raise RanEager("torch.compile made no graph: this row would be eager under a compiled label")
         row["graphs"] = _graph_count()
         row["graph_breaks"] = sum(torch._dynamo.utils.counters["graph_break"].values())
+    if graphs:
+        # the graphs are recorded at the steps after the first (the first runs the compiled code plain)
+        for _ in range(2):
+            step()
+        if _graph_skips():
+            raise RanWithoutGraphs(f"inductor skipped CUDA graphs {_graph_skips()} time(s) (its log says "
+                                   "why): the row would be the plain compiled step under a +cudagraphs label")
     for _ in range(args.warmup - 1):
         step()
     ms, row["peak_gib"], made = timed_compiled(step, args.steps, device, compiled)
@@ -357,7 +390,8 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
     row["tokens_per_s_M"] = round(args.batch * T / ms / 1000, 3)
     if not compiled:
         row.update(_saved_columns(saved_split(model, step)))
-    if args.profile:
+    # replayed graphs hide the ops that launched each kernel, which the split's categories read
+    if args.profile and not graphs:
         kernels: dict[tuple[str, str, str], list[float]] = {}
         split = profile_split(step, device, kernels)
         row["_kernels"] = sorted(((category, ms, n, op, kernel) for (category, op, kernel), (ms, n)
@@ -558,6 +592,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conv-bwd", choices=BWD_FORMS, default=None,
                         help="the short conv's backward (kernels/triton/conv.py BWD_FORM); a form other than "
                              "the default labels its rows +conv-FORM, none of them `default`")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="our compiled rows with the body replayed as CUDA graphs (torch.compile's "
+                             "reduce-overhead mode), labelled +cudagraphs, none of them `default`, without "
+                             "the profile's split; CUDA only")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--resume", action="store_true",
@@ -601,6 +639,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.conv_bwd is not None and device.type != "cuda":
         parser.error(f"--conv-bwd {args.conv_bwd}: the models take the Triton short conv on CUDA only (the "
                      "torch reference on the CPU); run it on the GPU, or leave the flag out")
+    if args.cuda_graphs and device.type != "cuda":
+        parser.error("--cuda-graphs: CUDA graphs need a CUDA device; run it on the GPU, or leave the flag "
+                     "out")
+    if args.cuda_graphs:
+        ours = [(c, lean, False) for c, lean, _ in ours]
     if args.conv_bwd is not None and args.conv_bwd != triton_conv.BWD_FORM:
         triton_conv.BWD_FORM, args.conv_label = args.conv_bwd, args.conv_bwd
         ours = [(c, lean, False) for c, lean, _ in ours]
@@ -627,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
                         (True, lean, False, b) for c, lean, _ in forms if c and impl == "ours"
                         for b in args.memory_budgets]
                     for compiled, lean, default, budget in forms:
-                        key = (_label(impl, lean, compiled, budget, args.conv_label), default, task, mixer,
+                        label = _label(impl, lean, compiled, budget, args.conv_label, args.cuda_graphs)
+                        key = (label, default, task, mixer,
                                len(pattern) if pattern else 2, T, args.batch)
                         if key in done:
                             continue
@@ -635,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
                             row = measure(impl, task, mixer, T, args, device, compiled, lean, default,
                                           pattern, budget)
                         except Exception as error:  # an OOM or an FLA layer that will not build: recorded
-                            row = {"impl": _label(impl, lean, compiled, budget, args.conv_label),
+                            row = {"impl": label,
                                    "default": default,
                                    "task": task,
                                    "mixer": mixer, "T": T, "B": args.batch,

@@ -400,6 +400,33 @@ def test_a_conv_backward_other_than_the_default_labels_its_rows(
     assert not (tmp_path / "out").exists()
 
 
+def test_cuda_graph_rows_are_labelled_and_refused_off_cuda(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--cuda-graphs labels our compiled rows +cudagraphs (eager and FLA's rows as they were); on the CPU,
+    which has no CUDA graphs, it is refused before anything is written; a row whose graphs inductor
+    skipped is an error, not a row under that label: the count it reads is the one inductor bumps when it
+    skips them (here for a CPU tensor)."""
+    assert step._label("ours", False, True, graphs=True) == "ours+compile+cudagraphs"
+    assert step._label("ours", True, True, 0.8, "looped", True) == \
+        "ours+lean+compile+cudagraphs+mem0.8+conv-looped"
+    assert step._label("ours", False, False, graphs=True) == "ours"
+    assert step._label("fla", False, False, graphs=True) == "fla"
+    with pytest.raises(SystemExit):
+        step.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--cuda-graphs"])
+    err = capsys.readouterr().err
+    assert "--cuda-graphs: CUDA graphs need a CUDA device" in err
+    assert not (tmp_path / "out").exists()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    assert step._graph_skips() == 0
+    body = torch.compile(lambda x: x * 2 + 1, mode="reduce-overhead")
+    for _ in range(3):
+        body(torch.ones(8))
+    assert step._graph_skips() >= 1
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+
 def test_a_graph_compiled_while_timed_is_timed_again_or_an_error() -> None:
     """A guard that fails inside the timed steps would count a compilation as step time: the steps are
     timed once more on the cached graphs; a guard that fails at every step is an error, not a row."""

@@ -8,6 +8,7 @@ break. The bigger matrix and the sm_90 compile are marked slow; tests/gpu/check_
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 # must precede the first triton import of the process; a GPU run of this file keeps the interpreter too
@@ -15,6 +16,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -67,6 +69,23 @@ def run(x, weight, state, backend: str, dy: torch.Tensor, dstate: torch.Tensor) 
 def double_leaves(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     """float64 copies as new leaves needing grad (the reference's inputs); None stays None."""
     return [t.detach().double().requires_grad_(True) if t is not None else None for t in tensors]
+
+
+@contextlib.contextmanager
+def made_by_torch_empty() -> Iterator[list[torch.Tensor]]:
+    """Every tensor torch.empty makes inside the block, in a list (the kernels' buffers and outputs)."""
+    made, empty = [], torch.empty
+
+    def recording(*shape, **kwargs):  # noqa: ANN002, ANN003
+        out = empty(*shape, **kwargs)
+        made.append(out)
+        return out
+
+    torch.empty = recording
+    try:
+        yield made
+    finally:
+        torch.empty = empty
 
 
 def check(B: int, T: int, C: int, W: int, with_state: bool, seed: int = 0) -> None:
@@ -314,18 +333,10 @@ def test_the_looped_backward_walks_several_tiles_a_program(monkeypatch: pytest.M
     assert triton_conv.loop_span(block_t) == 4
     B, T, C = 2, 5 * block_t + 7, 24
     check(B, T, C, W, with_state=True, seed=3)
-    allocated = []
-    empty = torch.empty
-
-    def recording(*shape, **kwargs):  # noqa: ANN002, ANN003
-        out = empty(*shape, **kwargs)
-        allocated.append(out)
-        return out
 
     x, weight, state = make(B, T, C, W, True, seed=3)
-    monkeypatch.setattr(torch, "empty", recording)
-    triton_conv.short_conv_bwd(torch.randn(B, T, C), x.detach(), weight.detach(), state.detach())
-    monkeypatch.setattr(torch, "empty", empty)
+    with made_by_torch_empty() as allocated:
+        triton_conv.short_conv_bwd(torch.randn(B, T, C), x.detach(), weight.detach(), state.detach())
     (partials,) = [t for t in allocated if t.dtype == torch.float32 and t.dim() == 3 and t.shape[1] == W]
     assert partials.shape[0] == B * 2  # six tiles a sequence, four a program
 
@@ -389,19 +400,11 @@ def test_the_gpu_checks_least_traffic_counts_what_the_kernels_read_and_write(
     B, T, C, W = 2, 100, 48, 4
     x = torch.randn(B, T, C, dtype=torch.bfloat16)
     weight = torch.randn(C, W)
-    allocated = []
-    empty = torch.empty
-
-    def recording(*shape, **kwargs):  # noqa: ANN002, ANN003
-        out = empty(*shape, **kwargs)
-        allocated.append(out)
-        return out
 
     monkeypatch.setattr(triton_conv, "BWD_FORM", "fused")
-    monkeypatch.setattr(torch, "empty", recording)
-    y = triton_conv.short_conv_fwd(x, weight, None)
-    dx, _, _ = triton_conv.short_conv_bwd(torch.randn_like(y), x, weight, None)
-    monkeypatch.setattr(torch, "empty", empty)
+    with made_by_torch_empty() as allocated:
+        y = triton_conv.short_conv_fwd(x, weight, None)
+        dx, _, _ = triton_conv.short_conv_bwd(torch.randn_like(y), x, weight, None)
     tensor = x.nbytes
     assert check_conv.min_bytes("fwd", B, T, C, W) == y.nbytes + tensor
     (partials,) = [t for t in allocated if t.dtype == torch.float32 and t.dim() == 3]
@@ -411,10 +414,8 @@ def test_the_gpu_checks_least_traffic_counts_what_the_kernels_read_and_write(
         tensor + dx.nbytes + y.nbytes + 2 * partials.nbytes
     # the two-pass backward: da (x's dtype) written by its first kernel and read by its second besides
     monkeypatch.setattr(triton_conv, "BWD_FORM", "two_pass")
-    allocated.clear()
-    monkeypatch.setattr(torch, "empty", recording)
-    dx, _, _ = triton_conv.short_conv_bwd(torch.randn_like(y), x, weight, None)
-    monkeypatch.setattr(torch, "empty", empty)
+    with made_by_torch_empty() as allocated:
+        dx, _, _ = triton_conv.short_conv_bwd(torch.randn_like(y), x, weight, None)
     (partials,) = [t for t in allocated if t.dtype == torch.float32 and t.dim() == 3]
     (da,) = [t for t in allocated if t.dtype == x.dtype and t.shape == x.shape and t is not dx]
     block_t = triton_conv._config("da", False, C, W)[0]

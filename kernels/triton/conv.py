@@ -124,6 +124,13 @@ def _pre_activation(
 
 
 @triton.jit
+def _silu_grad(b_dy, b_a):
+    """dy * silu'(a), silu'(a) = sigma(a) (1 + a (1 - sigma(a))): zero where dy is."""
+    b_sig = tl.sigmoid(b_a)
+    return b_dy * b_sig * (1.0 + b_a * (1.0 - b_sig))
+
+
+@triton.jit
 def _short_conv_fwd_kernel(
     x,  # [B, T, C]
     weight,  # [C, W]
@@ -217,9 +224,7 @@ def _short_conv_bwd_kernel(
         m_p = (o_p >= 0) & (o_p < T)
         p_dy = dy + o_p[:, None] * C + o_c[None, :]
         b_dy = tl.load(p_dy, mask=m_p[:, None] & m_c[None, :], other=0.0).to(tl.float32)
-        b_sig = tl.sigmoid(b_a)
-        # silu'(a) = sigma(a) (1 + a (1 - sigma(a)))
-        b_da = b_dy * b_sig * (1.0 + b_a * (1.0 - b_sig))
+        b_da = _silu_grad(b_dy, b_a)
         b_w = tl.load(weight + o_c * W + (W - 1 - k), mask=m_c, other=0.0).to(tl.float32)
         b_dx += b_w[None, :] * b_da
         if k == 0:
@@ -264,9 +269,8 @@ def _short_conv_da_kernel(
     b_a = _pre_activation(x, weight, state, o_t, o_c, m_c, T, C, W, HAS_STATE, BLOCK_T, BLOCK_C)
     m_t = (o_t < T)[:, None] & m_c[None, :]
     b_dy = tl.load(dy + o_t[:, None] * C + o_c[None, :], mask=m_t, other=0.0).to(tl.float32)
-    b_sig = tl.sigmoid(b_a)
-    # silu'(a) = sigma(a) (1 + a (1 - sigma(a))); zero past T, where dy is
-    b_da = b_dy * b_sig * (1.0 + b_a * (1.0 - b_sig))
+    # zero past T, where dy is
+    b_da = _silu_grad(b_dy, b_a)
     tl.store(da + o_t[:, None] * C + o_c[None, :], b_da.to(da.dtype.element_ty), mask=m_t)
     # the weight gradient from the unrounded da; the x tiles are the ones loaded above (same shifts)
     p_dw = dweight_partial + i_bt.to(tl.int64) * W * C + o_c
@@ -324,9 +328,8 @@ def _short_conv_da_looped_kernel(
         b_a = tl.sum(b_w * b_x, axis=0)
         m_t = (o_t < T)[:, None] & m_c[None, :]
         b_dy = tl.load(dy + o_t[:, None] * C + o_c[None, :], mask=m_t, other=0.0).to(tl.float32)
-        b_sig = tl.sigmoid(b_a)
-        # silu'(a) = sigma(a) (1 + a (1 - sigma(a))); zero past T, where dy is
-        b_da = b_dy * b_sig * (1.0 + b_a * (1.0 - b_sig))
+        # zero past T, where dy is
+        b_da = _silu_grad(b_dy, b_a)
         tl.store(da + o_t[:, None] * C + o_c[None, :], b_da.to(da.dtype.element_ty), mask=m_t)
         # the weight gradient from the unrounded da, summed over positions once, after the loop
         b_dw += b_da[None, :, :] * b_x

@@ -164,12 +164,9 @@ def timing(B: int = 256, T: int = 1024, C: int = 256, W: int = 4) -> list[dict]:
     return rows
 
 
-def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: str = "cuda") -> list[dict]:
-    """ms of each kernel alone at each tile config of SWEEP (bf16, no initial state), and the largest
-    relative RMS error of its outputs (y; dx and dweight of each backward form) against the float64
-    reference, so that a faster tile is a checked one (`ok`: within the bf16 bounds)."""
-    from kernels.triton import conv
-
+def _sweep_case(B: int, T: int, C: int, W: int, device: str) -> tuple:
+    """The sweeps' inputs (bf16 x, fp32 weight, bf16 dy, no initial state) and the float64 reference's
+    y, dx and dweight on them."""
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(B, T, C, device=device, generator=gen, dtype=torch.bfloat16)
     weight = torch.randn(C, W, device=device, generator=gen)
@@ -177,8 +174,16 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: str = "
     x64, weight64 = x.double().requires_grad_(True), weight.double().requires_grad_(True)
     y64 = short_conv_reference(x64, weight64)[0]
     dx64, dweight64 = torch.autograd.grad((y64 * dy.double()).sum(), (x64, weight64))
-    ref = {"y": y64.detach(), "dx": dx64, "dweight": dweight64}
-    del x64, weight64, y64
+    return x, weight, dy, {"y": y64.detach(), "dx": dx64, "dweight": dweight64}
+
+
+def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: str = "cuda") -> list[dict]:
+    """ms of each kernel alone at each tile config of SWEEP (bf16, no initial state), and the largest
+    relative RMS error of its outputs (y; dx and dweight of each backward form) against the float64
+    reference, so that a faster tile is a checked one (`ok`: within the bf16 bounds)."""
+    from kernels.triton import conv
+
+    x, weight, dy, ref = _sweep_case(B, T, C, W, device)
     bound = BOUNDS[torch.bfloat16]
     rows = []
     default, default_two, default_form = dict(conv.CONFIGS), dict(conv.TWO_PASS_CONFIGS), conv.BWD_FORM
@@ -219,14 +224,8 @@ def loop_sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: st
     dweight against the float64 reference as a fraction of its bound (`ok`: within it)."""
     from kernels.triton import conv
 
-    gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(B, T, C, device=device, generator=gen, dtype=torch.bfloat16)
-    weight = torch.randn(C, W, device=device, generator=gen)
-    dy = torch.randn_like(x)
-    x64, weight64 = x.double().requires_grad_(True), weight.double().requires_grad_(True)
-    y64 = short_conv_reference(x64, weight64)[0]
-    dx64, dweight64 = torch.autograd.grad((y64 * dy.double()).sum(), (x64, weight64))
-    del x64, weight64, y64
+    x, weight, dy, ref = _sweep_case(B, T, C, W, device)
+    dx64, dweight64 = ref["dx"], ref["dweight"]
     bound = BOUNDS[torch.bfloat16]
     rows = []
     default = (dict(conv.TWO_PASS_CONFIGS), conv.LOOP_POSITIONS, conv.BWD_FORM)
