@@ -29,6 +29,8 @@ fails (recorded, with the reason) if the compiler made no graph: a row labelled 
 graph compiled inside the timed steps (a guard failing after the warm-up) sends them to be timed again on
 the cached graphs (`graphs made while timed`), and a second such round fails the row. `unprofiled ms` is
 the step time in no kernel (the GPU idle between them); the report names rows where it passes 10 %.
+On CUDA the profiled step's host time is split the same way (`host ... ms` in the CSV: each host op's
+own CPU time, launch calls included, under the profiler's overhead), to tell a host-bound step's cause.
 `--cuda-graphs` compiles our body in torch.compile's reduce-overhead mode (its forward and backward
 recorded as CUDA graphs and replayed: a launch each instead of one per kernel, for steps the host bounds);
 those rows are labelled +cudagraphs, are never `default`, carry no split (replayed graphs hide which op
@@ -182,10 +184,30 @@ def _category(names: list[str], kernel: str) -> str:
     return "rest"
 
 
+def _ancestry(event: Any) -> list[str]:
+    # an op's name and those of the ops (and profiler ranges) it ran inside, innermost first
+    names, parent = [event.name], event.cpu_parent
+    while parent is not None:
+        names.append(parent.name)
+        parent = parent.cpu_parent
+    return names
+
+
+def host_split(events: list[Any]) -> dict[str, float]:
+    """Host time (ms) per category: each host event's own CPU time (self_cpu_time_total, us; the launch
+    calls among them), by the ops and ranges it ran inside."""
+    split = dict.fromkeys(CATEGORIES, 0.0)
+    for event in events:
+        split[_category(_ancestry(event), "")] += event.self_cpu_time_total / 1000
+    return split
+
+
 def profile_split(step: Callable[[], None], device: torch.device,
-                  kernels: dict[tuple[str, str, str], list[float]] | None = None) -> dict[str, float]:
+                  kernels: dict[tuple[str, str, str], list[float]] | None = None,
+                  host: dict[str, float] | None = None) -> dict[str, float]:
     """GPU time (ms) of one step per category; on the CPU, the ops' own CPU time instead. `kernels`, if
-    given, collects each category by (category, op that launched it, kernel): [ms, launches]."""
+    given, collects each category by (category, op that launched it, kernel): [ms, launches]; `host`, if
+    given (CUDA), the host's time per category (host_split)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -199,10 +221,7 @@ def profile_split(step: Callable[[], None], device: torch.device,
             [(event.name, event.self_cpu_time_total)] if not event.cpu_children else [])
         if not items:
             continue
-        names, parent = [event.name], event.cpu_parent
-        while parent is not None:
-            names.append(parent.name)
-            parent = parent.cpu_parent
+        names = _ancestry(event)
         for kernel, duration in items:
             category = _category(names, kernel)
             split[category] += duration / 1000
@@ -210,6 +229,8 @@ def profile_split(step: Callable[[], None], device: torch.device,
                 entry = kernels.setdefault((category, event.name, kernel[:120]), [0.0, 0])
                 entry[0] += duration / 1000
                 entry[1] += 1
+    if host is not None and device.type == "cuda":
+        host.update(host_split([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]))
     return split
 
 
@@ -393,7 +414,8 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
     # replayed graphs hide the ops that launched each kernel, which the split's categories read
     if args.profile and not graphs:
         kernels: dict[tuple[str, str, str], list[float]] = {}
-        split = profile_split(step, device, kernels)
+        host: dict[str, float] = {}
+        split = profile_split(step, device, kernels, host)
         row["_kernels"] = sorted(((category, ms, n, op, kernel) for (category, op, kernel), (ms, n)
                                   in kernels.items()), key=lambda k: (CATEGORIES.index(k[0]), -k[1]))
         total = sum(split.values()) or math.nan
@@ -401,6 +423,9 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
         row["mixer op share"] = round(split["mixer op"] / total, 3)
         # step time no kernel accounts for: the GPU idle between kernels (a host-bound step, a compilation)
         row["unprofiled ms"] = round(row["step_ms"] - total, 2)
+        # where the host's time goes (under the profiler, which adds its own): a step whose host time
+        # passes its GPU time is bound by the host
+        row.update({f"host {k} ms": round(v, 2) for k, v in host.items()})
     if compiled and impl == "ours" and getattr(args, "backend", "inductor") == "inductor":
         # a compiled body saves what inductor's partition decides, outside the modules' hooks: its graph's
         # saved values by the module they were computed in, the head + loss's storages beside them; last,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -398,6 +399,25 @@ def test_a_conv_backward_other_than_the_default_labels_its_rows(
     err = capsys.readouterr().err
     assert "--conv-bwd two_pass: the models take the Triton short conv on CUDA only" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_host_split_charges_each_op_its_own_time_by_what_it_ran_inside() -> None:
+    """host_split: an op's own CPU time (not its children's) to the category of the ops and ranges around
+    it: a launch inside the mixer op's range is the mixer op's, a matmul's is the matmuls', the loss's
+    range takes what runs in it, and the rest is rest; nothing counted twice."""
+    from types import SimpleNamespace
+
+    def event(name: str, own_us: float, parent: Any = None) -> SimpleNamespace:
+        return SimpleNamespace(name=name, self_cpu_time_total=own_us, cpu_parent=parent)
+
+    mixer = event("bench::mixer_op", 300.0)
+    loss = event("bench::loss", 100.0)
+    matmul = event("aten::mm", 50.0)
+    events = [mixer, event("cudaLaunchKernel", 20.0, mixer), loss, event("aten::mm", 40.0, loss), matmul,
+              event("cudaLaunchKernel", 5.0, matmul), event("aten::add_", 7.0), event("Optimizer.step", 3.0)]
+    split = step.host_split(events)
+    assert split == pytest.approx({"mixer op": 0.32, "lm head+loss": 0.14, "short conv": 0.0,
+                                   "matmuls": 0.055, "rest": 0.01})
 
 
 def test_cuda_graph_rows_are_labelled_and_refused_off_cuda(
