@@ -498,13 +498,22 @@ def _two_pass_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, state
                 x, weight, state, dy, da, dweight_partial, T, C, NT,
                 W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=warps,
             )  # fmt: skip
-        BT, BC, warps = _config("dx", has_state, C, W)
-        NT = triton.cdiv(T + (W - 1 if has_state else 0), BT)
-        _short_conv_dx_kernel[(B * NT, triton.cdiv(C, BC))](
-            da, weight, dx, dstate, T, C, NT,
-            W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=warps,
-        )  # fmt: skip
+        launch_dx(da, weight, dx, dstate, has_state)
     return dweight_partial
+
+
+def launch_dx(da: torch.Tensor, weight: torch.Tensor, dx: torch.Tensor, dstate: torch.Tensor,
+              has_state: bool) -> None:
+    """The two-pass backward's second kernel: dx (and dstate) from da [B, T, C] (check_conv times it
+    alone)."""
+    B, T, C = da.shape
+    W = weight.shape[1]
+    BT, BC, warps = _config("dx", has_state, C, W)
+    NT = triton.cdiv(T + (W - 1 if has_state else 0), BT)
+    _short_conv_dx_kernel[(B * NT, triton.cdiv(C, BC))](
+        da, weight, dx, dstate, T, C, NT,
+        W=W, HAS_STATE=has_state, BLOCK_T=BT, BLOCK_C=BC, num_warps=warps,
+    )  # fmt: skip
 
 
 @short_conv_bwd.register_fake

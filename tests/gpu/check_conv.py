@@ -18,9 +18,10 @@ Timing (bf16, B=256, T=1024, C=256, W=4, no state: a training step's conv): forw
 (dx and dweight) of ours and of the F.conv1d path, triton.testing.do_bench medians, and for ours the
 bandwidth that the kernels' least traffic at that time would take (`min_bytes`: a memory-bound kernel near
 the GPU's peak, 4.8 TB/s on an H200, is as fast as it can be).
---sweep times each kernel at other tiles too, and checks each tile's outputs against the reference; the
-looped form's first kernel keeps its own tile there (its [W, positions, channels] block at the larger tiles
-would spill) and is swept apart, over its tiles and the positions a program walks (LOOP_SWEEP).
+--sweep times each kernel at other tiles too (the two-pass form's second kernel also alone), and checks
+each tile's outputs against the reference; the looped form's first kernel keeps its own tile there (its
+[W, positions, channels] block at the larger tiles would spill) and is swept apart, over its tiles and the
+positions a program walks (LOOP_SWEEP).
 Writes conv_errors.csv and conv_timing.csv (and conv_sweep.csv, conv_loop_sweep.csv) into --out, prints
 tables; exits 1 if an error is over its bound.
 """
@@ -184,6 +185,7 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: str = "
     from kernels.triton import conv
 
     x, weight, dy, ref = _sweep_case(B, T, C, W, device)
+    da_alone, dx_alone = torch.randn_like(x), torch.empty_like(x)
     bound = BOUNDS[torch.bfloat16]
     rows = []
     default, default_two, default_form = dict(conv.CONFIGS), dict(conv.TWO_PASS_CONFIGS), conv.BWD_FORM
@@ -203,6 +205,9 @@ def sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: str = "
                 row[f"bwd_{form}_ms"] = bwd
                 block_t = _bwd_block_t(form) if form == "looped" else config[0]
                 row[f"bwd_{form}_GBps"] = min_bytes(form, B, T, C, W, block_t=block_t) / bwd / 1e6
+            # the second kernel of the two-pass and looped forms alone: da read, dx written
+            dx_ms = _bench(lambda: conv.launch_dx(da_alone, weight, dx_alone, dx_alone, False))
+            row["dx_ms"], row["dx_GBps"] = dx_ms, 2 * x.nbytes / dx_ms / 1e6
             row["fwd_GBps"] = min_bytes("fwd", B, T, C, W) / fwd / 1e6
             row["default_fwd"] = config == default[("fwd", False)]
             row["default_bwd"] = config == default[("bwd", False)]
