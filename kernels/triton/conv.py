@@ -61,8 +61,9 @@ TWO_PASS_CONFIGS = {
     ("da", True): (16, 64, 4),
     ("dx", False): (32, 64, 4),
     ("dx", True): (16, 64, 4),
-    # the looped form's first kernel: a tile of 16 positions, as its [W, 16, 64] x block and the weight
-    # gradient's products over it, in fp32, take as many registers as the two-pass kernel's 64-position tile
+    # the looped form's first kernel: a tile of 16 positions, its [W, 16, 64] x block and the weight
+    # gradient's products over it in fp32 (sm_90, W = 4, bf16: 128 registers a thread against the two-pass
+    # kernel's 157 at 64 positions, no spills)
     ("da_looped", False): (16, 64, 4),
     ("da_looped", True): (16, 64, 4),
 }
