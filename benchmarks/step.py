@@ -243,11 +243,11 @@ def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch
     # one launch each instead of one per kernel (what bounds a short step on the host)
     mode = "reduce-overhead" if graphs else None
     features = torch.compile(model.features, backend=backend, mode=mode) if compiled else model.features
+    if graphs:
+        # as the trainer calls it (harness.run)
+        features = train.graph_steps(features)
     if impl == "ours":
         def step() -> None:
-            if graphs:
-                # a new iteration: the last step's graph outputs may be overwritten from here on
-                torch.compiler.cudagraph_mark_step_begin()
             loss, _ = train.forward_backward(model, features, batch, optimizer, autocast, False)
             train.clip_and_guard(params, 1.0, loss, optimizer)
             optimizer.step()

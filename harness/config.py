@@ -133,6 +133,10 @@ class TrainerConfig:
     # partitioner recomputes the rest in the backward (torch._functorch.config.activation_memory_budget);
     # null: keep it all (torch's default). Only with the body compiled.
     compile_memory_budget: float | None = MISSING
+    # the compiled body's forward and backward recorded as CUDA graphs and replayed (torch.compile's
+    # reduce-overhead mode): one launch each instead of one per kernel, for steps the host bounds. CUDA and
+    # a compiled body only.
+    cuda_graphs: bool = MISSING
     # steps_to_threshold = first eval step with eval/acc >= acc_threshold
     acc_threshold: float = MISSING
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
@@ -320,6 +324,12 @@ def _check_values(cfg: DictConfig) -> None:
     for key, value in (("trainer.compile", tr.compile), ("model.lean_backward", m.lean_backward)):
         if not (isinstance(value, bool) or value == "auto"):
             raise ValueError(f"{key}={value!r}: choose auto, true or false")
+    if tr.cuda_graphs and str(tr.device) == "cpu":
+        raise ValueError("trainer.cuda_graphs=true: CUDA graphs need a CUDA device, and trainer.device=cpu; "
+                         "set trainer.device=auto (or cuda) on a GPU machine, or trainer.cuda_graphs=false")
+    if tr.cuda_graphs and tr.compile is False:
+        raise ValueError("trainer.cuda_graphs=true: it replays the compiled body, and trainer.compile=false; "
+                         "set trainer.compile=auto (or true), or leave trainer.cuda_graphs=false")
 
 
 def fast_step(cfg: DictConfig, device_type: str) -> tuple[bool, bool]:
@@ -340,7 +350,8 @@ def fast_step(cfg: DictConfig, device_type: str) -> tuple[bool, bool]:
 # last bits, never the weights. trainer.precision is not: bf16 autocast and fp32 train different numbers
 # (compared as the precision the run took, `auto` resolved on its device).
 RUN_ONLY = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoint_every", "trainer.compile",
-            "trainer.compile_memory_budget", "model.lean_backward", "trainer.eval_batch_size", "logger.")
+            "trainer.compile_memory_budget", "trainer.cuda_graphs", "model.lean_backward",
+            "trainer.eval_batch_size", "logger.")
 # The one key of what a run computes that a relaunch may raise: the run is trained on from its checkpoint.
 EXTENDABLE = "trainer.max_steps"
 

@@ -20,7 +20,7 @@ from harness.config import EXTENDABLE, effective_precision, fast_step, validate
 from harness.data import EpochSampler, load_task
 from harness.gpus import visible_subset
 from harness.rundir import FileUnreadable, RunDir, flatten
-from harness.step import lr_factor, make_optimizer
+from harness.step import graph_steps, lr_factor, make_optimizer
 from mixers.model import LanguageModel
 
 log = logging.getLogger("train")
@@ -119,7 +119,11 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
     log.info("%s on %s: %d parameters, state %d numbers at length %d, vocab %d", meta["mixer"], task.name,
              meta["n_params"], meta["state_size"], task.seq_len, vocab_size)
     model.train()
-    features = torch.compile(model.features) if compiled else model.features
+    features = model.features
+    if compiled:
+        features = torch.compile(model.features, mode="reduce-overhead" if meta["cuda_graphs"] else None)
+        if meta["cuda_graphs"]:
+            features = graph_steps(features)
     return Run(cfg=cfg, rundir=rundir, device=device, autocast=autocast, model=model, features=features,
                params=params, optimizer=optimizer, scheduler=scheduler, inputs=train_inputs.to(device),
                labels=train_labels, eval_sets=eval_sets,
@@ -143,10 +147,17 @@ def _placement(cfg: DictConfig, run_dir: Path, meta: dict[str, Any],
     meta["compile"], meta["lean_backward"] = compiled, lean
     budget = trainer.compile_memory_budget if compiled else None
     meta["compile_memory_budget"] = budget
-    log.info("run dir %s | device %s | %s | %s | %s", run_dir, device,
+    if trainer.cuda_graphs and not (compiled and device.type == "cuda"):
+        where = f"on {device}" if device.type != "cuda" else "not compiled"
+        raise ValueError(f"trainer.cuda_graphs=true: CUDA graphs replay the compiled body on a CUDA device, "
+                         f"and this run is {where}; run it on a GPU with trainer.compile=auto, or set "
+                         "trainer.cuda_graphs=false")
+    meta["cuda_graphs"] = bool(trainer.cuda_graphs)
+    log.info("run dir %s | device %s | %s | %s%s | %s", run_dir, device,
              "bf16 autocast" if use_bf16 else "fp32",
              "eager" if not compiled else "compiled" if budget is None
              else f"compiled, memory budget {budget}",
+             ", CUDA graphs" if meta["cuda_graphs"] else "",
              "lean backward" if lean else "plain backward")
     if compiled:
         # read when the graph is partitioned (its first call, and any recompile); set for every compiled

@@ -40,6 +40,16 @@ def make_optimizer(params: list[torch.nn.Parameter], optim: DictConfig) -> torch
         lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, fused=True)
 
 
+def graph_steps(features: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`features` compiled in reduce-overhead mode, each call a new step to CUDA graph trees: the last
+    call's outputs (consumed by then: the loss, an eval batch's sums) may be overwritten by this one's
+    replay, instead of the trees keeping them and recording again."""
+    def step_features(tokens: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return features(tokens)
+    return step_features
+
+
 def batch_loss(model: LanguageModel, features: Callable[[torch.Tensor], torch.Tensor],
                batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed cross-entropy over the scored positions, hits [N] bool); call under the run's autocast."""

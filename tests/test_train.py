@@ -512,10 +512,50 @@ def test_fast_step_is_on_by_default_on_cuda_only_and_either_switch_forces(make_c
     # a CPU run takes the eager, plain step and says so in its summary
     summary = train(make_cfg("trainer.max_steps=3", "trainer.eval_every=3"), tmp_path,
                           mixer_name="attention")
-    assert (summary["compile"], summary["lean_backward"]) == (False, False)
+    assert (summary["compile"], summary["lean_backward"], summary["cuda_graphs"]) == (False, False, False)
     assert summary["first_step_s"] > 0 and summary["compile_memory_budget"] is None
     assert "| eager | plain backward" in (tmp_path / "train.log").read_text()
     for value in ("0.0", "1.5", "-0.2"):
         with pytest.raises(ValueError, match=rf"^trainer.compile_memory_budget={value}: must be in \(0, 1\]"):
             validate(make_cfg(f"trainer.compile_memory_budget={value}"))
     validate(make_cfg("trainer.compile_memory_budget=0.8"))
+
+
+def test_cuda_graphs_are_refused_where_there_is_no_compiled_body_on_a_gpu(make_cfg: MakeCfg,
+                                                                          tmp_path: Path) -> None:
+    """trainer.cuda_graphs replays the compiled body on a CUDA device: off by default; with the body not
+    compiled or the device the CPU, one line naming the key and the fix, before a run directory exists;
+    a run that resolves to the CPU (no GPU here) is refused before its first step, nothing trained."""
+    from harness.config import validate
+
+    assert make_cfg().trainer.cuda_graphs is False
+    with pytest.raises(ValueError, match=r"^trainer.cuda_graphs=true: it replays the compiled body, and "
+                                         r"trainer.compile=false; set trainer.compile=auto"):
+        validate(make_cfg("trainer.cuda_graphs=true", "trainer.compile=false", "trainer.device=auto"))
+    with pytest.raises(ValueError, match=r"^trainer.cuda_graphs=true: CUDA graphs need a CUDA device, and "
+                                         r"trainer.device=cpu"):
+        validate(make_cfg("trainer.cuda_graphs=true", "trainer.device=cpu"))
+    validate(make_cfg("trainer.cuda_graphs=true", "trainer.device=auto"))
+    if not torch.cuda.is_available():
+        refused = r"^trainer.cuda_graphs=true: CUDA graphs replay the compiled body on a CUDA device, and " \
+                  r"this run is on cpu; run it on a GPU"
+        with pytest.raises(ValueError, match=refused):
+            train(make_cfg("trainer.cuda_graphs=true", "trainer.device=auto", "trainer.max_steps=3"),
+                  tmp_path, mixer_name="attention")
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        assert summary["status"] == "failed" and summary["steps"] == 0, summary
+        assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_graph_steps_marks_a_new_step_before_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's and the step benchmark's wrapper of a reduce-overhead body: every call (a training
+    step, an eval batch) begins a new CUDA-graph step first, then runs the body on the same tokens."""
+    from harness.step import graph_steps
+
+    events: list[str] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
+    body = graph_steps(lambda tokens: events.append("body") or tokens + 1)
+    out = body(torch.zeros(2))
+    body(torch.zeros(2))
+    assert events == ["mark", "body", "mark", "body"]
+    assert torch.equal(out, torch.ones(2))

@@ -1,5 +1,6 @@
 """The training step on the GPU: no host-device sync between log steps, torch.compile equal to eager, the
-lean backward as close to fp32 as the plain one, and a non-finite step skipped on the device.
+lean backward as close to fp32 as the plain one, a non-finite step skipped on the device, and the compiled
+body replayed as CUDA graphs training as it does launched kernel by kernel.
 `TRITON_INTERPRET=0 python -m pytest -m gpu tests/gpu`."""
 
 from __future__ import annotations
@@ -218,3 +219,35 @@ def test_swiglu_kernel_equals_reference(dtype: torch.dtype) -> None:
     bound = 1e-5 if dtype == torch.float32 else 2e-2
     assert out_err < bound and dh_err < bound
     assert out_err <= 2 * torch_out + 1e-5 and dh_err <= 2 * torch_dh + 1e-5
+
+
+@pytest.mark.parametrize("mixer", ["kda", "mamba2"])
+def test_cuda_graphs_train_as_the_kernel_by_kernel_step(make_cfg, tmp_path: Path, mixer: str) -> None:  # noqa: ANN001
+    """trainer.cuda_graphs=true: inductor records and replays the compiled body (no skip), and a short run
+    logs the losses, accuracies and evals of the same run launched kernel by kernel (the same kernels
+    replayed), its summary saying which it took."""
+    import json
+
+    from harness.trainer import train
+
+    common = (f"mixer={mixer}", "task=mqar", "task.seq_len=128", "trainer.device=cuda",
+              "trainer.compile=true", "trainer.batch_size=32", "trainer.max_steps=40",
+              "trainer.eval_every=20", "trainer.log_every=10", "trainer.cpu_threads=null",
+              "task.num_train=4000")
+    runs = {}
+    for graphs in (False, True):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        cfg = make_cfg(*common, f"trainer.cuda_graphs={str(graphs).lower()}", tiny=False)
+        summary = train(cfg, tmp_path / str(graphs), mixer_name=mixer)
+        assert summary["status"] == "completed" and summary["cuda_graphs"] is graphs, summary
+        if graphs:
+            assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
+        lines = (tmp_path / str(graphs) / "metrics.jsonl").read_text().splitlines()
+        runs[graphs] = [json.loads(line) for line in lines]
+    plain, replayed = runs[False], runs[True]
+    assert [r["step"] for r in plain] == [r["step"] for r in replayed]
+    for a, b in zip(plain, replayed, strict=True):
+        for key in a.keys() & b.keys():
+            if key.startswith(("train/", "eval/")):
+                assert b[key] == pytest.approx(a[key], rel=2e-3, abs=1e-4), (a["step"], key, a[key], b[key])
