@@ -34,7 +34,7 @@
 #                    the bandwidth their least traffic would take (tests/gpu/check_conv.py --sweep)
 #   conv_step   400  KDA's and GDN's default step at MQAR T=1024 with the two-pass short-conv backward (the
 #                    default) and the looped one (rows labelled +conv-looped), kernels listed by category
-#   graphs      480  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
+#   graphs      600  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
 #                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
 #   loss         90  the LM head + loss alone: full logits, torch, fused (two passes, and rows whole), FLA
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default and eager, FLA's layers
@@ -299,7 +299,7 @@ for step in "${steps[@]}"; do
       # the default step and the same with its compiled body replayed as CUDA graphs, into one table
       for flag in "" --cuda-graphs; do
         # shellcheck disable=SC2086
-        brief 240 python3 -m benchmarks.step --out "$OUT/graphs" --resume --lengths 256 1024 --tasks mqar \
+        brief 300 python3 -m benchmarks.step --out "$OUT/graphs" --resume --lengths 256 1024 --tasks mqar \
           --impls ours --variants default --mixers kda mamba2 attention $flag
       done ;;
     loss)
