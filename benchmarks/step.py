@@ -667,10 +667,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cuda_graphs and device.type != "cuda":
         parser.error("--cuda-graphs: CUDA graphs need a CUDA device; run it on the GPU, or leave the flag "
                      "out")
-    if args.cuda_graphs:
-        ours = [(c, lean, False) for c, lean, _ in ours]
     if args.conv_bwd is not None and args.conv_bwd != triton_conv.BWD_FORM:
         triton_conv.BWD_FORM, args.conv_label = args.conv_bwd, args.conv_bwd
+    if args.cuda_graphs or args.conv_label:
+        # a form other than the one train.py takes: none of its rows is `default`
         ours = [(c, lean, False) for c, lean, _ in ours]
     rows = load(args.out) if args.resume else []
     here = device_name(device)

@@ -242,7 +242,7 @@ def loop_sweep(B: int = 256, T: int = 1024, C: int = 256, W: int = 4, device: st
             dx, dweight, _ = conv.short_conv_bwd(dy, x, weight, None)
             err = max(rel_rms(dx64, dx) / bound["dx"], rel_rms(dweight64, dweight) / bound["dweight"])
             bwd = _bench(lambda: conv.short_conv_bwd(dy, x, weight, None))
-            per_sum = block_t * conv.loop_span(block_t)
+            per_sum = _bwd_block_t("looped")
             least = min_bytes("looped", B, T, C, W, block_t=per_sum)
             rows.append({"BLOCK_T": block_t, "BLOCK_C": block_c, "num_warps": warps, "positions": per_sum,
                          "bwd_ms": bwd, "bwd_GBps": least / bwd / 1e6,
