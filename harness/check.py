@@ -57,6 +57,9 @@ def resolve_device(spec: str, job_num: int | None = None) -> torch.device:
     device = torch.device(spec)
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"trainer.device={spec!r} but only {torch.cuda.device_count()} GPU(s) are visible")
+    if device.type == "cuda" and device.index is None:
+        # `cuda` is the current GPU: torch.cuda.set_device and the logs need its index
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 

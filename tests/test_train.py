@@ -469,6 +469,9 @@ def test_device_auto_packs_multirun_jobs_round_robin(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv(GPU_ENV)
     assert resolve_device("auto") == torch.device("cuda", 0)
     assert resolve_device("cuda:3") == torch.device("cuda", 3)
+    # bare `cuda` is the current GPU, with its index: torch.cuda.set_device refuses a device without one
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert resolve_device("cuda") == torch.device("cuda", 2)
     with pytest.raises(ValueError, match="cuda:4"):
         resolve_device("cuda:4")
     with pytest.raises(ValueError, match="trainer.device='gpu'"):
