@@ -36,7 +36,8 @@
 #                    default) and the looped one (rows labelled +conv-looped), kernels listed by category
 #   graphs      600  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
 #                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
-#   loss         90  the LM head + loss alone: full logits, torch, fused (two passes, and rows whole), FLA
+#   loss        120  the LM head + loss alone: full logits, torch, fused (two passes, and rows whole), FLA, and
+#                    the default over smaller blocks of rows (whose logits L2 can hold: --block-rows)
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default and eager, FLA's layers
 #                    where WHEELS has them: the rows of this GPU's table (benchmarks/results/h200_step/ or
 #                    h100_step/) carried in and only the missing ones measured (--resume), so the table
@@ -303,7 +304,7 @@ for step in "${steps[@]}"; do
           --impls ours --variants default --mixers kda mamba2 attention $flag
       done ;;
     loss)
-      brief 90 "${speed[@]}" loss --out "$OUT/loss" ;;
+      brief 120 "${speed[@]}" loss --out "$OUT/loss" --block-rows 1024 2048 4096 8192 ;;
     step)
       mkdir -p "$OUT/step"
       # a table is of one GPU (--resume refuses rows of another): the committed one of this GPU's kind

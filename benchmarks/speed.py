@@ -27,7 +27,8 @@ would count that wait as its time. `--out FILE`: one CSV row per (op, pass, kern
 autocast on CUDA), forward and backward of the summed loss: `full` F.cross_entropy on the [N, V] logits,
 `torch` / `triton` mixers/loss.py's blocks with the torch softmax chain or the fused kernels as the default
 picks them (`triton-passes`: every row read in two passes; `triton-whole`: every row held whole, read once,
-up to the kernel's limit; `triton-whole-wN`: so, on N warps a row), `fla` FLA's
+up to the kernel's limit; `triton-whole-wN`: so, on N warps a row; `--block-rows R`: rows `triton@R`,
+the default kernels over blocks of R rows, whose logits the GPU's L2 cache may hold), `fla` FLA's
 fused linear cross-entropy. Error: relative RMS of loss, d(hidden) and d(weight) against the same
 computation in fp32. Writes DIR/bench_loss.{csv,md}.
 
@@ -616,6 +617,10 @@ LOSS_IMPLS = ["full", "torch", "triton", "triton-passes", "triton-whole", "trito
 def loss_fn(impl: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
     from mixers.loss import linear_cross_entropy
 
+    if "@" in impl:
+        # `triton@R`: the default kernels over blocks of R rows (--block-rows)
+        rows = int(impl.split("@", 1)[1])
+        return lambda h, w, t: linear_cross_entropy(h, w, t, block_rows=rows, impl="triton")[0]
     if impl == "full":
         return lambda h, w, t: F.cross_entropy((h @ w.T).float(), t, reduction="sum")
     if impl in ("torch", "triton"):
@@ -697,15 +702,20 @@ def loss(argv: list[str]) -> None:
     ap.add_argument("--rows", type=int, default=None,
                     help="scored rows (default: batch x the task's count per sequence)")
     ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--block-rows", type=int, nargs="+", default=[], metavar="R",
+                    help="also time the default kernels over blocks of R rows each (rows triton@R; the "
+                    "default block is mixers/loss.py's BLOCK_ELEMENTS over the vocabulary)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
+    if any(r < 1 for r in args.block_rows):
+        ap.error(f"--block-rows {args.block_rows}: each must be >= 1")
     device = indexed_device(args.device)
     results = []
     for task in args.tasks:
         rows = args.rows or args.batch * LOSS_SHAPES[task][0]
-        for impl in args.impls:
+        for impl in args.impls + [f"triton@{r}" for r in args.block_rows]:
             try:
                 result = measure_loss(impl, task, rows, args.d_model, args, device)
             except Exception as error:  # an OOM, a kernel that will not build: recorded, the rest go on

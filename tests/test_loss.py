@@ -176,11 +176,13 @@ def test_bench_loss_smoke(tmp_path) -> None:
 
     assert speed.main(["loss", "--out", str(tmp_path), "--device", "cpu", "--rows", "40", "--tasks",
                        "palindrome", "--impls", "full", "torch", "triton", "triton-passes", "triton-whole",
-                       "triton-whole-w4", "--warmup", "0", "--steps", "1"]) == 0
+                       "triton-whole-w4", "--block-rows", "16", "7", "--warmup", "0", "--steps", "1"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "bench_loss.csv")))
     assert [r["impl"] for r in rows] == ["full", "torch", "triton", "triton-passes", "triton-whole",
-                                         "triton-whole-w4"]
+                                         "triton-whole-w4", "triton@16", "triton@7"]
     assert all(float(r["err_loss"]) < 1e-3 and float(r["ms"]) > 0 for r in rows)
+    with pytest.raises(SystemExit):
+        speed.main(["loss", "--out", str(tmp_path), "--device", "cpu", "--block-rows", "0"])
 
 
 def test_the_default_holds_a_row_whole_where_it_fits_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,3 +223,17 @@ def test_softmax_kernel_out_buffers_are_checked() -> None:
     torch.testing.assert_close(good[0], torch.logsumexp(logits, -1))
     with pytest.raises(ValueError, match=r"contiguous \[6\] of torch.int32"):
         ce_rows(logits.clone(), targets, want_grad=False, out=(good[0], good[1], torch.empty(6)))
+
+
+def test_bench_loss_block_rows_are_the_blocks_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a `triton@R` row runs the kernels over blocks of R rows, not the default block
+    from benchmarks import speed
+    from kernels.triton import cross_entropy
+
+    seen = []
+    real = cross_entropy.ce_rows
+    monkeypatch.setattr(cross_entropy, "ce_rows", lambda logits, *a, **k: seen.append(len(logits)) or
+                        real(logits, *a, **k))
+    hidden, weight, targets = _inputs(40, 8, 13)
+    speed.loss_fn("triton@16")(hidden, weight, targets)
+    assert seen == [16, 16, 8]
