@@ -32,8 +32,9 @@
 #   conv        200  the short-conv kernels against their reference, every form of the backward (fused, two
 #                    passes, looped), timed at every tile config of its sweep and the looped form's own, with
 #                    the bandwidth their least traffic would take (tests/gpu/check_conv.py --sweep)
-#   conv_step   400  KDA's and GDN's default step at MQAR T=1024 with the two-pass short-conv backward (the
-#                    default) and the looped one (rows labelled +conv-looped), kernels listed by category
+#   conv_step   600  KDA's and GDN's default step at MQAR T=1024 with the two-pass short-conv backward (the
+#                    default), the looped one (rows labelled +conv-looped) and the taps as torch ops that
+#                    inductor fuses (+conv-shifted), kernels listed by category
 #   graphs      600  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
 #                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
 #   loss        120  the LM head + loss alone: full logits, torch, fused (two passes, and rows whole), FLA, and
@@ -292,9 +293,10 @@ for step in "${steps[@]}"; do
     conv)
       brief 200 python3 tests/gpu/check_conv.py --out "$OUT/conv" --sweep ;;
     conv_step)
-      for form in two_pass looped; do
+      for form in "--conv-bwd two_pass" "--conv-bwd looped" "--conv-impl shifted"; do
+        # shellcheck disable=SC2086
         brief 200 python3 -m benchmarks.step --out "$OUT/conv_step" --resume --lengths 1024 --tasks mqar \
-          --impls ours --variants default --mixers kda gdn --conv-bwd "$form"
+          --impls ours --variants default --mixers kda gdn $form
       done ;;
     graphs)
       # the default step and the same with its compiled body replayed as CUDA graphs, into one table

@@ -71,6 +71,7 @@ from benchmarks.common import ROOT, commit, device_name, indexed_device, provena
 from benchmarks.memory import SAVED, compiled_rows, outside_graph, saved_split, split_gib
 from harness import step as train
 from harness.config import fast_step
+from kernels import conv as conv_ops
 from kernels.triton import conv as triton_conv
 from kernels.triton.conv import BWD_FORMS
 from mixers.model import LanguageModel
@@ -273,7 +274,8 @@ def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch
 
 def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None, conv: str = "",
            graphs: bool = False) -> str:
-    """What ran: `conv` names a short-conv backward other than the default (--conv-bwd), ours only;
+    """What ran: `conv` names a short-conv backward or implementation other than the default (--conv-bwd,
+    --conv-impl), ours only;
     `graphs`: our compiled body replayed as CUDA graphs (--cuda-graphs)."""
     return impl + ("+lean" if lean else "") + ("+compile" if compiled else "") \
         + ("+cudagraphs" if graphs and compiled and impl == "ours" else "") \
@@ -626,6 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conv-bwd", choices=BWD_FORMS, default=None,
                         help="the short conv's backward (kernels/triton/conv.py BWD_FORM); a form other than "
                              "the default labels its rows +conv-FORM, none of them `default`")
+    parser.add_argument("--conv-impl", choices=conv_ops.CUDA_IMPLS, default=None,
+                        help="the short conv on CUDA (kernels/conv.py CUDA_IMPL): the Triton kernels or "
+                             "`shifted`, torch ops that torch.compile fuses; one other than the default "
+                             "labels its rows +conv-IMPL, none of them `default`")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="our compiled rows with the body replayed as CUDA graphs (torch.compile's "
                              "reduce-overhead mode), labelled +cudagraphs, none of them `default`, without "
@@ -673,11 +679,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.conv_bwd is not None and device.type != "cuda":
         parser.error(f"--conv-bwd {args.conv_bwd}: the models take the Triton short conv on CUDA only (the "
                      "torch reference on the CPU); run it on the GPU, or leave the flag out")
+    if args.conv_impl is not None and device.type != "cuda":
+        parser.error(f"--conv-impl {args.conv_impl}: the models take it on CUDA only (the torch reference "
+                     "conv on the CPU); run it on the GPU, or leave the flag out")
     if args.cuda_graphs and device.type != "cuda":
         parser.error("--cuda-graphs: CUDA graphs need a CUDA device; run it on the GPU, or leave the flag "
                      "out")
+    if args.conv_impl == "shifted" and args.conv_bwd is not None:
+        parser.error(f"--conv-impl shifted --conv-bwd {args.conv_bwd}: the shifted taps have no Triton "
+                     "backward to choose; give one of the two")
     if args.conv_bwd is not None and args.conv_bwd != triton_conv.BWD_FORM:
         triton_conv.BWD_FORM, args.conv_label = args.conv_bwd, args.conv_bwd
+    if args.conv_impl is not None and args.conv_impl != conv_ops.CUDA_IMPL:
+        conv_ops.CUDA_IMPL, args.conv_label = args.conv_impl, args.conv_impl
     if args.cuda_graphs or args.conv_label:
         # a form other than the one train.py takes: none of its rows is `default`
         ours = [(c, lean, False) for c, lean, _ in ours]

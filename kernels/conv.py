@@ -7,7 +7,8 @@ sequence). The final state is the last W - 1 inputs of that prefixed sequence, s
 down to one token at a time, gives the output of one call.
 
 `short_conv_reference` is the slow, obvious path (F.conv1d on a transposed copy); the fused Triton kernel
-(kernels/triton/conv.py) works on the channels-last x directly. `short_conv` validates and dispatches.
+(kernels/triton/conv.py) works on the channels-last x directly, and `short_conv_shifted` writes the taps as
+torch ops for torch.compile to fuse (CUDA_IMPL picks it on CUDA). `short_conv` validates and dispatches.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import torch
 import torch.nn.functional as F
 
 BACKENDS = ("auto", "naive", "torch", "triton")
+# what `auto` runs on CUDA: "triton", the fused kernels, or "shifted", short_conv_shifted's torch ops
+# (benchmarks.step --conv-impl times the step with each)
+CUDA_IMPL = "triton"
+CUDA_IMPLS = ("triton", "shifted")
 # the Triton kernel unrolls its W taps (W * W loads in the backward); the papers use 2 to 4
 MAX_TRITON_CONV_SIZE = 8
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -42,6 +47,29 @@ def short_conv_reference(
     y = F.conv1d(x, weight.to(x.dtype)[:, None, :], groups=C)  # [B, C, T]
     # clone: a view would keep the whole padded input alive inside the cache
     return F.silu(y).transpose(1, 2), x[:, :, x.shape[-1] - (W - 1) :].clone()
+
+
+def short_conv_shifted(
+    x: torch.Tensor,  # [B, T, C]
+    weight: torch.Tensor,  # [C, W]
+    initial_state: torch.Tensor | None = None,  # [B, C, W - 1]
+) -> torch.Tensor:
+    """y [B, T, C] in x's dtype as W shifted multiply-adds of channels-last torch ops, accumulated in fp32
+    (or x's wider dtype) as the Triton kernel does. Eager it makes a pass (and keeps a copy) a tap; under
+    torch.compile inductor fuses the taps, the SiLU and their gradients with the ops around them, which the
+    Triton kernels, custom ops opaque to it, cannot be."""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    if initial_state is None:
+        padded = F.pad(x, (0, 0, W - 1, 0))  # [B, W - 1 + T, C]
+    else:
+        padded = torch.cat([initial_state.to(x.dtype).transpose(1, 2), x], dim=1)
+    acc = torch.promote_types(x.dtype, torch.float32)
+    w = weight.to(acc)
+    a = padded[:, :T].to(acc) * w[:, 0]
+    for j in range(1, W):
+        a = a + padded[:, j : j + T].to(acc) * w[:, j]
+    return F.silu(a).to(x.dtype)
 
 
 def final_state(x: torch.Tensor, initial_state: torch.Tensor | None, W: int) -> torch.Tensor:
@@ -121,6 +149,8 @@ def short_conv(
     Returns (y [B, T, C] in x's dtype, final state [B, C, W - 1] in x's dtype).
     """
     _validate(x, weight, initial_state, backend)
+    if backend == "auto" and x.is_cuda and CUDA_IMPL == "shifted":
+        return short_conv_shifted(x, weight, initial_state), final_state(x, initial_state, weight.shape[1])
     if not _use_triton(x, weight, backend):
         return short_conv_reference(x, weight, initial_state)
     from kernels.triton.conv import triton_short_conv

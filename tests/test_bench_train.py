@@ -399,6 +399,12 @@ def test_a_conv_backward_other_than_the_default_labels_its_rows(
     err = capsys.readouterr().err
     assert "--conv-bwd two_pass: the models take the Triton short conv on CUDA only" in err
     assert not (tmp_path / "out").exists()
+    # the shifted taps (kernels/conv.py CUDA_IMPL) are labelled the same way, and refused on the CPU too
+    assert step._label("ours", False, True, None, "shifted") == "ours+compile+conv-shifted"
+    with pytest.raises(SystemExit):
+        step.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--conv-impl", "shifted"])
+    assert "--conv-impl shifted: the models take it on CUDA only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_host_split_charges_each_op_its_own_time_by_what_it_ran_inside() -> None:

@@ -422,3 +422,42 @@ def test_the_gpu_checks_least_traffic_counts_what_the_kernels_read_and_write(
     assert partials.shape[0] == B * -(-T // block_t)
     assert check_conv.min_bytes("two_pass", B, T, C, W, block_t=block_t) == \
         tensor + dx.nbytes + y.nbytes + 2 * da.nbytes + 2 * partials.nbytes
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("T", [1, 17, 63])
+def test_shifted_taps_match_reference(T: int, W: int, with_state: bool) -> None:
+    """short_conv_shifted (CUDA_IMPL="shifted") against the reference: output and the gradients of x, weight
+    and the initial state, in float64, at odd lengths, down to a sequence shorter than the kernel."""
+    from kernels.conv import short_conv_shifted
+
+    x, weight, state = double_leaves(*make(2, T, 20, W, with_state, seed=3))
+    gen = torch.Generator().manual_seed(4)
+    dy = torch.randn(2, T, 20, generator=gen, dtype=torch.float64)
+    leaves = [x, weight] + ([state] if with_state else [])
+    y = short_conv_shifted(x, weight, state)
+    ref_y, _ = short_conv_reference(x, weight, state)
+    grads = torch.autograd.grad((y * dy).sum(), leaves)
+    ref_grads = torch.autograd.grad((ref_y * dy).sum(), leaves)
+    assert y.dtype == torch.float64
+    assert rel_rms(ref_y, y) < 1e-12
+    for name, ours, ref in zip(["dx", "dweight", "dstate"], grads, ref_grads, strict=False):
+        assert rel_rms(ref, ours) < 1e-12, name
+
+
+def test_shifted_taps_compile_to_the_eager_gradients() -> None:
+    """Compiled by inductor (the form the step runs on CUDA with CUDA_IMPL="shifted"), the taps give the
+    eager output and gradients."""
+    from kernels.conv import short_conv_shifted
+
+    x, weight, state = make(2, 37, 24, 4, True, seed=5)
+    dy = torch.randn(2, 37, 24, generator=torch.Generator().manual_seed(6))
+    leaves = [x, weight, state]
+    eager = short_conv_shifted(x, weight, state)
+    compiled = torch.compile(short_conv_shifted, fullgraph=True)(x, weight, state)
+    grads = torch.autograd.grad((eager * dy).sum(), leaves)
+    cgrads = torch.autograd.grad((compiled * dy).sum(), leaves)
+    assert rel_rms(eager, compiled) < TOL
+    for ours, ref in zip(cgrads, grads, strict=True):
+        assert rel_rms(ref, ours) < TOL

@@ -1,6 +1,7 @@
 """The training step on the GPU: no host-device sync between log steps, torch.compile equal to eager, the
-lean backward as close to fp32 as the plain one, a non-finite step skipped on the device, and the compiled
-body replayed as CUDA graphs training as it does launched kernel by kernel.
+lean backward as close to fp32 as the plain one, the short conv's taps as torch ops (compiled) equal to its
+kernels, a non-finite step skipped on the device, and the compiled body replayed as CUDA graphs training as
+it does launched kernel by kernel.
 `TRITON_INTERPRET=0 python -m pytest -m gpu tests/gpu`."""
 
 from __future__ import annotations
@@ -105,6 +106,30 @@ def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
     for ref, eager, ours in zip(ref_grads, eager_bf16, compiled_bf16, strict=True):
         assert rel_rms(ref, ours) <= 2 * rel_rms(ref, eager) + 1e-2
     _assert_compiled(2)  # one graph in fp32, one under autocast
+
+
+@pytest.mark.parametrize("mixer", ["kda", "mamba2"])
+def test_shifted_conv_compiled_equals_the_kernels_step(mixer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernels/conv.py CUDA_IMPL="shifted" (the taps as torch ops, fused by inductor), compiled: the loss and
+    gradients of the step on the Triton conv kernels, in fp32 and as close to fp32 under bf16 autocast."""
+    from kernels import conv as conv_ops
+
+    steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer)
+    batch = steps.make_batch(inputs, labels, device)
+    fp32 = contextlib.nullcontext
+    ref_loss, ref_grads = _loss_and_grads(steps, model, model.features, params, batch, fp32)
+    _, kernels_bf16 = _loss_and_grads(steps, model, model.features, params, batch, autocast)
+    monkeypatch.setattr(conv_ops, "CUDA_IMPL", "shifted")
+    _dynamo_afresh()
+    compiled = torch.compile(model.features)
+    loss, grads = _loss_and_grads(steps, model, compiled, params, batch, fp32)
+    assert abs(float(loss - ref_loss)) <= 1e-4 * abs(float(ref_loss))
+    for ref, ours in zip(ref_grads, grads, strict=True):
+        assert rel_rms(ref, ours) < 5e-3
+    _, shifted_bf16 = _loss_and_grads(steps, model, compiled, params, batch, autocast)
+    for ref, kernels, ours in zip(ref_grads, kernels_bf16, shifted_bf16, strict=True):
+        assert rel_rms(ref, ours) <= 2 * rel_rms(ref, kernels) + 1e-2
+    _assert_compiled(2)
 
 
 def _dynamo_afresh() -> None:
