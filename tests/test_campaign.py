@@ -723,6 +723,29 @@ def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_th
     assert launched == []
 
 
+def test_left_prices_a_carried_run_for_the_steps_its_checkpoint_has_left(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    campaign = _module()
+    # kda at 2048: 0.4 s a step, 10 s first step, 1000 steps; gdn's run is not in the checkout but in the
+    # archive that the last hold's stop --with-checkpoints brought back, at step 750 (110 s left)
+    _finished(tmp_path, "a", "kda", 2048, 400.0, ["experiment=e"])
+    carried = tmp_path / "elsewhere"
+    _finished(carried, "b", "gdn", 2048, 400.0, ["experiment=e"], status="incomplete")
+    run = carried / "results" / "x" / "b"
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "steps": 750}))
+    (run / "checkpoint.pt").write_bytes(b"ckpt")
+    archive = _archive(tmp_path / "resume.tar.gz", {
+        str(path.relative_to(carried)): path.read_bytes() for path in run.rglob("*") if path.is_file()})
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=e task.seq_len=2048 mixer=gdn task=mqar\n")
+    assert campaign.left([plan], tmp_path) == pytest.approx(410.0)
+    assert campaign.left([plan], tmp_path, carried=[archive]) == pytest.approx(0.4 * 250 + 10.0)
+    assert "carried: results/x/b from step 750" in capsys.readouterr().out
+    # the checkout is read, never written: the carried run is not put into it
+    assert not (tmp_path / "results" / "x" / "b").exists()
+
+
 @pytest.mark.parametrize("flag", ["--resume", "--caches"])
 def test_missing_or_partial_parts_are_one_line_before_anything_starts(tmp_path: Path, flag: str) -> None:
     work = tmp_path / "work"

@@ -26,6 +26,7 @@ copy, where train.py resumes each from its checkpoint. `start` and
 `wait` take `--with-checkpoints` too: the runs train on, and each one's last checkpoint travels, so a
 machine taken back before the next call costs only the steps since then. With `--fill`,
 a hold whose pending cells no longer fit starts the first of them anyway, for the stop to checkpoint.
+`left PLAN... --resume FILES...` prices the runs those archives carry for the steps they have left.
 
 A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
 (`#` starts a comment). In a stage with its hydra.sweep.dir, `optim.lr=best` stands for each cell's lr as
@@ -1008,12 +1009,32 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
     return ending
 
 
-def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None) -> float:
+def carried_runs(archives: list[Path]) -> list[dict[str, Any]]:
+    """partial_runs of the runs that resume archives (stop --with-checkpoints; whole or in .partNN files)
+    carry, as a work copy that `start --resume` restored them into would hold them."""
+    import contextlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for data in read_archives(archives, "--resume"):
+            # its line speaks of a work copy; here the runs are only read
+            with contextlib.redirect_stdout(io.StringIO()):
+                restore_checkpoints(data, Path(tmp))
+        runs = partial_runs(Path(tmp))
+    for run in runs:
+        print(f"  carried: {run['dir']} from step {run['steps']}")
+    return runs
+
+
+def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None,
+         carried: list[Path] | None = None) -> float:
     """What the plans still have to run against the checkout `source`: each pending cell with its estimate
-    (from the checkout's finished runs; at most max_steps, so early stopping only shortens it) and the
-    minute its group ends, counted from the first launch (what a hold of that length would finish), and the
-    device minutes of them all, launched as a hold would group them (side by side on a machine of several
-    GPUs, each group on the first GPUs to come free); returns those seconds."""
+    (from the checkout's finished runs; at most max_steps, so early stopping only shortens it; a run that
+    the resume archives `carried` hold is priced for the steps its checkpoint has left) and the minute its
+    group ends, counted from the first launch (what a hold of that length would finish), and the device
+    minutes of them all, launched as a hold would group them (side by side on a machine of several GPUs,
+    each group on the first GPUs to come free); returns those seconds."""
+    partial = partial_runs(source) + (carried_runs(carried) if carried else [])
     cells = expand([stage for plan in plans for stage in read_plan(plan)], source / LAUNCHERS)
     runs = finished_runs(source)
     # a cell an earlier stage also holds runs once (the same overrides, the same run directory)
@@ -1024,7 +1045,7 @@ def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None)
     # a cell of optim.lr=best is priced whether or not its lr can be picked yet (the lr does not time it)
     waiting = resolve_best(cells, pending, source)
     pending = [i for i in pending if not is_finished(cells[i], runs)]
-    estimates = estimates_of(cells, pending, runs, partial_runs(source), gpus, gpu)
+    estimates = estimates_of(cells, pending, runs, partial, gpus, gpu)
     unknown, todo = 0, list(pending)
     free_at = [0.0] * max(1, gpus)
     while todo:
@@ -1705,6 +1726,9 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--gpu", default=None, metavar="NAME",
                          help="the GPU that will run them, as nvidia-smi names it (default: this machine's): "
                          "each cell priced from runs on it where there are any")
+    command.add_argument("--resume", type=Path, nargs="+", default=None,
+                         help="the resume archives (or their parts) the next start --resume takes: their "
+                         "runs priced for the steps their checkpoints have left")
     command = sub.add_parser("extend", help="a plan that trains the unsolved cells of results again, "
                              "longer")
     command.add_argument("results", type=Path, nargs="+", help="results directories (a sweep's dir)")
@@ -1756,7 +1780,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "_supervise":
             return supervise(args.work)
         if args.command == "left":
-            left(args.plans, args.source, args.gpus or max(1, visible_gpus()), args.gpu or gpu_name())
+            left(args.plans, args.source, args.gpus or max(1, visible_gpus()), args.gpu or gpu_name(),
+                 args.resume)
             return 0
         if args.command == "extend":
             print(extend(args.results, args.source, args.max_steps, args.below, args.metric,
