@@ -87,6 +87,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -1012,14 +1013,9 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
 def carried_runs(archives: list[Path]) -> list[dict[str, Any]]:
     """partial_runs of the runs that resume archives (stop --with-checkpoints; whole or in .partNN files)
     carry, as a work copy that `start --resume` restored them into would hold them."""
-    import contextlib
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         for data in read_archives(archives, "--resume"):
-            # its line speaks of a work copy; here the runs are only read
-            with contextlib.redirect_stdout(io.StringIO()):
-                restore_checkpoints(data, Path(tmp))
+            _extract_runs(data, Path(tmp))
         runs = partial_runs(Path(tmp))
     for run in runs:
         print(f"  carried: {run['dir']} from step {run['steps']}")
@@ -1514,6 +1510,16 @@ def restore_checkpoints(data: bytes, src: Path) -> int:
     """Put the runs of a save_checkpoints archive (read_parts' bytes) into the work copy `src`, so that
     train.py resumes them; a run the copy holds finished (its summary completed or diverged) is left as it
     is. Returns the runs put back."""
+    restored, finished = _extract_runs(data, src)
+    print(f"resume: {restored} run(s) put back with their checkpoints; train.py resumes each")
+    for run in finished:
+        print(f"  not put back {run}: the checkout holds it finished")
+    return restored
+
+
+def _extract_runs(data: bytes, src: Path) -> tuple[int, list[str]]:
+    """restore_checkpoints' work, unannounced: (runs put into `src`, runs left out as `src` holds them
+    finished)."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         members = tar.getmembers()
         _refuse_unsafe(members, "--resume", "restore", logs=False)
@@ -1524,10 +1530,7 @@ def restore_checkpoints(data: bytes, src: Path) -> int:
                 continue
             _extract(tar, files_of_run, src)
             restored += 1
-    print(f"resume: {restored} run(s) put back with their checkpoints; train.py resumes each")
-    for run in finished:
-        print(f"  not put back {run}: the checkout holds it finished")
-    return restored
+    return restored, finished
 
 
 def read_archives(files: list[Path], flag: str) -> list[bytes]:
