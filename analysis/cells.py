@@ -206,6 +206,28 @@ def longest_budget(table: pd.DataFrame) -> pd.DataFrame:
     return table.loc[~superseded.reindex(table.index, fill_value=False)]
 
 
+def longer_budgets(runs: pd.DataFrame, best: pd.DataFrame) -> dict[tuple[str, str, int], str]:
+    """{(task, series, length): "20,000 steps"} for the cells whose runs at their best lr were given a
+    larger trainer.max_steps than the smallest any cell had ("1 of 3 seeds at 20,000 steps" where only some
+    were): a point trained longer than the rest of its figure, to be labelled so there."""
+    if "trainer.max_steps" not in runs or runs.empty or best.empty:
+        return {}
+    frame = runs.assign(_budget=pd.to_numeric(runs["trainer.max_steps"], errors="coerce"))
+    at_best = frame.merge(best[["task", "series", "seq_len", "lr"]], on=["task", "series", "seq_len", "lr"])
+    at_best = at_best[at_best["_budget"].notna()]
+    if at_best.empty:
+        return {}
+    base = at_best.groupby(["task", "series", "seq_len"])["_budget"].max().min()
+    labels = {}
+    for (task, series, length), group in at_best.groupby(["task", "series", "seq_len"]):
+        top = group["_budget"].max()
+        if top > base:
+            n_top = int((group["_budget"] == top).sum())
+            some = "" if n_top == len(group) else f"{n_top} of {len(group)} seeds at "
+            labels[(task, series, int(length))] = f"{some}{int(top):,} steps"
+    return labels
+
+
 def _min_budget(table: pd.DataFrame) -> float:
     return float(pd.to_numeric(table["trainer.max_steps"], errors="coerce").min())
 

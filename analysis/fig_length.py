@@ -15,11 +15,15 @@ from analysis.cells import METRICS, NOT_RUN, UNSCORED, series_order, task_order,
 
 def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path,
                        label: str = METRICS["eval"][1], note: str | None = None,
-                       pending: pd.DataFrame | None = None) -> list[Path]:
+                       pending: pd.DataFrame | None = None,
+                       longer: dict[tuple[str, str, int], str] | None = None) -> list[Path]:
     """Kimi Fig. 4 (top): per task, peak accuracy vs training length at the best lr, seed band. `note`:
     lines above the panels (the budget, the grid's fill). `pending`: the grid's cells not yet run
     (analysis.grid.not_run), each an open marker in the strip below 0 %, their lengths and series
-    on the axes."""
+    on the axes. `longer` (analysis.cells.longer_budgets): the points trained longer than the rest, each
+    labelled with its budget, so that a point ahead on a longer budget does not read as ahead on equal
+    terms."""
+    longer = longer or {}
     pending = pending if pending is not None else unscored.iloc[:0].assign(status=NOT_RUN)
     marked = pd.concat([unscored, pending], ignore_index=True)
     frame_all = pd.concat([best, marked], ignore_index=True)
@@ -32,6 +36,7 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
         frame, failed = best[best["task"] == task], marked[marked["task"] == task]
         lengths = sorted({int(v) for v in frame_all[frame_all["task"] == task]["seq_len"]})
         series_names = series_order(frame_all[frame_all["task"] == task])
+        labelled: dict[int, int] = {}
         for index, series in enumerate(series_names):
             # Reindexed on every length of the panel: a length without a completed run breaks the line.
             line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
@@ -42,6 +47,14 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
                 n = line["n_seeds"].fillna(0).to_numpy(int)
                 ax.plot(x, mean, label=series, **styles[series])
                 draw.band(ax, x, mean, std, n, styles[series]["color"])
+                for xi, yi, length in zip(x, mean, lengths, strict=True):
+                    if (task, series, length) in longer and not np.isnan(yi):
+                        # series labelled at one length stack downwards instead of overprinting
+                        below = labelled.setdefault(length, 0)
+                        labelled[length] += 1
+                        ax.annotate(longer[(task, series, length)], (xi, yi), xytext=(0, -13 - 10 * below),
+                                    textcoords="offset points", ha="center", fontsize="x-small",
+                                    color=styles[series]["color"])
         ys = draw.accuracy_axis(ax, rows, label)
         draw.mark_unscored(ax, failed, "seq_len", ys, series_names, styles, log=True)
         draw.length_axis(ax, lengths)
@@ -53,6 +66,9 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
     columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "acc_mean", "acc_std", "acc_min",
                "acc_max", "n_seeds", "n_diverged", "n_failed"]
     data = with_unscored_rows(best, unscored, columns).assign(not_run=False)
+    # the CSV names the points drawn with a longer budget, as the figure labels them
+    data["longer_budget"] = [longer.get((t, s, int(n))) for t, s, n in
+                             zip(data["task"], data["series"], data["seq_len"], strict=True)]
     if len(pending):
         todo = pending[["task", "series", "mixer", "variant", "seq_len"]].assign(n_seeds=0, n_diverged=0,
                                                                                    n_failed=0, not_run=True)

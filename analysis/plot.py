@@ -58,6 +58,7 @@ from analysis.cells import (
     budget_note,
     cells,
     distinct,
+    longer_budgets,
     longest_budget,
     max_steps_run,
     scored_runs,
@@ -110,7 +111,10 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
     note = _lines(budget, filled and f"{filled}; an open marker in the grey strip: a cell not yet run")
     written = []
     if "acc_vs_length" in figures:
-        written += plot_acc_vs_length(best, unscored, out_dir, METRICS[metric][1], note, pending)
+        longer = longer_budgets(runs, best)
+        length_note = _lines(note, longer and "a point labelled with steps: trained longer than the rest")
+        written += plot_acc_vs_length(best, unscored, out_dir, METRICS[metric][1], length_note, pending,
+                                      longer)
     if "length_generalisation" in figures:
         written += plot_length_generalisation(runs, best, out_dir, _lines(budget, filled))
     has_dirs = "run_dir" in runs and runs["run_dir"].notna().any()

@@ -251,7 +251,10 @@ def judge(
             elif not (k >= g - SLACK and g >= m - SLACK):
                 behind = [low for low, _ in _order_breaks({"kda": k, "gdn": g, "mamba2": m})
                           if (task, low, length) in learning]
-                note = f" ({' and '.join(behind)} still learning at its last step)" if behind else ""
+                notes = [f"{' and '.join(behind)} still learning at its last step"] if behind else []
+                if unequal := _unequal_budgets(cells, task, length):
+                    notes.insert(0, unequal)
+                note = f" ({'; '.join(notes)})" if notes else ""
                 against.append(f"{task}@{length}: kda {k:.2f}, gdn {g:.2f}, mamba2 {m:.2f}{note}")
     verdicts.append(
         _verdict(
@@ -371,6 +374,26 @@ def _claim1_breaks(cells: pd.DataFrame, metric: str) -> list[tuple[str, int, dic
     return found
 
 
+def _unequal_budgets(cells: pd.DataFrame, task: str, length: int) -> str:
+    """Claim 1's three mixers' step budgets (`trainer.max_steps` of each one's best run) at one cell, as
+    "mamba2 at 20,000 steps, kda and gdn at 5,000", where they differ; "" where they are alike or unknown:
+    a mixer given more steps than the others is not ahead on equal terms."""
+    if "max_steps" not in cells:
+        return ""
+    at = cells[(cells["task"] == task) & (cells["seq_len"] == length) & cells["series"].isin(MIXERS)]
+    budgets = {r["series"]: r["max_steps"] for _, r in at.iterrows() if pd.notna(r["max_steps"])}
+    if len(budgets) < 2 or len(set(budgets.values())) < 2:
+        return ""
+    groups: dict[float, list[str]] = {}
+    for series in MIXERS:
+        if series in budgets:
+            groups.setdefault(budgets[series], []).append(series)
+    parts = [f"{' and '.join(names)} at {int(steps):,}"
+             for steps, names in sorted(groups.items(), reverse=True)]
+    parts[0] += " steps"
+    return ", ".join(parts)
+
+
 def _order_breaks(acc: dict[str, float]) -> list[tuple[str, str]]:
     """Claim 1's order at one cell: each (mixer behind, the mixer it should not be behind) beyond SLACK."""
     return [(first, second) for first, second in zip(MIXERS, MIXERS[1:], strict=False)
@@ -458,6 +481,8 @@ def claim1_section(cells: pd.DataFrame, metric: str, budget: pd.DataFrame,
     lines = []
     for task, length, acc, breaks in breaking:
         order = "; ".join(f"{low} {acc[low]:.2f} behind {high} {acc[high]:.2f}" for low, high in breaks)
+        if unequal := _unequal_budgets(cells, task, length):
+            order += f" ({unequal})"
         reasons = []
         for low in dict.fromkeys(low for low, _ in breaks):
             cell = by_cell.loc[(task, low, length)]

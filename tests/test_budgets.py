@@ -79,3 +79,22 @@ def test_the_figures_draw_the_longer_run_as_the_cell(tmp_path: Path) -> None:
     plot_all(table, tmp_path, figures=("acc_vs_length",), metric="train")
     drawn = pd.read_csv(tmp_path / "acc_vs_length.csv").set_index("series")
     assert drawn.loc["kda", "acc_mean"] == 99.5 and drawn.loc["kda", "n_seeds"] == 1
+
+
+def test_a_point_trained_longer_than_the_rest_is_labelled_with_its_budget(tmp_path: Path) -> None:
+    """acc_vs_length labels (and its CSV names) each point whose runs at its best lr had a larger budget
+    than the figure's smallest, with how many of its seeds had it; points at the common budget have none."""
+    table = pd.DataFrame([
+        _run("kda", "palindrome", 0.79), _run("gdn", "palindrome", 0.94),
+        _run("mamba2", "palindrome", 0.99, max_steps=20000),
+        _run("kda", "mqar", 1.0), _run("kda", "mqar", 0.99, seed=1, max_steps=20000),
+        _run("kda", "mqar", 1.0, seed=2),
+        # a longer run at a worse lr: not the point drawn
+        _run("mamba2", "mqar", 0.4, max_steps=20000, lr=5e-4),
+        _run("mamba2", "mqar", 0.6),
+    ])
+    plot_all(table, tmp_path, figures=("acc_vs_length",), metric="train")
+    drawn = pd.read_csv(tmp_path / "acc_vs_length.csv").set_index(["task", "series"])["longer_budget"]
+    assert drawn.loc[("palindrome", "mamba2")] == "20,000 steps"
+    assert drawn.loc[("mqar", "kda")] == "1 of 3 seeds at 20,000 steps"
+    assert drawn.drop([("palindrome", "mamba2"), ("mqar", "kda")]).isna().all()

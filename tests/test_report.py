@@ -272,6 +272,29 @@ def test_claim_1_names_what_could_hold_back_the_mixer_behind(tmp_path: Path) -> 
     assert "may lift it" not in item
 
 
+def test_claim_1_says_where_its_mixers_ran_unequal_step_budgets(tmp_path: Path) -> None:
+    """A mixer ahead on a longer budget is not ahead on equal terms: the claim's evidence and its cell
+    line name each mixer's budget where they differ, and say nothing where they are alike."""
+    sweep = tmp_path / "sweep"
+    _run(sweep, "palindrome", 256, "kda", [0.5, 0.7, 0.7, 0.7, 0.7])
+    _run(sweep, "palindrome", 256, "gdn", [0.8, 0.9, 0.9, 0.9, 0.9])
+    _run(sweep, "palindrome", 256, "mamba2", [0.9, 0.95, 0.97, 0.98, 0.98], max_steps=4000)
+    _run(sweep, "stack", 256, "kda", [0.5, 0.5, 0.5, 0.5, 0.5])
+    _run(sweep, "stack", 256, "gdn", [0.8] * 5)
+    _run(sweep, "stack", 256, "mamba2", [0.3] * 5)
+    out = tmp_path / "REPORT.md"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    text = out.read_text()
+    claim = next(line for line in text.splitlines() if line.startswith("| 1. "))
+    assert "palindrome@256: kda 0.71, gdn 0.91, mamba2 0.99 (mamba2 at 4,000 steps, kda and gdn at 1,000)" \
+        in claim
+    assert "stack@256: kda 0.51, gdn 0.81, mamba2 0.31 (missing" in claim  # alike budgets: no note
+    item = next(i for i in _section(text, "Claim 1's cells").splitlines() if i.startswith("- palindrome@256"))
+    assert item.startswith("- palindrome@256: kda 0.71 behind gdn 0.91; gdn 0.91 behind mamba2 0.99 "
+                           "(mamba2 at 4,000 steps, kda and gdn at 1,000). ")
+    stack = next(i for i in _section(text, "Claim 1's cells").splitlines() if i.startswith("- stack@256"))
+    assert "steps, " not in stack.split(". ")[0]
+
 def test_claim_1_says_where_the_mixer_behind_has_a_seed_level_with_the_one_ahead(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     # mqar@256: kda's seed 0 solves it, its seed 1 stalls: a mean of 0.585 behind gdn's 0.96
