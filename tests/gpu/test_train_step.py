@@ -274,5 +274,8 @@ def test_cuda_graphs_train_as_the_kernel_by_kernel_step(make_cfg, tmp_path: Path
     assert [r["step"] for r in plain] == [r["step"] for r in replayed]
     for a, b in zip(plain, replayed, strict=True):
         for key in a.keys() & b.keys():
+            # An accuracy at chance flips with near-tied logits: KDA's kernel-by-kernel step alone differs
+            # run to run by two of its 3,040 scored tokens, so accuracies get three tokens' leeway.
             if key.startswith(("train/", "eval/")):
-                assert b[key] == pytest.approx(a[key], rel=2e-3, abs=1e-4), (a["step"], key, a[key], b[key])
+                tol = {"rel": 2e-3, "abs": 1e-3 if "acc" in key else 1e-4}
+                assert b[key] == pytest.approx(a[key], **tol), (a["step"], key, a[key], b[key])
