@@ -135,8 +135,8 @@ class TrainerConfig:
     compile_memory_budget: float | None = MISSING
     # the compiled body's forward and backward recorded as CUDA graphs and replayed (torch.compile's
     # reduce-overhead mode): one launch each instead of one per kernel, for steps the host bounds. CUDA and
-    # a compiled body only.
-    cuda_graphs: bool = MISSING
+    # a compiled body only. auto | true | false; auto: on wherever the body is compiled on CUDA.
+    cuda_graphs: Any = MISSING
     # steps_to_threshold = first eval step with eval/acc >= acc_threshold
     acc_threshold: float = MISSING
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
@@ -321,13 +321,14 @@ def _check_values(cfg: DictConfig) -> None:
     if cfg.seed >= 2**32:
         raise ValueError(f"seed={cfg.seed}: must be < 2**32 = {2**32} (the batch order's 64-bit generator "
                          "seed is seed x 7919 + epoch); give a smaller seed, e.g. 0, 1, 2")
-    for key, value in (("trainer.compile", tr.compile), ("model.lean_backward", m.lean_backward)):
+    for key, value in (("trainer.compile", tr.compile), ("model.lean_backward", m.lean_backward),
+                       ("trainer.cuda_graphs", tr.cuda_graphs)):
         if not (isinstance(value, bool) or value == "auto"):
             raise ValueError(f"{key}={value!r}: choose auto, true or false")
-    if tr.cuda_graphs and str(tr.device) == "cpu":
+    if tr.cuda_graphs is True and str(tr.device) == "cpu":
         raise ValueError("trainer.cuda_graphs=true: CUDA graphs need a CUDA device, and trainer.device=cpu; "
                          "set trainer.device=auto (or cuda) on a GPU machine, or trainer.cuda_graphs=false")
-    if tr.cuda_graphs and tr.compile is False:
+    if tr.cuda_graphs is True and tr.compile is False:
         raise ValueError("trainer.cuda_graphs=true: it replays the compiled body, and trainer.compile=false; "
                          "set trainer.compile=auto (or true), or leave trainer.cuda_graphs=false")
 

@@ -147,12 +147,13 @@ def _placement(cfg: DictConfig, run_dir: Path, meta: dict[str, Any],
     meta["compile"], meta["lean_backward"] = compiled, lean
     budget = trainer.compile_memory_budget if compiled else None
     meta["compile_memory_budget"] = budget
-    if trainer.cuda_graphs and not (compiled and device.type == "cuda"):
+    replayable = compiled and device.type == "cuda"
+    if trainer.cuda_graphs is True and not replayable:
         where = f"on {device}" if device.type != "cuda" else "not compiled"
         raise ValueError(f"trainer.cuda_graphs=true: CUDA graphs replay the compiled body on a CUDA device, "
                          f"and this run is {where}; run it on a GPU with trainer.compile=auto, or set "
                          "trainer.cuda_graphs=false")
-    meta["cuda_graphs"] = bool(trainer.cuda_graphs)
+    meta["cuda_graphs"] = replayable if trainer.cuda_graphs == "auto" else bool(trainer.cuda_graphs)
     log.info("run dir %s | device %s | %s | %s%s | %s", run_dir, device,
              "bf16 autocast" if use_bf16 else "fp32",
              "eager" if not compiled else "compiled" if budget is None

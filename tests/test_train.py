@@ -539,7 +539,15 @@ def test_cuda_graphs_are_refused_where_there_is_no_compiled_body_on_a_gpu(make_c
                                          r"trainer.device=cpu"):
         validate(make_cfg("trainer.cuda_graphs=true", "trainer.device=cpu"))
     validate(make_cfg("trainer.cuda_graphs=true", "trainer.device=auto"))
+    # auto never refuses: it replays only where the body is compiled on CUDA
+    validate(make_cfg("trainer.cuda_graphs=auto", "trainer.device=cpu", "trainer.compile=false"))
+    with pytest.raises(ValueError, match=r"^trainer.cuda_graphs='sometimes': choose auto, true or false$"):
+        validate(make_cfg("trainer.cuda_graphs=sometimes"))
     if not torch.cuda.is_available():
+        summary = train(make_cfg("trainer.cuda_graphs=auto", "trainer.device=auto", "trainer.max_steps=3",
+                                 "trainer.eval_every=3"), tmp_path / "auto", mixer_name="attention")
+        assert summary["status"] == "completed" and summary["cuda_graphs"] is False, summary
+        assert ", CUDA graphs" not in (tmp_path / "auto" / "train.log").read_text()
         refused = r"^trainer.cuda_graphs=true: CUDA graphs replay the compiled body on a CUDA device, and " \
                   r"this run is on cpu; run it on a GPU"
         with pytest.raises(ValueError, match=refused):

@@ -246,11 +246,12 @@ def test_swiglu_kernel_equals_reference(dtype: torch.dtype) -> None:
     assert out_err <= 2 * torch_out + 1e-5 and dh_err <= 2 * torch_dh + 1e-5
 
 
-@pytest.mark.parametrize("mixer", ["kda", "mamba2"])
+@pytest.mark.parametrize("mixer", ["kda", "gdn", "mamba2", "attention", "gla", "deltanet", "linear_attn",
+                                   "longhorn"])
 def test_cuda_graphs_train_as_the_kernel_by_kernel_step(make_cfg, tmp_path: Path, mixer: str) -> None:  # noqa: ANN001
-    """trainer.cuda_graphs=true: inductor records and replays the compiled body (no skip), and a short run
-    logs the losses, accuracies and evals of the same run launched kernel by kernel (the same kernels
-    replayed), its summary saying which it took."""
+    """trainer.cuda_graphs=auto on a GPU: inductor records and replays the compiled body (no skip), and a
+    short run, evaluated at L and 2L as the Fig. 4 grid is, logs the losses, accuracies and evals of the
+    same run launched kernel by kernel (the same kernels replayed), its summary saying which it took."""
     import json
 
     from harness.trainer import train
@@ -258,12 +259,12 @@ def test_cuda_graphs_train_as_the_kernel_by_kernel_step(make_cfg, tmp_path: Path
     common = (f"mixer={mixer}", "task=mqar", "task.seq_len=128", "trainer.device=cuda",
               "trainer.compile=true", "trainer.batch_size=32", "trainer.max_steps=40",
               "trainer.eval_every=20", "trainer.log_every=10", "trainer.cpu_threads=null",
-              "task.num_train=4000")
+              "task.num_train=4000", "task.eval_seq_lens=[128,256]")
     runs = {}
     for graphs in (False, True):
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        cfg = make_cfg(*common, f"trainer.cuda_graphs={str(graphs).lower()}", tiny=False)
+        cfg = make_cfg(*common, f"trainer.cuda_graphs={'auto' if graphs else 'false'}", tiny=False)
         summary = train(cfg, tmp_path / str(graphs), mixer_name=mixer)
         assert summary["status"] == "completed" and summary["cuda_graphs"] is graphs, summary
         if graphs:
