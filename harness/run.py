@@ -139,6 +139,7 @@ def _placement(cfg: DictConfig, run_dir: Path, meta: dict[str, Any],
     if device.type == "cuda":
         # Triton launches on the current device, not the tensors': make them the same GPU.
         torch.cuda.set_device(device)
+        torch.cuda.reset_peak_memory_stats(device)  # the summary's peak_memory_gib is this run's
     if trainer.cpu_threads is not None:
         torch.set_num_threads(trainer.cpu_threads)
     use_bf16 = effective_precision(trainer.precision, device.type) == "bf16"

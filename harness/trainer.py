@@ -84,6 +84,9 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str, job_num: int | None
     try:
         run = build_run(cfg, run_dir, meta, progress, job_num, decision)
         status = Trainer(run, progress, meta, sweep_dir).fit()
+        if run.device.type == "cuda":
+            # since _placement reset it: this run's peak, not an earlier job's of the same process
+            meta["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(run.device) / 2**30, 2)
     except (KeyboardInterrupt, SystemExit) as interrupt:
         # Not a failure: analysis/collect.py counts `incomplete` runs as resumable, not broken.
         extra = {"error": f"{type(interrupt).__name__}: {interrupt}"}

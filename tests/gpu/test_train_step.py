@@ -260,7 +260,7 @@ def test_cuda_graphs_train_as_the_kernel_by_kernel_step(make_cfg, tmp_path: Path
               "trainer.compile=true", "trainer.batch_size=32", "trainer.max_steps=40",
               "trainer.eval_every=20", "trainer.log_every=10", "trainer.cpu_threads=null",
               "task.num_train=4000", "task.eval_seq_lens=[128,256]")
-    runs = {}
+    runs, peaks = {}, {}
     for graphs in (False, True):
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
@@ -269,9 +269,13 @@ def test_cuda_graphs_train_as_the_kernel_by_kernel_step(make_cfg, tmp_path: Path
         assert summary["status"] == "completed" and summary["cuda_graphs"] is graphs, summary
         if graphs:
             assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
+        peaks[graphs] = summary["peak_memory_gib"]
         lines = (tmp_path / str(graphs) / "metrics.jsonl").read_text().splitlines()
         runs[graphs] = [json.loads(line) for line in lines]
     plain, replayed = runs[False], runs[True]
+    # the graphs' pool (a recording per shape: training, eval at L and at 2L) keeps about what the plain
+    # step's allocator does
+    assert 0 < peaks[True] <= 1.2 * peaks[False] + 0.25, peaks
     assert [r["step"] for r in plain] == [r["step"] for r in replayed]
     for a, b in zip(plain, replayed, strict=True):
         for key in a.keys() & b.keys():
