@@ -37,6 +37,10 @@
 #                    inductor fuses (+conv-shifted), kernels listed by category
 #   graphs      600  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
 #                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
+#   graphs_train 420 the trainer's CUDA graphs (trainer.cuda_graphs=auto) against its kernel-by-kernel step,
+#                    every mixer: losses, accuracies, evals at L and 2L, peak memory (tests/gpu/test_train_step.py)
+#   graphs_grid 480  KDA's and Mamba2's Fig. 4 runs at Palindrome L=2,048 (evals at 2L) for 300 steps, graphs
+#                    false and auto: step time from their logs, peak memory, first step (benchmarks.run_steps)
 #   loss        120  the LM head + loss alone: full logits, torch, fused (two passes, and rows whole), FLA, and
 #                    the default over smaller blocks of rows (whose logits L2 can hold: --block-rows)
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default, FLA's layers where
@@ -96,7 +100,7 @@ for s in ${2:-kernels}; do
     candidates) steps+=(conv loss conv_step graphs) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
 compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench|budget|\
-conv_step|graphs) steps+=("$s") ;;
+conv_step|graphs|graphs_train|graphs_grid) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -305,6 +309,16 @@ for step in "${steps[@]}"; do
         brief 300 python3 -m benchmarks.step --out "$OUT/graphs" --resume --lengths 256 1024 --tasks mqar \
           --impls ours --variants default --mixers kda mamba2 attention $flag
       done ;;
+    graphs_train)
+      brief 420 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py -k cuda_graphs -p no:logging ;;
+    graphs_grid)
+      for graphs in false auto; do
+        brief 220 python3 train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu hydra.launcher.n_jobs=1 \
+          task=palindrome task.seq_len=2048 mixer=kda,mamba2 optim.lr=1e-3 trainer.max_steps=300 \
+          "trainer.cuda_graphs=$graphs" "hydra.sweep.dir=$OUT/graphs_grid/$graphs"
+      done
+      find "$OUT/graphs_grid" -name '*.pt' -delete  # checkpoints: the summaries and logs are the result
+      brief 60 python3 -m benchmarks.run_steps "$OUT/graphs_grid" --out "$OUT/graphs_grid" ;;
     loss)
       brief 120 "${speed[@]}" loss --out "$OUT/loss" --block-rows 1024 2048 4096 8192 ;;
     step)
