@@ -112,6 +112,13 @@ def share_compile_caches(root: Path | None = None) -> dict[str, str]:
     return dirs
 
 
+def compiled_frames() -> int:
+    """How many Python frames torch.compile has converted to graphs so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
+
+
 def cache_counts() -> dict[str, int]:
     """The compile caches' hits, misses and bypasses so far in this process, as `cache_name: count`."""
     from torch._dynamo.utils import counters

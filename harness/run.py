@@ -121,6 +121,10 @@ def build_run(cfg: DictConfig, run_dir: Path, meta: dict[str, Any], progress: Pr
     model.train()
     features = model.features
     if compiled:
+        # An in-process sweep (hydra's basic launcher) compiles job after job into the same code object's
+        # cache, and past torch's recompile limit dynamo runs the body eager without failing: each run
+        # starts from an empty cache (its graphs come back from the on-disk caches in seconds).
+        torch._dynamo.reset()
         features = torch.compile(model.features, mode="reduce-overhead" if meta["cuda_graphs"] else None)
         if meta["cuda_graphs"]:
             features = graph_steps(features)

@@ -22,7 +22,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.caches import cache_counts
+from harness.caches import cache_counts, compiled_frames
 from harness.check import Decision, Preflight, accept, preflight
 from harness.data import Batch, make_batch, to_device
 from harness.log import (
@@ -163,6 +163,7 @@ class Trainer:
         self.metrics: IO[str] | None = None
         # the compile caches' counts before this launch's first step, to say in the summary what it found
         self.cache_counts_before = cache_counts() if meta.get("compile") else None
+        self.frames_before = compiled_frames()
 
     def fit(self) -> str:
         """Train from `progress.step` on; returns the status (completed | diverged). An interrupt saves the
@@ -237,6 +238,11 @@ class Trainer:
             if self.cache_counts_before is not None:
                 before = self.cache_counts_before
                 self.meta["first_step_cache_counts"] = {k: n - before[k] for k, n in cache_counts().items()}
+                if compiled_frames() == self.frames_before:
+                    # the summary would say `compile: true` of an eager run
+                    raise RuntimeError("trainer.compile: the first step compiled nothing, so the body ran "
+                                       "eager (torch's warnings above say why: a recompile limit, or code it "
+                                       "cannot trace); set trainer.compile=false to train eager on purpose")
         progress.train_tokens += batch.inputs.numel()
         progress.wall_time_s = self._wall_time()
 

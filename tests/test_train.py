@@ -525,6 +525,33 @@ def test_fast_step_is_on_by_default_on_cuda_only_and_either_switch_forces(make_c
     validate(make_cfg("trainer.compile_memory_budget=0.8"))
 
 
+def test_each_job_of_an_in_process_sweep_compiles_and_an_eager_fallback_fails(
+        make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs of an in-process sweep (hydra's basic launcher) compile one after another into the same code
+    object's cache; past torch's recompile limit dynamo would run the body eager under a `compile: true`
+    summary. Each run starts from an empty cache, so every job compiles; a run whose first step still
+    compiled nothing fails with one line, recorded, instead of training eager under the compiled label."""
+    import torch._dynamo
+
+    compile_ = torch.compile
+    # dynamo's tracing and its recompile limit without inductor's code generation, which takes minutes here
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: compile_(fn, backend="eager"))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    common = ("trainer.compile=true", "trainer.max_steps=2", "trainer.eval_every=2")
+    for job, (mixer, width) in enumerate((("attention", 32), ("linear_attn", 48), ("attention", 64))):
+        summary = train(make_cfg(*common, f"mixer={mixer}", f"model.d_model={width}"), tmp_path / str(job),
+                        mixer_name=mixer)
+        assert summary["status"] == "completed" and summary["compile"] is True, summary
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # torch.compile then returns the eager body
+    eager = (r"^trainer.compile: the first step compiled nothing, so the body ran eager .*"
+             r"set trainer.compile=false to train eager on purpose$")
+    with pytest.raises(RuntimeError, match=eager):
+        train(make_cfg(*common), tmp_path / "eager", mixer_name="attention")
+    summary = json.loads((tmp_path / "eager" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "compiled nothing" in summary["error"]
+    assert not (tmp_path / "eager" / "checkpoint.pt").exists()
+
+
 def test_cuda_graphs_are_refused_where_there_is_no_compiled_body_on_a_gpu(make_cfg: MakeCfg,
                                                                           tmp_path: Path) -> None:
     """trainer.cuda_graphs replays the compiled body on a CUDA device: off by default; with the body not
