@@ -22,6 +22,10 @@ if importlib.util.find_spec("triton") is None:
 # compiles the family for sm_90 on the CPU (minutes): the compiler-output tier, not the edit-test loop
 pytestmark = pytest.mark.slow
 
+# The text and arithmetic helpers are tested here, not through _run: benchmarks.launches imports no Triton
+# (test_kernel_entry.py imports it too), and a fresh interpreter costs a second of torch's import each.
+from benchmarks.launches import loop_loads, mma_dup, programs_per_sm, sass_counts  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,18 +39,13 @@ def _run(code_or_args: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_programs_per_sm_names_the_limit() -> None:
-    res = _run(
-        [
-            "-c",
-            "from benchmarks.launches import programs_per_sm as p; "
-            "print(p(177, 4, 17408), p(128, 4, 17408), p(16, 16, 0), p(32, 1, 100000), p(255, 1, 0))",
-        ]
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
+    p = programs_per_sm
+    out = " ".join(map(str, (p(177, 4, 17408), p(128, 4, 17408), p(16, 16, 0), p(32, 1, 100000),
+                             p(255, 1, 0))))
     # 177 registers round up to 184 a thread, 5888 a warp: 65536 // (4 * 5888) = 2; 128 registers: 4;
     # 16 warps of 32 threads: 4 by threads; 100,000 bytes of shared memory: 2; one warp of 255: 8
     expected = "(2, 'registers') (4, 'registers') (4, 'threads') (2, 'shared memory') (8, 'registers')"
-    assert res.stdout.strip() == expected
+    assert out == expected
 
 
 def test_every_launch_of_the_delta_rule_compiles_and_fits(tmp_path: Path) -> None:
@@ -170,13 +169,9 @@ def test_sass_counts_finds_loops_and_instruction_kinds() -> None:
         /*0070*/                   BRA 0x90 ;
         /*0080*/                   EXIT ;
     """
-    res = _run(
-        ["-c", f"from benchmarks.launches import sass_counts; print(sass_counts({sass!r}))"]
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
     # one loop, 0x20..0x50 (4 instructions); the forward branch at 0x70 is not one; NOP not counted
     expected = "{'instrs': 8, 'loop_instrs': '4', 'mufu': 1, 'mma': 1, 'bar': 1}"
-    assert res.stdout.strip() == expected
+    assert str(sass_counts(sass)) == expected
 
 
 def test_loop_loads_counts_plain_loads_inside_loops_only() -> None:
@@ -197,9 +192,7 @@ def test_loop_loads_counts_plain_loads_inside_loops_only() -> None:
             "  } loc(#l9)",
         ]
     )
-    res = _run(["-c", f"from benchmarks.launches import loop_loads; print(loop_loads({ttgir!r}))"])
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.strip() == "2: 128xf32 16x64xbf16"
+    assert str(loop_loads(ttgir)) == "2: 128xf32 16x64xbf16"
 
 
 def test_mma_dup_counts_products_whose_layout_repeats_rows_or_columns() -> None:
@@ -221,9 +214,7 @@ def test_mma_dup_counts_products_whose_layout_repeats_rows_or_columns() -> None:
             "-> tensor<16x16xf32, #mma2>",
         ]
     )
-    res = _run(["-c", f"from benchmarks.launches import mma_dup; print(mma_dup({ttgir!r}))"])
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.strip() == "2/3"
+    assert str(mma_dup(ttgir)) == "2/3"
 
 
 def test_state_pass_products_unchained(tmp_path: Path) -> None:
