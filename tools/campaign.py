@@ -1355,7 +1355,9 @@ def wait(work: Path, minutes: float) -> None:
     deadline = time.monotonic() + 60 * minutes
     last_print = time.monotonic()
     while time.monotonic() < deadline and _alive(_state(work).get("pid")):
-        time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+        # a second: the check is a file read and a signal 0, and on a lent machine every second after the
+        # stages end is device time spent waiting
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         if time.monotonic() - last_print >= 60:
             groups = classify(work)
             print(f"[{time.strftime('%H:%M:%S')}] finished {len(groups['finished'])}, in flight: "
