@@ -24,7 +24,8 @@ many layers as the pattern has, our layers only), named as the analysis names th
 `--impls fla` builds the same backbone around FLA's layers (`fla.layers`, flash-linear-attention >= 0.6,
 with their short convolutions and fused norms) and FLA's fused linear cross-entropy over all positions
 (ignore_index -100), where FLA has the layer. `--variants` picks our step's forms: `default` (what
-`python train.py` runs on this device: compiled on CUDA, eager on the CPU; the row says which),
+`python train.py` runs on this device at the configs' defaults: compiled on CUDA, eager on the CPU, and
+replayed as CUDA graphs where `trainer.cuda_graphs` says so; the row says which),
 `eager`, `lean`, `compile`, `lean+compile`. A compiled row is measured after `torch._dynamo.reset()`, and
 fails (recorded, with the reason) if the compiler made no graph: a row labelled compiled ran compiled. A
 graph compiled inside the timed steps (a guard failing after the warm-up) sends them to be timed again on
@@ -34,8 +35,8 @@ On CUDA the profiled step's host time is split the same way (`host ... ms` in th
 own CPU time, launch calls included, under the profiler's overhead), to tell a host-bound step's cause.
 `--cuda-graphs` compiles our body in torch.compile's reduce-overhead mode (its forward and backward
 recorded as CUDA graphs and replayed: a launch each instead of one per kernel, for steps the host bounds);
-those rows are labelled +cudagraphs, are never `default`, carry no split (replayed graphs hide which op
-launched a kernel) and fail if inductor skipped the graphs.
+those rows are labelled +cudagraphs, are `default` only where train.py replays too, carry no split
+(replayed graphs hide which op launched a kernel) and fail if inductor skipped the graphs.
 Each row is printed beside the last committed figure of the same form (`benchmarks/anchors/
 train_eaf2b28_h200.csv`, H200; rows of another GPU get none) and beside FLA's layers; the step before this
 benchmark existed (`train_a359d38_h200.csv`) closes the report of an H200's table.
@@ -283,18 +284,28 @@ def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None, c
         + (f"+conv-{conv}" if conv and impl == "ours" else "")
 
 
-# --variants: (compiled, lean) of each form of our step; `default` is resolved per device by fast_step
-VARIANTS = {"eager": (False, False), "lean": (False, True), "compile": (True, False),
-            "lean+compile": (True, True)}
+# --variants: (compiled, lean, CUDA graphs) of each form of our step; `default` is the configs' own
+VARIANTS = {"eager": (False, False, False), "lean": (False, True, False), "compile": (True, False, False),
+            "lean+compile": (True, True, False)}
 
 
-def variants(names: list[str], device: torch.device) -> list[tuple[bool, bool, bool]]:
-    """(compiled, lean, is_default) per distinct form asked for, in order; `default` is the form train.py
-    takes on `device` (trainer.compile and model.lean_backward at auto), measured once if also named."""
-    auto = OmegaConf.create({"trainer": {"compile": "auto"}, "model": {"lean_backward": "auto"}})
-    default = fast_step(auto, device.type)
+def default_form(device: torch.device) -> tuple[bool, bool, bool]:
+    """(compiled, lean, CUDA graphs) of the step train.py takes on `device` at the configs' defaults
+    (conf/trainer/default.yaml, conf/model/default.yaml), resolved as the trainer resolves them."""
+    defaults = OmegaConf.create({"trainer": OmegaConf.load(ROOT / "conf" / "trainer" / "default.yaml"),
+                                 "model": OmegaConf.load(ROOT / "conf" / "model" / "default.yaml")})
+    compiled, lean = fast_step(defaults, device.type)
+    graphs = defaults.trainer.cuda_graphs
+    replayable = compiled and device.type == "cuda"
+    return compiled, lean, replayable if graphs == "auto" else bool(graphs) and replayable
+
+
+def variants(names: list[str], device: torch.device) -> list[tuple[bool, bool, bool, bool]]:
+    """(compiled, lean, CUDA graphs, is_default) per distinct form asked for, in order; `default` is the
+    form train.py takes on `device` (default_form), measured once if also named."""
+    default = default_form(device)
     forms = [default if name == "default" else VARIANTS[name] for name in names]
-    return [(c, lean, (c, lean) == default and "default" in names) for c, lean in dict.fromkeys(forms)]
+    return [(*form, form == default and "default" in names) for form in dict.fromkeys(forms)]
 
 
 class RanEager(RuntimeError):
@@ -356,17 +367,19 @@ def timed_compiled(step: Callable[[], None], steps: int, device: torch.device,
 
 def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
             compiled: bool, lean: bool = False, default: bool = False,
-            pattern: list[str] | None = None, budget: float | None = None) -> dict[str, Any]:
-    """One row; `budget`: trainer.compile_memory_budget for a compiled form (None: torch's default)."""
+            pattern: list[str] | None = None, budget: float | None = None,
+            graphs: bool = False) -> dict[str, Any]:
+    """One row; `budget`: trainer.compile_memory_budget for a compiled form (None: torch's default);
+    `graphs`: our compiled body replayed as CUDA graphs."""
     # the partitioner reads it when the first step compiles and when compiled_rows traces the graph again
     with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget):
-        return _measure(impl, task, mixer, T, args, device, compiled, lean, default, pattern, budget)
+        return _measure(impl, task, mixer, T, args, device, compiled, lean, default, pattern, budget,
+                        graphs and compiled and impl == "ours")
 
 
 def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
              compiled: bool, lean: bool, default: bool, pattern: list[str] | None,
-             budget: float | None) -> dict[str, Any]:
-    graphs = compiled and impl == "ours" and getattr(args, "cuda_graphs", False)
+             budget: float | None, graphs: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"impl": _label(impl, lean, compiled, budget, getattr(args, "conv_label", ""),
                                           graphs),
                            "default": default,
@@ -692,9 +705,12 @@ def main(argv: list[str] | None = None) -> int:
         triton_conv.BWD_FORM, args.conv_label = args.conv_bwd, args.conv_bwd
     if args.conv_impl is not None and args.conv_impl != conv_ops.CUDA_IMPL:
         conv_ops.CUDA_IMPL, args.conv_label = args.conv_impl, args.conv_impl
-    if args.cuda_graphs or args.conv_label:
+    if args.cuda_graphs:
+        # every compiled form replayed; the default's rows stay `default` only if train.py replays too
+        ours = [(c, lean, c, d and g == c) for c, lean, g, d in ours]
+    if args.conv_label:
         # a form other than the one train.py takes: none of its rows is `default`
-        ours = [(c, lean, False) for c, lean, _ in ours]
+        ours = [(c, lean, g, False) for c, lean, g, _ in ours]
     rows = load(args.out) if args.resume else []
     here = device_name(device)
     other = sorted(row_devices(args.out, rows) - {here})
@@ -713,19 +729,19 @@ def main(argv: list[str] | None = None) -> int:
                     if impl == "fla" and (pattern is not None or mixer not in FLA_LAYERS):
                         continue
                     # FLA's layers in their own (eager) form: the reference point
-                    forms = ours if impl == "ours" else [(False, False, False)]
-                    forms = [(c, lean, d, None) for c, lean, d in forms] + [
-                        (True, lean, False, b) for c, lean, _ in forms if c and impl == "ours"
+                    forms = ours if impl == "ours" else [(False, False, False, False)]
+                    forms = [(c, lean, g, d, None) for c, lean, g, d in forms] + [
+                        (True, lean, g, False, b) for c, lean, g, _ in forms if c and impl == "ours"
                         for b in args.memory_budgets]
-                    for compiled, lean, default, budget in forms:
-                        label = _label(impl, lean, compiled, budget, args.conv_label, args.cuda_graphs)
+                    for compiled, lean, graphs, default, budget in forms:
+                        label = _label(impl, lean, compiled, budget, args.conv_label, graphs)
                         key = (label, default, task, mixer,
                                len(pattern) if pattern else 2, T, args.batch)
                         if key in done:
                             continue
                         try:
                             row = measure(impl, task, mixer, T, args, device, compiled, lean, default,
-                                          pattern, budget)
+                                          pattern, budget, graphs)
                         except Exception as error:  # an OOM or an FLA layer that will not build: recorded
                             row = {"impl": label,
                                    "default": default,
