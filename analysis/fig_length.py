@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -47,14 +48,7 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
                 n = line["n_seeds"].fillna(0).to_numpy(int)
                 ax.plot(x, mean, label=series, **styles[series])
                 draw.band(ax, x, mean, std, n, styles[series]["color"])
-                for xi, yi, length in zip(x, mean, lengths, strict=True):
-                    if (task, series, length) in longer and not np.isnan(yi):
-                        # series labelled at one length stack downwards instead of overprinting
-                        below = labelled.setdefault(length, 0)
-                        labelled[length] += 1
-                        ax.annotate(longer[(task, series, length)], (xi, yi), xytext=(0, -13 - 10 * below),
-                                    textcoords="offset points", ha="center", fontsize="x-small",
-                                    color=styles[series]["color"])
+                _label_longer(ax, task, series, x, mean, lengths, longer, labelled, styles[series]["color"])
         ys = draw.accuracy_axis(ax, rows, label)
         draw.mark_unscored(ax, failed, "seq_len", ys, series_names, styles, log=True)
         draw.length_axis(ax, lengths)
@@ -77,11 +71,26 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
     return draw.save_figure(fig, data, out_dir, "acc_vs_length")
 
 
+def _label_longer(ax: Any, task: str, series: str, x: np.ndarray, y: np.ndarray, lengths: list[int],
+                  longer: dict[tuple[str, str, int], str], labelled: dict[int, int], colour: str) -> None:
+    """Each of the series' points trained longer than the rest labelled with its budget below it; labels
+    of several series at one length stack downwards instead of overprinting."""
+    for xi, yi, length in zip(x, y, lengths, strict=True):
+        if (task, series, length) in longer and not np.isnan(yi):
+            below = labelled.setdefault(length, 0)
+            labelled[length] += 1
+            ax.annotate(longer[(task, series, length)], (xi, yi), xytext=(0, -13 - 10 * below),
+                        textcoords="offset points", ha="center", fontsize="x-small", color=colour)
+
+
 def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: Path,
-                               note: str | None = None) -> list[Path]:
+                               note: str | None = None,
+                               longer: dict[tuple[str, str, int], str] | None = None) -> list[Path]:
     """Per task, the final eval accuracy at the training length L (solid) and at 2L (dashed) vs L, each
     series at its best lr (mean over seeds): how far what was learnt at L carries to twice the length.
-    Drawn from the summaries' final_eval/acc@<len>; lengths without an eval at 2L are left out."""
+    Drawn from the summaries' final_eval/acc@<len>; lengths without an eval at 2L are left out. `longer`:
+    the points trained longer than the rest, labelled as in plot_acc_vs_length."""
+    longer = longer or {}
     rows = []
     for _, cell in best.iterrows():
         length = int(cell["seq_len"])
@@ -101,6 +110,8 @@ def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: 
               "(task.eval_seq_lens)", file=sys.stderr)
         return []
     data = pd.DataFrame(rows)
+    data["longer_budget"] = [longer.get((t, s, int(n))) for t, s, n in
+                             zip(data["task"], data["series"], data["seq_len"], strict=True)]
     tasks = task_order(data["task"])
     styles = draw.style(data)
     series_all = series_order(data)
@@ -110,10 +121,13 @@ def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: 
         frame = data[data["task"] == task]
         lengths = sorted({int(v) for v in frame["seq_len"]})
         names = series_order(frame)
+        labelled: dict[int, int] = {}
         for index, series in enumerate(names):
             line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
             colour, marker = styles[series]["color"], styles[series]["marker"]
             x = draw.dodge(np.array(lengths, dtype=float), index, len(names), log=True)
+            _label_longer(ax, task, series, x, line["acc_at_L"].to_numpy(float), lengths, longer, labelled,
+                          colour)
             # 2L as a larger hollow marker beneath L's filled one: a single length has no line to be dashed,
             # and where both accuracies are equal the ring still shows around the dot
             ax.plot(x, line["acc_at_2L"], color=colour, marker=marker, linestyle="--", alpha=0.8,

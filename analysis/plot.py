@@ -110,13 +110,15 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
     filled = fill_note(grid, pending) if grid is not None else None
     note = _lines(budget, filled and f"{filled}; an open marker in the grey strip: a cell not yet run")
     written = []
+    longer = longer_budgets(runs, best)
+    longer_note = longer and "a point labelled with steps: trained longer than the rest"
     if "acc_vs_length" in figures:
-        longer = longer_budgets(runs, best)
-        length_note = _lines(note, longer and "a point labelled with steps: trained longer than the rest")
+        length_note = _lines(note, longer_note)
         written += plot_acc_vs_length(best, unscored, out_dir, METRICS[metric][1], length_note, pending,
                                       longer)
     if "length_generalisation" in figures:
-        written += plot_length_generalisation(runs, best, out_dir, _lines(budget, filled))
+        written += plot_length_generalisation(runs, best, out_dir, _lines(budget, filled, longer_note),
+                                              longer)
     has_dirs = "run_dir" in runs and runs["run_dir"].notna().any()
     if "acc_vs_steps" in figures and has_dirs:
         at = length or int(best["seq_len"].max())

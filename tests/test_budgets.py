@@ -98,3 +98,10 @@ def test_a_point_trained_longer_than_the_rest_is_labelled_with_its_budget(tmp_pa
     assert drawn.loc[("palindrome", "mamba2")] == "20,000 steps"
     assert drawn.loc[("mqar", "kda")] == "1 of 3 seeds at 20,000 steps"
     assert drawn.drop([("palindrome", "mamba2"), ("mqar", "kda")]).isna().all()
+    # and so does length_generalisation, drawn from the same cells' evals at L and 2L
+    table["final_eval/acc@1024"], table["final_eval/acc@2048"] = table["final_eval_acc"], 0.5
+    plot_all(table, tmp_path / "gen", figures=("length_generalisation",), metric="train")
+    drawn = pd.read_csv(tmp_path / "gen" / "length_generalisation.csv").set_index(["task", "series"])
+    assert drawn.loc[("palindrome", "mamba2"), "longer_budget"] == "20,000 steps"
+    assert drawn.loc[("mqar", "kda"), "longer_budget"] == "1 of 3 seeds at 20,000 steps"
+    assert drawn["longer_budget"].isna().sum() == len(drawn) - 2
