@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import kernels
 from kernels import family
@@ -38,10 +39,19 @@ from kernels.ops import check_chunk_sizes
 from mixers.base import Mixer
 from mixers.recompute import gated_rms_norm_projection, l2_norm, recomputed, shared_cast, wide
 
+# Compiled (the GPU's default step), the fp32 unit q, k that the op's backward reads are recomputed there
+# from the short conv's bf16 outputs, which the graph keeps anyway, instead of kept: 1 GiB less for KDA at
+# MQAR B256 T1K (benchmarks.memory --compiled). Off until the GPU has timed it (benchmarks.step --qk-norm).
+RECOMPUTE_QK_NORM = False
+
 FEATURE_MAPS = ("identity", "elu+1", "relu")
 OUTPUT_GATES = ("none", "sigmoid", "swish")
 OUTPUT_GATE_RANKS = ("low", "full")
 BACKENDS = ("auto", "triton", "torch", "naive")
+
+
+def _unit_fp32(x: torch.Tensor) -> torch.Tensor:  # [..., K] -> fp32 [..., K] of unit length
+    return F.normalize(wide(x), dim=-1)
 
 # (decay, delta_rule) -> (chunked op, single-token step): the 3 x 2 table of docs/design.md §1, from the
 # family table (kernels.family)
@@ -302,11 +312,13 @@ class LinearMixer(Mixer):
             # unit keys keep the eigenvalues of I - beta k k^T in [1 - beta, 1]: the recurrence cannot blow up
             # in fp32 on every device, as CUDA's autocast gives F.normalize (the CPU's gives bf16): the op
             # picks its precision from q's dtype, and bf16 q, k (its 16-bit path) diverge in training
-            q, k = wide(q), wide(k)
             if self.lean_backward:
-                q, k = l2_norm(q), l2_norm(k)
+                q, k = l2_norm(wide(q)), l2_norm(wide(k))
+            elif RECOMPUTE_QK_NORM and torch.compiler.is_compiling():
+                # the partitioner recomputes a checkpointed region in the backward, the widening included
+                q, k = (checkpoint(_unit_fp32, t, use_reentrant=False) for t in (q, k))
             else:
-                q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+                q, k = _unit_fp32(q), _unit_fp32(k)
         return q, k, v
 
     def _op_kwargs(self, op: Callable[..., Any]) -> dict[str, Any]:

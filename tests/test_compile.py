@@ -253,3 +253,43 @@ def test_inductor_compiled_model_matches_eager(mixer: str) -> None:
     assert rel_rms(eager, compiled) < 1e-5
     for ref, ours in zip(eager_grads, grads, strict=True):
         assert rel_rms(ref, ours) < 1e-4
+
+
+@pytest.mark.slow
+def test_recomputed_unit_qk_keeps_less_and_trains_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mixers/linear_base.py RECOMPUTE_QK_NORM: compiled, KDA's layers keep no fp32 unit q, k for the op's
+    backward (q, k [B, T, H, K] and their norms [B, T, H, 1] a layer fewer in inductor's partition, nothing
+    else changed) and give the eager model's loss and every gradient."""
+    from benchmarks import memory
+    from mixers import linear_base
+    from mixers.model import LanguageModel
+    from mixers.pattern import mixer_yaml
+
+    args = ["--device", "cpu", "--bf16", "--compiled", "--plain", "--mixers", "kda", "--scale-batch", "3",
+            "--scale-len", "64"]
+    saved = memory.main([*args, "--qk-norm", "saved"])["kda"]
+    recomputed = memory.main([*args, "--qk-norm", "recompute"])["kda"]
+    # the yaml's 2 heads of 128, fp32, two layers: q and k and their norms
+    unit_qk = 2 * 2 * 3 * 64 * 2 * (128 + 1) * 4 / 2**30
+    assert saved["mixer"] - recomputed["mixer"] == pytest.approx(unit_qk, rel=1e-6)
+    assert {k: v for k, v in saved.items() if k != "mixer"} == \
+        {k: v for k, v in recomputed.items() if k != "mixer"}
+
+    cfg = mixer_yaml("kda")
+    cfg.num_heads, cfg.head_dim, cfg.backend, cfg.chunk_size = 2, 16, "triton", 16
+    torch.manual_seed(0)
+    model = LanguageModel(37, cfg, d_model=32, num_layers=2, mlp_ratio=2.0)
+    tokens = torch.randint(0, 37, (2, 19))
+    positions = torch.arange(1, 38, 2)
+    targets = torch.randint(0, 37, (len(positions),))
+    results = []
+    monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", True)
+    torch._dynamo.reset()
+    # aot_eager: AOTAutograd's partition with the checkpoint's recompute, without inductor's code generation
+    for features in (model.features, torch.compile(model.features, backend="aot_eager")):
+        loss, _ = model.scored_loss(features(tokens), positions, targets)
+        results.append((loss, torch.autograd.grad(loss, list(model.parameters()))))
+    (eager, eager_grads), (compiled, grads) = results
+    assert rel_rms(eager, compiled) < 1e-6
+    for ref, ours in zip(eager_grads, grads, strict=True):
+        assert rel_rms(ref, ours) < 1e-5
