@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/gpu.sh OUT [STEPS]             STEPS: step names below and the groups kernels (the
 #                                                  default), train, compare and candidates (conv loss
-#                                                  conv_step qk_step graphs: the kernels and forms written beside
+#                                                  conv_step recompute_step graphs: the forms written beside
 #                                                  a default, off until timed here), in the order to run
 #                                                  them
 #   PACK=FILE.tgz bash benchmarks/gpu.sh OUT ...   also OUT as one archive after every step (checkpoints left
@@ -35,8 +35,9 @@
 #   conv_step   600  KDA's and GDN's default step at MQAR T=1024 with the two-pass short-conv backward (the
 #                    default), the looped one (rows labelled +conv-looped) and the taps as torch ops that
 #                    inductor fuses (+conv-shifted), kernels listed by category
-#   qk_step     300  KDA's and GDN's default step at MQAR T=1024 beside the same with the unit q, k recomputed
-#                    in the backward (rows +qknorm-recompute; mixers/linear_base.py RECOMPUTE_QK_NORM)
+#   recompute_step 450  KDA's and GDN's default step at MQAR T=1024 beside the same recomputing in the
+#                    backward the unit q, k, the SwiGLU product, and both (rows +recompute-...;
+#                    benchmarks.step RECOMPUTABLE)
 #   graphs      600  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
 #                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
 #   graphs_train 420 the trainer's CUDA graphs (trainer.cuda_graphs=auto) against its kernel-by-kernel step,
@@ -99,10 +100,10 @@ for s in ${2:-kernels}; do
     kernels) steps+=(check profile fla bench sweep packing) ;;
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
-    candidates) steps+=(conv loss conv_step qk_step graphs) ;;
+    candidates) steps+=(conv loss conv_step recompute_step graphs) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
 compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench|budget|\
-conv_step|qk_step|graphs|graphs_train|graphs_grid) steps+=("$s") ;;
+conv_step|recompute_step|graphs|graphs_train|graphs_grid) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -311,11 +312,11 @@ for step in "${steps[@]}"; do
         brief 300 python3 -m benchmarks.step --out "$OUT/graphs" --resume --lengths 256 1024 --tasks mqar \
           --impls ours --variants default --mixers kda mamba2 attention $flag
       done ;;
-    qk_step)
-      for form in "" "--qk-norm recompute"; do
+    recompute_step)
+      for form in "" "--recompute qk_norm" "--recompute swiglu" "--recompute qk_norm swiglu"; do
         # shellcheck disable=SC2086
-        brief 150 python3 -m benchmarks.step --out "$OUT/qk_step" --resume --lengths 1024 --tasks mqar \
-          --impls ours --variants default --mixers kda gdn $form
+        brief 110 python3 -m benchmarks.step --out "$OUT/recompute_step" --resume --lengths 1024 \
+          --tasks mqar --impls ours --variants default --mixers kda gdn $form
       done ;;
     graphs_train)
       brief 420 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py -k cuda_graphs -p no:logging ;;

@@ -393,19 +393,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--memory-budget", type=float, default=None,
                         help="with --compiled: trainer.compile_memory_budget, in (0, 1] "
                              "(default: torch's, 1)")
-    parser.add_argument("--qk-norm", choices=["saved", "recompute"], default=None,
-                        help="with --compiled --plain: what the layers keep of their fp32 unit q, k "
-                             "(mixers/linear_base.py RECOMPUTE_QK_NORM; default: as it is set)")
+    parser.add_argument("--recompute", nargs="+", choices=["qk_norm", "swiglu"], default=[],
+                        help="with --compiled --plain: what the model recomputes in the backward instead of "
+                             "keeping (benchmarks.step's RECOMPUTABLE)")
     args = parser.parse_args(argv)
     if args.memory_budget is not None and not (args.compiled and 0 < args.memory_budget <= 1):
         parser.error(f"--memory-budget {args.memory_budget}: give a value in (0, 1], with --compiled")
-    if args.qk_norm is not None:
+    if args.recompute:
         if not (args.compiled and args.plain):
-            parser.error(f"--qk-norm {args.qk_norm}: it changes the plain layers' compiled graph only; add "
-                         "--compiled --plain")
-        from mixers import linear_base
+            parser.error(f"--recompute {' '.join(args.recompute)}: it changes the plain model's compiled "
+                         "graph only; add --compiled --plain")
+        from benchmarks import step
 
-        linear_base.RECOMPUTE_QK_NORM = args.qk_norm == "recompute"
+        step.set_recompute(args.recompute)
     device = indexed_device(args.device)
     splits = {}
     for mixer in args.mixers:

@@ -76,6 +76,7 @@ from kernels import conv as conv_ops
 from kernels.triton import conv as triton_conv
 from kernels.triton.conv import BWD_FORMS
 from mixers import linear_base
+from mixers import model as model_module
 from mixers.model import LanguageModel
 from mixers.pattern import check_pattern, expand, mixer_yaml, pattern_name
 
@@ -275,16 +276,29 @@ def make_step(impl: str, model: LanguageModel, batch: train.Batch, labels: torch
 
 
 def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None, conv: str = "",
-           graphs: bool = False, qk: bool = False) -> str:
+           graphs: bool = False, recompute: tuple[str, ...] = ()) -> str:
     """What ran: `conv` names a short-conv backward or implementation other than the default (--conv-bwd,
     --conv-impl), ours only;
-    `graphs`: our compiled body replayed as CUDA graphs (--cuda-graphs); `qk`: our compiled layers
-    recompute their unit q, k in the backward (--qk-norm recompute)."""
+    `graphs`: our compiled body replayed as CUDA graphs (--cuda-graphs); `recompute`: what our plain
+    compiled model recomputes in the backward instead of keeping (--recompute)."""
     return impl + ("+lean" if lean else "") + ("+compile" if compiled else "") \
         + ("+cudagraphs" if graphs and compiled and impl == "ours" else "") \
         + (f"+mem{budget:g}" if budget is not None else "") \
         + (f"+conv-{conv}" if conv and impl == "ours" else "") \
-        + ("+qknorm-recompute" if qk and compiled and not lean and impl == "ours" else "")
+        + (f"+recompute-{','.join(recompute)}" if recompute and compiled and not lean and impl == "ours"
+           else "")
+
+
+# --recompute: what the plain compiled model may recompute in the backward instead of keeping, as
+# (module, switch): candidates beside the default, off until timed
+RECOMPUTABLE = {"qk_norm": (linear_base, "RECOMPUTE_QK_NORM"), "swiglu": (model_module, "RECOMPUTE_SWIGLU")}
+
+
+def set_recompute(parts: list[str]) -> None:
+    """Turn on the switches of `parts` (RECOMPUTABLE's keys) for this process."""
+    for part in parts:
+        module, switch = RECOMPUTABLE[part]
+        setattr(module, switch, True)
 
 
 # --variants: (compiled, lean, CUDA graphs) of each form of our step; `default` is the configs' own
@@ -384,7 +398,7 @@ def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace,
              compiled: bool, lean: bool, default: bool, pattern: list[str] | None,
              budget: float | None, graphs: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"impl": _label(impl, lean, compiled, budget, getattr(args, "conv_label", ""),
-                                          graphs, getattr(args, "qk_norm", None) == "recompute"),
+                                          graphs, tuple(getattr(args, "recompute", ()))),
                            "default": default,
                            "task": task,
                            "mixer": mixer, "layers": len(pattern) if pattern else 2, "T": T, "B": args.batch}
@@ -641,10 +655,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-budgets", nargs="+", type=float, default=[], metavar="B",
                         help="also time each compiled form at these trainer.compile_memory_budget values "
                              "(in (0, 1]; rows ours+compile+memB)")
-    parser.add_argument("--qk-norm", choices=["saved", "recompute"], default=None,
-                        help="what the compiled layers keep of their fp32 unit q, k for the backward "
-                             "(mixers/linear_base.py RECOMPUTE_QK_NORM): `recompute` labels its compiled "
-                             "rows +qknorm-recompute, none of them `default`")
+    parser.add_argument("--recompute", nargs="+", choices=list(RECOMPUTABLE), default=[],
+                        help="what the plain compiled model recomputes in the backward instead of keeping "
+                             "(RECOMPUTABLE's switches): its compiled rows are labelled +recompute-PARTS, "
+                             "none of them `default`")
     parser.add_argument("--conv-bwd", choices=BWD_FORMS, default=None,
                         help="the short conv's backward (kernels/triton/conv.py BWD_FORM); a form other than "
                              "the default labels its rows +conv-FORM, none of them `default`")
@@ -712,9 +726,9 @@ def main(argv: list[str] | None = None) -> int:
         triton_conv.BWD_FORM, args.conv_label = args.conv_bwd, args.conv_bwd
     if args.conv_impl is not None and args.conv_impl != conv_ops.CUDA_IMPL:
         conv_ops.CUDA_IMPL, args.conv_label = args.conv_impl, args.conv_impl
-    if args.qk_norm is not None and (args.qk_norm == "recompute") != linear_base.RECOMPUTE_QK_NORM:
-        linear_base.RECOMPUTE_QK_NORM = args.qk_norm == "recompute"
-        # a form other than the one train.py takes: none of its rows is `default`
+    if args.recompute:
+        set_recompute(args.recompute)
+        # a form other than the one train.py takes: none of its compiled rows is `default`
         ours = [(c, lean, g, d and not c) for c, lean, g, d in ours]
     if args.cuda_graphs:
         # every compiled form replayed; the default's rows stay `default` only if train.py replays too
@@ -746,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
                         for b in args.memory_budgets]
                     for compiled, lean, graphs, default, budget in forms:
                         label = _label(impl, lean, compiled, budget, args.conv_label, graphs,
-                                       args.qk_norm == "recompute")
+                                       tuple(args.recompute))
                         key = (label, default, task, mixer,
                                len(pattern) if pattern else 2, T, args.batch)
                         if key in done:

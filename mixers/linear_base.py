@@ -41,7 +41,8 @@ from mixers.recompute import gated_rms_norm_projection, l2_norm, recomputed, sha
 
 # Compiled (the GPU's default step), the fp32 unit q, k that the op's backward reads are recomputed there
 # from the short conv's bf16 outputs, which the graph keeps anyway, instead of kept: 1 GiB less for KDA at
-# MQAR B256 T1K (benchmarks.memory --compiled). Off until the GPU has timed it (benchmarks.step --qk-norm).
+# MQAR B256 T1K (benchmarks.memory --compiled). Off until the GPU has timed it (benchmarks.step
+# --recompute qk_norm).
 RECOMPUTE_QK_NORM = False
 
 FEATURE_MAPS = ("identity", "elu+1", "relu")

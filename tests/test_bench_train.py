@@ -441,24 +441,28 @@ def test_the_host_split_charges_each_op_its_own_time_by_what_it_ran_inside() -> 
                                    "matmuls": 0.055, "rest": 0.01})
 
 
-def test_qk_norm_recompute_labels_our_plain_compiled_rows_and_none_default(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """--qk-norm recompute changes the plain layers' compiled graph only: those rows say so, eager, lean
-    and FLA's rows are what they were, and no compiled row it measured is `default`."""
+def test_recompute_labels_our_plain_compiled_rows_and_none_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--recompute changes the plain model's compiled graph only: those rows say what it recomputes, eager,
+    lean and FLA's rows are what they were, no compiled row it measured is `default`, and the switches it
+    names are on while they are measured."""
     from mixers import linear_base
+    from mixers import model as model_module
 
-    assert step._label("ours", False, True, qk=True) == "ours+compile+qknorm-recompute"
-    assert step._label("ours", True, True, qk=True) == "ours+lean+compile"
-    assert step._label("ours", False, False, qk=True) == "ours"
-    assert step._label("fla", False, True, qk=True) == "fla+compile"
+    both = ("qk_norm", "swiglu")
+    assert step._label("ours", False, True, recompute=both) == "ours+compile+recompute-qk_norm,swiglu"
+    assert step._label("ours", True, True, recompute=both) == "ours+lean+compile"
+    assert step._label("ours", False, False, recompute=both) == "ours"
+    assert step._label("fla", False, True, recompute=both) == "fla+compile"
     monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", False)
+    monkeypatch.setattr(model_module, "RECOMPUTE_SWIGLU", False)
     seen = []
     monkeypatch.setattr(step, "measure", lambda impl, task, mixer, T, args, device, compiled, lean, default,
-                        *rest: seen.append((compiled, default, linear_base.RECOMPUTE_QK_NORM)) or {})
+                        *rest: seen.append((compiled, default, linear_base.RECOMPUTE_QK_NORM,
+                                            model_module.RECOMPUTE_SWIGLU)) or {})
     monkeypatch.setattr(step, "write", lambda *a, **k: None)
     step.main(["--out", "unused", "--device", "cpu", "--mixers", "kda", "--lengths", "32", "--tasks", "mqar",
-               "--impls", "ours", "--variants", "default", "compile", "--qk-norm", "recompute"])
-    assert seen == [(False, True, True), (True, False, True)]
+               "--impls", "ours", "--variants", "default", "compile", "--recompute", "swiglu"])
+    assert seen == [(False, True, False, True), (True, False, False, True)]
 
 
 def test_cuda_graph_rows_are_labelled_and_refused_off_cuda(

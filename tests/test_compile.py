@@ -262,23 +262,29 @@ def _compiled_model_matches_eager(mixer: str, compile_kwargs: dict, loss_tol: fl
 
 
 @pytest.mark.slow
-def test_recomputed_unit_qk_keeps_less_and_trains_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    """mixers/linear_base.py RECOMPUTE_QK_NORM: compiled, KDA's layers keep no fp32 unit q, k for the op's
-    backward (q, k [B, T, H, K] and their norms [B, T, H, 1] a layer fewer in inductor's partition, nothing
-    else changed) and give the eager model's loss and every gradient."""
+def test_recomputed_unit_qk_and_swiglu_keep_less_and_train_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recompute candidates (benchmarks.step's RECOMPUTABLE): compiled, KDA's model keeps no fp32 unit
+    q, k and norms (qk_norm) and no SwiGLU product (swiglu) for the backward, exactly those and nothing else
+    fewer in inductor's partition, and gives the eager model's loss and every gradient."""
     from benchmarks import memory
     from mixers import linear_base
+    from mixers import model as model_module
 
+    monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", False)
+    monkeypatch.setattr(model_module, "RECOMPUTE_SWIGLU", False)
     args = ["--device", "cpu", "--bf16", "--compiled", "--plain", "--mixers", "kda", "--scale-batch", "3",
             "--scale-len", "64"]
-    saved = memory.main([*args, "--qk-norm", "saved"])["kda"]
-    recomputed = memory.main([*args, "--qk-norm", "recompute"])["kda"]
-    # the yaml's 2 heads of 128, fp32, two layers: q and k and their norms
-    unit_qk = 2 * 2 * 3 * 64 * 2 * (128 + 1) * 4 / 2**30
-    assert saved["mixer"] - recomputed["mixer"] == pytest.approx(unit_qk, rel=1e-6)
-    assert {k: v for k, v in saved.items() if k != "mixer"} == \
-        {k: v for k, v in recomputed.items() if k != "mixer"}
-
+    kept = memory.main(args)["kda"]
+    no_qk = memory.main([*args, "--recompute", "qk_norm"])["kda"]
+    neither = memory.main([*args, "--recompute", "qk_norm", "swiglu"])["kda"]
+    tokens, layers = 3 * 64, 2
+    # the yaml's 2 heads of 128, fp32: q and k and their norms
+    assert kept["mixer"] - no_qk["mixer"] == pytest.approx(layers * 2 * tokens * 2 * (128 + 1) * 4 / 2**30)
+    # the product [tokens, hidden] in bf16, hidden = int(2/3 of 4 x 256) rounded as mixers/model.py rounds it
+    assert no_qk["mlp"] - neither["mlp"] == pytest.approx(layers * tokens * 704 * 2 / 2**30)
+    assert kept["mlp"] == no_qk["mlp"] and no_qk["mixer"] == neither["mixer"]
+    assert kept["rest"] == neither["rest"] and kept["norms"] == neither["norms"]
     monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", True)
-    # aot_eager: AOTAutograd's partition with the checkpoint's recompute, without inductor's code generation
+    monkeypatch.setattr(model_module, "RECOMPUTE_SWIGLU", True)
+    # aot_eager: AOTAutograd's partition with the checkpoints' recompute, without inductor's code generation
     _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
