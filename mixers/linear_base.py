@@ -54,6 +54,7 @@ BACKENDS = ("auto", "triton", "torch", "naive")
 def _unit_fp32(x: torch.Tensor) -> torch.Tensor:  # [..., K] -> fp32 [..., K] of unit length
     return F.normalize(wide(x), dim=-1)
 
+
 # (decay, delta_rule) -> (chunked op, single-token step): the 3 x 2 table of docs/design.md §1, from the
 # family table (kernels.family)
 OPS: dict[tuple[Decay, bool], tuple[Callable[..., Any], Callable[..., Any]]] = {
