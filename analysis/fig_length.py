@@ -60,15 +60,19 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
     columns = ["task", "series", "mixer", "variant", "seq_len", "lr", "acc_mean", "acc_std", "acc_min",
                "acc_max", "n_seeds", "n_diverged", "n_failed"]
     data = with_unscored_rows(best, unscored, columns).assign(not_run=False)
-    # the CSV names the points drawn with a longer budget, as the figure labels them
-    data["longer_budget"] = [longer.get((t, s, int(n))) for t, s, n in
-                             zip(data["task"], data["series"], data["seq_len"], strict=True)]
+    data["longer_budget"] = _longer_column(data, longer)
     if len(pending):
         todo = pending[["task", "series", "mixer", "variant", "seq_len"]].assign(n_seeds=0, n_diverged=0,
                                                                                    n_failed=0, not_run=True)
         data = pd.concat([data, todo], ignore_index=True).sort_values(["task", "series", "seq_len"],
                                                                       ignore_index=True)
     return draw.save_figure(fig, data, out_dir, "acc_vs_length")
+
+
+def _longer_column(data: pd.DataFrame, longer: dict[tuple[str, str, int], str]) -> list[str | None]:
+    """The CSV's `longer_budget`: each row's label where the figure labels its point (_label_longer)."""
+    return [longer.get((t, s, int(n))) for t, s, n in zip(data["task"], data["series"], data["seq_len"],
+                                                          strict=True)]
 
 
 def _label_longer(ax: Any, task: str, series: str, x: np.ndarray, y: np.ndarray, lengths: list[int],
@@ -110,8 +114,7 @@ def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: 
               "(task.eval_seq_lens)", file=sys.stderr)
         return []
     data = pd.DataFrame(rows)
-    data["longer_budget"] = [longer.get((t, s, int(n))) for t, s, n in
-                             zip(data["task"], data["series"], data["seq_len"], strict=True)]
+    data["longer_budget"] = _longer_column(data, longer)
     tasks = task_order(data["task"])
     styles = draw.style(data)
     series_all = series_order(data)

@@ -37,7 +37,7 @@
 #                    inductor fuses (+conv-shifted), kernels listed by category
 #   recompute_step 450  KDA's and GDN's default step at MQAR T=1024 beside the same recomputing in the
 #                    backward the unit q, k, the SwiGLU product, and both (rows +recompute-...;
-#                    benchmarks.step RECOMPUTABLE)
+#                    benchmarks.common RECOMPUTABLE)
 #   graphs      600  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
 #                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
 #   graphs_train 420 the trainer's CUDA graphs (trainer.cuda_graphs=auto) against its kernel-by-kernel step,

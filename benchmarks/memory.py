@@ -50,7 +50,7 @@ import torch._functorch.config as functorch_config  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.common import indexed_device  # noqa: E402
+from benchmarks.common import RECOMPUTABLE, indexed_device, set_recompute  # noqa: E402
 from harness import step as train  # noqa: E402
 
 GIB = 2**30
@@ -393,9 +393,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--memory-budget", type=float, default=None,
                         help="with --compiled: trainer.compile_memory_budget, in (0, 1] "
                              "(default: torch's, 1)")
-    parser.add_argument("--recompute", nargs="+", choices=["qk_norm", "swiglu"], default=[],
+    parser.add_argument("--recompute", nargs="+", choices=list(RECOMPUTABLE), default=[],
                         help="with --compiled --plain: what the model recomputes in the backward instead of "
-                             "keeping (benchmarks.step's RECOMPUTABLE)")
+                             "keeping (benchmarks.common's RECOMPUTABLE)")
     args = parser.parse_args(argv)
     if args.memory_budget is not None and not (args.compiled and 0 < args.memory_budget <= 1):
         parser.error(f"--memory-budget {args.memory_budget}: give a value in (0, 1], with --compiled")
@@ -403,9 +403,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         if not (args.compiled and args.plain):
             parser.error(f"--recompute {' '.join(args.recompute)}: it changes the plain model's compiled "
                          "graph only; add --compiled --plain")
-        from benchmarks import step
-
-        step.set_recompute(args.recompute)
+        set_recompute(args.recompute)
     device = indexed_device(args.device)
     splits = {}
     for mixer in args.mixers:

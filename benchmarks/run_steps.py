@@ -38,12 +38,13 @@ def collect(dirs: list[Path]) -> pd.DataFrame:
         for summary_file in sorted(root.rglob("summary.json")):
             summary = json.loads(summary_file.read_text())
             metrics = summary_file.parent / "metrics.jsonl"
+            ms = step_ms(metrics) if metrics.exists() else None
             rows.append({
                 "run": str(summary_file.parent.relative_to(root)), "status": summary.get("status"),
                 "mixer": summary.get("mixer"), "task": summary.get("task"), "T": summary.get("seq_len"),
                 "compile": summary.get("compile"), "cuda_graphs": summary.get("cuda_graphs"),
                 "lean_backward": summary.get("lean_backward"), "steps": summary.get("steps"),
-                "step_ms": round(step_ms(metrics), 2) if metrics.exists() and step_ms(metrics) else None,
+                "step_ms": None if ms is None else round(ms, 2),
                 "peak_gib": summary.get("peak_memory_gib"), "first_step_s": summary.get("first_step_s"),
                 "gpu": (summary.get("gpu") or {}).get("name", summary.get("device")),
             })

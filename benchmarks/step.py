@@ -68,15 +68,22 @@ import torch._functorch.config as functorch_config
 from omegaconf import OmegaConf
 from torch import nn
 
-from benchmarks.common import ROOT, commit, device_name, indexed_device, provenance, write_csv
+from benchmarks.common import (
+    RECOMPUTABLE,
+    ROOT,
+    commit,
+    device_name,
+    indexed_device,
+    provenance,
+    set_recompute,
+    write_csv,
+)
 from benchmarks.memory import SAVED, compiled_rows, outside_graph, saved_split, split_gib
 from harness import step as train
-from harness.config import fast_step
+from harness.config import fast_step, replays_graphs
 from kernels import conv as conv_ops
 from kernels.triton import conv as triton_conv
 from kernels.triton.conv import BWD_FORMS
-from mixers import linear_base
-from mixers import model as model_module
 from mixers.model import LanguageModel
 from mixers.pattern import check_pattern, expand, mixer_yaml, pattern_name
 
@@ -289,18 +296,6 @@ def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None, c
            else "")
 
 
-# --recompute: what the plain compiled model may recompute in the backward instead of keeping, as
-# (module, switch): candidates beside the default, off until timed
-RECOMPUTABLE = {"qk_norm": (linear_base, "RECOMPUTE_QK_NORM"), "swiglu": (model_module, "RECOMPUTE_SWIGLU")}
-
-
-def set_recompute(parts: list[str]) -> None:
-    """Turn on the switches of `parts` (RECOMPUTABLE's keys) for this process."""
-    for part in parts:
-        module, switch = RECOMPUTABLE[part]
-        setattr(module, switch, True)
-
-
 # --variants: (compiled, lean, CUDA graphs) of each form of our step; `default` is the configs' own
 VARIANTS = {"eager": (False, False, False), "lean": (False, True, False), "compile": (True, False, False),
             "lean+compile": (True, True, False)}
@@ -312,9 +307,9 @@ def default_form(device: torch.device) -> tuple[bool, bool, bool]:
     defaults = OmegaConf.create({"trainer": OmegaConf.load(ROOT / "conf" / "trainer" / "default.yaml"),
                                  "model": OmegaConf.load(ROOT / "conf" / "model" / "default.yaml")})
     compiled, lean = fast_step(defaults, device.type)
-    graphs = defaults.trainer.cuda_graphs
-    replayable = compiled and device.type == "cuda"
-    return compiled, lean, replayable if graphs == "auto" else bool(graphs) and replayable
+    # true where it cannot replay is refused by train.py; no default row to time there
+    graphs = replays_graphs(defaults, compiled, device.type) and compiled and device.type == "cuda"
+    return compiled, lean, graphs
 
 
 def variants(names: list[str], device: torch.device) -> list[tuple[bool, bool, bool, bool]]:

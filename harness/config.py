@@ -333,6 +333,13 @@ def _check_values(cfg: DictConfig) -> None:
                          "set trainer.compile=auto (or true), or leave trainer.cuda_graphs=false")
 
 
+def replays_graphs(cfg: DictConfig, compiled: bool, device_type: str) -> bool:
+    """trainer.cuda_graphs as a run takes it: `auto` replays wherever the body is compiled on CUDA, true
+    and false force it (a caller refuses true where it cannot replay)."""
+    graphs = cfg.trainer.cuda_graphs
+    return compiled and device_type == "cuda" if graphs == "auto" else bool(graphs)
+
+
 def fast_step(cfg: DictConfig, device_type: str) -> tuple[bool, bool]:
     """(compile, lean_backward) as this run takes them; true/false force either. `auto` compiles on CUDA
     (the step in two thirds of the eager time there) and not on the CPU (where compiling costs more than

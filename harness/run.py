@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.caches import share_compile_caches
 from harness.check import Decision, resolve_device
-from harness.config import EXTENDABLE, effective_precision, fast_step, validate
+from harness.config import EXTENDABLE, effective_precision, fast_step, replays_graphs, validate
 from harness.data import EpochSampler, load_task
 from harness.gpus import visible_subset
 from harness.rundir import FileUnreadable, RunDir, flatten
@@ -158,7 +158,7 @@ def _placement(cfg: DictConfig, run_dir: Path, meta: dict[str, Any],
         raise ValueError(f"trainer.cuda_graphs=true: CUDA graphs replay the compiled body on a CUDA device, "
                          f"and this run is {where}; run it on a GPU with trainer.compile=auto, or set "
                          "trainer.cuda_graphs=false")
-    meta["cuda_graphs"] = replayable if trainer.cuda_graphs == "auto" else bool(trainer.cuda_graphs)
+    meta["cuda_graphs"] = replays_graphs(cfg, compiled, device.type)
     log.info("run dir %s | device %s | %s | %s%s | %s", run_dir, device,
              "bf16 autocast" if use_bf16 else "fp32",
              "eager" if not compiled else "compiled" if budget is None

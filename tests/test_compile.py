@@ -263,7 +263,7 @@ def _compiled_model_matches_eager(mixer: str, compile_kwargs: dict, loss_tol: fl
 
 @pytest.mark.slow
 def test_recomputed_unit_qk_and_swiglu_keep_less_and_train_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The recompute candidates (benchmarks.step's RECOMPUTABLE): compiled, KDA's model keeps no fp32 unit
+    """The recompute candidates (benchmarks.common's RECOMPUTABLE): compiled, KDA's model keeps no fp32 unit
     q, k and norms (qk_norm) and no SwiGLU product (swiglu) for the backward, exactly those and nothing else
     fewer in inductor's partition, and gives the eager model's loss and every gradient."""
     from benchmarks import memory
