@@ -1383,3 +1383,43 @@ def test_the_plan_check_keeps_the_callers_pythonpath(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("PYTHONPATH", "/tmp/site")
     campaign.check_stages([["experiment=smoke", "seed=0,1"]], ROOT, [Path("plan.txt")])
     assert seen["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/tmp/site"]
+
+
+def test_a_cell_resumed_from_its_checkpoint_runs_before_the_plans_earlier_cells(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # a later stage's run carried with its checkpoint goes on before an earlier stage's fresh run takes
+    # the hold (and, with --fill, its end); left prices them in that order
+    campaign = _module()
+    work = tmp_path / "work"
+    src = work / "src"
+    _finished(src, "a", "kda", 2048, 400.0, ["experiment=e"])
+    _finished(src, "b", "gdn", 2048, 400.0, ["experiment=e"], status="incomplete")
+    (src / "results" / "x" / "b" / "checkpoint.pt").write_bytes(b"ckpt")
+    summary = json.loads((src / "results" / "x" / "b" / "summary.json").read_text())
+    (src / "results" / "x" / "b" / "summary.json").write_text(json.dumps({**summary, "steps": 750}))
+    (work / "brought.json").write_text("{}")
+    stages = [["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=mamba2"],
+              ["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=gdn"]]
+    launched: list[list[str]] = []
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        launched.append(overrides)
+        return 0
+
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 3600, "fill": True})
+    campaign.run_cells(work, campaign._state(work), launch, [])
+    assert [o[-1] for o in launched] == ["mixer=gdn", "mixer=mamba2"]
+    # without the checkpoint the plan's order holds
+    (src / "results" / "x" / "b" / "checkpoint.pt").unlink()
+    launched.clear()
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 3600, "fill": True})
+    campaign.run_cells(work, campaign._state(work), launch, [])
+    assert [o[-1] for o in launched] == ["mixer=mamba2", "mixer=gdn"]
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=e task.seq_len=2048 mixer=mamba2 task=mqar\n"
+                    "experiment=e task.seq_len=2048 mixer=gdn task=mqar\n")
+    (src / "results" / "x" / "b" / "checkpoint.pt").write_bytes(b"ckpt")
+    capsys.readouterr()
+    campaign.left([plan], src)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "done by" in line]
+    assert lines[0].split()[:2] == ["stage", "2"] and lines[1].split()[:2] == ["stage", "1"], lines

@@ -51,10 +51,11 @@ Before each launch it estimates the cell's duration from the finished runs of th
 those of the machine's GPU where there are any: an H100 is slower than an H200); a cell that would not
 end a minute before the deadline is postponed (left pending for the next stretch) and the next pending
 cell that fits runs instead, so the end of a hold fills with short runs rather than with a run that is
-lost. `wait --hold-minutes M` (or `start` again on the running campaign) moves the hold to M minutes from
-then, once the lender has said how much time the machine has left. Cells that the checkout holds finished
-are skipped without a launch. When nothing pending fits, the supervisor ends and says so; `wait` and
-`status` list the postponed cells.
+lost. A cell whose run holds a checkpoint (put back by `start --resume`) goes before every other, in
+plan order among them. `wait --hold-minutes M` (or `start` again on the running campaign) moves the hold
+to M minutes from then, once the lender has said how much time the machine has left. Cells that the
+checkout holds finished are skipped without a launch. When nothing pending fits, the supervisor ends and
+says so; `wait` and `status` list the postponed cells.
 
 A carried checkpoint is a run's model, optimizer and schedule (22 to 35 MB for Fig. 4's models): a lent
 machine sends back 8 files a call, 64 MiB together, and its working tree with what is carried is at most
@@ -634,6 +635,12 @@ def estimates_of(cells: list[Cell], pending: list[int], measured: list[dict[str,
     return found
 
 
+def resumed_first(cells: list[Cell], pending: list[int], partial: list[dict[str, Any]]) -> list[int]:
+    """`pending` with the cells whose run holds a checkpoint first, each group in plan order: training
+    already paid for goes on before a fresh run takes the hold (and, with --fill, its end)."""
+    return sorted(pending, key=lambda i: run_of(cells[i], partial) is None)
+
+
 def choose(cells: list[Cell], pending: list[int], left_s: float, estimates: dict[int, float | None],
            free: int | None = None, gpus: int = 1) -> tuple[list[int], list[int]]:
     """The next launch (indices into `cells`) and the pending cells postponed now. The first pending cell
@@ -956,8 +963,9 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 pending = [i for i in pending if not is_finished(cells[i], measured)]
                 waiting = resolve_best(cells, pending, src)
                 pending = [i for i in pending if not is_finished(cells[i], measured)]  # lr set: held?
-                ready = [i for i in pending if i not in waiting]
-                estimates = estimates_of(cells, ready, measured, partial_runs(src), gpus, state.get("gpu"))
+                partial = partial_runs(src)
+                ready = resumed_first(cells, [i for i in pending if i not in waiting], partial)
+                estimates = estimates_of(cells, ready, measured, partial, gpus, state.get("gpu"))
                 group, postponed = choose(cells, ready, left, estimates, len(free), gpus)
                 if not group and not running and ready and state.get("fill") and left >= FILL_MIN_S:
                     # the stop checkpoints it and --with-checkpoints carries it to the next machine
@@ -1040,7 +1048,7 @@ def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None,
     pending = [i for i in sorted(first.values()) if not is_finished(cells[i], runs)]
     # a cell of optim.lr=best is priced whether or not its lr can be picked yet (the lr does not time it)
     waiting = resolve_best(cells, pending, source)
-    pending = [i for i in pending if not is_finished(cells[i], runs)]
+    pending = resumed_first(cells, [i for i in pending if not is_finished(cells[i], runs)], partial)
     estimates = estimates_of(cells, pending, runs, partial, gpus, gpu)
     unknown, todo = 0, list(pending)
     free_at = [0.0] * max(1, gpus)
