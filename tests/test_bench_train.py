@@ -185,21 +185,22 @@ def test_default_is_the_form_train_py_takes_on_the_device(monkeypatch: pytest.Mo
     trainer resolves them, CUDA graphs included, so that a default switched in a yaml moves the rows."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert step.variants(["default", "eager"], cpu) == [(False, False, False, True)]
-    assert step.variants(["default", "eager"], cuda) == [(True, False, False, True),
+    assert step.variants(["default", "eager"], cuda) == [(True, False, True, True),
                                                          (False, False, False, False)]
     assert step.variants(["eager", "lean+compile"], cuda) == [(False, False, False, False),
                                                               (True, True, False, False)]
-    load = step.OmegaConf.load
-
-    def graphs_auto(path: Path) -> Any:
-        conf = load(path)
-        if Path(path).name == "default.yaml" and "cuda_graphs" in conf:
-            conf.cuda_graphs = "auto"
-        return conf
-
-    monkeypatch.setattr(step.OmegaConf, "load", graphs_auto)
     assert step.variants(["default", "compile"], cuda) == [(True, False, True, True),
                                                            (True, False, False, False)]
+    load = step.OmegaConf.load
+
+    def graphs_off(path: Path) -> Any:
+        conf = load(path)
+        if Path(path).name == "default.yaml" and "cuda_graphs" in conf:
+            conf.cuda_graphs = False
+        return conf
+
+    monkeypatch.setattr(step.OmegaConf, "load", graphs_off)
+    assert step.variants(["default", "compile"], cuda) == [(True, False, False, True)]
     assert step.variants(["default"], cpu) == [(False, False, False, True)]
 
 

@@ -554,12 +554,12 @@ def test_each_job_of_an_in_process_sweep_compiles_and_an_eager_fallback_fails(
 
 def test_cuda_graphs_are_refused_where_there_is_no_compiled_body_on_a_gpu(make_cfg: MakeCfg,
                                                                           tmp_path: Path) -> None:
-    """trainer.cuda_graphs replays the compiled body on a CUDA device: off by default; with the body not
+    """trainer.cuda_graphs replays the compiled body on a CUDA device: auto by default; with the body not
     compiled or the device the CPU, one line naming the key and the fix, before a run directory exists;
     a run that resolves to the CPU (no GPU here) is refused before its first step, nothing trained."""
     from harness.config import validate
 
-    assert make_cfg().trainer.cuda_graphs is False
+    assert make_cfg().trainer.cuda_graphs == "auto"
     with pytest.raises(ValueError, match=r"^trainer.cuda_graphs=true: it replays the compiled body, and "
                                          r"trainer.compile=false; set trainer.compile=auto"):
         validate(make_cfg("trainer.cuda_graphs=true", "trainer.compile=false", "trainer.device=auto"))
