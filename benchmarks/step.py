@@ -599,7 +599,7 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         peak = r["peak_gib"] if r.get("peak_gib") is not None else "–"
         saved = " / ".join(f"{r[f'saved {k} GiB']:.2f}" for k in SAVED) \
             if f"saved {SAVED[0]} GiB" in r else ""
-        impl = r["impl"] + (" (default)" if r.get("default") else "")
+        impl = r["impl"] + (_default_mark(r) if r.get("default") else "")
         lines.append(f"| {r['task']} | {name} | {r['T']} | {impl} | {r['step_ms']:.1f} | "
                      f"{r['tokens_per_s_M']:.2f} | {peak} | {r['first_step_s']} | {ratio} | {vs_fla} "
                      f"| {split} | {saved} |")
@@ -615,6 +615,16 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
     (out / "bench_train.md").write_text("\n".join(lines) + "\n")
     if echo:
         print("\n".join(lines))
+
+
+def _default_mark(row: dict[str, Any]) -> str:
+    """A `default` row kept from a commit whose default form was another is marked with that commit, so
+    that a table never shows two forms of one cell as the default."""
+    device = torch.device("cpu" if str(row.get("device", "")).endswith("cores)") else "cuda")
+    compiled, lean, graphs = default_form(device)
+    if row["impl"] == _label("ours", lean, compiled, graphs=graphs):
+        return " (default)"
+    return f" (default at {str(row.get('measured', '?')).split()[-1]})"
 
 
 def _error_line(error: BaseException) -> str:

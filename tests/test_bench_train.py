@@ -204,6 +204,24 @@ def test_default_is_the_form_train_py_takes_on_the_device(monkeypatch: pytest.Mo
     assert step.variants(["default"], cpu) == [(False, False, False, True)]
 
 
+
+def test_a_kept_default_row_of_an_older_default_names_its_commit(tmp_path: Path) -> None:
+    """--resume keeps rows measured when the default was another form: the table marks only the form
+    train.py takes now as the default, the older one with the commit it was the default at."""
+    compiled, lean, graphs = step.default_form(torch.device("cuda", 0))
+    now = step._label("ours", lean, compiled, graphs=graphs)
+    older = step._label("ours", False, True)
+    assert now != older
+    common = {"default": True, "task": "mqar", "mixer": "kda", "layers": 2, "T": 1024, "B": 256,
+              "step_ms": 40.0, "tokens_per_s_M": 6.5, "first_step_s": 20.0, "device": "NVIDIA H100 80GB HBM3"}
+    rows = [{**common, "impl": older, "measured": "2026-12-06 db9bbc7"},
+            {**common, "impl": now, "measured": "2026-12-07 abc1234"},
+            {**common, "impl": "ours", "device": "AMD EPYC (2 cores)", "measured": "2026-12-07 abc1234"}]
+    step.write(rows, tmp_path, "header", echo=False)
+    table = (tmp_path / "bench_train.md").read_text()
+    assert f"| {older} (default at db9bbc7) |" in table and f"| {now} (default) |" in table
+    assert "| ours (default) |" in table
+
 @pytest.mark.slow
 def test_bench_train_times_a_hybrid_pattern(tmp_path: Path) -> None:
     code = step.main(["--out", str(tmp_path), "--device", "cpu", "--batch", "2", "--lengths", "32",
