@@ -92,6 +92,11 @@ def _accepted_kwargs(factory: Any) -> tuple[list[str], bool]:
 # anyway) instead of kept: 0.7 GiB less at MQAR B256 T1K (benchmarks.memory --compiled). Off until the GPU
 # has timed it (benchmarks.step --recompute swiglu).
 RECOMPUTE_SWIGLU = False
+# Compiled, the whole MLP (up projection, SwiGLU, down projection) as one checkpointed region: the graph
+# keeps only its input (kept anyway for the up projection's weight gradient) and the backward runs the up
+# projection and the SwiGLU again, one [tokens, d_model] x [d_model, 2 hidden] GEMM a layer more. Off
+# until the GPU has timed it (benchmarks.step --recompute mlp).
+RECOMPUTE_MLP = False
 
 
 class MLP(nn.Module):
@@ -107,6 +112,11 @@ class MLP(nn.Module):
         self.down = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., D]
+        if RECOMPUTE_MLP and torch.compiler.is_compiling():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
         if self.kind == "swiglu":
             # fused: the Triton kernels on CUDA, which keep only h for the backward

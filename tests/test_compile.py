@@ -288,3 +288,31 @@ def test_recomputed_unit_qk_and_swiglu_keep_less_and_train_the_same(monkeypatch:
     monkeypatch.setattr(model_module, "RECOMPUTE_SWIGLU", True)
     # aot_eager: AOTAutograd's partition with the checkpoints' recompute, without inductor's code generation
     _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
+
+
+def test_a_recomputed_mlp_keeps_only_its_input_and_trains_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole-MLP candidate (RECOMPUTABLE's mlp): compiled, the model keeps neither the up projection's
+    output nor the SwiGLU product for the backward, exactly those fewer and nothing else, and gives the
+    eager model's loss and every gradient."""
+    from benchmarks import memory
+    from mixers import linear_base
+    from mixers import model as model_module
+
+    for switch in ("RECOMPUTE_SWIGLU", "RECOMPUTE_MLP"):
+        monkeypatch.setattr(model_module, switch, False)
+    monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", False)
+    args = ["--device", "cpu", "--bf16", "--compiled", "--plain", "--mixers", "kda", "--scale-batch", "3",
+            "--scale-len", "64"]
+    kept = memory.main(args)["kda"]
+    recomputed = memory.main([*args, "--recompute", "mlp"])["kda"]
+    tokens, layers = 3 * 64, 2
+    # bf16 each: the MLP's input [tokens, 256], the up projection's output [tokens, 2 hidden], the product
+    # [tokens, hidden] (hidden = int(2/3 of 4 x 256) rounded as mixers/model.py rounds it) and the two
+    # weights' casts
+    per_layer = tokens * (256 + 1408 + 704) * 2 + (1408 * 256 + 256 * 704) * 2
+    assert kept["mlp"] - recomputed["mlp"] == pytest.approx(layers * per_layer / 2**30)
+    assert recomputed["mlp"] == 0
+    assert (kept["mixer"], kept["norms"], kept["rest"]) == \
+        (recomputed["mixer"], recomputed["norms"], recomputed["rest"])
+    monkeypatch.setattr(model_module, "RECOMPUTE_MLP", True)
+    _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
