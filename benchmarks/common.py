@@ -337,7 +337,8 @@ def provenance(device: torch.device | str | None = None) -> str:
 # backward instead of keeping, as (module, switch), candidates beside the default, off until timed; named,
 # not imported, so that the scripts choose Triton's interpreter before the mixers import triton
 RECOMPUTABLE = {"qk_norm": ("mixers.linear_base", "RECOMPUTE_QK_NORM"),
-                "swiglu": ("mixers.model", "RECOMPUTE_SWIGLU"), "mlp": ("mixers.model", "RECOMPUTE_MLP")}
+                "qk": ("mixers.linear_base", "RECOMPUTE_QK"), "swiglu": ("mixers.model", "RECOMPUTE_SWIGLU"),
+                "mlp": ("mixers.model", "RECOMPUTE_MLP")}
 
 
 def set_recompute(parts: list[str]) -> None:

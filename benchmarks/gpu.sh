@@ -36,8 +36,8 @@
 #                    default), the looped one (rows labelled +conv-looped) and the taps as torch ops that
 #                    inductor fuses (+conv-shifted), kernels listed by category
 #   recompute_step 560  KDA's and GDN's default step at MQAR T=1024 beside the same recomputing in the
-#                    backward the unit q, k and the whole MLP, the MLP alone, the unit q, k alone and the
-#                    SwiGLU product alone (rows +recompute-...; benchmarks.common RECOMPUTABLE)
+#                    backward q's and k's projections, convs and unit rows and the whole MLP, each of the
+#                    two alone, and the unit q, k alone (rows +recompute-...; benchmarks.common RECOMPUTABLE)
 #   graphs      600  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
 #                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
 #   graphs_train 420 the trainer's CUDA graphs (trainer.cuda_graphs=auto) against its kernel-by-kernel step,
@@ -313,7 +313,7 @@ for step in "${steps[@]}"; do
           --impls ours --variants default --mixers kda mamba2 attention $flag
       done ;;
     recompute_step)
-      for form in "" "--recompute qk_norm mlp" "--recompute mlp" "--recompute qk_norm" "--recompute swiglu"; do
+      for form in "" "--recompute qk mlp" "--recompute qk" "--recompute mlp" "--recompute qk_norm"; do
         # shellcheck disable=SC2086
         brief 110 python3 -m benchmarks.step --out "$OUT/recompute_step" --resume --lengths 1024 \
           --tasks mqar --impls ours --variants default --mixers kda gdn $form

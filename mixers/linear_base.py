@@ -44,6 +44,11 @@ from mixers.recompute import gated_rms_norm_projection, l2_norm, recomputed, sha
 # MQAR B256 T1K (benchmarks.memory --compiled). Off until the GPU has timed it (benchmarks.step
 # --recompute qk_norm).
 RECOMPUTE_QK_NORM = False
+# Compiled, more of the same: q's and k's projections, short convs and unit rows all recomputed in the
+# backward from the block's normed input (kept anyway for the projections' weight gradients), so the graph
+# keeps none of W x, conv(W x) or the unit rows for q and k: two narrow GEMMs and two convs again a layer.
+# Off until the GPU has timed it (benchmarks.step --recompute qk).
+RECOMPUTE_QK = False
 
 FEATURE_MAPS = ("identity", "elu+1", "relu")
 OUTPUT_GATES = ("none", "sigmoid", "swish")
@@ -53,6 +58,12 @@ BACKENDS = ("auto", "triton", "torch", "naive")
 
 def _unit_fp32(x: torch.Tensor) -> torch.Tensor:  # [..., K] -> fp32 [..., K] of unit length
     return F.normalize(wide(x), dim=-1)
+
+
+def _unit_of_projection(x: torch.Tensor, proj: nn.Linear, conv: ShortConvolution, heads: int,
+                        dim: int) -> torch.Tensor:  # [B, T, D] -> fp32 [B, T, heads, dim] of unit rows
+    y = conv(proj(x), None)[0]
+    return _unit_fp32(y.view(*y.shape[:2], heads, dim))
 
 
 # (decay, delta_rule) -> (chunked op, single-token step): the 3 x 2 table of docs/design.md §1, from the
@@ -289,6 +300,13 @@ class LinearMixer(Mixer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         x_q, x_k, x_v = (x, x, x) if inputs is None else inputs
+        if (RECOMPUTE_QK and torch.compiler.is_compiling() and self.use_short_conv and cache is None
+                and not self.lean_backward and self.qk_norm and self.feature_map == "identity"):
+            q, k = (checkpoint(_unit_of_projection, x_, proj, conv, self.num_heads, self.head_dim,
+                               use_reentrant=False)
+                    for x_, proj, conv in ((x_q, self.q_proj, self.q_conv), (x_k, self.k_proj, self.k_conv)))
+            v = self.v_conv(self.v_proj(x_v), None)[0]
+            return q, k, v.view(B, T, self.num_heads, self.value_dim)
         # (a cache wants the convs' final states: the modules' own path)
         if self.use_short_conv and cache is None and self.lean_backward:
             q = _conv_of_projection(x_q, self.q_proj, self.q_conv)

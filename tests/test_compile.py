@@ -290,6 +290,32 @@ def test_recomputed_unit_qk_and_swiglu_keep_less_and_train_the_same(monkeypatch:
     _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
 
 
+def test_recomputed_q_k_projections_keep_none_of_q_k_and_train_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The q, k candidate (RECOMPUTABLE's qk): compiled, KDA's model keeps none of q's and k's projections,
+    short-conv outputs, unit rows and norms for the backward, nor the projections' shared input cast (the
+    partition recasts it for v's weight gradient), exactly those fewer and nothing else, and gives the
+    eager model's loss and every gradient."""
+    from benchmarks import memory
+    from mixers import linear_base
+
+    monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", False)
+    monkeypatch.setattr(linear_base, "RECOMPUTE_QK", False)
+    args = ["--device", "cpu", "--bf16", "--compiled", "--plain", "--mixers", "kda", "--scale-batch", "3",
+            "--scale-len", "64"]
+    kept = memory.main(args)["kda"]
+    recomputed = memory.main([*args, "--recompute", "qk"])["kda"]
+    tokens, layers, width = 3 * 64, 2, 256
+    # a token: W x and conv(W x) for q and k (bf16), their unit rows (fp32) and 2 heads' norms (fp32), the
+    # shared input cast (bf16); a layer: the two weights' bf16 casts
+    per_token = 4 * width * 2 + 2 * width * 4 + 2 * 2 * 4 + width * 2
+    per_layer = tokens * per_token + 2 * width * width * 2
+    assert kept["mixer"] - recomputed["mixer"] == pytest.approx(layers * per_layer / 2**30)
+    assert (kept["mlp"], kept["norms"], kept["rest"]) == \
+        (recomputed["mlp"], recomputed["norms"], recomputed["rest"])
+    monkeypatch.setattr(linear_base, "RECOMPUTE_QK", True)
+    _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
+
 def test_a_recomputed_mlp_keeps_only_its_input_and_trains_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole-MLP candidate (RECOMPUTABLE's mlp): compiled, the model keeps neither the up projection's
     output nor the SwiGLU product for the backward, exactly those fewer and nothing else, and gives the
