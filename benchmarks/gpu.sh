@@ -5,9 +5,9 @@
 #
 #   bash benchmarks/gpu.sh OUT [STEPS]             STEPS: step names below and the groups kernels (the
 #                                                  default), train, compare and candidates (conv loss
-#                                                  conv_step recompute_step graphs: the forms written beside
-#                                                  a default, off until timed here), in the order to run
-#                                                  them
+#                                                  conv_step recompute_check recompute_step graphs: the
+#                                                  forms written beside a default, off until timed
+#                                                  here), in the order to run them
 #   PACK=FILE.tgz bash benchmarks/gpu.sh OUT ...   also OUT as one archive after every step (checkpoints left
 #                                                  out), for a runner that returns few files
 #   REV=HEAD~3 bash benchmarks/gpu.sh OUT compare  the working tree's kernels against those of REV
@@ -28,13 +28,16 @@
 #                   comma joins several), e.g. "8 8192 16|kda_bounded delta_rule|train|state_fwd.warps=4"; 120 s a try
 # The training step (group `train`; its limits add up to more than one 10-minute command):
 #   train_check 240  tests/gpu/test_train_step.py: no host sync between log steps, compiled = eager, each
-#                    plain and lean; the fused softmax and SwiGLU kernels; a non-finite step skipped
+#                    plain and lean; the fused softmax and SwiGLU kernels; a non-finite step skipped (the
+#                    CUDA-graph tests are graphs_train's)
 #   conv        200  the short-conv kernels against their reference, every form of the backward (fused, two
 #                    passes, looped), timed at every tile config of its sweep and the looped form's own, with
 #                    the bandwidth their least traffic would take (tests/gpu/check_conv.py --sweep)
 #   conv_step   600  KDA's and GDN's default step at MQAR T=1024 with the two-pass short-conv backward (the
 #                    default), the looped one (rows labelled +conv-looped) and the taps as torch ops that
 #                    inductor fuses (+conv-shifted), kernels listed by category
+#   recompute_check 240 the same candidates compiled by inductor against the eager step: loss and gradients,
+#                    KDA and GDN (tests/gpu/test_train_step.py -k recomputed; correctness only)
 #   recompute_step 560  KDA's and GDN's default step at MQAR T=1024 beside the same recomputing in the
 #                    backward q's and k's projections, convs and unit rows and the whole MLP, each of the
 #                    two alone, and the unit q, k alone (rows +recompute-...; benchmarks.common RECOMPUTABLE)
@@ -100,10 +103,10 @@ for s in ${2:-kernels}; do
     kernels) steps+=(check profile fla bench sweep packing) ;;
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
-    candidates) steps+=(conv loss conv_step recompute_step graphs) ;;
+    candidates) steps+=(conv loss conv_step recompute_check recompute_step graphs) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
 compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench|budget|\
-conv_step|recompute_step|graphs|graphs_train|graphs_grid) steps+=("$s") ;;
+conv_step|recompute_step|recompute_check|graphs|graphs_train|graphs_grid) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -296,7 +299,10 @@ for step in "${steps[@]}"; do
           --out "$OUT/tune_$n.csv" "${set_args[@]}" 2>&1 | grep -v "Warning\|_warn_once\|^$" | grep -v " 0\.[0-9]%"
       done ;;
     train_check)
-      brief 240 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py ;;
+      # the CUDA-graph tests (seven minutes) are graphs_train's
+      brief 240 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py -k "not cuda_graphs" ;;
+    recompute_check)
+      brief 240 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py -k recomputed -p no:logging ;;
     conv)
       brief 200 python3 tests/gpu/check_conv.py --out "$OUT/conv" --sweep ;;
     conv_step)

@@ -87,6 +87,26 @@ def _loss_and_grads(steps, model, features, params, batch, autocast):
                                              (HYBRID, False), (KIMI_KDA, False)],
                          ids=_ids)
 def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
+    _compiled_equals_eager(mixer, lean)
+
+
+@pytest.mark.parametrize("parts", [("qk", "mlp"), ("qk_norm", "swiglu")], ids="+".join)
+@pytest.mark.parametrize("mixer", ["kda", "gdn"])
+def test_recomputed_compiled_body_equals_eager(mixer: str, parts: tuple[str, ...],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory candidates (benchmarks.common RECOMPUTABLE), compiled by inductor on the GPU: the same
+    loss and gradients as the eager step (which they leave as it is)."""
+    import importlib
+
+    from benchmarks.common import RECOMPUTABLE
+
+    for part in parts:
+        module, switch = RECOMPUTABLE[part]
+        monkeypatch.setattr(importlib.import_module(module), switch, True)
+    _compiled_equals_eager(mixer, False)
+
+
+def _compiled_equals_eager(mixer: str, lean: bool) -> None:
     steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
     batch = steps.make_batch(inputs, labels, device)
     _dynamo_afresh()
