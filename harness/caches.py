@@ -119,6 +119,14 @@ def compiled_frames() -> int:
     return int(counters["frames"]["ok"])
 
 
+def graph_skips() -> int:
+    """How many times inductor has skipped CUDA graphs for a compiled graph so far in this process (it
+    logs why: a CPU tensor, a mutated input, dynamic shapes)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
 def cache_counts() -> dict[str, int]:
     """The compile caches' hits, misses and bypasses so far in this process, as `cache_name: count`."""
     from torch._dynamo.utils import counters

@@ -22,7 +22,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.caches import cache_counts, compiled_frames
+from harness.caches import cache_counts, compiled_frames, graph_skips
 from harness.check import Decision, Preflight, accept, preflight
 from harness.data import Batch, make_batch, to_device
 from harness.log import (
@@ -140,6 +140,16 @@ def _ablation() -> str | None:
     return HydraConfig.get().runtime.choices.get("experiment/ablation") if HydraConfig.initialized() else None
 
 
+def graphs_after_a_skip(setting: Any) -> bool:
+    """trainer.cuda_graphs once inductor has skipped the first step's graphs: `auto` goes on without them
+    (false, as the summary must say); `true` asked for them, and the run fails with one line."""
+    if setting is True:
+        raise RuntimeError("trainer.cuda_graphs=true: inductor skipped the CUDA graphs of the first step "
+                           "(its warning above says why), so the body ran kernel by kernel; set "
+                           "trainer.cuda_graphs=auto to train without them where they cannot replay")
+    return False
+
+
 class Trainer:
     """One launch's training loop: owns the built run and its progress, and what the progress goes to
     (metrics.jsonl, the console, W&B, checkpoint.pt)."""
@@ -164,6 +174,7 @@ class Trainer:
         # the compile caches' counts before this launch's first step, to say in the summary what it found
         self.cache_counts_before = cache_counts() if meta.get("compile") else None
         self.frames_before = compiled_frames()
+        self.skips_before = graph_skips()
 
     def fit(self) -> str:
         """Train from `progress.step` on; returns the status (completed | diverged). An interrupt saves the
@@ -243,6 +254,12 @@ class Trainer:
                     raise RuntimeError("trainer.compile: the first step compiled nothing, so the body ran "
                                        "eager (torch's warnings above say why: a recompile limit, or code it "
                                        "cannot trace); set trainer.compile=false to train eager on purpose")
+            if self.meta.get("cuda_graphs") and graph_skips() > self.skips_before:
+                # the summary would say `cuda_graphs: true` of a run stepping kernel by kernel
+                self.meta["cuda_graphs"] = graphs_after_a_skip(self.run.cfg.trainer.cuda_graphs)
+                log.warning("trainer.cuda_graphs=auto: inductor skipped the CUDA graphs (its warning above "
+                            "says why); this run steps kernel by kernel, and its summary says "
+                            "cuda_graphs: false")
         progress.train_tokens += batch.inputs.numel()
         progress.wall_time_s = self._wall_time()
 

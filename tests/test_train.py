@@ -586,6 +586,42 @@ def test_cuda_graphs_are_refused_where_there_is_no_compiled_body_on_a_gpu(make_c
         assert not (tmp_path / "checkpoint.pt").exists()
 
 
+def test_a_run_whose_cuda_graphs_inductor_skipped_says_so(make_cfg: MakeCfg, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` replays the compiled body as CUDA graphs, but inductor may skip them (a CPU tensor, a mutated
+    input) and step kernel by kernel: the run goes on, says so in its log, and its summary says
+    `cuda_graphs: false`; `true` fails with one line instead. Here the skip is inductor's counter bumped
+    at the first call of a body that dynamo traces without inductor (whose code generation takes minutes
+    on the CPU); that it is the counter inductor bumps is tests/test_bench_train.py's."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from harness import run as run_module
+    from harness.trainer import graphs_after_a_skip
+
+    compile_ = torch.compile
+
+    def skipping(fn, mode=None):  # noqa: ANN001, ANN202 (torch.compile's signature)
+        compiled = compile_(fn, backend="eager")
+
+        def call(tokens):  # noqa: ANN001, ANN202
+            counters["inductor"]["cudagraph_skips"] += mode == "reduce-overhead"
+            return compiled(tokens)
+        return call
+
+    monkeypatch.setattr(torch, "compile", skipping)
+    monkeypatch.setattr(run_module, "replays_graphs", lambda cfg, compiled, device_type: compiled)
+    summary = train(make_cfg("trainer.compile=true", "trainer.max_steps=2", "trainer.eval_every=2"), tmp_path,
+                    mixer_name="attention")
+    assert summary["status"] == "completed" and summary["compile"] is True, summary
+    assert summary["cuda_graphs"] is False, summary
+    log = (tmp_path / "train.log").read_text()
+    assert ", CUDA graphs" in log and "inductor skipped the CUDA graphs" in log
+    assert graphs_after_a_skip("auto") is False
+    with pytest.raises(RuntimeError, match=r"^trainer.cuda_graphs=true: inductor skipped the CUDA graphs of "
+                                           r"the first step .* set trainer.cuda_graphs=auto"):
+        graphs_after_a_skip(True)
+
 def test_graph_steps_marks_a_new_step_before_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """The trainer's and the step benchmark's wrapper of a reduce-overhead body: every call (a training
     step, an eval batch) begins a new CUDA-graph step first, then runs the body on the same tokens."""
