@@ -14,6 +14,7 @@ import sys
 import tarfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -691,18 +692,23 @@ def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_c
         (work / "src" / "results" / "x" / "far" / "checkpoint.pt").read_bytes()
 
 
-def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_that_does_not_fit(
-        tmp_path: Path) -> None:
+def _work_with_gdn_checkpointed(tmp_path: Path) -> tuple[types.ModuleType, Path, Path]:
+    """(campaign module, work dir, its copy) holding a finished kda run at 2048 (0.4 s a step, 10 s first
+    step, 1000 steps: 410 s) and gdn's run at 2048 cut off with a checkpoint at step 750 (110 s left)."""
     campaign = _module()
     work = tmp_path / "work"
     src = work / "src"
-    # kda at 2048: 0.4 s a step, 10 s first step, 1000 steps: 410 s; a checkpoint at step 750 leaves 110 s
     _finished(src, "a", "kda", 2048, 400.0, ["experiment=e"])
     _finished(src, "b", "gdn", 2048, 400.0, ["experiment=e"], status="incomplete")
     (src / "results" / "x" / "b" / "checkpoint.pt").write_bytes(b"ckpt")
     summary = json.loads((src / "results" / "x" / "b" / "summary.json").read_text())
     (src / "results" / "x" / "b" / "summary.json").write_text(json.dumps({**summary, "steps": 750}))
     (work / "brought.json").write_text("{}")
+    return campaign, work, src
+
+def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_that_does_not_fit(
+        tmp_path: Path) -> None:
+    campaign, work, src = _work_with_gdn_checkpointed(tmp_path)
     stages = [["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=gdn,mamba2"]]
     cells = campaign.expand(stages)
     estimates = campaign.estimates_of(cells, [0, 1], campaign.finished_runs(src), campaign.partial_runs(src))
@@ -1389,15 +1395,7 @@ def test_a_cell_resumed_from_its_checkpoint_runs_before_the_plans_earlier_cells(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # a later stage's run carried with its checkpoint goes on before an earlier stage's fresh run takes
     # the hold (and, with --fill, its end); left prices them in that order
-    campaign = _module()
-    work = tmp_path / "work"
-    src = work / "src"
-    _finished(src, "a", "kda", 2048, 400.0, ["experiment=e"])
-    _finished(src, "b", "gdn", 2048, 400.0, ["experiment=e"], status="incomplete")
-    (src / "results" / "x" / "b" / "checkpoint.pt").write_bytes(b"ckpt")
-    summary = json.loads((src / "results" / "x" / "b" / "summary.json").read_text())
-    (src / "results" / "x" / "b" / "summary.json").write_text(json.dumps({**summary, "steps": 750}))
-    (work / "brought.json").write_text("{}")
+    campaign, work, src = _work_with_gdn_checkpointed(tmp_path)
     stages = [["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=mamba2"],
               ["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=gdn"]]
     launched: list[list[str]] = []

@@ -261,22 +261,32 @@ def _compiled_model_matches_eager(mixer: str, compile_kwargs: dict, loss_tol: fl
         assert rel_rms(ref, ours) < grad_tol
 
 
+def _kda_saved_gib(monkeypatch: pytest.MonkeyPatch, *parts: str) -> dict[str, float]:
+    """What KDA's compiled model (B=3, T=64) keeps for its backward, GiB by module group, with `parts` of
+    RECOMPUTABLE recomputed and the others kept (every switch put back after the test)."""
+    import importlib
+
+    from benchmarks import memory
+    from benchmarks.common import RECOMPUTABLE
+
+    for module, switch in RECOMPUTABLE.values():
+        monkeypatch.setattr(importlib.import_module(module), switch, False)
+    args = ["--device", "cpu", "--bf16", "--compiled", "--plain", "--mixers", "kda", "--scale-batch", "3",
+            "--scale-len", "64"]
+    return memory.main([*args, "--recompute", *parts] if parts else args)["kda"]
+
+
 @pytest.mark.slow
 def test_recomputed_unit_qk_and_swiglu_keep_less_and_train_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """The recompute candidates (benchmarks.common's RECOMPUTABLE): compiled, KDA's model keeps no fp32 unit
     q, k and norms (qk_norm) and no SwiGLU product (swiglu) for the backward, exactly those and nothing else
     fewer in inductor's partition, and gives the eager model's loss and every gradient."""
-    from benchmarks import memory
     from mixers import linear_base
     from mixers import model as model_module
 
-    monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", False)
-    monkeypatch.setattr(model_module, "RECOMPUTE_SWIGLU", False)
-    args = ["--device", "cpu", "--bf16", "--compiled", "--plain", "--mixers", "kda", "--scale-batch", "3",
-            "--scale-len", "64"]
-    kept = memory.main(args)["kda"]
-    no_qk = memory.main([*args, "--recompute", "qk_norm"])["kda"]
-    neither = memory.main([*args, "--recompute", "qk_norm", "swiglu"])["kda"]
+    kept = _kda_saved_gib(monkeypatch)
+    no_qk = _kda_saved_gib(monkeypatch, "qk_norm")
+    neither = _kda_saved_gib(monkeypatch, "qk_norm", "swiglu")
     tokens, layers = 3 * 64, 2
     # the yaml's 2 heads of 128, fp32: q and k and their norms
     assert kept["mixer"] - no_qk["mixer"] == pytest.approx(layers * 2 * tokens * 2 * (128 + 1) * 4 / 2**30)
@@ -290,21 +300,17 @@ def test_recomputed_unit_qk_and_swiglu_keep_less_and_train_the_same(monkeypatch:
     _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
 
 
+@pytest.mark.slow
 def test_recomputed_q_k_projections_keep_none_of_q_k_and_train_the_same(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The q, k candidate (RECOMPUTABLE's qk): compiled, KDA's model keeps none of q's and k's projections,
     short-conv outputs, unit rows and norms for the backward, nor the projections' shared input cast (the
     partition recasts it for v's weight gradient), exactly those fewer and nothing else, and gives the
     eager model's loss and every gradient."""
-    from benchmarks import memory
     from mixers import linear_base
 
-    monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", False)
-    monkeypatch.setattr(linear_base, "RECOMPUTE_QK", False)
-    args = ["--device", "cpu", "--bf16", "--compiled", "--plain", "--mixers", "kda", "--scale-batch", "3",
-            "--scale-len", "64"]
-    kept = memory.main(args)["kda"]
-    recomputed = memory.main([*args, "--recompute", "qk"])["kda"]
+    kept = _kda_saved_gib(monkeypatch)
+    recomputed = _kda_saved_gib(monkeypatch, "qk")
     tokens, layers, width = 3 * 64, 2, 256
     # a token: W x and conv(W x) for q and k (bf16), their unit rows (fp32) and 2 heads' norms (fp32), the
     # shared input cast (bf16); a layer: the two weights' bf16 casts
@@ -316,21 +322,15 @@ def test_recomputed_q_k_projections_keep_none_of_q_k_and_train_the_same(
     monkeypatch.setattr(linear_base, "RECOMPUTE_QK", True)
     _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
 
+@pytest.mark.slow
 def test_a_recomputed_mlp_keeps_only_its_input_and_trains_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole-MLP candidate (RECOMPUTABLE's mlp): compiled, the model keeps neither the up projection's
     output nor the SwiGLU product for the backward, exactly those fewer and nothing else, and gives the
     eager model's loss and every gradient."""
-    from benchmarks import memory
-    from mixers import linear_base
     from mixers import model as model_module
 
-    for switch in ("RECOMPUTE_SWIGLU", "RECOMPUTE_MLP"):
-        monkeypatch.setattr(model_module, switch, False)
-    monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", False)
-    args = ["--device", "cpu", "--bf16", "--compiled", "--plain", "--mixers", "kda", "--scale-batch", "3",
-            "--scale-len", "64"]
-    kept = memory.main(args)["kda"]
-    recomputed = memory.main([*args, "--recompute", "mlp"])["kda"]
+    kept = _kda_saved_gib(monkeypatch)
+    recomputed = _kda_saved_gib(monkeypatch, "mlp")
     tokens, layers = 3 * 64, 2
     # bf16 each: the MLP's input [tokens, 256], the up projection's output [tokens, 2 hidden], the product
     # [tokens, hidden] (hidden = int(2/3 of 4 x 256) rounded as mixers/model.py rounds it) and the two
