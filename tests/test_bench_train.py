@@ -214,12 +214,13 @@ def test_a_kept_default_row_of_an_older_default_names_its_commit(tmp_path: Path)
     assert now != older
     common = {"default": True, "task": "mqar", "mixer": "kda", "layers": 2, "T": 1024, "B": 256,
               "step_ms": 40.0, "tokens_per_s_M": 6.5, "first_step_s": 20.0, "device": "NVIDIA H100 80GB HBM3"}
-    rows = [{**common, "impl": older, "measured": "2026-12-06 db9bbc7"},
-            {**common, "impl": now, "measured": "2026-12-07 abc1234"},
-            {**common, "impl": "ours", "device": "AMD EPYC (2 cores)", "measured": "2026-12-07 abc1234"}]
+    # `measured` is "DATE COMMIT"
+    rows = [{**common, "impl": older, "measured": "then aaa1111"},
+            {**common, "impl": now, "measured": "now bbb2222"},
+            {**common, "impl": "ours", "device": "AMD EPYC (2 cores)", "measured": "now bbb2222"}]
     step.write(rows, tmp_path, "header", echo=False)
     table = (tmp_path / "bench_train.md").read_text()
-    assert f"| {older} (default at db9bbc7) |" in table and f"| {now} (default) |" in table
+    assert f"| {older} (default at aaa1111) |" in table and f"| {now} (default) |" in table
     assert "| ours (default) |" in table
 
 @pytest.mark.slow
