@@ -394,6 +394,19 @@ def _unequal_budgets(cells: pd.DataFrame, task: str, length: int) -> str:
     return ", ".join(parts)
 
 
+def _longer_marks(cells: pd.DataFrame, task: str, length: int, series: tuple[str, ...]) -> dict[str, str]:
+    """{series: " (20,000 steps)"} for those of `series` whose best run at one cell had a larger step budget
+    than the least among them, "" for the others (and for all where the budgets are alike or unknown)."""
+    budgets = {}
+    for name in series:
+        cell = _cell(cells, task, length, name)
+        if cell is not None and "max_steps" in cell and pd.notna(cell["max_steps"]):
+            budgets[name] = int(cell["max_steps"])
+    least = min(budgets.values(), default=None)
+    return {name: f" ({budgets[name]:,} steps)" if budgets.get(name, least) != least else ""
+            for name in series}
+
+
 def _order_breaks(acc: dict[str, float]) -> list[tuple[str, str]]:
     """Claim 1's order at one cell: each (mixer behind, the mixer it should not be behind) beyond SLACK."""
     return [(first, second) for first, second in zip(MIXERS, MIXERS[1:], strict=False)
@@ -643,14 +656,17 @@ def kda_form_section(form: dict[str, str], cells: pd.DataFrame, metric: str,
     lines += ["", f"KDA with Kimi Linear's gate pair beside the grid's (best lr each; {METRICS[metric]}):",
               "", "| task | L | kda (the grid's) | kda (Kimi Linear's) | gdn | mamba2 | steps to 0.9, the "
               "grid's kda | Kimi Linear's | gdn |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    said = []
+    said, longer = [], False
     for _, cell in ran.sort_values(["task", "seq_len"]).iterrows():
         task, length = cell["task"], int(cell["seq_len"])
         grid, kimi = _acc_of(cells, task, length, "kda", metric), float(cell[metric])
         g, m = (_acc_of(cells, task, length, s, metric) for s in ("gdn", "mamba2"))
         steps = " | ".join(_steps_of(cells, task, length, s) for s in ("kda", PAPER_KDA_SERIES, "gdn"))
-        lines.append(f"| {task} | {length} | {_fmt(grid, '.3f')} | {kimi:.3f} | {_fmt(g, '.3f')} | "
-                     f"{_fmt(m, '.3f')} | {steps} |")
+        marks = _longer_marks(cells, task, length, ("kda", PAPER_KDA_SERIES, "gdn", "mamba2"))
+        longer = longer or any(marks.values())
+        lines.append(f"| {task} | {length} | {_fmt(grid, '.3f')}{marks['kda']} | {kimi:.3f}"
+                     f"{marks[PAPER_KDA_SERIES]} | {_fmt(g, '.3f')}{marks['gdn']} | {_fmt(m, '.3f')}"
+                     f"{marks['mamba2']} | {steps} |")
         if (task, length) in wanted and length == 2048 and against.get("4.") and task != "stack":
             said.append(f"{task}@{length} (claim 4): Kimi Linear's KDA " + (
                 f"stays below 50% ({kimi:.2f}) as the paper's figure shows, where the grid's reaches "
@@ -686,6 +702,9 @@ def kda_form_section(form: dict[str, str], cells: pd.DataFrame, metric: str,
                                                       "not much sooner (the claim asks 1.5x fewer steps)"))
     missing = [f"{t}@{n}" for t, n in wanted
                if not ((ran["task"] == t) & (ran["seq_len"] == n)).any()]
+    if longer:
+        lines += ["", "A value followed by its steps was trained longer than the least in its row: it is not "
+                  "ahead of that row's others on equal terms."]
     lines += ["", *(f"- {line}." for line in said)]
     if missing:
         lines.append(f"- Not run yet with Kimi Linear's pair: {', '.join(missing)}.")

@@ -320,10 +320,10 @@ def test_claim_1_says_where_the_mixer_behind_has_a_seed_level_with_the_one_ahead
 
 
 def _kda_run(root: Path, task: str, length: int, evals: list[float], *, kimi: bool = False,
-             seed: int = 0) -> None:
+             seed: int = 0, max_steps: int = 1000) -> None:
     """A KDA run of `_run`'s kind whose config states its gate pair: K3's (the grid's), or Kimi Linear's
     set by overrides (a variant)."""
-    _run(root, task, length, "kda", evals, seed=seed)
+    _run(root, task, length, "kda", evals, seed=seed, max_steps=max_steps)
     run = root / "mixer=kda" / "optim.lr=0.001" / f"seed={seed}" / f"task={task}" / f"task.seq_len={length}"
     config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
     config["mixer"].update({"gate": "softplus", "output_gate_rank": "low"} if kimi else
@@ -751,6 +751,29 @@ def test_the_compute_time_names_the_gpus_and_says_when_they_mix(runs: pd.DataFra
     assert "the seconds per step below mix these GPUs" in text
     assert sum(gpu_models(two).values()) == len(gpu)
 
+
+def test_kdas_gate_table_marks_a_value_trained_longer_than_its_row(tmp_path: Path) -> None:
+    """The grid's KDA and Mamba2 given four times the steps of Kimi Linear's KDA and GDN: their values
+    carry their budget, the others none, and a line says why; a row of alike budgets carries none."""
+    grid, gate = tmp_path / "grid", tmp_path / "gate"
+    _kda_run(grid, "palindrome", 2048, [0.5, 0.9, 0.99, 0.99, 0.99], max_steps=4000)
+    _run(grid, "palindrome", 2048, "gdn", [0.9] * 5)
+    _run(grid, "palindrome", 2048, "mamba2", [0.5, 0.9, 0.99, 0.99, 0.99], max_steps=4000)
+    _kda_run(gate, "palindrome", 2048, [0.5, 0.8, 0.8, 0.8, 0.8], kimi=True)
+    for task in ("mqar",):
+        _kda_run(grid, task, 2048, [0.9] * 5)
+        _run(grid, task, 2048, "gdn", [0.9] * 5)
+        _run(grid, task, 2048, "mamba2", [0.9] * 5)
+        _kda_run(gate, task, 2048, [0.9] * 5, kimi=True)
+    out = tmp_path / "REPORT.md"
+    assert main([str(grid), str(gate), "--out", str(out)]) == 0
+    section = _section(out.read_text(), "KDA's gate")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[3:7]]
+            for line in section.splitlines() if line.startswith(("| palindrome", "| mqar"))}
+    marks = {task: [cell.partition(" ")[2] for cell in cells] for task, cells in rows.items()}
+    assert marks == {"palindrome": ["(4,000 steps)", "", "", "(4,000 steps)"], "mqar": ["", "", "", ""]}
+    assert "trained longer than the least in its row: it is not ahead of that row's others on equal " \
+        "terms" in section
 
 def test_kdas_gate_sets_the_two_kdas_side_by_side_on_the_seeds_both_ran(tmp_path: Path) -> None:
     """The grid's KDA behind at MQAR 1,024 by a mean over seeds 0 (solved) and 1 (stalled), Kimi Linear's run
