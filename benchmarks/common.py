@@ -333,23 +333,6 @@ def provenance(device: torch.device | str | None = None) -> str:
                    if changed else "")
 
 
-# --recompute of benchmarks.step and benchmarks.memory: what the plain compiled model may recompute in the
-# backward instead of keeping, as (module, switch), candidates beside the default, off until timed; named,
-# not imported, so that the scripts choose Triton's interpreter before the mixers import triton
-RECOMPUTABLE = {"qk_norm": ("mixers.linear_base", "RECOMPUTE_QK_NORM"),
-                "qk": ("mixers.linear_base", "RECOMPUTE_QK"), "swiglu": ("mixers.model", "RECOMPUTE_SWIGLU"),
-                "mlp": ("mixers.model", "RECOMPUTE_MLP")}
-
-
-def set_recompute(parts: list[str]) -> None:
-    """Turn on the switches of `parts` (RECOMPUTABLE's keys) for this process."""
-    import importlib
-
-    for part in parts:
-        module, switch = RECOMPUTABLE[part]
-        setattr(importlib.import_module(module), switch, True)
-
-
 def indexed_device(spec: str) -> torch.device:
     """--device as a torch.device; "cuda" names no index, and set_device and the peak-memory counters
     need one."""

@@ -40,7 +40,7 @@
 #                    KDA and GDN (tests/gpu/test_train_step.py -k recomputed; correctness only)
 #   recompute_step 560  KDA's and GDN's default step at MQAR T=1024 beside the same recomputing in the
 #                    backward q's and k's projections, convs and unit rows and the whole MLP, each of the
-#                    two alone, and the unit q, k alone (rows +recompute-...; benchmarks.common RECOMPUTABLE)
+#                    two alone, and the unit q, k alone (rows +recompute-...; mixers.model RECOMPUTABLE)
 #   graphs      600  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
 #                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
 #   graphs_train 420 the trainer's CUDA graphs (trainer.cuda_graphs=auto) against its kernel-by-kernel step,

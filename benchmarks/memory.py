@@ -50,8 +50,9 @@ import torch._functorch.config as functorch_config  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
 from torch import nn  # noqa: E402
 
-from benchmarks.common import RECOMPUTABLE, indexed_device, set_recompute  # noqa: E402
+from benchmarks.common import indexed_device  # noqa: E402
 from harness import step as train  # noqa: E402
+from mixers.model import RECOMPUTABLE  # noqa: E402
 
 GIB = 2**30
 SAVED = ["mixer", "mlp", "norms", "rest"]
@@ -358,7 +359,8 @@ def compiled_table(mixer: str, args: argparse.Namespace,
 
     batch, _, vocab = step.task_batch("mqar", args.scale_batch, args.scale_len, device)
     torch.manual_seed(0)
-    model = step.build("ours", mixer, vocab, args.d_model, not args.plain, backend=args.backend).to(device)
+    model = step.build("ours", mixer, vocab, args.d_model, not args.plain, backend=args.backend,
+                       recompute=tuple(args.recompute)).to(device)
     bf16 = device.type == "cuda" or args.bf16
     budget = 1.0 if args.memory_budget is None else args.memory_budget
     with functorch_config.patch(activation_memory_budget=budget):
@@ -395,7 +397,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                              "(default: torch's, 1)")
     parser.add_argument("--recompute", nargs="+", choices=list(RECOMPUTABLE), default=[],
                         help="with --compiled --plain: what the model recomputes in the backward instead of "
-                             "keeping (benchmarks.common's RECOMPUTABLE)")
+                             "keeping (mixers.model.RECOMPUTABLE)")
     args = parser.parse_args(argv)
     if args.memory_budget is not None and not (args.compiled and 0 < args.memory_budget <= 1):
         parser.error(f"--memory-budget {args.memory_budget}: give a value in (0, 1], with --compiled")
@@ -403,7 +405,6 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         if not (args.compiled and args.plain):
             parser.error(f"--recompute {' '.join(args.recompute)}: it changes the plain model's compiled "
                          "graph only; add --compiled --plain")
-        set_recompute(args.recompute)
     device = indexed_device(args.device)
     splits = {}
     for mixer in args.mixers:

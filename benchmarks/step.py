@@ -69,13 +69,11 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from benchmarks.common import (
-    RECOMPUTABLE,
     ROOT,
     commit,
     device_name,
     indexed_device,
     provenance,
-    set_recompute,
     write_csv,
 )
 from benchmarks.memory import SAVED, compiled_rows, outside_graph, saved_split, split_gib
@@ -84,7 +82,7 @@ from harness.config import fast_step, replays_graphs
 from kernels import conv as conv_ops
 from kernels.triton import conv as triton_conv
 from kernels.triton.conv import BWD_FORMS
-from mixers.model import LanguageModel
+from mixers.model import RECOMPUTABLE, LanguageModel
 from mixers.pattern import check_pattern, expand, mixer_yaml, pattern_name
 
 MIXERS = ["kda", "gdn", "mamba2", "gla", "deltanet", "linear_attn", "attention"]
@@ -136,17 +134,20 @@ class FlaMixer(nn.Module):
 
 
 def build(impl: str, mixer: str, vocab: int, d_model: int, lean: bool = False,
-          pattern: list[str] | None = None, backend: str | None = None) -> LanguageModel:
-    """The model of one row; `backend` replaces the yaml's op backend (ours, a single mixer)."""
+          pattern: list[str] | None = None, backend: str | None = None,
+          recompute: tuple[str, ...] = ()) -> LanguageModel:
+    """The model of one row; `backend` replaces the yaml's op backend (ours, a single mixer); `recompute`:
+    what ours recomputes in its compiled backward instead of keeping (RECOMPUTABLE's parts)."""
     if pattern is not None:  # a hybrid: the mixer node is its first kind's yaml, the others' their own
         cfg = mixer_yaml(pattern[0])
         return LanguageModel(vocab, cfg, d_model=d_model, num_layers=len(pattern), pattern=pattern,
-                             lean_backward=lean)
+                             lean_backward=lean, recompute=recompute)
     if impl == "ours":
         cfg = mixer_yaml(mixer)
         if backend is not None and "backend" in cfg:
             cfg.backend = backend
-        return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer, lean_backward=lean)
+        return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=mixer, lean_backward=lean,
+                             recompute=recompute)
     cfg = {"_target_": f"{__name__}.FlaMixer", "layer": FLA_LAYERS[mixer]}
     return LanguageModel(vocab, cfg, d_model=d_model, num_layers=2, mixer_name=f"fla.{mixer}")
 
@@ -392,14 +393,16 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
 def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
              compiled: bool, lean: bool, default: bool, pattern: list[str] | None,
              budget: float | None, graphs: bool) -> dict[str, Any]:
+    # what the row's label names: the plain compiled model of ours recomputes, no other
+    recompute = tuple(getattr(args, "recompute", ())) if compiled and not lean and impl == "ours" else ()
     row: dict[str, Any] = {"impl": _label(impl, lean, compiled, budget, getattr(args, "conv_label", ""),
-                                          graphs, tuple(getattr(args, "recompute", ()))),
+                                          graphs, recompute),
                            "default": default,
                            "task": task,
                            "mixer": mixer, "layers": len(pattern) if pattern else 2, "T": T, "B": args.batch}
     batch, labels, vocab = task_batch(task, args.batch, T, device)
     torch.manual_seed(0)
-    model = build(impl, mixer, vocab, args.d_model, lean, pattern).to(device)
+    model = build(impl, mixer, vocab, args.d_model, lean, pattern, recompute=recompute).to(device)
     label_ranges(model)
     use_bf16 = device.type == "cuda"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else (
@@ -662,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(in (0, 1]; rows ours+compile+memB)")
     parser.add_argument("--recompute", nargs="+", choices=list(RECOMPUTABLE), default=[],
                         help="what the plain compiled model recomputes in the backward instead of keeping "
-                             "(RECOMPUTABLE's switches): its compiled rows are labelled +recompute-PARTS, "
+                             "(mixers.model.RECOMPUTABLE): its compiled rows are labelled +recompute-PARTS, "
                              "none of them `default`")
     parser.add_argument("--conv-bwd", choices=BWD_FORMS, default=None,
                         help="the short conv's backward (kernels/triton/conv.py BWD_FORM); a form other than "
@@ -732,7 +735,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.conv_impl is not None and args.conv_impl != conv_ops.CUDA_IMPL:
         conv_ops.CUDA_IMPL, args.conv_label = args.conv_impl, args.conv_impl
     if args.recompute:
-        set_recompute(args.recompute)
         # a form other than the one train.py takes: none of its compiled rows is `default`
         ours = [(c, lean, g, d and not c) for c, lean, g, d in ours]
     if args.cuda_graphs:

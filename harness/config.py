@@ -88,6 +88,9 @@ class ModelConfig:
     # keep less for the backward (recompute in it): mixers/README.md says what and at what cost.
     # auto | true | false; auto: off (fast_step says why)
     lean_backward: Any = MISSING
+    # what the compiled body recomputes in its backward instead of keeping: parts of
+    # mixers.model.RECOMPUTABLE ([] keeps everything)
+    recompute: list[str] = MISSING
 
 
 @dataclass
@@ -325,6 +328,12 @@ def _check_values(cfg: DictConfig) -> None:
                        ("trainer.cuda_graphs", tr.cuda_graphs)):
         if not (isinstance(value, bool) or value == "auto"):
             raise ValueError(f"{key}={value!r}: choose auto, true or false")
+    from mixers.model import RECOMPUTABLE
+
+    for part in m.recompute:
+        if part not in RECOMPUTABLE:
+            raise ValueError(f"model.recompute={list(m.recompute)}: {part!r} is not a part it can recompute; "
+                             f"choose from {', '.join(RECOMPUTABLE)} (e.g. model.recompute=[qk,mlp])")
     if tr.cuda_graphs is True and str(tr.device) == "cpu":
         raise ValueError("trainer.cuda_graphs=true: CUDA graphs need a CUDA device, and trainer.device=cpu; "
                          "set trainer.device=auto (or cuda) on a GPU machine, or trainer.cuda_graphs=false")
@@ -358,7 +367,7 @@ def fast_step(cfg: DictConfig, device_type: str) -> tuple[bool, bool]:
 # last bits, never the weights. trainer.precision is not: bf16 autocast and fp32 train different numbers
 # (compared as the precision the run took, `auto` resolved on its device).
 RUN_ONLY = ("trainer.device", "trainer.cpu_threads", "trainer.checkpoint_every", "trainer.compile",
-            "trainer.compile_memory_budget", "trainer.cuda_graphs", "model.lean_backward",
+            "trainer.compile_memory_budget", "trainer.cuda_graphs", "model.lean_backward", "model.recompute",
             "trainer.eval_batch_size", "logger.")
 # The one key of what a run computes that a relaunch may raise: the run is trained on from its checkpoint.
 EXTENDABLE = "trainer.max_steps"

@@ -216,6 +216,9 @@ def _model(cfg: DictConfig, vocab_size: int, lean: bool, meta: dict[str, Any],
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model_kwargs = {**OmegaConf.to_container(cfg.model, enum_to_str=True), "lean_backward": lean}
+        # recomputing is the compiled graph's; an eager run keeps everything, and its summary says so
+        model_kwargs["recompute"] = model_kwargs["recompute"] if meta.get("compile") else []
+        meta["recompute"] = sorted(model_kwargs["recompute"])
         model = LanguageModel(vocab_size, cfg.mixer, **model_kwargs, mixer_name=meta["mixer"])
     model.to(device)
     meta["n_params"] = sum(p.numel() for p in model.parameters())

@@ -39,17 +39,6 @@ from kernels.ops import check_chunk_sizes
 from mixers.base import Mixer
 from mixers.recompute import gated_rms_norm_projection, l2_norm, recomputed, shared_cast, wide
 
-# Compiled (the GPU's default step), the fp32 unit q, k that the op's backward reads are recomputed there
-# from the short conv's bf16 outputs, which the graph keeps anyway, instead of kept: 1 GiB less for KDA at
-# MQAR B256 T1K (benchmarks.memory --compiled). Off until the GPU has timed it (benchmarks.step
-# --recompute qk_norm).
-RECOMPUTE_QK_NORM = False
-# Compiled, more of the same: q's and k's projections, short convs and unit rows all recomputed in the
-# backward from the block's normed input (kept anyway for the projections' weight gradients), so the graph
-# keeps none of W x, conv(W x) or the unit rows for q and k: two narrow GEMMs and two convs again a layer.
-# Off until the GPU has timed it (benchmarks.step --recompute qk).
-RECOMPUTE_QK = False
-
 FEATURE_MAPS = ("identity", "elu+1", "relu")
 OUTPUT_GATES = ("none", "sigmoid", "swish")
 OUTPUT_GATE_RANKS = ("low", "full")
@@ -193,6 +182,8 @@ class LinearMixer(Mixer):
     in its backward (`recompute_states`). False runs the plain torch expressions, the reference."""
 
     lean_backward: bool = False
+    # what the compiled body recomputes in the backward instead of keeping (mixers.model.RECOMPUTABLE)
+    recompute: frozenset[str] = frozenset()
 
     decay: ClassVar[Decay] = "none"
     delta_rule: ClassVar[bool] = False
@@ -300,7 +291,8 @@ class LinearMixer(Mixer):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         x_q, x_k, x_v = (x, x, x) if inputs is None else inputs
-        if (RECOMPUTE_QK and torch.compiler.is_compiling() and self.use_short_conv and cache is None
+        # recomputed (mixers.model.RECOMPUTABLE): the graph keeps none of W x, conv(W x) or the unit rows
+        if ("qk" in self.recompute and torch.compiler.is_compiling() and self.use_short_conv and cache is None
                 and not self.lean_backward and self.qk_norm and self.feature_map == "identity"):
             q, k = (checkpoint(_unit_of_projection, x_, proj, conv, self.num_heads, self.head_dim,
                                use_reentrant=False)
@@ -334,7 +326,7 @@ class LinearMixer(Mixer):
             # picks its precision from q's dtype, and bf16 q, k (its 16-bit path) diverge in training
             if self.lean_backward:
                 q, k = l2_norm(wide(q)), l2_norm(wide(k))
-            elif RECOMPUTE_QK_NORM and torch.compiler.is_compiling():
+            elif "qk_norm" in self.recompute and torch.compiler.is_compiling():
                 # the partitioner recomputes a checkpointed region in the backward, the widening included
                 q, k = (checkpoint(_unit_fp32, t, use_reentrant=False) for t in (q, k))
             else:

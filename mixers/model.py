@@ -87,16 +87,13 @@ def _accepted_kwargs(factory: Any) -> tuple[list[str], bool]:
     return names, True
 
 
-# Compiled (the GPU's default step), the plain SwiGLU's product silu(gate) * value, which the down
-# projection's weight gradient reads, is recomputed in the backward from the up projection's output (kept
-# anyway) instead of kept: 0.7 GiB less at MQAR B256 T1K (benchmarks.memory --compiled). Off until the GPU
-# has timed it (benchmarks.step --recompute swiglu).
-RECOMPUTE_SWIGLU = False
-# Compiled, the whole MLP (up projection, SwiGLU, down projection) as one checkpointed region: the graph
-# keeps only its input (kept anyway for the up projection's weight gradient) and the backward runs the up
-# projection and the SwiGLU again, one [tokens, d_model] x [d_model, 2 hidden] GEMM a layer more. Off
-# until the GPU has timed it (benchmarks.step --recompute mlp).
-RECOMPUTE_MLP = False
+# What the compiled body may recompute in its backward instead of keeping (`model.recompute`), each part a
+# checkpointed region under torch.compile (eager keeps what it keeps; the lean layers keep less their own
+# way): the linear layers' fp32 unit q, k from the short convs' outputs (qk_norm); q's and k's projections,
+# convs and unit rows from the block's normed input (qk); the SwiGLU's product from the up projection's
+# output (swiglu); the whole MLP from its input (mlp). What each saves, traced at MQAR B256 T1K:
+# benchmarks/results/cpu_compiled_saved.md; what each costs in time: `gpu.sh recompute_step`.
+RECOMPUTABLE = ("qk_norm", "qk", "swiglu", "mlp")
 
 
 class MLP(nn.Module):
@@ -110,9 +107,10 @@ class MLP(nn.Module):
         self.fused = fused
         self.up = nn.Linear(d_model, 2 * hidden if kind == "swiglu" else hidden, bias=False)
         self.down = nn.Linear(hidden, d_model, bias=False)
+        self.recompute: frozenset[str] = frozenset()  # RECOMPUTABLE's parts; LanguageModel sets it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., D] -> [..., D]
-        if RECOMPUTE_MLP and torch.compiler.is_compiling():
+        if "mlp" in self.recompute and torch.compiler.is_compiling():
             return checkpoint(self._forward, x, use_reentrant=False)
         return self._forward(x)
 
@@ -120,7 +118,7 @@ class MLP(nn.Module):
         h = self.up(x)
         if self.kind == "swiglu":
             # fused: the Triton kernels on CUDA, which keep only h for the backward
-            if not self.fused and RECOMPUTE_SWIGLU and torch.compiler.is_compiling():
+            if not self.fused and "swiglu" in self.recompute and torch.compiler.is_compiling():
                 h = checkpoint(swiglu_reference, h, use_reentrant=False)
             else:
                 h = swiglu(h, impl="auto" if self.fused else "torch")
@@ -168,6 +166,7 @@ class LanguageModel(nn.Module):
         mixer_name: the mixer's yaml name, for error messages.
         pattern: one mixer name (a conf/mixer yaml) per layer, `name*n` for n in a row; None: `mixer` in
             every layer.
+        recompute: RECOMPUTABLE's parts the compiled body recomputes in its backward instead of keeping.
     """
 
     def __init__(
@@ -184,6 +183,7 @@ class LanguageModel(nn.Module):
         lean_backward: bool = False,
         mixer_name: str | None = None,
         pattern: Sequence[str] | None = None,
+        recompute: Sequence[str] = (),
     ) -> None:
         super().__init__()
         if vocab_size < 1 or d_model < 1 or num_layers < 1:
@@ -207,6 +207,7 @@ class LanguageModel(nn.Module):
         for block in self.blocks:
             if hasattr(block.mixer, "lean_backward"):
                 block.mixer.lean_backward = lean_backward
+        self.set_recompute(recompute)
         self.norm = nn.RMSNorm(d_model, eps=norm_eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         # The mixers initialise themselves (their gates need specific ranges); the backbone's own
@@ -220,6 +221,19 @@ class LanguageModel(nn.Module):
     @property
     def mixers(self) -> list[Mixer]:
         return [block.mixer for block in self.blocks]
+
+    def set_recompute(self, parts: Sequence[str]) -> None:
+        """What the compiled body recomputes in its backward instead of keeping: RECOMPUTABLE's `parts`, in
+        every layer that has them (a mixer without q, k projections ignores qk_norm and qk)."""
+        unknown = [part for part in parts if part not in RECOMPUTABLE]
+        if unknown:
+            raise ValueError(f"model.recompute={list(parts)}: {unknown[0]!r} is not a part it can recompute; "
+                             f"choose from {', '.join(RECOMPUTABLE)}")
+        chosen = frozenset(parts)
+        for block in self.blocks:
+            block.mlp.recompute = chosen
+            if hasattr(block.mixer, "recompute"):
+                block.mixer.recompute = chosen
 
     def features(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, D]
         """The final normalised hidden states, the LM head's input (training scores only labelled positions:

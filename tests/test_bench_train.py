@@ -463,26 +463,28 @@ def test_the_host_split_charges_each_op_its_own_time_by_what_it_ran_inside() -> 
 
 def test_recompute_labels_our_plain_compiled_rows_and_none_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """--recompute changes the plain model's compiled graph only: those rows say what it recomputes, eager,
-    lean and FLA's rows are what they were, no compiled row it measured is `default`, and the switches it
-    names are on while they are measured."""
-    from mixers import linear_base
-    from mixers import model as model_module
-
+    lean and FLA's rows are what they were, no compiled row it measured is `default`, and only the plain
+    compiled model is built recomputing."""
     both = ("qk_norm", "swiglu")
     assert step._label("ours", False, True, recompute=both) == "ours+compile+recompute-qk_norm,swiglu"
     assert step._label("ours", True, True, recompute=both) == "ours+lean+compile"
     assert step._label("ours", False, False, recompute=both) == "ours"
     assert step._label("fla", False, True, recompute=both) == "fla+compile"
-    monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", False)
-    monkeypatch.setattr(model_module, "RECOMPUTE_SWIGLU", False)
-    seen = []
-    monkeypatch.setattr(step, "measure", lambda impl, task, mixer, T, args, device, compiled, lean, default,
-                        *rest: seen.append((compiled, default, linear_base.RECOMPUTE_QK_NORM,
-                                            model_module.RECOMPUTE_SWIGLU)) or {})
-    monkeypatch.setattr(step, "write", lambda *a, **k: None)
+    built, rows = [], []
+
+    def build(impl, mixer, vocab, d_model, lean=False, pattern=None, backend=None,  # noqa: ANN001, ANN202
+              recompute=()):
+        built.append((lean, recompute))
+        raise RuntimeError("built; nothing to time here")
+
+    monkeypatch.setattr(step, "build", build)
+    monkeypatch.setattr(step, "write", lambda measured, *a, **k: rows.extend(measured))
     step.main(["--out", "unused", "--device", "cpu", "--mixers", "kda", "--lengths", "32", "--tasks", "mqar",
-               "--impls", "ours", "--variants", "default", "compile", "--recompute", "swiglu"])
-    assert seen == [(False, True, False, True), (True, False, False, True)]
+               "--impls", "ours", "--variants", "default", "compile", "lean+compile",
+               "--recompute", "swiglu"])
+    assert built == [(False, ()), (False, ("swiglu",)), (True, ())]
+    labels = list(dict.fromkeys((r["impl"], r["default"]) for r in rows))
+    assert labels == [("ours", True), ("ours+compile+recompute-swiglu", False), ("ours+lean+compile", False)]
 
 
 def test_cuda_graph_rows_are_labelled_and_refused_off_cuda(

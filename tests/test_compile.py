@@ -235,7 +235,8 @@ def test_inductor_compiled_model_matches_eager(mixer: str) -> None:
     _compiled_model_matches_eager(mixer, {}, 1e-5, 1e-4)
 
 
-def _compiled_model_matches_eager(mixer: str, compile_kwargs: dict, loss_tol: float, grad_tol: float) -> None:
+def _compiled_model_matches_eager(mixer: str, compile_kwargs: dict, loss_tol: float, grad_tol: float,
+                                  recompute: tuple[str, ...] = ()) -> None:
     """A 2-layer model of `mixer` (2 heads of 16, the Triton ops): its body compiled with `compile_kwargs`
     gives the eager body's scored loss and every parameter's gradient."""
     from mixers.model import LanguageModel
@@ -246,7 +247,7 @@ def _compiled_model_matches_eager(mixer: str, compile_kwargs: dict, loss_tol: fl
     if "backend" in cfg:
         cfg.backend, cfg.chunk_size = "triton", 16
     torch.manual_seed(0)
-    model = LanguageModel(37, cfg, d_model=32, num_layers=2, mlp_ratio=2.0)
+    model = LanguageModel(37, cfg, d_model=32, num_layers=2, mlp_ratio=2.0, recompute=recompute)
     tokens = torch.randint(0, 37, (2, 19))
     positions = torch.arange(1, 38, 2)
     targets = torch.randint(0, 37, (len(positions),))
@@ -261,32 +262,24 @@ def _compiled_model_matches_eager(mixer: str, compile_kwargs: dict, loss_tol: fl
         assert rel_rms(ref, ours) < grad_tol
 
 
-def _kda_saved_gib(monkeypatch: pytest.MonkeyPatch, *parts: str) -> dict[str, float]:
+def _kda_saved_gib(*parts: str) -> dict[str, float]:
     """What KDA's compiled model (B=3, T=64) keeps for its backward, GiB by module group, with `parts` of
-    RECOMPUTABLE recomputed and the others kept (every switch put back after the test)."""
-    import importlib
-
+    mixers.model.RECOMPUTABLE recomputed and the others kept."""
     from benchmarks import memory
-    from benchmarks.common import RECOMPUTABLE
 
-    for module, switch in RECOMPUTABLE.values():
-        monkeypatch.setattr(importlib.import_module(module), switch, False)
     args = ["--device", "cpu", "--bf16", "--compiled", "--plain", "--mixers", "kda", "--scale-batch", "3",
             "--scale-len", "64"]
     return memory.main([*args, "--recompute", *parts] if parts else args)["kda"]
 
 
 @pytest.mark.slow
-def test_recomputed_unit_qk_and_swiglu_keep_less_and_train_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The recompute candidates (benchmarks.common's RECOMPUTABLE): compiled, KDA's model keeps no fp32 unit
+def test_recomputed_unit_qk_and_swiglu_keep_less_and_train_the_same() -> None:
+    """The recompute candidates (mixers.model.RECOMPUTABLE): compiled, KDA's model keeps no fp32 unit
     q, k and norms (qk_norm) and no SwiGLU product (swiglu) for the backward, exactly those and nothing else
     fewer in inductor's partition, and gives the eager model's loss and every gradient."""
-    from mixers import linear_base
-    from mixers import model as model_module
-
-    kept = _kda_saved_gib(monkeypatch)
-    no_qk = _kda_saved_gib(monkeypatch, "qk_norm")
-    neither = _kda_saved_gib(monkeypatch, "qk_norm", "swiglu")
+    kept = _kda_saved_gib()
+    no_qk = _kda_saved_gib("qk_norm")
+    neither = _kda_saved_gib("qk_norm", "swiglu")
     tokens, layers = 3 * 64, 2
     # the yaml's 2 heads of 128, fp32: q and k and their norms
     assert kept["mixer"] - no_qk["mixer"] == pytest.approx(layers * 2 * tokens * 2 * (128 + 1) * 4 / 2**30)
@@ -294,23 +287,19 @@ def test_recomputed_unit_qk_and_swiglu_keep_less_and_train_the_same(monkeypatch:
     assert no_qk["mlp"] - neither["mlp"] == pytest.approx(layers * tokens * 704 * 2 / 2**30)
     assert kept["mlp"] == no_qk["mlp"] and no_qk["mixer"] == neither["mixer"]
     assert kept["rest"] == neither["rest"] and kept["norms"] == neither["norms"]
-    monkeypatch.setattr(linear_base, "RECOMPUTE_QK_NORM", True)
-    monkeypatch.setattr(model_module, "RECOMPUTE_SWIGLU", True)
     # aot_eager: AOTAutograd's partition with the checkpoints' recompute, without inductor's code generation
-    _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
+    _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5, ("qk_norm", "swiglu"))
 
 
 @pytest.mark.slow
-def test_recomputed_q_k_projections_keep_none_of_q_k_and_train_the_same(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recomputed_q_k_projections_keep_none_of_q_k_and_train_the_same() -> None:
     """The q, k candidate (RECOMPUTABLE's qk): compiled, KDA's model keeps none of q's and k's projections,
     short-conv outputs, unit rows and norms for the backward, nor the projections' shared input cast (the
     partition recasts it for v's weight gradient), exactly those fewer and nothing else, and gives the
     eager model's loss and every gradient."""
-    from mixers import linear_base
 
-    kept = _kda_saved_gib(monkeypatch)
-    recomputed = _kda_saved_gib(monkeypatch, "qk")
+    kept = _kda_saved_gib()
+    recomputed = _kda_saved_gib("qk")
     tokens, layers, width = 3 * 64, 2, 256
     # a token: W x and conv(W x) for q and k (bf16), their unit rows (fp32) and 2 heads' norms (fp32), the
     # shared input cast (bf16); a layer: the two weights' bf16 casts
@@ -319,18 +308,16 @@ def test_recomputed_q_k_projections_keep_none_of_q_k_and_train_the_same(
     assert kept["mixer"] - recomputed["mixer"] == pytest.approx(layers * per_layer / 2**30)
     assert (kept["mlp"], kept["norms"], kept["rest"]) == \
         (recomputed["mlp"], recomputed["norms"], recomputed["rest"])
-    monkeypatch.setattr(linear_base, "RECOMPUTE_QK", True)
-    _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
+    _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5, ("qk",))
 
 @pytest.mark.slow
-def test_a_recomputed_mlp_keeps_only_its_input_and_trains_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_recomputed_mlp_keeps_only_its_input_and_trains_the_same() -> None:
     """The whole-MLP candidate (RECOMPUTABLE's mlp): compiled, the model keeps neither the up projection's
     output nor the SwiGLU product for the backward, exactly those fewer and nothing else, and gives the
     eager model's loss and every gradient."""
-    from mixers import model as model_module
 
-    kept = _kda_saved_gib(monkeypatch)
-    recomputed = _kda_saved_gib(monkeypatch, "mlp")
+    kept = _kda_saved_gib()
+    recomputed = _kda_saved_gib("mlp")
     tokens, layers = 3 * 64, 2
     # bf16 each: the MLP's input [tokens, 256], the up projection's output [tokens, 2 hidden], the product
     # [tokens, hidden] (hidden = int(2/3 of 4 x 256) rounded as mixers/model.py rounds it) and the two
@@ -340,5 +327,4 @@ def test_a_recomputed_mlp_keeps_only_its_input_and_trains_the_same(monkeypatch: 
     assert recomputed["mlp"] == 0
     assert (kept["mixer"], kept["norms"], kept["rest"]) == \
         (recomputed["mixer"], recomputed["norms"], recomputed["rest"])
-    monkeypatch.setattr(model_module, "RECOMPUTE_MLP", True)
-    _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5)
+    _compiled_model_matches_eager("kda", {"backend": "aot_eager"}, 1e-6, 1e-5, ("mlp",))

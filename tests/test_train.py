@@ -586,6 +586,35 @@ def test_cuda_graphs_are_refused_where_there_is_no_compiled_body_on_a_gpu(make_c
         assert not (tmp_path / "checkpoint.pt").exists()
 
 
+def test_model_recompute_is_checked_and_applied_to_the_compiled_body_only(
+        make_cfg: MakeCfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.recompute names what the compiled body recomputes in its backward: a part it cannot recompute is
+    one line naming the value and the choices, before a run directory exists; a compiled run's layers get
+    the parts and its summary says them; an eager run keeps everything and says []."""
+    import torch._dynamo
+
+    from harness import run as run_module
+    from harness.config import validate
+
+    assert make_cfg().model.recompute == []
+    refused = r"^model.recompute=\['qk', 'everything'\]: 'everything' is not a part it can recompute; " \
+              r"choose from qk_norm, qk, swiglu, mlp"
+    with pytest.raises(ValueError, match=refused):
+        validate(make_cfg("model.recompute=[qk,everything]"))
+    assert not (tmp_path / "eager").exists()
+    common = ("mixer=kda", "model.recompute=[qk,mlp]", "trainer.max_steps=2", "trainer.eval_every=2")
+    summary = train(make_cfg(*common), tmp_path / "eager", mixer_name="kda")
+    assert summary["status"] == "completed" and summary["compile"] is False and summary["recompute"] == []
+    compile_ = torch.compile
+    # dynamo's tracing without inductor's code generation, which takes minutes here
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: compile_(fn, backend="eager"))
+    built = []
+    model_of = run_module._model
+    monkeypatch.setattr(run_module, "_model", lambda *a, **k: built.append(model_of(*a, **k)) or built[-1])
+    summary = train(make_cfg(*common, "trainer.compile=true"), tmp_path / "compiled", mixer_name="kda")
+    assert summary["status"] == "completed" and summary["recompute"] == ["mlp", "qk"], summary
+    assert all(block.mixer.recompute == block.mlp.recompute == {"qk", "mlp"} for block in built[0].blocks)
+
 def test_a_run_whose_cuda_graphs_inductor_skipped_says_so(make_cfg: MakeCfg, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """`auto` replays the compiled body as CUDA graphs, but inductor may skip them (a CPU tensor, a mutated

@@ -92,22 +92,15 @@ def test_compiled_body_equals_eager(mixer: str, lean: bool) -> None:
 
 @pytest.mark.parametrize("parts", [("qk", "mlp"), ("qk_norm", "swiglu")], ids="+".join)
 @pytest.mark.parametrize("mixer", ["kda", "gdn"])
-def test_recomputed_compiled_body_equals_eager(mixer: str, parts: tuple[str, ...],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """The memory candidates (benchmarks.common RECOMPUTABLE), compiled by inductor on the GPU: the same
-    loss and gradients as the eager step (which they leave as it is)."""
-    import importlib
-
-    from benchmarks.common import RECOMPUTABLE
-
-    for part in parts:
-        module, switch = RECOMPUTABLE[part]
-        monkeypatch.setattr(importlib.import_module(module), switch, True)
-    _compiled_equals_eager(mixer, False)
+def test_recomputed_compiled_body_equals_eager(mixer: str, parts: tuple[str, ...]) -> None:
+    """model.recompute (mixers.model.RECOMPUTABLE), compiled by inductor on the GPU: the same loss and
+    gradients as the eager step (which it leaves as it is)."""
+    _compiled_equals_eager(mixer, False, parts)
 
 
-def _compiled_equals_eager(mixer: str, lean: bool) -> None:
+def _compiled_equals_eager(mixer: str, lean: bool, recompute: tuple[str, ...] = ()) -> None:
     steps, model, params, optimizer, autocast, inputs, labels, device = _setup(mixer, lean=lean)
+    model.set_recompute(recompute)
     batch = steps.make_batch(inputs, labels, device)
     _dynamo_afresh()
     compiled = torch.compile(model.features)
