@@ -5,9 +5,10 @@
 #
 #   bash benchmarks/gpu.sh OUT [STEPS]             STEPS: step names below and the groups kernels (the
 #                                                  default), train, compare and candidates (conv loss
-#                                                  conv_step recompute_check recompute_step graphs: the
-#                                                  forms written beside a default, off until timed
-#                                                  here), in the order to run them
+#                                                  conv_step recompute_check recompute_step
+#                                                  recompute_grid graphs: the forms written beside a
+#                                                  default, off until timed here), in the order to run
+#                                                  them
 #   PACK=FILE.tgz bash benchmarks/gpu.sh OUT ...   also OUT as one archive after every step (checkpoints left
 #                                                  out), for a runner that returns few files
 #   REV=HEAD~3 bash benchmarks/gpu.sh OUT compare  the working tree's kernels against those of REV
@@ -41,6 +42,8 @@
 #   recompute_step 560  KDA's and GDN's default step at MQAR T=1024 beside the same recomputing in the
 #                    backward q's and k's projections, convs and unit rows and the whole MLP, each of the
 #                    two alone, and the unit q, k alone (rows +recompute-...; mixers.model RECOMPUTABLE)
+#   recompute_grid 420  KDA's and GDN's Fig. 4 runs at MQAR L=1,024 for 300 steps with model.recompute [] and
+#                    [qk,mlp]: step time from their logs, peak memory, first step (benchmarks.run_steps)
 #   graphs      600  KDA's, Mamba2's and attention's default step at MQAR T=256 and 1,024, and the same with
 #                    the compiled body replayed as CUDA graphs (rows labelled +cudagraphs; benchmarks.step)
 #   graphs_train 420 the trainer's CUDA graphs (trainer.cuda_graphs=auto) against its kernel-by-kernel step,
@@ -103,10 +106,10 @@ for s in ${2:-kernels}; do
     kernels) steps+=(check profile fla bench sweep packing) ;;
     train) steps+=(train_check conv loss step compile paper_packing pilot) ;;
     compare) steps+=(revcheck revbench) ;;
-    candidates) steps+=(conv loss conv_step recompute_check recompute_step graphs) ;;
+    candidates) steps+=(conv loss conv_step recompute_check recompute_step recompute_grid graphs) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
 compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench|budget|\
-conv_step|recompute_step|recompute_check|graphs|graphs_train|graphs_grid) steps+=("$s") ;;
+conv_step|recompute_step|recompute_check|recompute_grid|graphs|graphs_train|graphs_grid) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -324,6 +327,15 @@ for step in "${steps[@]}"; do
         brief 110 python3 -m benchmarks.step --out "$OUT/recompute_step" --resume --lengths 1024 \
           --tasks mqar --impls ours --variants default --mixers kda gdn $form
       done ;;
+    recompute_grid)
+      for form in none qk,mlp; do
+        parts="[${form/none/}]"
+        brief 200 python3 train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu hydra.launcher.n_jobs=1 \
+          task=mqar task.seq_len=1024 mixer=kda,gdn optim.lr=1e-3 trainer.max_steps=300 \
+          "model.recompute=$parts" "hydra.sweep.dir=$OUT/recompute_grid/$form"
+      done
+      find "$OUT/recompute_grid" -name '*.pt' -delete  # checkpoints: the summaries and logs are the result
+      brief 60 python3 -m benchmarks.run_steps "$OUT/recompute_grid" --out "$OUT/recompute_grid" ;;
     graphs_train)
       brief 420 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py -k cuda_graphs -p no:logging ;;
     graphs_grid)

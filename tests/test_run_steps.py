@@ -11,7 +11,8 @@ import pytest
 from benchmarks import run_steps
 
 
-def _run(path: Path, times: list[float], graphs: bool, peak: float | None) -> None:
+def _run(path: Path, times: list[float], graphs: bool, peak: float | None,
+         recompute: list[str] | None = None) -> None:
     path.mkdir(parents=True)
     steps = (1, 50, 100, 150, 200)
     rows = [{"step": s, "train/loss": 1.0, "time_s": t} for s, t in zip(steps, times, strict=True)]
@@ -22,18 +23,22 @@ def _run(path: Path, times: list[float], graphs: bool, peak: float | None) -> No
                "gpu": {"name": "NVIDIA H100 80GB HBM3"}}
     if peak is not None:
         summary["peak_memory_gib"] = peak
+    if recompute is not None:
+        summary["recompute"] = recompute
     (path / "summary.json").write_text(json.dumps(summary))
 
 
 def test_step_time_is_the_median_between_logged_steps_after_the_first(tmp_path: Path) -> None:
     # step 1 pays the compile (20 s); then 50 steps in 5 s, 5 s, and one slow interval (an eval's stall)
     _run(tmp_path / "false" / "a", [20.0, 25.0, 30.0, 35.0, 45.0], graphs=False, peak=12.5)
-    _run(tmp_path / "auto" / "a", [10.0, 12.0, 14.0, 16.0, 18.0], graphs=True, peak=None)
+    _run(tmp_path / "auto" / "a", [10.0, 12.0, 14.0, 16.0, 18.0], graphs=True, peak=None,
+         recompute=["mlp", "qk"])
     assert run_steps.step_ms(tmp_path / "false" / "a" / "metrics.jsonl") == pytest.approx(100.0)
     assert run_steps.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     table = pd.read_csv(tmp_path / "out" / "run_steps.csv").set_index("run")
     assert table.loc["false/a", "step_ms"] == 100.0 and table.loc["auto/a", "step_ms"] == 40.0
     assert table.loc["false/a", "peak_gib"] == 12.5 and pd.isna(table.loc["auto/a", "peak_gib"])
+    assert pd.isna(table.loc["false/a", "recompute"]) and table.loc["auto/a", "recompute"] == "mlp,qk"
     text = (tmp_path / "out" / "run_steps.md").read_text()
     assert "runs on NVIDIA H100 80GB HBM3" in text and "| auto/a | completed | kda |" in text
 
