@@ -171,6 +171,20 @@ brief() {
   echo "   exit $? ($(tail -n 1 "$OUT/$step.out"))"
   grep -E '^(FAILED|ERROR) ' "$OUT/$step.out" | head -n 20 | sed 's/^/   /'
 }
+# fig4_forms DIR LIMIT OVERRIDES KEY NAME:VALUE...: Fig. 4's runs of OVERRIDES (lr 1e-3, 300 steps), once
+# for each VALUE of KEY, into DIR/NAME (no comma in NAME: -m would sweep over its parts); then their step times, peak memory and first steps from their logs
+# and summaries (benchmarks.run_steps), the checkpoints deleted
+fig4_forms() {
+  local dir=$1 limit=$2 overrides=$3 key=$4
+  shift 4
+  for form in "$@"; do
+    # shellcheck disable=SC2086
+    brief "$limit" python3 train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu hydra.launcher.n_jobs=1 \
+      $overrides optim.lr=1e-3 trainer.max_steps=300 "$key=${form#*:}" "hydra.sweep.dir=$dir/${form%%:*}"
+  done
+  find "$dir" -name '*.pt' -delete
+  brief 60 python3 -m benchmarks.run_steps "$dir" --out "$dir"
+}
 # checked LIMIT NAME LINES ARGS...: one part of the check step, its last LINES lines shown; a part over its
 # bounds, or stopped at its limit (the kernels compiled cold, or beside a training run), fails the sheet
 # and says so, as its table then stops short of its verdict line
@@ -328,24 +342,13 @@ for step in "${steps[@]}"; do
           --tasks mqar --impls ours --variants default --mixers kda gdn $form
       done ;;
     recompute_grid)
-      for form in none qk,mlp; do
-        parts="[${form/none/}]"
-        brief 200 python3 train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu hydra.launcher.n_jobs=1 \
-          task=mqar task.seq_len=1024 mixer=kda,gdn optim.lr=1e-3 trainer.max_steps=300 \
-          "model.recompute=$parts" "hydra.sweep.dir=$OUT/recompute_grid/$form"
-      done
-      find "$OUT/recompute_grid" -name '*.pt' -delete  # checkpoints: the summaries and logs are the result
-      brief 60 python3 -m benchmarks.run_steps "$OUT/recompute_grid" --out "$OUT/recompute_grid" ;;
+      fig4_forms "$OUT/recompute_grid" 200 "task=mqar task.seq_len=1024 mixer=kda,gdn" model.recompute \
+        "none:[]" "qk+mlp:[qk,mlp]" ;;
     graphs_train)
       brief 420 python3 -m pytest -q -m gpu tests/gpu/test_train_step.py -k cuda_graphs -p no:logging ;;
     graphs_grid)
-      for graphs in false auto; do
-        brief 220 python3 train.py -m experiment=kimi_fig4_h200 hydra/launcher=joblib_gpu hydra.launcher.n_jobs=1 \
-          task=palindrome task.seq_len=2048 mixer=kda,mamba2 optim.lr=1e-3 trainer.max_steps=300 \
-          "trainer.cuda_graphs=$graphs" "hydra.sweep.dir=$OUT/graphs_grid/$graphs"
-      done
-      find "$OUT/graphs_grid" -name '*.pt' -delete  # checkpoints: the summaries and logs are the result
-      brief 60 python3 -m benchmarks.run_steps "$OUT/graphs_grid" --out "$OUT/graphs_grid" ;;
+      fig4_forms "$OUT/graphs_grid" 220 "task=palindrome task.seq_len=2048 mixer=kda,mamba2" \
+        trainer.cuda_graphs false:false auto:auto ;;
     loss)
       brief 120 "${speed[@]}" loss --out "$OUT/loss" --block-rows 1024 2048 4096 8192 ;;
     step)
