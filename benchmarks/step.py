@@ -68,14 +68,7 @@ import torch._functorch.config as functorch_config
 from omegaconf import OmegaConf
 from torch import nn
 
-from benchmarks.common import (
-    ROOT,
-    commit,
-    device_name,
-    indexed_device,
-    provenance,
-    write_csv,
-)
+from benchmarks.common import ROOT, commit, device_name, indexed_device, provenance, write_csv
 from benchmarks.memory import SAVED, compiled_rows, outside_graph, saved_split, split_gib
 from harness import step as train
 from harness.config import fast_step, replays_graphs
@@ -289,12 +282,17 @@ def _label(impl: str, lean: bool, compiled: bool, budget: float | None = None, c
     --conv-impl), ours only;
     `graphs`: our compiled body replayed as CUDA graphs (--cuda-graphs); `recompute`: what our plain
     compiled model recomputes in the backward instead of keeping (--recompute)."""
+    recompute = _recomputes(impl, lean, compiled, recompute)
     return impl + ("+lean" if lean else "") + ("+compile" if compiled else "") \
         + ("+cudagraphs" if graphs and compiled and impl == "ours" else "") \
         + (f"+mem{budget:g}" if budget is not None else "") \
         + (f"+conv-{conv}" if conv and impl == "ours" else "") \
-        + (f"+recompute-{','.join(recompute)}" if recompute and compiled and not lean and impl == "ours"
-           else "")
+        + (f"+recompute-{','.join(recompute)}" if recompute else "")
+
+
+def _recomputes(impl: str, lean: bool, compiled: bool, parts: tuple[str, ...]) -> tuple[str, ...]:
+    """What a row's model recomputes of --recompute's `parts`: ours, plain and compiled only."""
+    return tuple(parts) if compiled and not lean and impl == "ours" else ()
 
 
 # --variants: (compiled, lean, CUDA graphs) of each form of our step; `default` is the configs' own
@@ -393,8 +391,7 @@ def measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, 
 def _measure(impl: str, task: str, mixer: str, T: int, args: argparse.Namespace, device: torch.device,
              compiled: bool, lean: bool, default: bool, pattern: list[str] | None,
              budget: float | None, graphs: bool) -> dict[str, Any]:
-    # what the row's label names: the plain compiled model of ours recomputes, no other
-    recompute = tuple(getattr(args, "recompute", ())) if compiled and not lean and impl == "ours" else ()
+    recompute = _recomputes(impl, lean, compiled, tuple(getattr(args, "recompute", ())))
     row: dict[str, Any] = {"impl": _label(impl, lean, compiled, budget, getattr(args, "conv_label", ""),
                                           graphs, recompute),
                            "default": default,
@@ -587,6 +584,11 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
              "| saved GiB: mixer / mlp / norms / rest |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
     fla = {(r["task"], r["mixer"], r["T"]): r for r in rows if r["impl"].startswith("fla") and "step_ms" in r}
+    # the label of train.py's form now, per device type: read from the configs once a table
+    current = {}
+    for kind in ("cpu", "cuda"):
+        compiled, lean, graphs = default_form(torch.device(kind))
+        current[kind] = _label("ours", lean, compiled, graphs=graphs)
     for r in rows:
         layers = r.get("layers", 2)
         name = r["mixer"] if layers == 2 else f"{r['mixer']} ({layers} layers)"
@@ -602,7 +604,7 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         peak = r["peak_gib"] if r.get("peak_gib") is not None else "–"
         saved = " / ".join(f"{r[f'saved {k} GiB']:.2f}" for k in SAVED) \
             if f"saved {SAVED[0]} GiB" in r else ""
-        impl = r["impl"] + (_default_mark(r) if r.get("default") else "")
+        impl = r["impl"] + (_default_mark(r, current) if r.get("default") else "")
         lines.append(f"| {r['task']} | {name} | {r['T']} | {impl} | {r['step_ms']:.1f} | "
                      f"{r['tokens_per_s_M']:.2f} | {peak} | {r['first_step_s']} | {ratio} | {vs_fla} "
                      f"| {split} | {saved} |")
@@ -620,12 +622,12 @@ def write(rows: list[dict[str, Any]], out: Path, header: str, echo: bool = True)
         print("\n".join(lines))
 
 
-def _default_mark(row: dict[str, Any]) -> str:
-    """A `default` row kept from a commit whose default form was another is marked with that commit, so
-    that a table never shows two forms of one cell as the default."""
-    device = torch.device("cpu" if str(row.get("device", "")).endswith("cores)") else "cuda")
-    compiled, lean, graphs = default_form(device)
-    if row["impl"] == _label("ours", lean, compiled, graphs=graphs):
+def _default_mark(row: dict[str, Any], current: dict[str, str]) -> str:
+    """A `default` row kept from a commit whose default form was another (`current`: the label of today's,
+    per device type) is marked with that commit, so that a table never shows two forms of one cell as the
+    default."""
+    kind = "cpu" if str(row.get("device", "")).endswith("cores)") else "cuda"
+    if row["impl"] == current[kind]:
         return " (default)"
     return f" (default at {str(row.get('measured', '?')).split()[-1]})"
 

@@ -328,12 +328,9 @@ def _check_values(cfg: DictConfig) -> None:
                        ("trainer.cuda_graphs", tr.cuda_graphs)):
         if not (isinstance(value, bool) or value == "auto"):
             raise ValueError(f"{key}={value!r}: choose auto, true or false")
-    from mixers.model import RECOMPUTABLE
+    from mixers.model import check_recompute
 
-    for part in m.recompute:
-        if part not in RECOMPUTABLE:
-            raise ValueError(f"model.recompute={list(m.recompute)}: {part!r} is not a part it can recompute; "
-                             f"choose from {', '.join(RECOMPUTABLE)} (e.g. model.recompute=[qk,mlp])")
+    check_recompute(list(m.recompute))
     if tr.cuda_graphs is True and str(tr.device) == "cpu":
         raise ValueError("trainer.cuda_graphs=true: CUDA graphs need a CUDA device, and trainer.device=cpu; "
                          "set trainer.device=auto (or cuda) on a GPU machine, or trainer.cuda_graphs=false")

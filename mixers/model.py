@@ -96,6 +96,14 @@ def _accepted_kwargs(factory: Any) -> tuple[list[str], bool]:
 RECOMPUTABLE = ("qk_norm", "qk", "swiglu", "mlp")
 
 
+def check_recompute(parts: Sequence[str]) -> None:
+    """One line naming model.recompute's value and the choices where a part is none of RECOMPUTABLE."""
+    unknown = [part for part in parts if part not in RECOMPUTABLE]
+    if unknown:
+        raise ValueError(f"model.recompute={list(parts)}: {unknown[0]!r} is not a part it can recompute; "
+                         f"choose from {', '.join(RECOMPUTABLE)} (e.g. model.recompute=[qk,mlp])")
+
+
 class MLP(nn.Module):
     """The channel mixer of a block: SwiGLU (gated, the default) or a plain GELU MLP."""
 
@@ -225,10 +233,7 @@ class LanguageModel(nn.Module):
     def set_recompute(self, parts: Sequence[str]) -> None:
         """What the compiled body recomputes in its backward instead of keeping: RECOMPUTABLE's `parts`, in
         every layer that has them (a mixer without q, k projections ignores qk_norm and qk)."""
-        unknown = [part for part in parts if part not in RECOMPUTABLE]
-        if unknown:
-            raise ValueError(f"model.recompute={list(parts)}: {unknown[0]!r} is not a part it can recompute; "
-                             f"choose from {', '.join(RECOMPUTABLE)}")
+        check_recompute(parts)
         chosen = frozenset(parts)
         for block in self.blocks:
             block.mlp.recompute = chosen
