@@ -378,10 +378,7 @@ def _unequal_budgets(cells: pd.DataFrame, task: str, length: int) -> str:
     """Claim 1's three mixers' step budgets (`trainer.max_steps` of each one's best run) at one cell, as
     "mamba2 at 20,000 steps, kda and gdn at 5,000", where they differ; "" where they are alike or unknown:
     a mixer given more steps than the others is not ahead on equal terms."""
-    if "max_steps" not in cells:
-        return ""
-    at = cells[(cells["task"] == task) & (cells["seq_len"] == length) & cells["series"].isin(MIXERS)]
-    budgets = {r["series"]: r["max_steps"] for _, r in at.iterrows() if pd.notna(r["max_steps"])}
+    budgets = _budgets(cells, task, length, MIXERS)
     if len(budgets) < 2 or len(set(budgets.values())) < 2:
         return ""
     groups: dict[float, list[str]] = {}
@@ -394,14 +391,20 @@ def _unequal_budgets(cells: pd.DataFrame, task: str, length: int) -> str:
     return ", ".join(parts)
 
 
-def _longer_marks(cells: pd.DataFrame, task: str, length: int, series: tuple[str, ...]) -> dict[str, str]:
-    """{series: " (20,000 steps)"} for those of `series` whose best run at one cell had a larger step budget
-    than the least among them, "" for the others (and for all where the budgets are alike or unknown)."""
+def _budgets(cells: pd.DataFrame, task: str, length: int, series: tuple[str, ...]) -> dict[str, int]:
+    """{series: trainer.max_steps of its best run} at one cell, for those of `series` that record one."""
     budgets = {}
     for name in series:
         cell = _cell(cells, task, length, name)
         if cell is not None and "max_steps" in cell and pd.notna(cell["max_steps"]):
             budgets[name] = int(cell["max_steps"])
+    return budgets
+
+
+def _longer_marks(cells: pd.DataFrame, task: str, length: int, series: tuple[str, ...]) -> dict[str, str]:
+    """{series: " (20,000 steps)"} for those of `series` whose best run at one cell had a larger step budget
+    than the least among them, "" for the others (and for all where the budgets are alike or unknown)."""
+    budgets = _budgets(cells, task, length, series)
     least = min(budgets.values(), default=None)
     return {name: f" ({budgets[name]:,} steps)" if budgets.get(name, least) != least else ""
             for name in series}
