@@ -46,7 +46,10 @@ def collect(dirs: list[Path]) -> pd.DataFrame:
                 "lean_backward": summary.get("lean_backward"),
                 "recompute": ",".join(summary.get("recompute") or []) or None, "steps": summary.get("steps"),
                 "step_ms": None if ms is None else round(ms, 2),
-                "peak_gib": summary.get("peak_memory_gib"), "first_step_s": summary.get("first_step_s"),
+                "peak_gib": summary.get("peak_memory_gib"),
+                "train_peak_gib": summary.get("train_peak_memory_gib"),
+                "eval_peak_gib": summary.get("eval_peak_memory_gib"),
+                "first_step_s": summary.get("first_step_s"),
                 "gpu": (summary.get("gpu") or {}).get("name", summary.get("device")),
             })
     return pd.DataFrame(rows)

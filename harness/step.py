@@ -18,8 +18,8 @@ import kernels
 from harness.data import Batch, load_task, make_batch
 from mixers.model import LanguageModel
 
-__all__ = ["Batch", "batch_loss", "clip_and_guard", "evaluate", "evaluate_lengths", "first_nonfinite",
-           "forward_backward", "load_task", "lr_factor", "make_batch", "make_optimizer"]
+__all__ = ["Batch", "batch_loss", "clip_and_guard", "eval_batch_size_at", "evaluate", "evaluate_lengths",
+           "first_nonfinite", "forward_backward", "load_task", "lr_factor", "make_batch", "make_optimizer"]
 
 def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
     """Multiplier of optim.lr after `step` scheduler steps: linear warmup, then cosine to min_lr_ratio."""
@@ -109,13 +109,24 @@ def evaluate(model: LanguageModel, inputs: torch.Tensor, labels: torch.Tensor, b
     return {"loss": loss_sum / total, "acc": correct / total, "seq_acc": perfect / scored}
 
 
+def eval_batch_size_at(batch_size: int, seq_len: int, length: int) -> int:
+    """Sequences an eval batch at `length` holds: `batch_size` at the training length and below, fewer above
+    it in proportion (at least one). A no-grad forward at 2L of the training length's batch would hold twice
+    the tokens, and its transients can outgrow the training step's peak."""
+    return max(1, batch_size * seq_len // length) if length > seq_len else batch_size
+
+
 def evaluate_lengths(model: LanguageModel, eval_sets: dict[int, tuple[torch.Tensor, torch.Tensor]],
                      seq_len: int, batch_size: int, device: torch.device, autocast: Callable[[], Any],
                      features: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
-    """eval/{loss,acc,seq_acc} at the training length, and eval/{acc,seq_acc}@<len> at every length."""
+    """eval/{loss,acc,seq_acc} at the training length, and eval/{acc,seq_acc}@<len> at every length.
+
+    `batch_size` counts sequences of the training length; a longer eval length takes proportionally fewer
+    (eval_batch_size_at), so no eval batch holds more tokens than one at the training length."""
     evals = {}
     for length, (inputs, labels) in eval_sets.items():
-        result = evaluate(model, inputs, labels, batch_size, device, autocast, features)
+        result = evaluate(model, inputs, labels, eval_batch_size_at(batch_size, seq_len, length), device,
+                          autocast, features)
         if length == seq_len:
             evals.update({f"eval/{key}": value for key, value in result.items()})
         evals[f"eval/acc@{length}"], evals[f"eval/seq_acc@{length}"] = result["acc"], result["seq_acc"]

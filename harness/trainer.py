@@ -83,10 +83,9 @@ def _train(cfg: DictConfig, rundir: RunDir, mixer_name: str, job_num: int | None
     progress = Progress()
     try:
         run = build_run(cfg, run_dir, meta, progress, job_num, decision)
-        status = Trainer(run, progress, meta, sweep_dir).fit()
-        if run.device.type == "cuda":
-            # since _placement reset it: this run's peak, not an earlier job's of the same process
-            meta["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(run.device) / 2**30, 2)
+        trainer = Trainer(run, progress, meta, sweep_dir)
+        status = trainer.fit()
+        meta.update(trainer.peaks.summary())
     except (KeyboardInterrupt, SystemExit) as interrupt:
         # Not a failure: analysis/collect.py counts `incomplete` runs as resumable, not broken.
         extra = {"error": f"{type(interrupt).__name__}: {interrupt}"}
@@ -150,6 +149,32 @@ def graphs_after_a_skip(setting: Any) -> bool:
     return False
 
 
+class PhasePeaks:
+    """This launch's peak CUDA memory, split into the training steps' and the evals' (a no-grad forward over
+    longer sequences can outgrow the step). Each switch of phase reads the allocator's peak since the last
+    one into the phase that ran and resets it; `_placement` reset it before the first step. No-op off CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peaks = {"train": 0, "eval": 0}
+
+    def ended(self, phase: str) -> None:
+        """`phase` ran since the last call (or since the run's start): count its peak, start a new one."""
+        if self.device.type == "cuda":
+            self.peaks[phase] = max(self.peaks[phase], torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def summary(self) -> dict[str, float]:
+        """peak_memory_gib (the whole launch's) and the two phases' (an eval that never ran: 0.0); nothing off
+        CUDA."""
+        if self.device.type != "cuda":
+            return {}
+        self.ended("train")
+        gib = {phase: round(peak / 2**30, 2) for phase, peak in self.peaks.items()}
+        return {"peak_memory_gib": max(gib.values()), "train_peak_memory_gib": gib["train"],
+                "eval_peak_memory_gib": gib["eval"]}
+
+
 class Trainer:
     """One launch's training loop: owns the built run and its progress, and what the progress goes to
     (metrics.jsonl, the console, W&B, checkpoint.pt)."""
@@ -175,6 +200,7 @@ class Trainer:
         self.cache_counts_before = cache_counts() if meta.get("compile") else None
         self.frames_before = compiled_frames()
         self.skips_before = graph_skips()
+        self.peaks = PhasePeaks(run.device)
 
     def fit(self) -> str:
         """Train from `progress.step` on; returns the status (completed | diverged). An interrupt saves the
@@ -272,7 +298,9 @@ class Trainer:
             record = {"train/loss": result.loss, "train/acc": result.acc, "lr": lr}
             self.progress.best_train_acc = max(self.progress.best_train_acc or 0.0, result.acc)
         if is_eval:
+            self.peaks.ended("train")
             evals, divergence = eval_step(self.run, step, lr, self.progress, result.batch)
+            self.peaks.ended("eval")
             if divergence is not None:
                 return record, divergence
             record.update(evals)

@@ -23,6 +23,7 @@ def _run(path: Path, times: list[float], graphs: bool, peak: float | None,
                "gpu": {"name": "NVIDIA H100 80GB HBM3"}}
     if peak is not None:
         summary["peak_memory_gib"] = peak
+        summary["train_peak_memory_gib"], summary["eval_peak_memory_gib"] = peak - 1.0, peak
     if recompute is not None:
         summary["recompute"] = recompute
     (path / "summary.json").write_text(json.dumps(summary))
@@ -38,6 +39,7 @@ def test_step_time_is_the_median_between_logged_steps_after_the_first(tmp_path: 
     table = pd.read_csv(tmp_path / "out" / "run_steps.csv").set_index("run")
     assert table.loc["false/a", "step_ms"] == 100.0 and table.loc["auto/a", "step_ms"] == 40.0
     assert table.loc["false/a", "peak_gib"] == 12.5 and pd.isna(table.loc["auto/a", "peak_gib"])
+    assert table.loc["false/a", "train_peak_gib"] == 11.5 and table.loc["false/a", "eval_peak_gib"] == 12.5
     assert pd.isna(table.loc["false/a", "recompute"]) and table.loc["auto/a", "recompute"] == "mlp,qk"
     text = (tmp_path / "out" / "run_steps.md").read_text()
     assert "runs on NVIDIA H100 80GB HBM3" in text and "| auto/a | completed | kda |" in text

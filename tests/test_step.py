@@ -79,6 +79,35 @@ def test_evaluate_equals_the_full_logits_computation() -> None:
     assert result["seq_acc"] == int(perfect) / int(scored.sum())
 
 
+def test_an_eval_batch_at_a_longer_length_holds_no_more_tokens_and_scores_the_same() -> None:
+    from contextlib import nullcontext
+
+    from omegaconf import OmegaConf
+
+    from mixers.model import LanguageModel
+
+    torch.manual_seed(0)
+    mixer = OmegaConf.create({"_target_": "mixers.attention.Attention", "num_heads": 2, "head_dim": 8})
+    model = LanguageModel(11, mixer, d_model=16, num_layers=1, mlp_ratio=2.0)
+    eval_sets = {}
+    for length in (8, 16, 24):
+        labels = torch.randint(0, 11, (10, length))
+        labels[torch.rand(10, length) < 0.5] = -100
+        eval_sets[length] = (torch.randint(0, 11, (10, length)), labels)
+    shapes: list[tuple[int, int]] = []
+    hook = model.embedding.register_forward_pre_hook(lambda _m, args: shapes.append(tuple(args[0].shape)))
+    evals = step.evaluate_lengths(model, eval_sets, 16, 4, torch.device("cpu"), nullcontext)
+    hook.remove()
+    # 4 sequences of 16 tokens: at 8 the same 4 (no longer batch), at 24 two (64 // 24)
+    assert shapes == [(4, 8), (4, 8), (2, 8), (4, 16), (4, 16), (2, 16), *[(2, 24)] * 5]
+    assert [step.eval_batch_size_at(512, 1024, n) for n in (512, 1024, 2048, 4096, 10**6)] == [512, 512, 256,
+                                                                                           128, 1]
+    for length, (inputs, labels) in eval_sets.items():
+        whole = step.evaluate(model, inputs, labels, 10, torch.device("cpu"), nullcontext)
+        assert evals[f"eval/acc@{length}"] == whole["acc"]
+        assert evals[f"eval/seq_acc@{length}"] == whole["seq_acc"]
+
+
 def test_enum_keys_are_validated_by_hydra_with_the_choices_named() -> None:
     from pathlib import Path
 

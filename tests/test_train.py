@@ -517,7 +517,8 @@ def test_fast_step_is_on_by_default_on_cuda_only_and_either_switch_forces(make_c
                           mixer_name="attention")
     assert (summary["compile"], summary["lean_backward"], summary["cuda_graphs"]) == (False, False, False)
     assert summary["first_step_s"] > 0 and summary["compile_memory_budget"] is None
-    assert "peak_memory_gib" not in summary  # the allocator's peak is a CUDA figure
+    # the allocator's peaks are CUDA figures
+    assert not {"peak_memory_gib", "train_peak_memory_gib", "eval_peak_memory_gib"} & summary.keys()
     assert "| eager | plain backward" in (tmp_path / "train.log").read_text()
     for value in ("0.0", "1.5", "-0.2"):
         with pytest.raises(ValueError, match=rf"^trainer.compile_memory_budget={value}: must be in \(0, 1\]"):
@@ -663,3 +664,21 @@ def test_graph_steps_marks_a_new_step_before_each_call(monkeypatch: pytest.Monke
     body(torch.zeros(2))
     assert events == ["mark", "body", "mark", "body"]
     assert torch.equal(out, torch.ones(2))
+
+
+def test_the_peak_memory_splits_into_the_steps_and_the_evals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PhasePeaks against a stand-in for CUDA's allocator statistics: a reset drops the peak to what is
+    held, and each phase keeps the highest peak of its stretches."""
+    from harness.trainer import PhasePeaks
+
+    held, peak = 1 * 2**30, {"now": 0}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: peak["now"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: peak.update(now=held))
+    peaks = PhasePeaks(torch.device("cuda", 0))
+    for phase, gib in (("train", 9), ("eval", 12), ("train", 10), ("eval", 11)):
+        peak["now"] = max(peak["now"], gib * 2**30)
+        peaks.ended(phase)
+    peak["now"] = int(9.5 * 2**30)  # the steps after the last eval
+    assert peaks.summary() == {"peak_memory_gib": 12.0, "train_peak_memory_gib": 10.0,
+                               "eval_peak_memory_gib": 12.0}
+    assert PhasePeaks(torch.device("cpu")).summary() == {}

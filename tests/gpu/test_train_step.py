@@ -283,6 +283,9 @@ def test_cuda_graphs_train_as_the_kernel_by_kernel_step(make_cfg, tmp_path: Path
         if graphs:
             assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
         peaks[graphs] = summary["peak_memory_gib"]
+        # the launch's peak is the higher of its steps' and its evals' (read at each switch of phase)
+        phases = summary["train_peak_memory_gib"], summary["eval_peak_memory_gib"]
+        assert min(phases) > 0 and peaks[graphs] == max(phases), summary
         lines = (tmp_path / str(graphs) / "metrics.jsonl").read_text().splitlines()
         runs[graphs] = [json.loads(line) for line in lines]
     plain, replayed = runs[False], runs[True]
