@@ -401,10 +401,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     args = parser.parse_args(argv)
     if args.memory_budget is not None and not (args.compiled and 0 < args.memory_budget <= 1):
         parser.error(f"--memory-budget {args.memory_budget}: give a value in (0, 1], with --compiled")
-    if args.recompute:
-        if not (args.compiled and args.plain):
-            parser.error(f"--recompute {' '.join(args.recompute)}: it changes the plain model's compiled "
-                         "graph only; add --compiled --plain")
+    if args.recompute and not (args.compiled and args.plain):
+        parser.error(f"--recompute {' '.join(args.recompute)}: it changes the plain model's compiled "
+                     "graph only; add --compiled --plain")
     device = indexed_device(args.device)
     splits = {}
     for mixer in args.mixers:
