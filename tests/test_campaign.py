@@ -224,14 +224,16 @@ def test_cells_expand_in_order_and_pack_n_jobs_to_a_multirun() -> None:
 
 def _finished(root: Path, name: str, mixer: str, seq_len: int, wall: float, given: list[str],
               status: str = "completed", n_jobs: int | None = None, layers: int | None = None,
-              jobs_per_gpu: int | None = None, gpu: str | None = None) -> None:
+              jobs_per_gpu: int | None = None, gpu: str | None = None, task: str = "mqar",
+              n_params: int | None = None) -> None:
     run = root / "results" / "x" / name
     (run / ".hydra").mkdir(parents=True)
     config = {"trainer.max_steps": 1000, **({"model.num_layers": layers} if layers else {})}
     (run / "summary.json").write_text(json.dumps({
         "status": status, "steps": 1001, "wall_time_s": wall + 10.0, "first_step_s": 10.0, "mixer": mixer,
-        "seq_len": seq_len, "task": "mqar", "config": config, **({"gpu": {"name": gpu}} if gpu else {})}))
-    overrides = ["task=mqar", f"task.seq_len={seq_len}", f"mixer={mixer}", "seed=0", *given]
+        "seq_len": seq_len, "task": task, "config": config, **({"gpu": {"name": gpu}} if gpu else {}),
+        **({"n_params": n_params} if n_params else {})}))
+    overrides = [f"task={task}", f"task.seq_len={seq_len}", f"mixer={mixer}", "seed=0", *given]
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     launcher = f"  launcher:\n    _target_: x\n    n_jobs: {n_jobs}\n" if n_jobs else ""
     if jobs_per_gpu:  # as joblib_gpu records it: n_jobs null
@@ -732,6 +734,67 @@ def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_th
     campaign._write_state(work, {"stages": stages, "deadline": time.time() + 60, "fill": True})
     campaign.run_cells(work, campaign._state(work), launch, [])
     assert launched == []
+
+
+def _with_a_large_mqar_model(root: Path, campaign: types.ModuleType) -> None:
+    """Finished runs at 256 (0.05 s a step, 60 s a run): kda's MQAR model over what a call carries, its Stack
+    model and gdn's MQAR model under it."""
+    large = campaign.CARRY_BYTES // campaign.CHECKPOINT_BYTES_PER_PARAM + 1
+    _finished(root, "a", "kda", 256, 50.0, ["experiment=e"], n_params=large)
+    _finished(root, "b", "kda", 256, 50.0, ["experiment=e"], task="stack", n_params=large // 4)
+    _finished(root, "c", "gdn", 256, 50.0, ["experiment=e"], n_params=large // 2)
+
+
+def test_a_checkpoint_too_large_to_carry_is_sized_from_the_runs_of_its_model(tmp_path: Path) -> None:
+    campaign = _module()
+    _with_a_large_mqar_model(tmp_path, campaign)
+    runs = campaign.finished_runs(tmp_path)
+    large = campaign.CARRY_BYTES // campaign.CHECKPOINT_BYTES_PER_PARAM + 1
+    cells = campaign.expand([["experiment=e", "task=mqar,stack", "task.seq_len=2048", "mixer=kda,gdn,mamba2",
+                              "seed=1", "optim.lr=5e-4"]])
+    by_name = {(c.values["task"], c.values["mixer"]): i for i, c in enumerate(cells)}
+    # the length, seed and lr do not change the model: its runs at 256 size the cell at 2048
+    assert campaign.checkpoint_bytes(cells[by_name["mqar", "kda"]], runs) == 12 * large
+    assert campaign.checkpoint_bytes(cells[by_name["stack", "kda"]], runs) == 12 * (large // 4)
+    assert campaign.checkpoint_bytes(cells[by_name["mqar", "mamba2"]], runs) is None  # not measured
+    assert campaign.hold_bound(cells, list(range(len(cells))), runs) == {by_name["mqar", "kda"]}
+    # a run launched with another override (another model) does not size a cell without it
+    other = campaign.expand([["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=kda",
+                              "model.d_model=512"]])
+    assert campaign.checkpoint_bytes(other[0], runs) is None
+
+
+def test_a_hold_runs_the_longest_cell_it_alone_can_take_first_and_fill_skips_it(tmp_path: Path) -> None:
+    campaign = _module()
+    work = tmp_path / "work"
+    src = work / "src"
+    _with_a_large_mqar_model(src, campaign)
+    (work / "brought.json").write_text("{}")
+    # plan order: gdn mqar (carryable, 1000 steps: 60 s), then kda mqar at 1000 and 4000 steps (hold-bound:
+    # 60 s and 210 s), then kda stack (carryable, 4000 steps: 210 s)
+    stages = [["experiment=e", "task=mqar", "task.seq_len=256", "mixer=gdn", "seed=1"],
+              ["experiment=e", "task=mqar", "task.seq_len=256", "mixer=kda", "seed=1"],
+              ["experiment=e", "task=mqar", "task.seq_len=256", "mixer=kda", "seed=2",
+               "trainer.max_steps=4000"],
+              ["experiment=e", "task=stack", "task.seq_len=256", "mixer=kda", "seed=2",
+               "trainer.max_steps=4000"]]
+    launched: list[str] = []
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        launched.append(" ".join(o for o in overrides if o.startswith(("task=", "mixer=", "seed="))))
+        return 0
+
+    # 5 min left: the longer hold-bound cell first, then the shorter, then the rest in plan order
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 300})
+    campaign.run_cells(work, campaign._state(work), launch, [])
+    assert launched == ["task=mqar mixer=kda seed=2", "task=mqar mixer=kda seed=1",
+                        "task=mqar mixer=gdn seed=1", "task=stack mixer=kda seed=2"]
+    # nothing fits 3 min: fill starts the carryable stack cell, never a hold-bound one that would be lost
+    launched.clear()
+    stages = [stages[2], stages[3]]
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 180, "fill": True})
+    campaign.run_cells(work, campaign._state(work), launch, [])
+    assert launched == ["task=stack mixer=kda seed=2"]
 
 
 def test_left_prices_a_carried_run_for_the_steps_its_checkpoint_has_left(

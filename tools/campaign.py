@@ -57,10 +57,12 @@ to M minutes from then, once the lender has said how much time the machine has l
 checkout holds finished are skipped without a launch. When nothing pending fits, the supervisor ends and
 says so; `wait` and `status` list the postponed cells.
 
-A carried checkpoint is a run's model, optimizer and schedule (22 to 35 MB for Fig. 4's models): a lent
-machine sends back 8 files a call, 64 MiB together, and its working tree with what is carried is at most
-64 MiB, so at most CARRY_BYTES (48 MiB) of checkpoints are packed, and checkpoints and compile caches
-(about 45 MB) may not both fit in one call.
+A carried checkpoint is a run's model, optimizer and schedule (22 to 35 MB for Fig. 4's Palindrome and
+Stack models): a lent machine sends back 8 files a call, 64 MiB together, and its working tree with what is
+carried is at most 64 MiB, so at most CARRY_BYTES (48 MiB) of checkpoints are packed, and checkpoints and
+compile caches (about 45 MB) may not both fit in one call. A cell whose checkpoint would be larger (sized
+from the finished runs of its model; Fig. 4's MQAR models, about 68 MB) is hold-bound: a hold runs those
+that fit it first, the longest first, and --fill never starts one, as a hold's end would lose it whole.
 
 A bare machine compiles every model again (13 to 49 s of a run's first step on the H200, against 3 to 4 s
 with warm caches). `stop --with-caches` (or `wait`) also packs the compile caches into --out, in parts of
@@ -147,6 +149,10 @@ CARRY_BYTES = 48 * 2**20
 # With --fill, the first pending cell that does not fit starts anyway while at least this much of the hold is
 # left: less would end before its first checkpoint could be worth carrying.
 FILL_MIN_S = 120.0
+# A checkpoint holds each parameter's fp32 value and AdamW's two fp32 moments (the rest is small).
+CHECKPOINT_BYTES_PER_PARAM = 12
+# Keys that do not change a model's parameters, so runs that differ only in them size a cell's checkpoint.
+NOT_SHAPE = ("task.seq_len", "seed", "optim.", "trainer.", "logger.", "hydra")
 
 
 class CampaignError(RuntimeError):
@@ -506,7 +512,7 @@ def finished_runs(src: Path) -> list[dict[str, Any]]:
                 and summary.get("seq_len"):
             config = summary.get("config") or {}
             entry.update(mixer=summary.get("mixer"), seq_len=int(summary["seq_len"]), first_s=first,
-                         step_s=max(0.0, wall - first) / (steps - 1),
+                         step_s=max(0.0, wall - first) / (steps - 1), n_params=summary.get("n_params"),
                          max_steps=config.get("trainer.max_steps"), layers=config.get("model.num_layers"),
                          gpu=(summary.get("gpu") or {}).get("name"))
         found.append(entry)
@@ -633,6 +639,38 @@ def estimates_of(cells: list[Cell], pending: list[int], measured: list[dict[str,
         run = run_of(cells[i], partial)
         found[i] = estimate(cells[i], measured, done=run["steps"] if run else 0, gpus=gpus, gpu=gpu)
     return found
+
+
+def checkpoint_bytes(cell: Cell, measured: list[dict[str, Any]]) -> int | None:
+    """About the bytes of the cell's checkpoint (CHECKPOINT_BYTES_PER_PARAM a parameter), from the finished
+    runs of its model: the same values of every key that shapes it (task, mixer, model, experiment; not
+    the length, lr or seed), the largest where several match; None where none is measured."""
+    shape = {k: _number(v) for k, v in cell.run_values.items() if not k.startswith(NOT_SHAPE)}
+    sizes = [m["n_params"] for m in measured if isinstance(m.get("n_params"), int) and _alike(cell, m)
+             and all(m["overrides"].get(k) == v for k, v in shape.items())]
+    return max(sizes) * CHECKPOINT_BYTES_PER_PARAM if sizes else None
+
+
+def hold_bound(cells: list[Cell], pending: list[int], measured: list[dict[str, Any]]) -> set[int]:
+    """The pending cells whose checkpoint is over what a call carries (CARRY_BYTES): a run of one that a
+    hold's end cuts off is lost whole, so it must start and finish within one hold."""
+    found = set()
+    for i in pending:
+        size = checkpoint_bytes(cells[i], measured)
+        if size is not None and size > CARRY_BYTES:
+            found.add(i)
+    return found
+
+
+def hold_bound_first(pending: list[int], bound: set[int], estimates: dict[int, float | None],
+                     left_s: float, resumed: int = 0) -> list[int]:
+    """`pending` (resumed_first's order, its first `resumed` cells those with a checkpoint) with the
+    hold-bound cells that fit in `left_s` moved up behind the resumed ones, the longest first: a long one
+    only a hold this long can take, where a carried run spans holds."""
+    fits = [i for i in pending[resumed:] if i in bound and estimates.get(i) is not None
+            and estimates[i] + MARGIN_S <= left_s]
+    ahead = sorted(fits, key=lambda i: -(estimates[i] or 0.0))  # stable: plan order among equals
+    return pending[:resumed] + ahead + [i for i in pending[resumed:] if i not in fits]
 
 
 def resumed_first(cells: list[Cell], pending: list[int], partial: list[dict[str, Any]]) -> list[int]:
@@ -966,10 +1004,14 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 partial = partial_runs(src)
                 ready = resumed_first(cells, [i for i in pending if i not in waiting], partial)
                 estimates = estimates_of(cells, ready, measured, partial, gpus, state.get("gpu"))
+                resumed = sum(run_of(cells[i], partial) is not None for i in ready)
+                bound = hold_bound(cells, ready[resumed:], measured)
+                ready = hold_bound_first(ready, bound, estimates, left, resumed)
                 group, postponed = choose(cells, ready, left, estimates, len(free), gpus)
-                if not group and not running and ready and state.get("fill") and left >= FILL_MIN_S:
+                carryable = [i for i in ready if i not in bound]
+                if not group and not running and carryable and state.get("fill") and left >= FILL_MIN_S:
                     # the stop checkpoints it and --with-checkpoints carries it to the next machine
-                    group, _ = choose(cells, ready, float("inf"), estimates, len(free), gpus)
+                    group, _ = choose(cells, carryable, float("inf"), estimates, len(free), gpus)
                     postponed = [i for i in postponed if i not in group]
                 state.update(cells_pending=len(pending),
                              postponed=[(repr(cells[i]), estimates[i]) for i in postponed],
@@ -1050,6 +1092,7 @@ def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None,
     waiting = resolve_best(cells, pending, source)
     pending = resumed_first(cells, [i for i in pending if not is_finished(cells[i], runs)], partial)
     estimates = estimates_of(cells, pending, runs, partial, gpus, gpu)
+    bound = hold_bound(cells, [i for i in pending if run_of(cells[i], partial) is None], runs)
     unknown, todo = 0, list(pending)
     free_at = [0.0] * max(1, gpus)
     while todo:
@@ -1067,12 +1110,18 @@ def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None,
             est = estimates[i]
             print(f"  {cells[i]!r:60s} {'unknown' if est is None else f'{est / 60:5.1f} min'}{done_by}"
                   + (f"  (with {len(group) - 1} other(s) at once)" if len(group) > 1 else "")
-                  + (f"  (lr: {waiting[i]})" if i in waiting else ""))
+                  + (f"  (lr: {waiting[i]})" if i in waiting else "")
+                  + ("  (in one hold: checkpoint too large to carry)" if i in bound else ""))
         todo = [i for i in todo if i not in group]
     total = max(free_at)
     print(f"{len(pending)} of {len(first)} cells left in {', '.join(map(str, plans))}: at most "
           f"{total / 60:.0f} min of device time" + (f" on an {gpu}" if gpu else "")
           + (f", {unknown} cell(s) without an estimate" if unknown else "") + " (early stopping shortens it)")
+    if bound:
+        longest = max((estimates[i] or 0.0) for i in bound)
+        print(f"{len(bound)} of them hold a checkpoint over the {CARRY_BYTES / 2**20:.0f} MiB a call "
+              f"carries: each must finish within one hold (the longest {longest / 60:.1f} min); a hold runs "
+              "those that fit it first, the longest first")
     return total
 
 
