@@ -745,6 +745,22 @@ def _with_a_large_mqar_model(root: Path, campaign: types.ModuleType) -> None:
     _finished(root, "c", "gdn", 256, 50.0, ["experiment=e"], n_params=large // 2)
 
 
+def test_a_cell_is_timed_by_the_runs_of_its_task_where_there_are_any(tmp_path: Path) -> None:
+    campaign = _module()
+    # kda at 2048: MQAR (8,192 ids) steps at 0.6 s, Stack at 0.3 s, both on the H100; gdn only on Stack
+    _finished(tmp_path, "a", "kda", 2048, 600.0, ["experiment=e"], gpu="H100")
+    _finished(tmp_path, "b", "kda", 2048, 300.0, ["experiment=e"], task="stack", gpu="H100")
+    _finished(tmp_path, "c", "gdn", 2048, 300.0, ["experiment=e"], task="stack")
+    runs = campaign.finished_runs(tmp_path)
+    cells = campaign.expand([["experiment=e", "task=mqar,stack,palindrome", "task.seq_len=2048",
+                              "mixer=kda,gdn", "seed=1"]])
+    priced = {(c.values["task"], c.values["mixer"]): campaign.estimate(c, runs, gpu="H100") for c in cells}
+    assert priced["mqar", "kda"] == pytest.approx(610.0) and priced["stack", "kda"] == pytest.approx(310.0)
+    # a task not measured for the mixer: all its runs at that length, as before
+    assert priced["palindrome", "kda"] == pytest.approx(460.0)
+    assert priced["mqar", "gdn"] == pytest.approx(310.0)
+
+
 def test_a_checkpoint_too_large_to_carry_is_sized_from_the_runs_of_its_model(tmp_path: Path) -> None:
     campaign = _module()
     _with_a_large_mqar_model(tmp_path, campaign)

@@ -546,7 +546,8 @@ def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: in
     """Seconds the cell's run should take at most (max_steps less the `done` steps its checkpoint holds,
     no early stop): from finished runs of its
     mixer and length, else of its mixer at the nearest length scaled by length, else of any mixer at its
-    length, else of any mixer at the nearest length scaled; None when no run is measured. Runs packed as the
+    length, else of any mixer at the nearest length scaled; None when no run is measured. Of those, the runs
+    of its task where there are any. Runs packed as the
     cell will be (per_gpu: its stage's runs at once over the machine's `gpus`) come first: one of
     three sharing a GPU steps about three times slower than one alone, and scaled by length that would keep
     a lone run postponed forever. The measured runs of an n_jobs launcher count as run on one GPU (all of
@@ -583,6 +584,9 @@ def estimate(cell: Cell, measured: list[dict[str, Any]], done: int = 0, gpus: in
         runs, scale = [m for m in measured if m["seq_len"] == nearest], length / nearest
     if not runs:
         return None
+    # the task's vocabulary sizes the LM head and loss: an MQAR step (8,192 ids) is slower than a Stack one
+    task = _number(cell.values["task"]) if "task" in cell.values else None
+    runs = [m for m in runs if task is not None and m["overrides"].get("task") == task] or runs
     runs = [m for m in runs if gpu is not None and m.get("gpu") == gpu] or runs
     try:
         max_steps = int(float(cell.values["trainer.max_steps"]))
