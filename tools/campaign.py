@@ -61,7 +61,7 @@ A carried checkpoint is a run's model, optimizer and schedule (22 to 35 MB for F
 Stack models): a lent machine sends back 8 files a call, 64 MiB together, and its working tree with what is
 carried is at most 64 MiB, so at most CARRY_BYTES (48 MiB) of checkpoints are packed, and checkpoints and
 compile caches (about 45 MB) may not both fit in one call. A cell whose checkpoint would be larger (sized
-from the finished runs of its model; Fig. 4's MQAR models, about 68 MB) is hold-bound: a hold runs those
+from the finished runs of its model; Fig. 4's MQAR models, about 68 MiB) is hold-bound: a hold runs those
 that fit it first, the longest first, and --fill never starts one, as a hold's end would lose it whole.
 
 A bare machine compiles every model again (13 to 49 s of a run's first step on the H200, against 3 to 4 s
