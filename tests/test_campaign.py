@@ -773,7 +773,12 @@ def test_a_checkpoint_too_large_to_carry_is_sized_from_the_runs_of_its_model(tmp
     assert campaign.checkpoint_bytes(cells[by_name["mqar", "kda"]], runs) == 12 * large
     assert campaign.checkpoint_bytes(cells[by_name["stack", "kda"]], runs) == 12 * (large // 4)
     assert campaign.checkpoint_bytes(cells[by_name["mqar", "mamba2"]], runs) is None  # not measured
-    assert campaign.hold_bound(cells, list(range(len(cells))), runs) == {by_name["mqar", "kda"]}
+    assert campaign.hold_bound(cells, list(range(len(cells))), runs, []) == {by_name["mqar", "kda"]}
+    # a cell whose run holds a checkpoint came carried: not hold-bound
+    carried = cells[by_name["mqar", "kda"]].run_values
+    partial = [{"overrides": {k: campaign._number(v) for k, v in carried.items()}, "given": set(carried),
+                "steps": 500}]
+    assert campaign.hold_bound(cells, list(range(len(cells))), runs, partial) == set()
     # a run launched with another override (another model) does not size a cell without it
     other = campaign.expand([["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=kda",
                               "model.d_model=512"]])

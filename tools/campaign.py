@@ -655,11 +655,15 @@ def checkpoint_bytes(cell: Cell, measured: list[dict[str, Any]]) -> int | None:
     return max(sizes) * CHECKPOINT_BYTES_PER_PARAM if sizes else None
 
 
-def hold_bound(cells: list[Cell], pending: list[int], measured: list[dict[str, Any]]) -> set[int]:
+def hold_bound(cells: list[Cell], pending: list[int], measured: list[dict[str, Any]],
+               partial: list[dict[str, Any]]) -> set[int]:
     """The pending cells whose checkpoint is over what a call carries (CARRY_BYTES): a run of one that a
-    hold's end cuts off is lost whole, so it must start and finish within one hold."""
+    hold's end cuts off is lost whole, so it must start and finish within one hold. A cell whose run holds
+    a checkpoint (`partial`) was carried, so it is not one."""
     found = set()
     for i in pending:
+        if run_of(cells[i], partial) is not None:
+            continue
         size = checkpoint_bytes(cells[i], measured)
         if size is not None and size > CARRY_BYTES:
             found.add(i)
@@ -672,9 +676,14 @@ def hold_bound_first(pending: list[int], bound: set[int], estimates: dict[int, f
     hold-bound cells that fit in `left_s` moved up behind the resumed ones, the longest first: a long one
     only a hold this long can take, where a carried run spans holds."""
     fits = [i for i in pending[resumed:] if i in bound and estimates.get(i) is not None
-            and estimates[i] + MARGIN_S <= left_s]
+            and fits_in(estimates[i], left_s)]
     ahead = sorted(fits, key=lambda i: -(estimates[i] or 0.0))  # stable: plan order among equals
     return pending[:resumed] + ahead + [i for i in pending[resumed:] if i not in fits]
+
+
+def fits_in(estimate_s: float | None, left_s: float) -> bool:
+    """A run of that estimate ends a margin before `left_s` is up; an unknown estimate counts as fitting."""
+    return estimate_s is None or estimate_s + MARGIN_S <= left_s
 
 
 def resumed_first(cells: list[Cell], pending: list[int], partial: list[dict[str, Any]]) -> list[int]:
@@ -692,8 +701,7 @@ def choose(cells: list[Cell], pending: list[int], left_s: float, estimates: dict
     stage's runs per GPU."""
     fitting, postponed = [], []
     for i in pending:
-        est = estimates.get(i)
-        (postponed if est is not None and est + MARGIN_S > left_s else fitting).append(i)
+        (fitting if fits_in(estimates.get(i), left_s) else postponed).append(i)
     if not fitting:
         return [], postponed
     lead = cells[fitting[0]]
@@ -1009,7 +1017,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 ready = resumed_first(cells, [i for i in pending if i not in waiting], partial)
                 estimates = estimates_of(cells, ready, measured, partial, gpus, state.get("gpu"))
                 resumed = sum(run_of(cells[i], partial) is not None for i in ready)
-                bound = hold_bound(cells, ready[resumed:], measured)
+                bound = hold_bound(cells, ready, measured, partial)
                 ready = hold_bound_first(ready, bound, estimates, left, resumed)
                 group, postponed = choose(cells, ready, left, estimates, len(free), gpus)
                 carryable = [i for i in ready if i not in bound]
@@ -1096,7 +1104,7 @@ def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None,
     waiting = resolve_best(cells, pending, source)
     pending = resumed_first(cells, [i for i in pending if not is_finished(cells[i], runs)], partial)
     estimates = estimates_of(cells, pending, runs, partial, gpus, gpu)
-    bound = hold_bound(cells, [i for i in pending if run_of(cells[i], partial) is None], runs)
+    bound = hold_bound(cells, pending, runs, partial)
     unknown, todo = 0, list(pending)
     free_at = [0.0] * max(1, gpus)
     while todo:
