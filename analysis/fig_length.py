@@ -13,6 +13,9 @@ from matplotlib.lines import Line2D
 from analysis import draw
 from analysis.cells import METRICS, NOT_RUN, UNSCORED, series_order, task_order, with_unscored_rows
 
+# accuracy (%) under which a point's budget label goes above it: 13 points below would leave the axes
+LABEL_ABOVE_UNDER = 15.0
+
 
 def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path,
                        label: str = METRICS["eval"][1], note: str | None = None,
@@ -37,7 +40,7 @@ def plot_acc_vs_length(best: pd.DataFrame, unscored: pd.DataFrame, out_dir: Path
         frame, failed = best[best["task"] == task], marked[marked["task"] == task]
         lengths = sorted({int(v) for v in frame_all[frame_all["task"] == task]["seq_len"]})
         series_names = series_order(frame_all[frame_all["task"] == task])
-        labelled: dict[int, int] = {}
+        labelled: dict[tuple[int, bool], int] = {}
         for index, series in enumerate(series_names):
             # Reindexed on every length of the panel: a length without a completed run breaks the line.
             line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
@@ -76,14 +79,18 @@ def _longer_column(data: pd.DataFrame, longer: dict[tuple[str, str, int], str]) 
 
 
 def _label_longer(ax: Any, task: str, series: str, x: np.ndarray, y: np.ndarray, lengths: list[int],
-                  longer: dict[tuple[str, str, int], str], labelled: dict[int, int], colour: str) -> None:
-    """Each of the series' points trained longer than the rest labelled with its budget below it; labels
-    of several series at one length stack downwards instead of overprinting."""
+                  longer: dict[tuple[str, str, int], str], labelled: dict[tuple[int, bool], int],
+                  colour: str) -> None:
+    """Each of the series' points trained longer than the rest labelled with its budget below it, or above
+    it near 0 % (below, it would fall under the axis onto the length labels); labels of several series at
+    one length and side stack away from their points instead of overprinting."""
     for xi, yi, length in zip(x, y, lengths, strict=True):
         if (task, series, length) in longer and not np.isnan(yi):
-            below = labelled.setdefault(length, 0)
-            labelled[length] += 1
-            ax.annotate(longer[(task, series, length)], (xi, yi), xytext=(0, -13 - 10 * below),
+            above = yi < LABEL_ABOVE_UNDER
+            stacked = labelled.setdefault((length, above), 0)
+            labelled[(length, above)] += 1
+            offset = 7 + 10 * stacked if above else -13 - 10 * stacked
+            ax.annotate(longer[(task, series, length)], (xi, yi), xytext=(0, offset),
                         textcoords="offset points", ha="center", fontsize="x-small", color=colour)
 
 
@@ -124,7 +131,7 @@ def plot_length_generalisation(runs: pd.DataFrame, best: pd.DataFrame, out_dir: 
         frame = data[data["task"] == task]
         lengths = sorted({int(v) for v in frame["seq_len"]})
         names = series_order(frame)
-        labelled: dict[int, int] = {}
+        labelled: dict[tuple[int, bool], int] = {}
         for index, series in enumerate(names):
             line = frame[frame["series"] == series].set_index("seq_len").reindex(lengths)
             colour, marker = styles[series]["color"], styles[series]["marker"]

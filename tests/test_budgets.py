@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from analysis.cells import budgets, longest_budget, max_steps_run
+from analysis.fig_length import _label_longer
 from analysis.plot import plot_all
 from analysis.report import render
 
@@ -105,3 +108,20 @@ def test_a_point_trained_longer_than_the_rest_is_labelled_with_its_budget(tmp_pa
     assert drawn.loc[("palindrome", "mamba2"), "longer_budget"] == "20,000 steps"
     assert drawn.loc[("mqar", "kda"), "longer_budget"] == "1 of 3 seeds at 20,000 steps"
     assert drawn["longer_budget"].isna().sum() == len(drawn) - 2
+
+
+def test_a_budget_label_stays_on_the_axes_for_a_point_near_zero() -> None:
+    """Below a point at 5 % the label would fall under the axis onto the length labels: it goes above
+    there, while a high point's goes below; two labels on one side of a length stack apart."""
+    ax = Figure().add_subplot()
+    longer = {("mqar", "a", 1024): "20,000 steps", ("mqar", "a", 2048): "20,000 steps",
+              ("mqar", "b", 2048): "1 of 3 seeds at 20,000 steps"}
+    labelled: dict = {}
+    _label_longer(ax, "mqar", "a", np.array([1024.0, 2048.0]), np.array([5.0, 90.0]), [1024, 2048], longer,
+                  labelled, "k")
+    _label_longer(ax, "mqar", "b", np.array([2048.0]), np.array([95.0]), [2048], longer, labelled, "k")
+    offsets = {(a.get_text(), a.xy): a.xyann[1] for a in ax.texts}
+    assert offsets[("20,000 steps", (1024.0, 5.0))] > 0
+    assert offsets[("20,000 steps", (2048.0, 90.0))] < 0
+    below_first = offsets[("20,000 steps", (2048.0, 90.0))]
+    assert offsets[("1 of 3 seeds at 20,000 steps", (2048.0, 95.0))] < below_first
