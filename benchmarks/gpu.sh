@@ -55,8 +55,10 @@
 #   step        540  every mixer's whole step, MQAR + Palindrome, T 256-2048, the default, FLA's layers where
 #                    WHEELS has them: the rows of this GPU's table (benchmarks/results/h200_step/ or
 #                    h100_step/) carried in and only the missing ones measured (--resume), so the table
-#                    fills over sessions; STEP_ARGS replaces the default "--variants default" (e.g.
-#                    "--variants default eager --lengths 1024 --impls ours")
+#                    fills over sessions; FLA's autotuning configs compiled first, one process per FLA
+#                    model side by side (up to 300 s; not with AUTOTUNE_SEED); STEP_ARGS replaces the
+#                    default "--variants default" (e.g. "--variants default eager --lengths 1024 --impls
+#                    ours", or "--variants default --impls fla" for FLA's rows alone)
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
 #   budget      390  KDA's and GDN's default step at MQAR T=1024 beside it at trainer.compile_memory_budget 0.8
 #                    (BUDGET_ARGS widens it, e.g. "--mixers kda gdn mamba2 attention --memory-budgets 0.8 0.7"),
@@ -356,8 +358,10 @@ for step in "${steps[@]}"; do
       # a table is of one GPU (--resume refuses rows of another): the committed one of this GPU's kind
       kind="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr 'H' 'h')"
       cp "$ROOT/benchmarks/results/${kind:-none}_step/"bench_train* "$OUT/step/" 2>/dev/null
+      # a seeded cache holds FLA's autotuning choices: nothing for the side-by-side compiles to save
+      warm=""; [ -n "${AUTOTUNE_SEED:-}" ] && warm="--no-warm"
       # shellcheck disable=SC2086
-      brief 540 python3 -m benchmarks.step --out "$OUT/step" --resume ${STEP_ARGS:---variants default} ;;
+      brief 540 python3 -m benchmarks.step --out "$OUT/step" --resume $warm ${STEP_ARGS:---variants default} ;;
     compile)
       brief 200 python3 -m benchmarks.step --out "$OUT/compile" --lengths 1024 --tasks mqar \
         --mixers kda gdn mamba2 attention --impls ours --compile ;;

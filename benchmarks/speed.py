@@ -256,6 +256,18 @@ def autotune_rep(rep: float) -> None:
     _autotuner_benchmark(lambda call, quantiles: do_bench(call, warmup=rep / 4, rep=rep, quantiles=quantiles))
 
 
+def compile_each_config() -> None:
+    """Make every Triton autotuner (FLA's kernels) run each config once, untimed, and take the first: its
+    compiles land in Triton's on-disk cache for a later process to time. With FLA_CACHE_RESULTS=0, so that
+    the untimed choice is not kept as the result."""
+
+    def run_once(kernel_call, quantiles):
+        kernel_call()  # compiles this config (or raises OutOfResources: the autotuner then skips it)
+        return [1.0, 1.0, 1.0]
+
+    _autotuner_benchmark(run_once)
+
+
 def compile_only(ops: list[str], shapes: list[str], impls: list[str]) -> None:
     """Compile every autotuning config of the given implementations' kernels without timing any of them.
 
@@ -266,11 +278,7 @@ def compile_only(ops: list[str], shapes: list[str], impls: list[str]) -> None:
     """
     from kernels.triton import VARIANTS
 
-    def run_once(kernel_call, quantiles):
-        kernel_call()  # compiles this config (or raises OutOfResources: the autotuner then skips it)
-        return [1.0, 1.0, 1.0]
-
-    _autotuner_benchmark(run_once)
+    compile_each_config()
     for who in impls:
         for shape in shapes:
             for name, decay, delta, lb in VARIANTS:

@@ -23,7 +23,10 @@ torch.profiler and its GPU time is split into
 many layers as the pattern has, our layers only), named as the analysis names them (`kda:attention 3:1`).
 `--impls fla` builds the same backbone around FLA's layers (`fla.layers`, flash-linear-attention >= 0.6,
 with their short convolutions and fused norms) and FLA's fused linear cross-entropy over all positions
-(ignore_index -100), where FLA has the layer. `--variants` picks our step's forms: `default` (what
+(ignore_index -100), where FLA has the layer; on CUDA, before anything is timed, one process per FLA model
+compiles every config its autotuners will try, side by side (FLA autotunes on first use, compiling each
+config in turn: minutes per model in the timing process otherwise; `--no-warm` skips it, `--warm-timeout`
+bounds it). `--variants` picks our step's forms: `default` (what
 `python train.py` runs on this device at the configs' defaults: compiled on CUDA, eager on the CPU, and
 replayed as CUDA graphs where `trainer.cuda_graphs` says so; the row says which),
 `eager`, `lean`, `compile`, `lean+compile`. A compiled row is measured after `torch._dynamo.reset()`, and
@@ -56,12 +59,14 @@ import datetime
 import importlib.util
 import inspect
 import math
+import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch._functorch.config as functorch_config
@@ -642,6 +647,111 @@ def _error_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text if len(text) <= 200 else text[:199] + '…'}"
 
 
+class Planned(NamedTuple):
+    """One row to measure: `key` as the table keys its rows (_key), the form's switches beside it."""
+    key: tuple
+    impl: str
+    task: str
+    mixer: str
+    T: int
+    pattern: list[str] | None
+    compiled: bool
+    lean: bool
+    graphs: bool
+    default: bool
+    budget: float | None
+
+
+def planned(args: argparse.Namespace, models: list[tuple[str, list[str] | None]],
+            ours: list[tuple[bool, bool, bool, bool]]) -> list[Planned]:
+    """Every row the arguments ask for, in the order they are measured: task, length, model, impl, form."""
+    plan = []
+    for task in args.tasks:
+        for T in args.lengths:
+            for mixer, pattern in models:
+                for impl in args.impls:
+                    if impl == "fla" and (pattern is not None or mixer not in FLA_LAYERS):
+                        continue
+                    # FLA's layers in their own (eager) form: the reference point
+                    forms = ours if impl == "ours" else [(False, False, False, False)]
+                    forms = [(c, lean, g, d, None) for c, lean, g, d in forms] + [
+                        (True, lean, g, False, b) for c, lean, g, _ in forms if c and impl == "ours"
+                        for b in args.memory_budgets]
+                    for compiled, lean, graphs, default, budget in forms:
+                        label = _label(impl, lean, compiled, budget, args.conv_label, graphs,
+                                       tuple(args.recompute))
+                        key = (label, default, task, mixer, len(pattern) if pattern else 2, T, args.batch)
+                        plan.append(Planned(key, impl, task, mixer, T, pattern, compiled, lean, graphs,
+                                            default, budget))
+    return plan
+
+
+def fla_layers_to_warm(todo: list[Planned]) -> list[tuple[str, str, int]]:
+    """(task, mixer, shortest length) of each FLA model with a row still to measure. FLA's autotuners key
+    on heads and widths, not the length, so one compile per model serves all its lengths."""
+    shortest: dict[tuple[str, str], int] = {}
+    for row in todo:
+        if row.impl == "fla":
+            shortest[(row.task, row.mixer)] = min(row.T, shortest.get((row.task, row.mixer), row.T))
+    return [(task, mixer, T) for (task, mixer), T in shortest.items()]
+
+
+def warm_command(args: argparse.Namespace, task: str, mixer: str, T: int) -> list[str]:
+    """The process that compiles one FLA model's autotuning configs untimed (--compile-only)."""
+    return [sys.executable, "-m", "benchmarks.step", "--compile-only", "--out", str(args.out / "warm"),
+            "--impls", "fla", "--tasks", task, "--mixers", mixer, "--lengths", str(T),
+            "--batch", str(args.batch), "--d-model", str(args.d_model), "--device", args.device]
+
+
+def warm_fla(todo: list[Planned], args: argparse.Namespace) -> None:
+    """Compile FLA's kernels for the rows to come, one process per model side by side, before any is timed.
+
+    FLA autotunes each kernel on its first call, compiling every config in turn: minutes per model in the
+    process that times it. Side by side the compiles share the CPU's cores and land in Triton's on-disk
+    cache, so the timed process only benchmarks configs it loads. The children keep no autotuning result
+    (FLA_CACHE_RESULTS=0): they time nothing, and the timed process chooses alone on the GPU."""
+    models = fla_layers_to_warm(todo)
+    if not models:
+        return
+    env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
+    t0 = time.perf_counter()
+    children = [(model, subprocess.Popen(warm_command(args, *model), env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True)) for model in models]
+    print(f"compiling FLA's configs for {len(children)} model(s) side by side (--no-warm skips it)",
+          flush=True)
+    for (task, mixer, _), child in children:
+        try:
+            output, _ = child.communicate(timeout=max(1.0, args.warm_timeout - (time.perf_counter() - t0)))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            output, _ = child.communicate()
+            print(f"  fla {mixer} {task}: cut off at --warm-timeout {args.warm_timeout:g} s (its first timed "
+                  "step compiles the rest)", flush=True)
+            continue
+        last = (output.strip().splitlines() or ["no output"])[-1]
+        print(f"  fla {mixer} {task}: {last}" + (f" (exit {child.returncode})" if child.returncode else ""),
+              flush=True)
+    print(f"compiled in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def compile_fla(todo: list[Planned], args: argparse.Namespace, device: torch.device) -> int:
+    """--compile-only: one step of each FLA model asked for, its autotuners compiling every config untimed;
+    nothing is measured or written."""
+    from benchmarks.speed import compile_each_config
+
+    compile_each_config()
+    for task, mixer, T in fla_layers_to_warm(todo):
+        t0 = time.perf_counter()
+        batch, labels, vocab = task_batch(task, args.batch, T, device)
+        model = build("fla", mixer, vocab, args.d_model).to(device)
+        step = make_step("fla", model, batch, labels, False,
+                         lambda: torch.autocast(device.type, dtype=torch.bfloat16))
+        step()
+        torch.cuda.synchronize(device)
+        print(f"compiled fla {mixer} {task} at T={T} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.step",
                                      description=__doc__.split("\n\n")[0])
@@ -681,6 +791,14 @@ def main(argv: list[str] | None = None) -> int:
                              "reduce-overhead mode), labelled +cudagraphs, none of them `default`, without "
                              "the profile's split; CUDA only")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--no-warm", dest="warm", action="store_false",
+                        help="time FLA's rows without first compiling its autotuning configs side by side, "
+                             "one process per model (e.g. where a seeded Triton cache holds its choices)")
+    parser.add_argument("--warm-timeout", type=float, default=300.0,
+                        help="seconds the side-by-side compiles of FLA's configs may take in all")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile FLA's configs for the rows asked for, untimed, and exit (what each "
+                             "warming process runs; CUDA, --impls fla)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows --out already holds and measure only the missing ones (a table "
@@ -699,6 +817,9 @@ def main(argv: list[str] | None = None) -> int:
     elif "fla" in args.impls and fla_missing:
         parser.error("--impls fla: flash-linear-attention is not installed; pip install "
                      "'flash-linear-attention>=0.6', or leave fla out of --impls")
+    if args.compile_only and (device.type != "cuda" or args.impls != ["fla"]):
+        parser.error(f"--compile-only compiles FLA's Triton configs on CUDA: give --impls fla on a GPU (here "
+                     f"--impls {' '.join(args.impls)} on {device.type})")
     bad = [b for b in args.memory_budgets if not 0 < b <= 1]
     if bad:
         parser.error(f"--memory-budgets {bad}: each must be in (0, 1], the fraction of the compiled graph's "
@@ -756,40 +877,29 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         header += (f"; rows kept from earlier runs (--resume): {len(rows)}, each with its date and commit "
                    "in the CSV")
-    for task in args.tasks:
-        for T in args.lengths:
-            for mixer, pattern in models:
-                for impl in args.impls:
-                    if impl == "fla" and (pattern is not None or mixer not in FLA_LAYERS):
-                        continue
-                    # FLA's layers in their own (eager) form: the reference point
-                    forms = ours if impl == "ours" else [(False, False, False, False)]
-                    forms = [(c, lean, g, d, None) for c, lean, g, d in forms] + [
-                        (True, lean, g, False, b) for c, lean, g, _ in forms if c and impl == "ours"
-                        for b in args.memory_budgets]
-                    for compiled, lean, graphs, default, budget in forms:
-                        label = _label(impl, lean, compiled, budget, args.conv_label, graphs,
-                                       tuple(args.recompute))
-                        key = (label, default, task, mixer,
-                               len(pattern) if pattern else 2, T, args.batch)
-                        if key in done:
-                            continue
-                        try:
-                            row = measure(impl, task, mixer, T, args, device, compiled, lean, default,
-                                          pattern, budget, graphs)
-                        except Exception as error:  # an OOM or an FLA layer that will not build: recorded
-                            row = {"impl": label,
-                                   "default": default,
-                                   "task": task,
-                                   "mixer": mixer, "T": T, "B": args.batch,
-                                   "error": _error_line(error)}
-                        row["measured"], row["device"] = measured_by, here
-                        print({k: v for k, v in row.items() if k != "_kernels"}, flush=True)
-                        rows.append(row)
-                        # written after every row: a run cut off by a time limit keeps what it measured
-                        write(rows, args.out, header, echo=False)
-                        if device.type == "cuda":
-                            torch.cuda.empty_cache()
+    todo = [row for row in planned(args, models, ours) if row.key not in done]
+    if args.compile_only:
+        return compile_fla(todo, args, device)
+    if "fla" in args.impls and device.type == "cuda" and args.warm:
+        warm_fla(todo, args)
+    for row_plan in todo:
+        impl, task, mixer, T = row_plan.impl, row_plan.task, row_plan.mixer, row_plan.T
+        try:
+            row = measure(impl, task, mixer, T, args, device, row_plan.compiled, row_plan.lean,
+                          row_plan.default, row_plan.pattern, row_plan.budget, row_plan.graphs)
+        except Exception as error:  # an OOM or an FLA layer that will not build: recorded
+            row = {"impl": row_plan.key[0],
+                   "default": row_plan.default,
+                   "task": task,
+                   "mixer": mixer, "T": T, "B": args.batch,
+                   "error": _error_line(error)}
+        row["measured"], row["device"] = measured_by, here
+        print({k: v for k, v in row.items() if k != "_kernels"}, flush=True)
+        rows.append(row)
+        # written after every row: a run cut off by a time limit keeps what it measured
+        write(rows, args.out, header, echo=False)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     write(rows, args.out, header)
     return 0
 

@@ -3,7 +3,10 @@ are real."""
 
 from __future__ import annotations
 
+import argparse
 import csv
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -561,3 +564,45 @@ def test_a_row_of_another_gpu_is_not_compared_with_the_h200_anchors(tmp_path: Pa
         (line,) = [ln for ln in text.splitlines() if ln.startswith("| mqar | kda |")]
         assert ("x of " in line) is compared, (device, line)
         assert ("a359d38" in text) is compared, device
+
+
+def _fla_plan(impls: list[str]) -> list[step.Planned]:
+    args = argparse.Namespace(tasks=["mqar", "palindrome"], lengths=[256, 512, 1024], impls=impls,
+                              memory_budgets=[], conv_label="", recompute=[], batch=4)
+    return step.planned(args, [("kda", None), ("attention", None)], [(True, False, False, True)])
+
+
+def test_each_fla_model_is_warmed_once_at_its_shortest_missing_length() -> None:
+    """FLA's autotuners key on heads and widths, not the length: one warming process per FLA model (task,
+    mixer) with rows still to measure, at the shortest of them; none for ours or a mixer FLA lacks."""
+    plan = _fla_plan(["ours", "fla"])
+    assert len(plan) == 2 * 3 * (2 + 1)  # attention has no FLA row
+    done = {p.key for p in plan if p.impl == "fla" and p.task == "mqar" and p.T == 256}
+    todo = [p for p in plan if p.key not in done]
+    assert step.fla_layers_to_warm(todo) == [("mqar", "kda", 512), ("palindrome", "kda", 256)]
+    assert step.fla_layers_to_warm([p for p in todo if p.impl == "ours"]) == []
+    assert step.fla_layers_to_warm(_fla_plan(["ours"])) == []
+
+
+def test_the_warming_processes_run_side_by_side_keep_no_choice_and_stop_at_the_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each model's compile runs in its own process at once, with FLA_CACHE_RESULTS=0 (an untimed choice
+    must not become the autotuner's result), and one that outlasts --warm-timeout is killed and said so,
+    the rest reported by their last line."""
+    quick = "import os, time; time.sleep(3); print('compiled, cache', os.environ['FLA_CACHE_RESULTS'])"
+    commands = {"kda": [sys.executable, "-c", quick], "gla": [sys.executable, "-c", quick],
+                "deltanet": [sys.executable, "-c", "import time; time.sleep(60)"]}
+    monkeypatch.setattr(step, "warm_command", lambda args, task, mixer, T: commands[mixer])
+    args = argparse.Namespace(warm_timeout=6.0)
+    todo = [p for p in _fla_plan(["fla"]) if p.task == "mqar"]
+    todo += [p._replace(mixer=m) for p in todo for m in ("gla", "deltanet")]
+    t0 = time.perf_counter()
+    step.warm_fla(todo, args)
+    elapsed = time.perf_counter() - t0
+    out = capsys.readouterr().out
+    assert "compiling FLA's configs for 3 model(s) side by side" in out
+    assert "fla kda mqar: compiled, cache 0" in out and "fla gla mqar: compiled, cache 0" in out
+    assert "fla deltanet mqar: cut off at --warm-timeout 6 s" in out
+    # side by side: one after the other, the two 3 s compiles would not both end within the 6 s, and the
+    # slow one is stopped near the timeout
+    assert elapsed < 20
