@@ -714,23 +714,32 @@ def warm_fla(todo: list[Planned], args: argparse.Namespace) -> None:
     if not models:
         return
     env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
+    # each child's output to its own file: a pipe left unread while another child is waited on would fill
+    # and stall that child's compiles
+    logs = args.out / "warm"
+    logs.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    children = [(model, subprocess.Popen(warm_command(args, *model), env=env, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True)) for model in models]
+    children = []
+    for task, mixer, T in models:
+        log = logs / f"{task}_{mixer}.log"
+        with open(log, "w") as sink:
+            child = subprocess.Popen(warm_command(args, task, mixer, T), env=env, stdout=sink,
+                                     stderr=subprocess.STDOUT)
+        children.append((task, mixer, log, child))
     print(f"compiling FLA's configs for {len(children)} model(s) side by side (--no-warm skips it)",
           flush=True)
-    for (task, mixer, _), child in children:
+    for task, mixer, log, child in children:
         try:
-            output, _ = child.communicate(timeout=max(1.0, args.warm_timeout - (time.perf_counter() - t0)))
+            child.wait(timeout=max(1.0, args.warm_timeout - (time.perf_counter() - t0)))
         except subprocess.TimeoutExpired:
             child.kill()
-            output, _ = child.communicate()
+            child.wait()
             print(f"  fla {mixer} {task}: cut off at --warm-timeout {args.warm_timeout:g} s (its first timed "
                   "step compiles the rest)", flush=True)
             continue
-        last = (output.strip().splitlines() or ["no output"])[-1]
-        print(f"  fla {mixer} {task}: {last}" + (f" (exit {child.returncode})" if child.returncode else ""),
-              flush=True)
+        last = (log.read_text().strip().splitlines() or ["no output"])[-1]
+        failed = f" (exit {child.returncode}; {log})" if child.returncode else ""
+        print(f"  fla {mixer} {task}: {last}{failed}", flush=True)
     print(f"compiled in {time.perf_counter() - t0:.0f} s", flush=True)
 
 

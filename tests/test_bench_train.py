@@ -593,7 +593,7 @@ def test_the_warming_processes_run_side_by_side_keep_no_choice_and_stop_at_the_t
     commands = {"kda": [sys.executable, "-c", quick], "gla": [sys.executable, "-c", quick],
                 "deltanet": [sys.executable, "-c", "import time; time.sleep(60)"]}
     monkeypatch.setattr(step, "warm_command", lambda args, task, mixer, T: commands[mixer])
-    args = argparse.Namespace(warm_timeout=6.0)
+    args = argparse.Namespace(warm_timeout=6.0, out=tmp_path)
     todo = [p for p in _fla_plan(["fla"]) if p.task == "mqar"]
     todo += [p._replace(mixer=m) for p in todo for m in ("gla", "deltanet")]
     t0 = time.perf_counter()
@@ -606,3 +606,5 @@ def test_the_warming_processes_run_side_by_side_keep_no_choice_and_stop_at_the_t
     # side by side: one after the other, the two 3 s compiles would not both end within the 6 s, and the
     # slow one is stopped near the timeout
     assert elapsed < 20
+    # each child's whole output kept beside the table
+    assert (tmp_path / "warm" / "mqar_kda.log").read_text().strip() == "compiled, cache 0"
