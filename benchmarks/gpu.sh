@@ -56,8 +56,9 @@
 #                    WHEELS has them: the rows of this GPU's table (benchmarks/results/h200_step/ or
 #                    h100_step/) carried in and only the missing ones measured (--resume), so the table
 #                    fills over sessions; FLA's autotuning configs compiled first, one process per FLA
-#                    model side by side (up to 300 s; not with AUTOTUNE_SEED); STEP_ARGS replaces the
-#                    default "--variants default" (e.g. "--variants default eager --lengths 1024 --impls
+#                    model side by side (up to 300 s; not with AUTOTUNE_SEED); T=1,024 and 2,048 first,
+#                    the lengths the targets are set at; STEP_ARGS replaces the default "--variants default
+#                    --lengths 1024 2048 256 512" (e.g. "--variants default eager --lengths 1024 --impls
 #                    ours", or "--variants default --impls fla" for FLA's rows alone)
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
 #   budget      390  KDA's and GDN's default step at MQAR T=1024 beside it at trainer.compile_memory_budget 0.8
@@ -361,7 +362,7 @@ for step in "${steps[@]}"; do
       # a seeded cache holds FLA's autotuning choices: nothing for the side-by-side compiles to save
       warm=""; [ -n "${AUTOTUNE_SEED:-}" ] && warm="--no-warm"
       # shellcheck disable=SC2086
-      brief 540 python3 -m benchmarks.step --out "$OUT/step" --resume $warm ${STEP_ARGS:---variants default} ;;
+      brief 540 python3 -m benchmarks.step --out "$OUT/step" --resume $warm ${STEP_ARGS:---variants default --lengths 1024 2048 256 512} ;;
     compile)
       brief 200 python3 -m benchmarks.step --out "$OUT/compile" --lengths 1024 --tasks mqar \
         --mixers kda gdn mamba2 attention --impls ours --compile ;;
