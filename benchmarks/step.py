@@ -680,7 +680,8 @@ def planned(args: argparse.Namespace, models: list[tuple[str, list[str] | None]]
                     for compiled, lean, graphs, default, budget in forms:
                         label = _label(impl, lean, compiled, budget, args.conv_label, graphs,
                                        tuple(args.recompute))
-                        key = (label, default, task, mixer, len(pattern) if pattern else 2, T, args.batch)
+                        key = _key({"impl": label, "default": default, "task": task, "mixer": mixer,
+                                    "layers": len(pattern) if pattern else 2, "T": T, "B": args.batch})
                         plan.append(Planned(key, impl, task, mixer, T, pattern, compiled, lean, graphs,
                                             default, budget))
     return plan
