@@ -60,6 +60,10 @@
 #                    the lengths the targets are set at; STEP_ARGS replaces the default "--variants default
 #                    --lengths 1024 2048 256 512" (e.g. "--variants default eager --lengths 1024 --impls
 #                    ours", or "--variants default --impls fla" for FLA's rows alone)
+#   step_warm   330  FLA's configs for the missing FLA rows of that table compiled side by side, nothing timed
+#                    (benchmarks.step --warm-only; WHEELS with FLA's): started detached beside a campaign
+#                    training on the GPU, so that a later `step` on the same machine, with STEP_ARGS
+#                    "--variants default --impls fla --no-warm", times FLA's rows at once
 #   compile     200  the same at T=1024 with torch.compile of the body beside eager
 #   budget      390  KDA's and GDN's default step at MQAR T=1024 beside it at trainer.compile_memory_budget 0.8
 #                    (BUDGET_ARGS widens it, e.g. "--mixers kda gdn mamba2 attention --memory-budgets 0.8 0.7"),
@@ -112,7 +116,7 @@ for s in ${2:-kernels}; do
     candidates) steps+=(conv loss conv_step recompute_check recompute_step recompute_grid graphs) ;;
     check|profile|fla|bench|sweep|packing|verify|shapes|occupancy|flacheck|tune|train_check|conv|loss|step|\
 compile|paper_packing|pilot|lowp_split|lowp|lowp_saved|lowp_fwd|lowp_bwd|lowp_regimes|revcheck|revbench|budget|\
-conv_step|recompute_step|recompute_check|recompute_grid|graphs|graphs_train|graphs_grid) steps+=("$s") ;;
+conv_step|recompute_step|recompute_check|recompute_grid|graphs|graphs_train|graphs_grid|step_warm) steps+=("$s") ;;
     *) echo "gpu.sh: unknown step $s; $usage" >&2; exit 2 ;;
   esac
 done
@@ -173,6 +177,14 @@ brief() {
   timeout "$limit" "$@" >"$OUT/$step.out" 2>&1
   echo "   exit $? ($(tail -n 1 "$OUT/$step.out"))"
   grep -E '^(FAILED|ERROR) ' "$OUT/$step.out" | head -n 20 | sed 's/^/   /'
+}
+# step_table DIR: the committed step table of this GPU's kind copied into DIR, for --resume to fill (a table
+# is of one GPU: --resume refuses rows of another)
+step_table() {
+  local kind
+  mkdir -p "$1"
+  kind="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr 'H' 'h')"
+  cp "$ROOT/benchmarks/results/${kind:-none}_step/"bench_train* "$1/" 2>/dev/null
 }
 # fig4_forms DIR LIMIT OVERRIDES KEY NAME:VALUE...: Fig. 4's runs of OVERRIDES (lr 1e-3, 300 steps), once
 # for each VALUE of KEY, into DIR/NAME (no comma in NAME: -m would sweep over its parts); then their step times, peak memory and first steps from their logs
@@ -355,14 +367,16 @@ for step in "${steps[@]}"; do
     loss)
       brief 120 "${speed[@]}" loss --out "$OUT/loss" --block-rows 1024 2048 4096 8192 ;;
     step)
-      mkdir -p "$OUT/step"
-      # a table is of one GPU (--resume refuses rows of another): the committed one of this GPU's kind
-      kind="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]00' | tr 'H' 'h')"
-      cp "$ROOT/benchmarks/results/${kind:-none}_step/"bench_train* "$OUT/step/" 2>/dev/null
+      step_table "$OUT/step"
       # a seeded cache holds FLA's autotuning choices: nothing for the side-by-side compiles to save
       warm=""; [ -n "${AUTOTUNE_SEED:-}" ] && warm="--no-warm"
       # shellcheck disable=SC2086
       brief 540 python3 -m benchmarks.step --out "$OUT/step" --resume $warm ${STEP_ARGS:---variants default --lengths 1024 2048 256 512} ;;
+    step_warm)
+      step_table "$OUT/step"
+      # shellcheck disable=SC2086
+      brief 330 python3 -m benchmarks.step --out "$OUT/step" --resume --warm-only \
+        ${STEP_ARGS:---variants default --impls fla} ;;
     compile)
       brief 200 python3 -m benchmarks.step --out "$OUT/compile" --lengths 1024 --tasks mqar \
         --mixers kda gdn mamba2 attention --impls ours --compile ;;

@@ -26,9 +26,10 @@ with their short convolutions and fused norms) and FLA's fused linear cross-entr
 (ignore_index -100), where FLA has the layer; on CUDA, before anything is timed, one process per FLA model
 compiles every config its autotuners will try, side by side (FLA autotunes on first use, compiling each
 config in turn: minutes per model in the timing process otherwise; `--no-warm` skips it, `--warm-timeout`
-bounds it). `--variants` picks our step's forms: `default` (what
-`python train.py` runs on this device at the configs' defaults: compiled on CUDA, eager on the CPU, and
-replayed as CUDA graphs where `trainer.cuda_graphs` says so; the row says which),
+bounds it, `--warm-only` does only it, e.g. beside a run training on the same GPU, for a later call with
+`--no-warm` on the same machine, whose Triton cache then holds the configs). `--variants` picks our step's
+forms: `default` (what `python train.py` runs on this device at the configs' defaults: compiled on CUDA,
+eager on the CPU, and replayed as CUDA graphs where `trainer.cuda_graphs` says so; the row says which),
 `eager`, `lean`, `compile`, `lean+compile`. A compiled row is measured after `torch._dynamo.reset()`, and
 fails (recorded, with the reason) if the compiler made no graph: a row labelled compiled ran compiled. A
 graph compiled inside the timed steps (a guard failing after the warm-up) sends them to be timed again on
@@ -806,6 +807,10 @@ def main(argv: list[str] | None = None) -> int:
                              "one process per model (e.g. where a seeded Triton cache holds its choices)")
     parser.add_argument("--warm-timeout", type=float, default=300.0,
                         help="seconds the side-by-side compiles of FLA's configs may take in all")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="compile FLA's configs for the missing rows side by side, as before timing, and "
+                             "exit without timing or writing a row: on a machine busy training, so that a "
+                             "later call times them at once with --no-warm (CUDA, --impls with fla)")
     parser.add_argument("--compile-only", action="store_true",
                         help="compile FLA's configs for the rows asked for, untimed, and exit (what each "
                              "warming process runs; CUDA, --impls fla)")
@@ -830,6 +835,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_only and (device.type != "cuda" or args.impls != ["fla"]):
         parser.error(f"--compile-only compiles FLA's Triton configs on CUDA: give --impls fla on a GPU (here "
                      f"--impls {' '.join(args.impls)} on {device.type})")
+    if args.warm_only and (device.type != "cuda" or "fla" not in args.impls or not args.warm):
+        parser.error(f"--warm-only compiles FLA's Triton configs on CUDA: give --impls fla on a GPU, without "
+                     f"--no-warm (here --impls {' '.join(args.impls)} on {device.type}"
+                     f"{', --no-warm' if not args.warm else ''})")
     bad = [b for b in args.memory_budgets if not 0 < b <= 1]
     if bad:
         parser.error(f"--memory-budgets {bad}: each must be in (0, 1], the fraction of the compiled graph's "
@@ -892,6 +901,10 @@ def main(argv: list[str] | None = None) -> int:
         return compile_fla(todo, args, device)
     if "fla" in args.impls and device.type == "cuda" and args.warm:
         warm_fla(todo, args)
+    if args.warm_only:
+        if not fla_layers_to_warm(todo):
+            print(f"no FLA row left to measure in {args.out}: nothing to compile", flush=True)
+        return 0
     for row_plan in todo:
         impl, task, mixer, T = row_plan.impl, row_plan.task, row_plan.mixer, row_plan.T
         try:

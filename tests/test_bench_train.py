@@ -608,3 +608,60 @@ def test_the_warming_processes_run_side_by_side_keep_no_choice_and_stop_at_the_t
     assert elapsed < 20
     # each child's whole output kept beside the table
     assert (tmp_path / "warm" / "mqar_kda.log").read_text().strip() == "compiled, cache 0"
+
+
+def test_warm_only_off_cuda_is_refused_before_anything_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        step.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--impls", "ours", "--warm-only"])
+    assert "--warm-only compiles FLA's Triton configs on CUDA" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _as_if_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() on a GPU that is not there: FLA's layers found, nothing touching CUDA itself."""
+    find_spec = step.importlib.util.find_spec
+    monkeypatch.setattr(step.importlib.util, "find_spec",
+                        lambda name, *args: object() if name.startswith("fla") else find_spec(name, *args))
+    monkeypatch.setattr(step, "indexed_device", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr(step.torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(step, "provenance", lambda device: "a GPU")
+    monkeypatch.setattr(step, "device_name", lambda device: "a GPU")
+
+
+def test_warm_only_compiles_the_missing_fla_rows_and_times_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """--warm-only (beside a run training on the GPU) warms FLA's models of the rows --resume would
+    measure, then exits: no row timed, no table written, the kept rows untouched."""
+    _as_if_on_a_gpu(monkeypatch)
+    warmed: list[list[step.Planned]] = []
+    monkeypatch.setattr(step, "warm_fla", lambda todo, args: warmed.append(todo))
+
+    def no_timing(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("--warm-only timed a row")
+
+    monkeypatch.setattr(step, "measure", no_timing)
+    kept = {"impl": "fla", "default": False, "task": "mqar", "mixer": "kda", "layers": 2, "T": 256, "B": 4,
+            "step_ms": 1.0, "tokens_per_s_M": 1.0, "first_step_s": 1.0, "device": "a GPU"}
+    step.write([kept], tmp_path, "header", echo=False)
+    before = (tmp_path / "bench_train.csv").read_text()
+    args = ["--out", str(tmp_path), "--resume", "--batch", "4", "--mixers", "kda", "attention",
+            "--tasks", "mqar", "--lengths", "256", "512", "--variants", "default", "--warm-only"]
+    assert step.main(args) == 0
+    (todo,) = warmed
+    assert step.fla_layers_to_warm(todo) == [("mqar", "kda", 512)]
+    assert (tmp_path / "bench_train.csv").read_text() == before
+    # every FLA row measured: nothing to warm, and it says so
+    kept_512 = {**kept, "T": 512}
+    step.write([kept, kept_512], tmp_path, "header", echo=False)
+    assert step.main(args) == 0
+    assert "no FLA row left to measure" in capsys.readouterr().out
+
+
+def test_warm_only_with_no_warm_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    _as_if_on_a_gpu(monkeypatch)
+    with pytest.raises(SystemExit):
+        step.main(["--out", str(tmp_path / "out"), "--impls", "fla", "--warm-only", "--no-warm"])
+    assert "without --no-warm" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
