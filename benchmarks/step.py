@@ -705,8 +705,9 @@ def warm_command(args: argparse.Namespace, task: str, mixer: str, T: int) -> lis
             "--batch", str(args.batch), "--d-model", str(args.d_model), "--device", args.device]
 
 
-def warm_fla(todo: list[Planned], args: argparse.Namespace) -> None:
-    """Compile FLA's kernels for the rows to come, one process per model side by side, before any is timed.
+def warm_fla(todo: list[Planned], args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """Compile FLA's kernels for the rows to come, one process per model side by side, before any is timed;
+    the models compiled (fla_layers_to_warm), [] where no FLA row is to come.
 
     FLA autotunes each kernel on its first call, compiling every config in turn: minutes per model in the
     process that times it. Side by side the compiles share the CPU's cores and land in Triton's on-disk
@@ -714,7 +715,7 @@ def warm_fla(todo: list[Planned], args: argparse.Namespace) -> None:
     (FLA_CACHE_RESULTS=0): they time nothing, and the timed process chooses alone on the GPU."""
     models = fla_layers_to_warm(todo)
     if not models:
-        return
+        return models
     env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
     # each child's output to its own file: a pipe left unread while another child is waited on would fill
     # and stall that child's compiles
@@ -743,6 +744,7 @@ def warm_fla(todo: list[Planned], args: argparse.Namespace) -> None:
         failed = f" (exit {child.returncode}; {log})" if child.returncode else ""
         print(f"  fla {mixer} {task}: {last}{failed}", flush=True)
     print(f"compiled in {time.perf_counter() - t0:.0f} s", flush=True)
+    return models
 
 
 def compile_fla(todo: list[Planned], args: argparse.Namespace, device: torch.device) -> int:
@@ -899,10 +901,9 @@ def main(argv: list[str] | None = None) -> int:
     todo = [row for row in planned(args, models, ours) if row.key not in done]
     if args.compile_only:
         return compile_fla(todo, args, device)
-    if "fla" in args.impls and device.type == "cuda" and args.warm:
-        warm_fla(todo, args)
+    warmed = warm_fla(todo, args) if "fla" in args.impls and device.type == "cuda" and args.warm else []
     if args.warm_only:
-        if not fla_layers_to_warm(todo):
+        if not warmed:
             print(f"no FLA row left to measure in {args.out}: nothing to compile", flush=True)
         return 0
     for row_plan in todo:

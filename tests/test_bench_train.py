@@ -597,10 +597,11 @@ def test_the_warming_processes_run_side_by_side_keep_no_choice_and_stop_at_the_t
     todo = [p for p in _fla_plan(["fla"]) if p.task == "mqar"]
     todo += [p._replace(mixer=m) for p in todo for m in ("gla", "deltanet")]
     t0 = time.perf_counter()
-    step.warm_fla(todo, args)
+    models = step.warm_fla(todo, args)
     elapsed = time.perf_counter() - t0
     out = capsys.readouterr().out
     assert "compiling FLA's configs for 3 model(s) side by side" in out
+    assert models == [("mqar", "kda", 256), ("mqar", "gla", 256), ("mqar", "deltanet", 256)]
     assert "fla kda mqar: compiled, cache 0" in out and "fla gla mqar: compiled, cache 0" in out
     assert "fla deltanet mqar: cut off at --warm-timeout 6 s" in out
     # side by side: one after the other, the two 3 s compiles would not both end within the 6 s, and the
@@ -635,7 +636,12 @@ def test_warm_only_compiles_the_missing_fla_rows_and_times_nothing(
     measure, then exits: no row timed, no table written, the kept rows untouched."""
     _as_if_on_a_gpu(monkeypatch)
     warmed: list[list[step.Planned]] = []
-    monkeypatch.setattr(step, "warm_fla", lambda todo, args: warmed.append(todo))
+
+    def warm(todo: list[step.Planned], args: argparse.Namespace) -> list[tuple[str, str, int]]:
+        warmed.append(todo)
+        return step.fla_layers_to_warm(todo)
+
+    monkeypatch.setattr(step, "warm_fla", warm)
 
     def no_timing(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("--warm-only timed a row")
@@ -650,6 +656,7 @@ def test_warm_only_compiles_the_missing_fla_rows_and_times_nothing(
     assert step.main(args) == 0
     (todo,) = warmed
     assert step.fla_layers_to_warm(todo) == [("mqar", "kda", 512)]
+    assert "no FLA row left to measure" not in capsys.readouterr().out
     assert (tmp_path / "bench_train.csv").read_text() == before
     # every FLA row measured: nothing to warm, and it says so
     kept_512 = {**kept, "T": 512}
