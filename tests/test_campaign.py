@@ -669,7 +669,7 @@ def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_c
     # three runs in flight whose checkpoints together pass what a call brings back: one archive a run, so
     # the two furthest on come back whole and the third is named as not carried, not cut off with the rest
     campaign, work = _module(), _empty_work(tmp_path)
-    monkeypatch.setattr(campaign, "PART_BYTES", 100_000)
+    monkeypatch.setattr(campaign, "PART_BYTES", 150_000)
     monkeypatch.setattr(campaign, "CARRY_BYTES", 500_000)
     for name, step in (("near", 500), ("far", 3000), ("mid", 1500)):
         run = work / "src" / "results" / "x" / name
@@ -682,8 +682,8 @@ def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_c
     printed = capsys.readouterr().out
     assert "not carried: results/x/near at step 500" in printed
     assert "results/x/far in flight (at step 3000) with its checkpoint" in printed
-    assert all(path.stat().st_size <= 100_000 for path in files)
-    assert sum(path.stat().st_size for path in files) <= 500_000
+    assert all(path.stat().st_size <= 150_000 for path in files)
+    assert sum(path.stat().st_size for path in files) <= 500_000 and len(files) == 4
     # the parts of both archives, in any order, make both again, and a fresh copy gets both runs back
     archives = campaign.read_archives(list(reversed(files)), "--resume")
     assert len(archives) == 2
@@ -692,6 +692,46 @@ def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_c
     assert sorted(p.name for p in (src / "results" / "x").iterdir()) == ["far", "mid"]
     assert (src / "results" / "x" / "far" / "checkpoint.pt").read_bytes() == \
         (work / "src" / "results" / "x" / "far" / "checkpoint.pt").read_bytes()
+
+
+def test_a_stop_with_carry_calls_stages_what_one_call_cannot_bring_and_fetch_brings_it_in_shares(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # five runs in flight, 2 parts each: two calls bring back four archives (files and bytes both bound a
+    # call), the fifth, nearest run is named as not carried; fetch moves the rest, a share a call
+    campaign, work = _module(), _empty_work(tmp_path)
+    monkeypatch.setattr(campaign, "PART_BYTES", 150_000)
+    monkeypatch.setattr(campaign, "CARRY_BYTES", 500_000)
+    for name, step in (("a", 500), ("b", 3000), ("c", 1500), ("d", 2500), ("e", 100)):
+        run = work / "src" / "results" / "x" / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / "checkpoint.pt").write_bytes(os.urandom(200_000))
+        (run / "summary.json").write_text(json.dumps({"status": "incomplete", "steps": step,
+                                                      "checkpoint_step": step}))
+        (run / ".hydra" / "overrides.yaml").write_text(f"- mixer={name}\n")
+    calls = [campaign.save_checkpoints(work, tmp_path / "call0", calls=2)]
+    printed = capsys.readouterr().out
+    assert "not carried: results/x/e at step 100" in printed and "past what 2 calls" in printed
+    assert "4 more" in printed and "fetch --out" in printed
+    calls.append(campaign.fetch(work, tmp_path / "call1"))
+    assert "no checkpoint waits" in (capsys.readouterr(), campaign.fetch(work, tmp_path / "call2"),
+                                     capsys.readouterr().out)[2]
+    assert [len(files) for files in calls] == [4, 4]
+    for files in calls:
+        assert len(files) <= campaign.CARRY_FILES and sum(p.stat().st_size for p in files) <= 500_000
+    # both calls' files make all four archives whole, each run as it was
+    archives = campaign.read_archives(calls[0] + calls[1], "--resume")
+    src = tmp_path / "fresh"
+    assert sum(campaign.restore_checkpoints(data, src) for data in archives) == 4
+    assert sorted(p.name for p in (src / "results" / "x").iterdir()) == ["a", "b", "c", "d"]
+    for name in "abcd":
+        assert (src / "results" / "x" / name / "checkpoint.pt").read_bytes() == \
+            (work / "src" / "results" / "x" / name / "checkpoint.pt").read_bytes()
+    # a later pack replaces what an earlier one staged: no stale part waits beside a newer archive
+    (work / campaign.CARRY_DIR / "resume-old-00.tar.gz.part01").write_bytes(b"stale")
+    campaign.save_checkpoints(work, tmp_path / "again", calls=2)
+    assert len(list((work / campaign.CARRY_DIR).iterdir())) == 4
+    assert len(campaign.read_archives(list((tmp_path / "again").iterdir())
+                                      + list((work / campaign.CARRY_DIR).iterdir()), "--resume")) == 4
 
 
 def _work_with_gdn_checkpointed(tmp_path: Path) -> tuple[types.ModuleType, Path, Path]:
@@ -774,6 +814,8 @@ def test_a_checkpoint_too_large_to_carry_is_sized_from_the_runs_of_its_model(tmp
     assert campaign.checkpoint_bytes(cells[by_name["stack", "kda"]], runs) == 12 * (large // 4)
     assert campaign.checkpoint_bytes(cells[by_name["mqar", "mamba2"]], runs) is None  # not measured
     assert campaign.hold_bound(cells, list(range(len(cells))), runs, []) == {by_name["mqar", "kda"]}
+    # two calls carry it
+    assert campaign.hold_bound(cells, list(range(len(cells))), runs, [], calls=2) == set()
     # a cell whose run holds a checkpoint came carried: not hold-bound
     carried = cells[by_name["mqar", "kda"]].run_values
     partial = [{"overrides": {k: campaign._number(v) for k, v in carried.items()}, "given": set(carried),

@@ -59,10 +59,16 @@ says so; `wait` and `status` list the postponed cells.
 
 A carried checkpoint is a run's model, optimizer and schedule (22 to 35 MB for Fig. 4's Palindrome and
 Stack models): a lent machine sends back 8 files a call, 64 MiB together, and its working tree with what is
-carried is at most 64 MiB, so at most CARRY_BYTES (48 MiB) of checkpoints are packed, and checkpoints and
-compile caches (about 45 MB) may not both fit in one call. A cell whose checkpoint would be larger (sized
-from the finished runs of its model; Fig. 4's MQAR models, about 68 MiB) is hold-bound: a hold runs those
-that fit it first, the longest first, and --fill never starts one, as a hold's end would lose it whole.
+carried is at most 64 MiB, so a call brings back at most CARRY_BYTES (48 MiB, CARRY_FILES files) of
+checkpoints, and checkpoints and compile caches (about 45 MB) may not both fit in one call. A cell whose
+checkpoint would be larger (sized from the finished runs of its model; Fig. 4's MQAR models, about 68 MiB)
+is hold-bound: a hold runs those that fit it first, the longest first, and --fill never starts one, as a
+hold's end would lose it whole. `start --carry-calls N` lets a stop's checkpoints take N calls: the stop
+packs up to N calls' worth, brings back the first share and leaves the rest on the machine, and `fetch
+--out $OUT` in each next call (chained, before the machine goes back) brings back the next; only cells
+over N calls' worth are hold-bound then. The next machine takes them the same way, one call's files
+carried a call: `mkdir -p /tmp/resume && cp CALL1/* /tmp/resume/` in the first, then `start --resume
+/tmp/resume/* CALL2/*`. A pack by `start` or `wait` (the runs train on) stays within one call.
 
 A bare machine compiles every model again (13 to 49 s of a run's first step on the H200, against 3 to 4 s
 with warm caches). `stop --with-caches` (or `wait`) also packs the compile caches into --out, in parts of
@@ -144,8 +150,12 @@ BROKEN_AFTER = 3
 # A file that comes back from a lent machine is at most 16 MiB: a larger compile-cache archive goes in parts.
 PART_BYTES = 15 * 2**20
 # What a call brings back (64 MiB) and what travels to the next machine with the checkout (64 MiB) bound the
-# checkpoints carried: an archive cut off by either is lost whole, so runs past this are not packed.
+# checkpoints one call carries: an archive cut off by either is lost whole, so runs past this are not packed.
 CARRY_BYTES = 48 * 2**20
+# A call brings back 8 files: the rest are left for the finished runs' archive and the command's own logs.
+CARRY_FILES = 5
+# Where stop --carry-calls N stages the checkpoints that later calls' `fetch` bring back.
+CARRY_DIR = "carry"
 # With --fill, the first pending cell that does not fit starts anyway while at least this much of the hold is
 # left: less would end before its first checkpoint could be worth carrying.
 FILL_MIN_S = 120.0
@@ -656,16 +666,16 @@ def checkpoint_bytes(cell: Cell, measured: list[dict[str, Any]]) -> int | None:
 
 
 def hold_bound(cells: list[Cell], pending: list[int], measured: list[dict[str, Any]],
-               partial: list[dict[str, Any]]) -> set[int]:
-    """The pending cells whose checkpoint is over what a call carries (CARRY_BYTES): a run of one that a
-    hold's end cuts off is lost whole, so it must start and finish within one hold. A cell whose run holds
-    a checkpoint (`partial`) was carried, so it is not one."""
+               partial: list[dict[str, Any]], calls: int = 1) -> set[int]:
+    """The pending cells whose checkpoint is over what `calls` calls carry (CARRY_BYTES each): a run of one
+    that a hold's end cuts off is lost whole, so it must start and finish within one hold. A cell whose run
+    holds a checkpoint (`partial`) was carried, so it is not one."""
     found = set()
     for i in pending:
         if run_of(cells[i], partial) is not None:
             continue
         size = checkpoint_bytes(cells[i], measured)
-        if size is not None and size > CARRY_BYTES:
+        if size is not None and size > calls * CARRY_BYTES:
             found.add(i)
     return found
 
@@ -1017,7 +1027,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 ready = resumed_first(cells, [i for i in pending if i not in waiting], partial)
                 estimates = estimates_of(cells, ready, measured, partial, gpus, state.get("gpu"))
                 resumed = sum(run_of(cells[i], partial) is not None for i in ready)
-                bound = hold_bound(cells, ready, measured, partial)
+                bound = hold_bound(cells, ready, measured, partial, int(state.get("carry_calls", 1)))
                 ready = hold_bound_first(ready, bound, estimates, left, resumed)
                 group, postponed = choose(cells, ready, left, estimates, len(free), gpus)
                 carryable = [i for i in ready if i not in bound]
@@ -1085,7 +1095,7 @@ def carried_runs(archives: list[Path]) -> list[dict[str, Any]]:
 
 
 def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None,
-         carried: list[Path] | None = None) -> float:
+         carried: list[Path] | None = None, calls: int = 1) -> float:
     """What the plans still have to run against the checkout `source`: each pending cell with its estimate
     (from the checkout's finished runs; at most max_steps, so early stopping only shortens it; a run that
     the resume archives `carried` hold is priced for the steps its checkpoint has left) and the minute its
@@ -1104,7 +1114,7 @@ def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None,
     waiting = resolve_best(cells, pending, source)
     pending = resumed_first(cells, [i for i in pending if not is_finished(cells[i], runs)], partial)
     estimates = estimates_of(cells, pending, runs, partial, gpus, gpu)
-    bound = hold_bound(cells, pending, runs, partial)
+    bound = hold_bound(cells, pending, runs, partial, calls)
     unknown, todo = 0, list(pending)
     free_at = [0.0] * max(1, gpus)
     while todo:
@@ -1131,9 +1141,10 @@ def left(plans: list[Path], source: Path, gpus: int = 1, gpu: str | None = None,
           + (f", {unknown} cell(s) without an estimate" if unknown else "") + " (early stopping shortens it)")
     if bound:
         longest = max((estimates[i] or 0.0) for i in bound)
-        print(f"{len(bound)} of them hold a checkpoint over the {CARRY_BYTES / 2**20:.0f} MiB a call "
-              f"carries: each must finish within one hold (the longest {longest / 60:.1f} min); a hold runs "
-              "those that fit it first, the longest first")
+        print(f"{len(bound)} of them hold a checkpoint over the {calls * CARRY_BYTES / 2**20:.0f} MiB "
+              f"{_calls(calls)} carr{'y' if calls > 1 else 'ies'}: each must finish within one hold (the "
+              f"longest {longest / 60:.1f} min); a hold runs those that fit it first, the longest first"
+              + ("" if calls > 1 else " (or give --carry-calls N: a stop then brings them back in N calls)"))
     return total
 
 
@@ -1435,7 +1446,7 @@ def wait(work: Path, minutes: float) -> None:
 
 
 def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | None = None,
-          resume: list[bytes] | None = None, fill: bool = False) -> None:
+          resume: list[bytes] | None = None, fill: bool = False, carry_calls: int = 1) -> None:
     began = time.time()
     state = _state(work)
     if _alive(state.get("pid")):
@@ -1457,7 +1468,8 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
     snapshot(work, source)
     for data in resume or []:
         restore_checkpoints(data, work / "src")
-    state = {"plans": [str(plan) for plan in plans], "stages": stages, "started": time.time(), "stage": None}
+    state = {"plans": [str(plan) for plan in plans], "stages": stages, "started": time.time(), "stage": None,
+             "carry_calls": carry_calls}
     if hold_minutes is not None:
         state["deadline"] = began + 60 * hold_minutes
         state["fill"] = fill
@@ -1535,20 +1547,27 @@ def _add_as_opened(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
         tar.addfile(info, handle)
 
 
-def save_checkpoints(work: Path, out: Path) -> list[Path]:
+def _calls(calls: int) -> str:
+    return "a call" if calls == 1 else f"{calls} calls"
+
+
+def save_checkpoints(work: Path, out: Path, calls: int = 1) -> list[Path]:
     """The runs in flight that hold a checkpoint, checkpoint, metrics, log, summary and .hydra/ included, one
-    archive a run under `out` (in parts where larger), for the next machine's `start --resume`; [] where none
-    has one. After `stop` each holds the step it had finished; from `start` or `wait` the runs train on, and
-    the archive holds each one's last checkpoint (trainer.checkpoint_every), so a machine taken back before
-    the next call loses only the steps since then. The runs furthest on go first, and a run whose archive
-    would take the packed ones past CARRY_BYTES is left out, named: an archive cut off on its way back could
-    not be read at all."""
+    archive a run (in parts where larger), for the next machine's `start --resume`; [] where none has one.
+    After `stop` each holds the step it had finished; from `start` or `wait` the runs train on, and the
+    archive holds each one's last checkpoint (trainer.checkpoint_every), so a machine taken back before the
+    next call loses only the steps since then. The runs furthest on go first, and a run whose archive would
+    take the packed ones past what `calls` calls bring back (CARRY_BYTES each) is left out, named: an
+    archive cut off on its way back could not be read at all. The first call's share goes into `out` and
+    is returned; the rest waits in the work dir for `fetch` (one call's share each)."""
     src = work / "src"
+    staged = work / CARRY_DIR
+    shutil.rmtree(staged, ignore_errors=True)  # an earlier pack's parts: this one replaces them
     runs = [src / name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
     if not runs:
         print("no run in flight holds a checkpoint: nothing to carry")
         return []
-    out.mkdir(parents=True, exist_ok=True)
+    staged.mkdir(parents=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     # a stopped run's summary names its checkpoint's step; one still training has only its metrics so far
     steps: dict[Path, tuple[int, str]] = {}
@@ -1556,25 +1575,69 @@ def save_checkpoints(work: Path, out: Path) -> list[Path]:
         step = _checkpoint_step(_summary(run) or {})
         logged = _last_step(run) or 0
         steps[run] = (step, f"at step {step}") if step is not None else (logged, f"logged to step {logged}")
-    packed: list[Path] = []
-    used = 0
+    packed: list[int] = []  # the staged parts' sizes, in the order fetch brings them back
     for index, run in enumerate(sorted(runs, key=lambda run: (-steps[run][0], str(run)))):
         name = run.relative_to(src)
-        archive = out / f"resume-{stamp}-{index:02d}.tar.gz"
+        archive = staged / f"resume-{stamp}-{index:02d}.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
             for path in [run / f for f in ("checkpoint.pt", *RUN_FILES)] + [run / ".hydra" / f
                                                                             for f in HYDRA_FILES]:
                 _add_as_opened(tar, path, str(path.relative_to(src)))
         size = archive.stat().st_size
-        if used + size > CARRY_BYTES:
+        parts = -(-size // PART_BYTES)
+        if len(_shares(packed + [PART_BYTES] * (parts - 1) + [size - PART_BYTES * (parts - 1)])) > calls:
             archive.unlink()
             print(f"not carried: {name} {steps[run][1]} ({size / 2**20:.1f} MiB would take the checkpoints "
-                  f"past the {CARRY_BYTES / 2**20:.0f} MiB a call can bring back; the next machine trains it "
-                  "from step 0)")
+                  f"past what {_calls(calls)} can bring back, {CARRY_BYTES / 2**20:.0f} MiB and "
+                  f"{CARRY_FILES} files each; the next machine trains it from step 0"
+                  + ("" if calls > 1 else ", unless --carry-calls N gives it more calls") + ")")
             continue
+        packed += [path.stat().st_size for path in
+                   _split(archive, f"{name} in flight ({steps[run][1]}) with its checkpoint")]
+    return fetch(work, out)
+
+
+def _shares(sizes: list[int]) -> list[int]:
+    """How many of the files of `sizes` (in order) each call brings back: whole files, at most CARRY_BYTES
+    and CARRY_FILES a call."""
+    shares: list[int] = []
+    used = 0
+    for size in sizes:
+        if not shares or used + size > CARRY_BYTES or shares[-1] == CARRY_FILES:
+            shares.append(0)
+            used = 0
+        shares[-1] += 1
         used += size
-        packed += _split(archive, f"{name} in flight ({steps[run][1]}) with its checkpoint")
-    return packed
+    return shares
+
+
+def _part_order(path: Path) -> tuple[str, int]:
+    """An archive's parts in their order (part10 after part09), archives in the order they were packed."""
+    whole, _, number = path.name.partition(".part")
+    return whole, int(number) if number.isdigit() else -1
+
+
+def fetch(work: Path, out: Path) -> list[Path]:
+    """Move what one call brings back (CARRY_BYTES, CARRY_FILES files) of the checkpoints that a stop with
+    --carry-calls staged into `out`, whole parts in packing order; returns them and says what still waits."""
+    staged = work / CARRY_DIR
+    waiting = sorted((p for p in staged.iterdir() if p.is_file()), key=_part_order) if staged.is_dir() else []
+    if not waiting:
+        print("no checkpoint waits to be fetched")
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    share = _shares([path.stat().st_size for path in waiting])[0]
+    used = sum(path.stat().st_size for path in waiting[:share])
+    moved = [Path(shutil.move(str(path), str(out / path.name))) for path in waiting[:share]]
+    rest = waiting[share:]
+    print(f"brought back {len(moved)} checkpoint file(s) ({used / 2**20:.1f} MiB): "
+          + ", ".join(path.name for path in moved))
+    if rest:
+        left_bytes = sum(path.stat().st_size for path in rest)
+        print(f"{len(rest)} more ({left_bytes / 2**20:.1f} MiB) wait on this machine: `python "
+              "tools/campaign.py fetch --out $OUT` in each next call brings one call's share back; keep each "
+              "call's files in a folder of their own, and carry one folder a call to the next machine")
+    return moved
 
 
 def restore_checkpoints(data: bytes, src: Path) -> int:
@@ -1739,6 +1802,7 @@ def check_numbers(args: argparse.Namespace) -> None:
              ("minutes", lambda v: v >= 0, "minutes to wait, >= 0"),
              ("grace", lambda v: v >= 0, "seconds, >= 0"),
              ("gpus", lambda v: v >= 1, "GPUs, >= 1"),
+             ("carry_calls", lambda v: v >= 1, "the calls a stop's checkpoints may take, >= 1 (e.g. 2)"),
              ("max_steps", lambda v: v >= 1, "the longer budget in steps, >= 1 (e.g. 20000)"),
              ("below", lambda v: 0 < v <= 1, "an accuracy in (0, 1], e.g. 0.99")]
     for name, ok, what in rules:
@@ -1751,7 +1815,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     default_work = Path(os.environ.get("CAMPAIGN_WORK", "/tmp/campaign"))
-    for name in ("start", "wait", "stop", "status", "_supervise"):
+    for name in ("start", "wait", "stop", "status", "fetch", "_supervise"):
         command = sub.add_parser(name)
         command.add_argument("--work", type=Path, default=default_work,
                              help="where the copy runs (outside the checkout: a sync of it cannot touch it)")
@@ -1786,6 +1850,15 @@ def main(argv: list[str] | None = None) -> int:
         if name == "stop":
             command.add_argument("--grace", type=float, default=120.0,
                                  help="seconds the runs get to checkpoint before they are killed")
+        if name in ("start", "stop"):
+            command.add_argument("--carry-calls", type=int, default=None, metavar="N",
+                                 help="the stop's checkpoints may take N calls to bring back (this call's "
+                                 "--out, then `fetch` in each next one), so a run whose checkpoint is over "
+                                 "what one call carries need not end within the hold (start's is the stop's "
+                                 "default; 1 if neither gives it)")
+        if name == "fetch":
+            command.add_argument("--out", type=Path, required=True,
+                                 help="bring the next call's share of the stop's checkpoints here ($OUT)")
         if name in ("start", "wait", "stop"):
             command.add_argument("--with-checkpoints", action="store_true",
                                  help="also pack the runs in flight with their checkpoints into --out (for "
@@ -1803,6 +1876,9 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument("--resume", type=Path, nargs="+", default=None,
                          help="the resume archives (or their parts) the next start --resume takes: their "
                          "runs priced for the steps their checkpoints have left")
+    command.add_argument("--carry-calls", type=int, default=1, metavar="N",
+                         help="as start's: a cell is hold-bound only where its checkpoint is over what N "
+                         "calls carry")
     command = sub.add_parser("extend", help="a plan that trains the unsolved cells of results again, "
                              "longer")
     command.add_argument("results", type=Path, nargs="+", help="results directories (a sweep's dir)")
@@ -1846,7 +1922,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_numbers(args)
-        if args.command in ("wait", "stop", "status") and not (args.work / "state.json").is_file():
+        if args.command in ("wait", "stop", "status", "fetch") and not (args.work / "state.json").is_file():
             # a --work that no start used (a typo, another CAMPAIGN_WORK, a fresh machine) has nothing to
             # wait for or pack, which would read as a campaign that ended with nothing finished
             raise CampaignError(f"no campaign in {args.work} (no state.json): give the --work that start "
@@ -1855,7 +1931,7 @@ def main(argv: list[str] | None = None) -> int:
             return supervise(args.work)
         if args.command == "left":
             left(args.plans, args.source, args.gpus or max(1, visible_gpus()), args.gpu or gpu_name(),
-                 args.resume)
+                 args.resume, args.carry_calls)
             return 0
         if args.command == "extend":
             print(extend(args.results, args.source, args.max_steps, args.below, args.metric,
@@ -1883,16 +1959,23 @@ def main(argv: list[str] | None = None) -> int:
             resume = read_archives(args.resume, "--resume") if args.resume else None
             if args.caches:
                 restore_caches(args.caches)
-            start(args.plans, args.work, args.source, args.hold_minutes, resume, args.fill)
+            start(args.plans, args.work, args.source, args.hold_minutes, resume, args.fill,
+                  args.carry_calls or 1)
         if args.command == "wait" and args.hold_minutes is not None:
             move_hold(args.work, args.hold_minutes)
         if args.command in ("start", "wait"):
             wait(args.work, args.minutes)
+        if args.command == "fetch":
+            fetch(args.work, args.out)
+            return 0
         if args.command == "stop":
             stop(args.work, args.grace)
         pack(args.work, args.out, args.with_running)
         if getattr(args, "with_checkpoints", False):
-            save_checkpoints(args.work, args.out)
+            # start's and wait's packs recur while the runs train on: only a stop's may span calls
+            calls = (args.carry_calls or int(_state(args.work).get("carry_calls", 1))
+                     if args.command == "stop" else 1)
+            save_checkpoints(args.work, args.out, calls)
         if getattr(args, "with_caches", False):
             save_caches(args.out)
     except CampaignError as error:
