@@ -734,6 +734,31 @@ def test_a_stop_with_carry_calls_stages_what_one_call_cannot_bring_and_fetch_bri
                                       + list((work / campaign.CARRY_DIR).iterdir()), "--resume")) == 4
 
 
+def test_a_stop_takes_the_calls_its_start_gave_and_start_and_wait_stay_within_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    campaign, work = _module(), _empty_work(tmp_path)
+    monkeypatch.setattr(campaign, "PART_BYTES", 150_000)
+    monkeypatch.setattr(campaign, "CARRY_BYTES", 250_000)
+    for name, step in (("a", 500), ("b", 3000)):
+        run = work / "src" / "results" / "x" / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / "checkpoint.pt").write_bytes(os.urandom(200_000))
+        (run / "summary.json").write_text(json.dumps({"status": "incomplete", "steps": step,
+                                                      "checkpoint_step": step}))
+    campaign._write_state(work, {"stages": [], "carry_calls": 2})
+    keep = ["--work", str(work), "--with-checkpoints", "--out"]
+    assert campaign.main(["wait", *keep, str(tmp_path / "w")]) == 0
+    assert "not carried: results/x/a" in capsys.readouterr().out
+    assert campaign.main(["stop", *keep, str(tmp_path / "s")]) == 0
+    assert "not carried" not in capsys.readouterr().out
+    assert campaign.main(["fetch", "--work", str(work), "--out", str(tmp_path / "f")]) == 0
+    files = [*(tmp_path / "s").glob("resume-*"), *(tmp_path / "f").glob("resume-*")]
+    assert len(campaign.read_archives(files, "--resume")) == 2
+    # given on the stop, it overrides the start's
+    assert campaign.main(["stop", *keep, str(tmp_path / "s1"), "--carry-calls", "1"]) == 0
+    assert "not carried: results/x/a" in capsys.readouterr().out
+
+
 def _work_with_gdn_checkpointed(tmp_path: Path) -> tuple[types.ModuleType, Path, Path]:
     """(campaign module, work dir, its copy) holding a finished kda run at 2048 (0.4 s a step, 10 s first
     step, 1000 steps: 410 s) and gdn's run at 2048 cut off with a checkpoint at step 750 (110 s left)."""
@@ -1446,8 +1471,9 @@ def test_a_plan_train_py_cannot_compose_is_one_line_before_anything_is_copied(
 def test_a_campaign_command_on_a_work_dir_without_a_campaign_says_so(tmp_path: Path) -> None:
     """A --work that no start used (a typo, another CAMPAIGN_WORK): it read as a campaign that had ended with
     nothing finished, exit 0."""
-    for command in ("wait", "stop", "status"):
-        result = subprocess.run([sys.executable, CAMPAIGN, command, "--work", tmp_path / "nowhere"],
+    for command in ("wait", "stop", "status", "fetch"):
+        extra = ["--out", tmp_path / "out"] if command == "fetch" else []
+        result = subprocess.run([sys.executable, CAMPAIGN, command, "--work", tmp_path / "nowhere", *extra],
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and result.stdout == ""
         assert result.stderr.strip() == (f"campaign: no campaign in {tmp_path / 'nowhere'} (no state.json): "
@@ -1480,6 +1506,8 @@ def test_unpack_checks_every_archive_before_it_unpacks_any(tmp_path: Path) -> No
      "--metric best_eval_ac: no finished run's summary.json under {results} has it"),
     (["seeds", "{results}", "--seeds", "-1"], "--seeds '-1': train.py takes seeds >= 0"),
     (["left", "{plan}", "--gpus", "0"], "--gpus 0: give GPUs, >= 1"),
+    (["left", "{plan}", "--carry-calls", "0"], "--carry-calls 0: give the calls a stop's checkpoints"),
+    (["start", "{plan}", "--work", "{work}", "--carry-calls", "0"], "--carry-calls 0: give the calls"),
     (["start", "{plan}", "--work", "{work}", "--hold-minutes", "-5"],
      "--hold-minutes -5: give minutes from now"),
     (["wait", "--work", "{work}", "--minutes", "-1"], "--minutes -1: give minutes to wait, >= 0"),
