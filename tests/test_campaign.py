@@ -664,6 +664,17 @@ def test_restore_puts_back_only_unfinished_runs_below_the_run_roots(tmp_path: Pa
         campaign.restore_checkpoints(campaign.read_parts([evil], "--resume"), src)
 
 
+def _in_flight(work: Path, steps: dict[str, int]) -> None:
+    """Runs in flight under work's copy (results/x/NAME), each with a 200 kB checkpoint of its step."""
+    for name, step in steps.items():
+        run = work / "src" / "results" / "x" / name
+        (run / ".hydra").mkdir(parents=True)
+        (run / "checkpoint.pt").write_bytes(os.urandom(200_000))
+        (run / "summary.json").write_text(json.dumps({"status": "incomplete", "steps": step,
+                                                      "checkpoint_step": step}))
+        (run / ".hydra" / "overrides.yaml").write_text(f"- mixer={name}\n")
+
+
 def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_call_brings_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # three runs in flight whose checkpoints together pass what a call brings back: one archive a run, so
@@ -671,13 +682,7 @@ def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_c
     campaign, work = _module(), _empty_work(tmp_path)
     monkeypatch.setattr(campaign, "PART_BYTES", 150_000)
     monkeypatch.setattr(campaign, "CARRY_BYTES", 500_000)
-    for name, step in (("near", 500), ("far", 3000), ("mid", 1500)):
-        run = work / "src" / "results" / "x" / name
-        (run / ".hydra").mkdir(parents=True)
-        (run / "checkpoint.pt").write_bytes(os.urandom(200_000))
-        (run / "summary.json").write_text(json.dumps({"status": "incomplete", "steps": step,
-                                                      "checkpoint_step": step}))
-        (run / ".hydra" / "overrides.yaml").write_text(f"- mixer={name}\n")
+    _in_flight(work, {"near": 500, "far": 3000, "mid": 1500})
     files = campaign.save_checkpoints(work, tmp_path / "out")
     printed = capsys.readouterr().out
     assert "not carried: results/x/near at step 500" in printed
@@ -701,13 +706,7 @@ def test_a_stop_with_carry_calls_stages_what_one_call_cannot_bring_and_fetch_bri
     campaign, work = _module(), _empty_work(tmp_path)
     monkeypatch.setattr(campaign, "PART_BYTES", 150_000)
     monkeypatch.setattr(campaign, "CARRY_BYTES", 500_000)
-    for name, step in (("a", 500), ("b", 3000), ("c", 1500), ("d", 2500), ("e", 100)):
-        run = work / "src" / "results" / "x" / name
-        (run / ".hydra").mkdir(parents=True)
-        (run / "checkpoint.pt").write_bytes(os.urandom(200_000))
-        (run / "summary.json").write_text(json.dumps({"status": "incomplete", "steps": step,
-                                                      "checkpoint_step": step}))
-        (run / ".hydra" / "overrides.yaml").write_text(f"- mixer={name}\n")
+    _in_flight(work, {"a": 500, "b": 3000, "c": 1500, "d": 2500, "e": 100})
     calls = [campaign.save_checkpoints(work, tmp_path / "call0", calls=2)]
     printed = capsys.readouterr().out
     assert "not carried: results/x/e at step 100" in printed and "past what 2 calls" in printed
@@ -739,12 +738,7 @@ def test_a_stop_takes_the_calls_its_start_gave_and_start_and_wait_stay_within_on
     campaign, work = _module(), _empty_work(tmp_path)
     monkeypatch.setattr(campaign, "PART_BYTES", 150_000)
     monkeypatch.setattr(campaign, "CARRY_BYTES", 250_000)
-    for name, step in (("a", 500), ("b", 3000)):
-        run = work / "src" / "results" / "x" / name
-        (run / ".hydra").mkdir(parents=True)
-        (run / "checkpoint.pt").write_bytes(os.urandom(200_000))
-        (run / "summary.json").write_text(json.dumps({"status": "incomplete", "steps": step,
-                                                      "checkpoint_step": step}))
+    _in_flight(work, {"a": 500, "b": 3000})
     campaign._write_state(work, {"stages": [], "carry_calls": 2})
     keep = ["--work", str(work), "--with-checkpoints", "--out"]
     assert campaign.main(["wait", *keep, str(tmp_path / "w")]) == 0
