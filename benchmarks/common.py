@@ -294,13 +294,25 @@ def record_launches(op: str, B: int, T: int, H: int, D: int = 128,
     return phases
 
 
+# What a benchmark row's figures depend on: a change here since the commit makes its label "+modified".
+CODE_PATHS = ("kernels", "mixers", "harness", "tasks", "conf", "train.py", "benchmarks/*.py",
+              "pyproject.toml")
+
+
 def commit() -> str:
-    """The checkout's commit; a copy without .git (a lent GPU machine) names it in $KDA_COMMIT."""
+    """The commit whose code ran: $KDA_COMMIT where the caller names it, else the checkout's HEAD, with
+    "+modified" where the code differs from it (uncommitted edits, or a copy of a working tree synced onto
+    an older clone, as on a lent GPU machine, whose HEAD alone would name code that did not run)."""
+    if os.environ.get("KDA_COMMIT"):
+        return os.environ["KDA_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--", *CODE_PATHS], cwd=ROOT,
+                                 capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("KDA_COMMIT", "unknown")
+        return "unknown"
+    return head + ("+modified" if changed else "")
 
 
 def versions() -> str:
