@@ -1590,7 +1590,7 @@ def save_checkpoints(work: Path, out: Path, calls: int = 1) -> list[Path]:
             print(f"not carried: {name} {steps[run][1]} ({size / 2**20:.1f} MiB would take the checkpoints "
                   f"past what {_calls(calls)} can bring back, {CARRY_BYTES / 2**20:.0f} MiB and "
                   f"{CARRY_FILES} files each; the next machine trains it from step 0"
-                  + ("" if calls > 1 else ", unless --carry-calls N gives it more calls") + ")")
+                  + ("" if calls > 1 else ", unless a stop with --carry-calls N brings it back") + ")")
             continue
         packed += [path.stat().st_size for path in
                    _split(archive, f"{name} in flight ({steps[run][1]}) with its checkpoint")]
