@@ -753,6 +753,34 @@ def test_a_stop_takes_the_calls_its_start_gave_and_start_and_wait_stay_within_on
     assert "not carried: results/x/a" in capsys.readouterr().out
 
 
+def test_an_archive_whose_parts_come_back_in_two_calls_folders_is_read_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a call that brings back one file: each archive's two parts land in two calls' folders, which the
+    # next machine reads as /tmp/resume/ (an earlier call's) and .resume/N/ (this one's)
+    campaign, work = _module(), _empty_work(tmp_path)
+    monkeypatch.setattr(campaign, "PART_BYTES", 150_000)
+    monkeypatch.setattr(campaign, "CARRY_FILES", 1)
+    _in_flight(work, {"a": 500, "b": 3000})
+    calls = [campaign.save_checkpoints(work, tmp_path / ".resume" / "0", calls=4)]
+    while (work / campaign.CARRY_DIR).is_dir() and any((work / campaign.CARRY_DIR).iterdir()):
+        calls.append(campaign.fetch(work, tmp_path / ".resume" / str(len(calls))))
+    assert [len(files) for files in calls] == [1, 1, 1, 1]
+    # given in an order where a folder's name sorts a later part first
+    files = [path for files in reversed(calls) for path in files]
+    archives = campaign.read_archives(files, "--resume")
+    src = tmp_path / "fresh"
+    assert sum(campaign.restore_checkpoints(data, src) for data in archives) == 2
+    for name in "ab":
+        assert (src / "results" / "x" / name / "checkpoint.pt").read_bytes() == \
+            (work / "src" / "results" / "x" / name / "checkpoint.pt").read_bytes()
+    # a file given twice (two copies of one call's folder) is refused, naming it
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(files[0], copy / files[0].name)
+    with pytest.raises(campaign.CampaignError, match=f"{files[0].name} is given twice"):
+        campaign.read_archives(files + [copy / files[0].name], "--resume")
+
+
 def _work_with_gdn_checkpointed(tmp_path: Path) -> tuple[types.ModuleType, Path, Path]:
     """(campaign module, work dir, its copy) holding a finished kda run at 2048 (0.4 s a step, 10 s first
     step, 1000 steps: 410 s) and gdn's run at 2048 cut off with a checkpoint at step 750 (110 s left)."""

@@ -1668,12 +1668,18 @@ def _extract_runs(data: bytes, src: Path) -> tuple[int, list[str]]:
 
 
 def read_archives(files: list[Path], flag: str) -> list[bytes]:
-    """The archives that `files` make (whole archives and the .partNN files of split ones, in any order),
-    each read by read_parts."""
+    """The archives that `files` make (whole archives and the .partNN files of split ones, in any order and
+    in any folders: the parts of one archive may come back in two calls' folders), each read by
+    read_parts; CampaignError where one file name is given twice."""
     groups: dict[str, list[Path]] = {}
+    seen: dict[str, Path] = {}
     for path in files:
+        if path.name in seen:
+            raise CampaignError(f"{flag} {path.name} is given twice ({seen[path.name]} and {path}): give "
+                                "each file once")
+        seen[path.name] = path
         whole = path.name.rsplit(".part", 1)[0] if re.search(r"\.part\d+$", path.name) else path.name
-        groups.setdefault(str(path.with_name(whole)), []).append(path)
+        groups.setdefault(whole, []).append(path)
     return [read_parts(group, flag) for _, group in sorted(groups.items())]
 
 
@@ -1684,12 +1690,12 @@ def read_parts(files: list[Path], flag: str) -> bytes:
     if missing:
         raise CampaignError(f"{flag} {missing[0]} does not exist: give the archive or all of its .partNN "
                             "files as the stop that wrote them left them")
-    data = b"".join(path.read_bytes() for path in sorted(files))
+    data = b"".join(path.read_bytes() for path in sorted(files, key=_part_order))
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             tar.getmembers()
     except (tarfile.TarError, EOFError, OSError) as error:
-        names = ", ".join(path.name for path in sorted(files))
+        names = ", ".join(path.name for path in sorted(files, key=_part_order))
         raise CampaignError(f"{flag} {names}: not one whole archive ({type(error).__name__}); a part "
                             "missing or cut short? give every .partNN of one archive") from None
     return data
