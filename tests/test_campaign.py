@@ -1432,7 +1432,7 @@ def test_a_moved_hold_decides_what_still_starts(tmp_path: Path) -> None:
 
     # started with 3 min left: the run does not fit; a later command that knows the machine has 20 min
     # left moves the hold, and it starts
-    for moved, expected in ((None, 0), (20.0, 1), (1.0, 0)):
+    for moved, expected in ((None, 0), (20.0, 1), (1.0, 0), (0.0, 0)):
         launched.clear()
         campaign._write_state(work, {"stages": stages, "deadline": time.time() + 180})
         (work / campaign.HOLD_FILE).unlink(missing_ok=True)
@@ -1440,6 +1440,31 @@ def test_a_moved_hold_decides_what_still_starts(tmp_path: Path) -> None:
             (work / campaign.HOLD_FILE).write_text(repr(time.time() + 60 * moved))
         ending = campaign.run_cells(work, campaign._state(work), launch, [])
         assert len(launched) == expected, (moved, ending)
+
+
+def test_a_hold_moved_to_now_lets_the_run_in_flight_end_and_starts_no_other(tmp_path: Path) -> None:
+    # `wait --hold-minutes 0`: the call that knows the machine is nearly spent lets the run it holds finish
+    # (refused, the chained stop killed that run minutes before its end) and no pending cell starts
+    campaign = _module()
+    work = tmp_path / "work"
+    _finished(work / "src", "a", "kda", 2048, 400.0, ["experiment=e"])
+    (work / "brought.json").write_text("{}")
+    cell = ["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=kda"]
+    stages = [[*cell, f"seed={seed}"] for seed in (1, 2)]
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 3600, "pid": os.getpid()})
+    launched: list[list[str]] = []
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        launched.append(overrides)
+        campaign.move_hold(work, 0.0)
+        return 0
+
+    ending = campaign.run_cells(work, campaign._state(work), launch, [])
+    assert len(launched) == 1 and ending.startswith("done for this hold: none of the 1 pending"), ending
+    campaign._write_state(work, {**campaign._state(work), "pid": None})
+    cli = subprocess.run([sys.executable, CAMPAIGN, "wait", "--work", work, "--hold-minutes", "0"],
+                         capture_output=True, text=True)
+    assert cli.returncode == 0 and "give minutes" not in cli.stderr, cli.stderr
 
 
 def test_moving_the_hold_of_a_campaign_that_ended_still_packs_its_runs(tmp_path: Path) -> None:
@@ -1532,6 +1557,9 @@ def test_unpack_checks_every_archive_before_it_unpacks_any(tmp_path: Path) -> No
     (["start", "{plan}", "--work", "{work}", "--carry-calls", "0"], "--carry-calls 0: give the calls"),
     (["start", "{plan}", "--work", "{work}", "--hold-minutes", "-5"],
      "--hold-minutes -5: give minutes from now"),
+    (["start", "{plan}", "--work", "{work}", "--hold-minutes", "0"],
+     "--hold-minutes 0: give minutes from now, > 0"),
+    (["wait", "--work", "{work}", "--hold-minutes", "-1"], "--hold-minutes -1: give minutes from now, >= 0"),
     (["wait", "--work", "{work}", "--minutes", "-1"], "--minutes -1: give minutes to wait, >= 0"),
 ])
 def test_an_option_whose_number_means_nothing_is_one_line(tmp_path: Path, args: list[str],

@@ -53,7 +53,8 @@ end a minute before the deadline is postponed (left pending for the next stretch
 cell that fits runs instead, so the end of a hold fills with short runs rather than with a run that is
 lost. A cell whose run holds a checkpoint (put back by `start --resume`) goes before every other, in
 plan order among them. `wait --hold-minutes M` (or `start` again on the running campaign) moves the hold
-to M minutes from then, once the lender has said how much time the machine has left. Cells that the
+to M minutes from then, once the lender has said how much time the machine has left (M = 0: the runs in
+flight finish and no other starts, for a call that waits out the last run before `stop`). Cells that the
 checkout holds finished are skipped without a launch. When nothing pending fits, the supervisor ends and
 says so; `wait` and `status` list the postponed cells.
 
@@ -1804,7 +1805,12 @@ def unpack(archive: Path, into: Path) -> None:
 def check_numbers(args: argparse.Namespace) -> None:
     """CampaignError naming the first option whose number cannot mean what it says (a hold that ended
     already, a budget of no steps, an accuracy above 1), before anything is copied, started or planned."""
-    rules = [("hold_minutes", lambda v: v > 0, "minutes from now, > 0"),
+    # a start's hold of 0 has ended already; a wait's 0 lets the runs in flight finish and starts no more
+    if args.command == "wait":
+        hold = ("hold_minutes", lambda v: v >= 0, "minutes from now, >= 0 (0: start no more cells)")
+    else:
+        hold = ("hold_minutes", lambda v: v > 0, "minutes from now, > 0")
+    rules = [hold,
              ("minutes", lambda v: v >= 0, "minutes to wait, >= 0"),
              ("grace", lambda v: v >= 0, "seconds, >= 0"),
              ("gpus", lambda v: v >= 1, "GPUs, >= 1"),
@@ -1845,7 +1851,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "wait":
             command.add_argument("--hold-minutes", type=float, default=None,
                                  help="move the running campaign's hold: no cell starts that would end "
-                                 "later than this many minutes from now")
+                                 "later than this many minutes from now (0: the runs in flight finish, "
+                                 "no other starts)")
         if name in ("start", "wait", "stop", "status"):
             command.add_argument("--out", type=Path, default=None, help="pack finished runs here ($OUT)")
             command.add_argument("--with-running", action="store_true",
