@@ -1443,8 +1443,8 @@ def test_a_moved_hold_decides_what_still_starts(tmp_path: Path) -> None:
 
 
 def test_a_hold_moved_to_now_lets_the_run_in_flight_end_and_starts_no_other(tmp_path: Path) -> None:
-    # `wait --hold-minutes 0`: the call that knows the machine is nearly spent lets the run it holds finish
-    # (refused, the chained stop killed that run minutes before its end) and no pending cell starts
+    # `wait --hold-minutes 0`: a call that knows the machine is nearly spent lets the run in flight finish
+    # before the stop that follows it, and no pending cell starts
     campaign = _module()
     work = tmp_path / "work"
     _finished(work / "src", "a", "kda", 2048, 400.0, ["experiment=e"])
