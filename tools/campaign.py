@@ -1613,9 +1613,10 @@ def _shares(sizes: list[int]) -> list[int]:
 
 
 def _part_order(path: Path) -> tuple[str, int]:
-    """An archive's parts in their order (part10 after part09), archives in the order they were packed."""
-    whole, _, number = path.name.partition(".part")
-    return whole, int(number) if number.isdigit() else -1
+    """The archive a file is (or is a .partNN of) and its part number, -1 for a whole archive: parts sort in
+    their order (part10 after part09), archives in the order they were packed."""
+    match = re.fullmatch(r"(.+)\.part(\d+)", path.name)
+    return (match[1], int(match[2])) if match else (path.name, -1)
 
 
 def fetch(work: Path, out: Path) -> list[Path]:
@@ -1679,8 +1680,7 @@ def read_archives(files: list[Path], flag: str) -> list[bytes]:
             raise CampaignError(f"{flag} {path.name} is given twice ({seen[path.name]} and {path}): give "
                                 "each file once")
         seen[path.name] = path
-        whole = path.name.rsplit(".part", 1)[0] if re.search(r"\.part\d+$", path.name) else path.name
-        groups.setdefault(whole, []).append(path)
+        groups.setdefault(_part_order(path)[0], []).append(path)
     return [read_parts(group, flag) for _, group in sorted(groups.items())]
 
 
