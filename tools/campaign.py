@@ -1691,12 +1691,13 @@ def read_parts(files: list[Path], flag: str) -> bytes:
     if missing:
         raise CampaignError(f"{flag} {missing[0]} does not exist: give the archive or all of its .partNN "
                             "files as the stop that wrote them left them")
-    data = b"".join(path.read_bytes() for path in sorted(files, key=_part_order))
+    ordered = sorted(files, key=_part_order)
+    data = b"".join(path.read_bytes() for path in ordered)
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             tar.getmembers()
     except (tarfile.TarError, EOFError, OSError) as error:
-        names = ", ".join(path.name for path in sorted(files, key=_part_order))
+        names = ", ".join(path.name for path in ordered)
         raise CampaignError(f"{flag} {names}: not one whole archive ({type(error).__name__}); a part "
                             "missing or cut short? give every .partNN of one archive") from None
     return data
