@@ -206,10 +206,38 @@ def longest_budget(table: pd.DataFrame) -> pd.DataFrame:
     return table.loc[~superseded.reindex(table.index, fill_value=False)]
 
 
-def longer_budgets(runs: pd.DataFrame, best: pd.DataFrame) -> dict[tuple[str, str, int], str]:
+# A run at or above this at a shorter budget than its cell's longest has the task solved: more steps add
+# nothing, so it stays a sample of the cell's point beside the longer runs.
+SOLVED_AT = 0.99
+
+
+def point_runs(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the runs a cell's point averages, the runs left out of it) after longest_budget: where some seeds
+    of a cell's lr were trained longer than others (the paper's budget, given to the cells the shorter one
+    left unsolved), a seed still below SOLVED_AT on `column` at the shorter budget is no sample of the
+    longer one, so it leaves the mean until it too is trained that long; one point is one budget."""
+    table = longest_budget(table)
+    if "trainer.max_steps" not in table or table.empty:
+        return table, table.iloc[:0]
+    keys = [k for k in ("task", "mixer", "variant", "seq_len", "lr") if k in table]
+    frame = table.assign(_budget=pd.to_numeric(table["trainer.max_steps"], errors="coerce"),
+                         variant=table["variant"].fillna("") if "variant" in table else "")
+    done = frame["status"].isin(SCORED)
+    top = frame[done].groupby(keys, dropna=False)["_budget"].max().rename("_top").reset_index()
+    merged = frame.reset_index().merge(top, on=keys, how="left").set_index("index")
+    acc = pd.to_numeric(merged[column], errors="coerce") if column in merged else pd.Series(np.nan,
+                                                                                          index=merged.index)
+    shorter = done.reindex(merged.index) & (merged["_budget"] < merged["_top"]) & ~(acc >= SOLVED_AT)
+    shorter = shorter.reindex(table.index, fill_value=False)
+    return table.loc[~shorter], table.loc[shorter]
+
+
+def longer_budgets(runs: pd.DataFrame, best: pd.DataFrame,
+                   waiting: pd.DataFrame | None = None) -> dict[tuple[str, str, int], str]:
     """{(task, series, length): "20,000 steps"} for the cells whose runs at their best lr were given a
     larger trainer.max_steps than the smallest any cell had ("1 of 3 seeds at 20,000 steps" where only some
-    were): a point trained longer than the rest of its figure, to be labelled so there."""
+    were): a point trained longer than the rest of its figure, to be labelled so there. `waiting`
+    (point_runs' left-out runs) adds how many seeds at a shorter budget the point leaves out."""
     if "trainer.max_steps" not in runs or runs.empty or best.empty:
         return {}
     frame = runs.assign(_budget=pd.to_numeric(runs["trainer.max_steps"], errors="coerce"))
@@ -225,6 +253,17 @@ def longer_budgets(runs: pd.DataFrame, best: pd.DataFrame) -> dict[tuple[str, st
             n_top = int((group["_budget"] == top).sum())
             some = "" if n_top == len(group) else f"{n_top} of {len(group)} seeds at "
             labels[(task, series, int(length))] = f"{some}{int(top):,} steps"
+    if waiting is not None and len(waiting):
+        left = waiting.assign(series=[series_name(str(m), v) for m, v in zip(
+            waiting["mixer"], waiting["variant"].fillna("") if "variant" in waiting else [""] * len(waiting),
+            strict=True)])
+        chosen = best[["task", "series", "seq_len", "lr"]]
+        for (task, series, length), group in left.merge(chosen, on=list(chosen.columns)).groupby(
+                ["task", "series", "seq_len"]):
+            key = (task, series, int(length))
+            if key in labels:
+                shorter = int(pd.to_numeric(group["trainer.max_steps"], errors="coerce").max())
+                labels[key] += f"; {len(group)} at {shorter:,} left out"
     return labels
 
 

@@ -35,6 +35,9 @@ Conventions: accuracy of a run = its `best_eval_acc` (peak over training; `--met
 `best_train_acc`, the peak training accuracy that Kimi Linear's Fig. 4 plots), and only completed runs have
 one. A cell over seeds is the mean, its spread the standard deviation across seeds (population), drawn
 as a band (or an error bar) only where at least two seeds were measured; legends and the summary give n.
+A point stands at one budget (analysis.cells.point_runs): a run at a longer trainer.max_steps supersedes its
+cell, lr and seed's shorter one, and a seed left below 0.99 at a shorter budget than its point's is left out,
+the figure's note and the point's label saying how many.
 The best learning rate (analysis.lr_rule) is the one with the highest mean over the seeds every lr ran;
 where two means lie within lr_rule.TIE, the one that reaches the threshold in fewer steps. Diverged and failed
 runs are never an accuracy: each figure marks them in a grey strip below 0 % (a cross for diverged, a
@@ -59,8 +62,8 @@ from analysis.cells import (
     cells,
     distinct,
     longer_budgets,
-    longest_budget,
     max_steps_run,
+    point_runs,
     scored_runs,
     unscored_runs,
 )
@@ -95,7 +98,7 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
              figures: tuple[str, ...] = FIGURES) -> list[Path]:
     """The figures named in `figures` (all by default) and the summary; returns the files written.
     `metric`: a key of METRICS. `grid`: the cells the runs are meant to fill (analysis.grid.grid_cells)."""
-    table = longest_budget(table)
+    table, waiting = point_runs(table, METRICS[metric][0])
     runs = scored_runs(table, metric)
     if runs.empty:
         raise ValueError(
@@ -110,8 +113,11 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
     filled = fill_note(grid, pending) if grid is not None else None
     note = _lines(budget, filled and f"{filled}; an open marker in the grey strip: a cell not yet run")
     written = []
-    longer = longer_budgets(runs, best)
+    longer = longer_budgets(runs, best, waiting)
     longer_note = longer and "a point labelled with steps: trained longer than the rest"
+    if len(waiting):
+        longer_note = _lines(longer_note or None, f"{len(waiting)} seed run(s) below 0.99 at a shorter "
+                             "budget than their point's left out of it until trained as long")
     if "acc_vs_length" in figures:
         length_note = _lines(note, longer_note)
         written += plot_acc_vs_length(best, unscored, out_dir, METRICS[metric][1], length_note, pending,

@@ -49,7 +49,14 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.cells import budgets, longest_budget, max_trained_steps, seed_number, series_name
+from analysis.cells import (
+    budgets,
+    longest_budget,
+    max_trained_steps,
+    point_runs,
+    seed_number,
+    series_name,
+)
 from analysis.collect import collect_dirs, read_table
 from analysis.curves import read_curve
 from analysis.fig_steps import eval_curve
@@ -1092,9 +1099,11 @@ def seeds_section(runs: pd.DataFrame, cells: pd.DataFrame, metric: str) -> list[
 
 def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train",
                 verdicts: list[dict[str, str]] | None = None,
-                budget: pd.DataFrame | None = None) -> list[str]:
+                budget: pd.DataFrame | None = None,
+                seed_view: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[str]:
     """The report's section on the grid's unpinned choices, each with the cells that show its effect.
-    `verdicts` and `budget` (judge's, budget_table's of `cells`) where the caller has them already."""
+    `verdicts` and `budget` (judge's, budget_table's of `cells`) where the caller has them already;
+    `seed_view` (runs, their cell_table) sets seeds apart on other runs than the points' (all seeds)."""
     budget = budget if budget is not None else budget_table(cells)
     verdicts = verdicts if verdicts is not None else judge(cells, metric)
     form = _grid_kda_form(runs)
@@ -1117,7 +1126,7 @@ def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train",
             learning = MISSING if r["still_learning"] is None else ("yes" if r["still_learning"] else "no")
             lines.append(f"| {r['task']} | {r['series']} | {r['seq_len']} | {r['steps_run']:,} | "
                          f"{_fmt(r['acc_late'], '.3f')} | {_fmt(r['acc_end'], '.3f')} | {learning} |")
-    lines += ["", *seeds_section(runs, cells, metric)]
+    lines += ["", *seeds_section(*(seed_view or (runs, cells)), metric)]
     lines += ["### The learning rates", "", *lr_section(cells, metric)]
     lines += ["", "### Mamba2's short convolution", ""]
     side = short_conv_table(cells)
@@ -1157,6 +1166,32 @@ def first_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[keep]
 
 
+def waiting_runs(waiting: pd.DataFrame, points: pd.DataFrame, metric: str) -> list[str]:
+    """Lines naming the runs analysis.cells.point_runs left out of their cells' points: below SOLVED at a
+    shorter budget than other seeds of their cell and lr, so no sample of the longer budget the point
+    stands at (`campaign.py extend` trains them that long); empty where there are none."""
+    if waiting.empty:
+        return []
+    column = METRICS[metric]
+    top = points.assign(_budget=pd.to_numeric(points["trainer.max_steps"], errors="coerce"),
+                        _variant=points["variant"].fillna("") if "variant" in points else "")
+    top = top.groupby(["task", "mixer", "_variant", "seq_len", "lr"])["_budget"].max().to_dict()
+    lines = ["", f"Left out of their cell's point, below {SOLVED} at a shorter budget than its other seeds "
+             "at that lr (a point stands at one budget; `tools/campaign.py extend` trains these as long):",
+             "",
+             "| task | mixer | L | lr | seed | budget | " + f"{column} | the point's budget |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    waiting = waiting.assign(series=_series(waiting))
+    for _, run in waiting.sort_values(["task", "seq_len", "series", "seed"]).iterrows():
+        variant = run["variant"] if "variant" in run and isinstance(run["variant"], str) else ""
+        longest = top.get((run["task"], run["mixer"], variant, run["seq_len"], run["lr"]))
+        lines.append(f"| {run['task']} | {run['series']} | {int(run['seq_len'])} | {float(run['lr']):g} | "
+                     f"{seed_number(run.get('seed'))} | {_n(int(run['trainer.max_steps']))} | "
+                     f"{_fmt(pd.to_numeric(run.get(column), errors='coerce'), '.3f')} | "
+                     f"{_n(int(longest)) if longest is not None and longest == longest else MISSING} |")
+    return lines
+
+
 def _cell_text(cell: pd.Series | None, name: str) -> str:
     if cell is None:
         return "not run"
@@ -1177,18 +1212,24 @@ def what_changed(runs: pd.DataFrame, metric: str = "train") -> list[str]:
                            errors="coerce")
     more_seeds, long_runs = int((seed != seed.min()).sum()), int((budget > budget.min()).sum())
     before = cell_table(longest_budget(first), metric)
-    after = cell_table(longest_budget(done), metric)
+    after = cell_table(point_runs(done, METRICS[metric])[0], metric)
     shortest = _n(int(budget.min())) if budget.notna().any() else MISSING
     lines = ["## What the seeds and the longer budget changed", "",
              f"Against the first runs (seed {int(seed.min())}, {shortest} steps each; {len(first)} runs): "
              f"{more_seeds} run(s) of further seeds and {long_runs} at a longer budget (a longer run stands "
-             "for its cell, lr and seed).", "", "| claim | first runs | all runs |", "|---|---|---|"]
+             "for its cell, lr and seed; a point stands at one budget, its seeds left below "
+             f"{SOLVED} at a shorter one left out of it). Every seed at {shortest} steps: all seeds, no "
+             "longer run, so each cell's spread over seeds at the grid's budget.", "",
+             f"| claim | first runs | every seed at {shortest} steps | all runs |", "|---|---|---|---|"]
+    grid_budget = done if budget.isna().all() else done[budget.isna() | (budget == budget.min())]
+    seeded = cell_table(grid_budget, metric)
     verdicts = zip(judge(before, metric, max_steps=max_trained_steps(first)),
+                   judge(seeded, metric, max_steps=max_trained_steps(grid_budget)),
                    judge(after, metric, max_steps=max_trained_steps(done)), strict=True)
-    for old, new in verdicts:
+    for old, at_grid, new in verdicts:
         moved = "" if old["verdict"] == new["verdict"] else " (changed)"
-        lines.append(f"| {new['claim']} | {old['verdict']} | **{new['verdict']}**{moved}: "
-                     f"{new['evidence']} |")
+        lines.append(f"| {new['claim']} | {old['verdict']} | {at_grid['verdict']}: {at_grid['evidence']} | "
+                     f"**{new['verdict']}**{moved}: {new['evidence']} |")
     keys = ["task", "series", "seq_len"]
     old_cells = {tuple(r[k] for k in keys): r for _, r in before.iterrows()}
     rows = []
@@ -1300,8 +1341,8 @@ def cell_minutes(runs: pd.DataFrame) -> pd.DataFrame:
 
 def render(runs: pd.DataFrame, metric: str, source: str) -> str:
     all_runs = runs
-    runs = longest_budget(runs)
-    superseded = len(all_runs) - len(runs)
+    runs, waiting = point_runs(runs, METRICS[metric])
+    superseded = len(all_runs) - len(runs) - len(waiting)
     cells = cell_table(runs, metric)
     budget = budget_table(cells)
     learning = {(r["task"], r["series"], r["seq_len"]) for _, r in budget.iterrows() if r["still_learning"]}
@@ -1312,7 +1353,9 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
         "",
         f"Runs: {len(all_runs)} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items())) or 'none'}"
         + (f"; {superseded} superseded by a longer run of its cell, lr and seed, counted only in the compute "
-           "time" if superseded else "") + "). "
+           "time" if superseded else "")
+        + (f"; {len(waiting)} left out of their cell's point until trained as long as its other seeds there "
+           "(below)" if len(waiting) else "") + "). "
         f"Claims judged on the {'paper' if metric == 'train' else 'held-out'} metric "
         f"(`{METRICS[metric]}`, best over the learning rates). The open parameters (vocabularies, batch, "
         "pairs, optimizer, warm-up, Mamba2's short conv) are this harness's choices: conf/task/*.yaml, "
@@ -1347,7 +1390,12 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
         )
     if cells.empty:
         lines.append("| (no finished run yet) | | | | | | | | |")
-    lines += ["", *differences(runs, cells, metric, verdicts, budget), *what_changed(all_runs, metric)]
+    lines += waiting_runs(waiting, runs, metric)
+    # seeds are set apart on every seed, a point's left-out ones too: how a seed failed is the question there
+    every = longest_budget(all_runs)
+    seed_view = (every, cell_table(every, metric)) if len(waiting) else None
+    lines += ["", *differences(runs, cells, metric, verdicts, budget, seed_view),
+              *what_changed(all_runs, metric)]
     per, totals = cost(all_runs)
     lines += ["## Compute time", ""]
     if totals:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.cells import budgets, longest_budget, max_steps_run
+from analysis.cells import budgets, longest_budget, max_steps_run, point_runs
 from analysis.fig_length import _label_longer
 from analysis.plot import plot_all
 from analysis.report import render
@@ -35,6 +35,52 @@ def test_a_longer_completed_run_of_the_same_cell_lr_and_seed_supersedes_the_shor
     kept = longest_budget(table)
     assert list(kept.index) == [1, 2, 3, 4, 5]
     assert longest_budget(kept).equals(kept)
+
+
+def _mixed_budgets() -> pd.DataFrame:
+    """KDA's Palindrome cell: seed 0 trained again at 20,000 steps and solved, seed 1 below 0.99 at the
+    grid's 5,000, seed 2 solved at 5,000; GDN's at one budget on two seeds, one below."""
+    return pd.DataFrame([
+        _run("kda", "palindrome", 0.79, steps_to=None),                       # superseded by the next
+        _run("kda", "palindrome", 0.993, max_steps=20000, steps_to=3000),
+        _run("kda", "palindrome", 0.68, seed=1, steps_to=None),               # left out of the point
+        _run("kda", "palindrome", 0.995, seed=2, steps_to=1500),              # solved: stays
+        _run("kda", "palindrome", 0.60, lr=5e-4, seed=1, steps_to=None),      # another lr: its own
+        _run("gdn", "palindrome", 0.99, steps_to=1000), _run("gdn", "palindrome", 0.80, seed=1),
+    ])
+
+
+def test_a_point_stands_at_one_budget_its_seeds_below_at_a_shorter_one_left_out() -> None:
+    table = _mixed_budgets()
+    kept, left_out = point_runs(table, "best_train_acc")
+    assert list(kept.index) == [1, 3, 4, 5, 6] and list(left_out.index) == [2]
+    # at one budget nothing leaves; solved seeds stay; applied again it is the same
+    assert point_runs(table.iloc[[5, 6]], "best_train_acc")[1].empty
+    assert point_runs(kept, "best_train_acc")[0].equals(kept)
+
+
+def test_the_report_keeps_a_point_at_one_budget_and_names_the_seeds_left_out() -> None:
+    text = render(_mixed_budgets(), "train", "x")
+    assert "1 superseded by a longer run of its cell, lr and seed" in text
+    assert "1 left out of their cell's point until trained as long as its other seeds there" in text
+    # KDA's point: seeds 0 (20,000 steps) and 2 (solved at 5,000), not seed 1's 0.68 at 5,000
+    assert "| palindrome | kda | 1024 | 0.994 (0.993–0.995) |" in text
+    assert "| palindrome | kda | 1024 | 0.001 | 1 | 5,000 | 0.680 | 20,000 |" in text
+    # every seed at the grid's budget judged on its own: all three of KDA's, seed 0's 5,000-step run too
+    assert "| every seed at 5,000 steps |" in text
+    assert "kda never (median of 3 runs: 1500, never, never)" in text
+    assert "kda 2250 (median of 2 runs: 1500, 3000)" in text
+    # how seed 1 failed is still told, beside the seeds that learnt it
+    apart = text.split("### Seeds apart")[1].split("###")[0]
+    assert "| palindrome | kda | 1024 | 0.001 | 1 | 0.680 |" in apart
+
+
+def test_the_figures_draw_a_point_at_one_budget_and_say_what_they_left_out(tmp_path: Path) -> None:
+    plot_all(_mixed_budgets(), tmp_path, figures=("acc_vs_length",), metric="train")
+    drawn = pd.read_csv(tmp_path / "acc_vs_length.csv").set_index("series")
+    assert drawn.loc["kda", "n_seeds"] == 2 and drawn.loc["kda", "acc_mean"] == 99.4
+    assert drawn.loc["kda", "longer_budget"] == "1 of 2 seeds at 20,000 steps; 1 at 5,000 left out"
+    assert drawn.loc["gdn", "n_seeds"] == 2
 
 
 def test_the_step_axis_ends_at_the_longest_run_not_the_longest_budget() -> None:

@@ -997,6 +997,31 @@ def test_extend_plans_the_unsolved_cells_again_at_their_best_run_merged_into_pro
         ("a", "1024"), ("a", "2048"), ("b", "1024"), ("b", "2048")]
 
 
+def test_extend_brings_a_cells_other_seeds_to_the_budget_one_of_them_ran(tmp_path: Path) -> None:
+    campaign = _module()
+    root = tmp_path / "results" / "grid"
+    common = ["experiment=e", "task=a", "task.seq_len=2048", "optim.lr=0.001"]
+    # seed 0 was extended and solved it; seed 1 is below at the grid's budget, seed 2 solved it there;
+    # the cell's mean at the longer budget would pass 0.99 without seed 1, so only the budget flags it
+    _scored(root, "s0", [*common, "seed=0"], 0.8, seq_len=2048, max_steps=5000)
+    _scored(root, "s0_long", [*common, "seed=0", "trainer.max_steps=20000"], 0.995, seq_len=2048,
+            max_steps=20000)
+    _scored(root, "s1", [*common, "seed=1"], 0.7, seq_len=2048, max_steps=5000)
+    _scored(root, "s2", [*common, "seed=2"], 0.995, seq_len=2048, max_steps=5000)
+    # a cell solved at the grid's budget on every seed: nothing to extend
+    _scored(root, "b", ["experiment=e", "task=b", "task.seq_len=2048", "optim.lr=0.001", "seed=0"], 0.999,
+            seq_len=2048, max_steps=5000)
+    plan = campaign.extend([root], tmp_path, 20000, 0.99, "best_train_acc", [])
+    lines = [line for line in plan.splitlines() if not line.startswith("#")]
+    assert lines == ["experiment=e task=a task.seq_len=2048 optim.lr=0.001 seed=1 "
+                     "hydra.sweep.dir=results/grid trainer.max_steps=20000"]
+    assert "(1 run(s))" in plan
+    # once seed 1 holds its long run, whatever it reached, the cell is done
+    _scored(root, "s1_long", [*common, "seed=1", "trainer.max_steps=20000"], 0.9, seq_len=2048,
+            max_steps=20000)
+    assert "(0 run(s))" in campaign.extend([root], tmp_path, 20000, 0.99, "best_train_acc", [])
+
+
 def test_extend_of_a_real_sweep_runs_the_longer_budget_beside_it(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     tiny = TINY.replace("hydra.sweep.dir=results/campaign_test", f"hydra.sweep.dir={sweep}")
@@ -1115,13 +1140,16 @@ def test_seeds_extend_the_report_and_the_figures_pick_one_lr_for_a_cell(tmp_path
     best = figures.best_lr(figures.cells(scored), scored)
     assert dict(zip(*best[["task", "lr"]].T.values, strict=True)) == expected
     # extend judges a cell by that mean: b's lucky 0.95 does not hide a 0.9 cell (nor d's 0.301 and 0.304
-    # cells); b runs at 5e-4 with its best seed there (0), both its seeds being below; e's failed seed
-    # makes it a 0.61 cell, and that seed (1) runs again at 1e-3, not seed 0, which solved it
+    # cells); b runs at 5e-4 with both its seeds there, both being below (a point of two seeds is two runs
+    # of the longer budget); e's failed seed makes it a 0.61 cell, and that seed (1) runs again at 1e-3,
+    # not seed 0, which solved it
     extended = [line for line in campaign.extend([root], tmp_path, 20000, 0.99, "best_train_acc", [])
                 .splitlines() if not line.startswith("#")]
-    assert extended == ["experiment=e task.seq_len=1024 task=d,b optim.lr=0.0005 seed=0 "
+    assert extended == ["experiment=e task.seq_len=1024 task=d optim.lr=0.0005 seed=0 "
                         "hydra.sweep.dir=results/grid trainer.max_steps=20000",
                         "experiment=e task.seq_len=1024 task=e optim.lr=0.001 seed=1 "
+                        "hydra.sweep.dir=results/grid trainer.max_steps=20000",
+                        "experiment=e task.seq_len=1024 task=b optim.lr=0.0005 seed=0,1 "
                         "hydra.sweep.dir=results/grid trainer.max_steps=20000"]
 
 

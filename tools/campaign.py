@@ -1328,31 +1328,41 @@ def _stage_of(overrides: list[str], drop: tuple[str, ...], place: str) -> dict[s
 
 def extend(results: list[Path], source: Path, max_steps: int, below: float, metric: str,
            launcher: list[str]) -> str:
-    """A plan that trains every cell of `results` whose finished runs at its best lr (_best_run) stayed
-    below `below` on `metric`, their mean, again with trainer.max_steps=`max_steps` at that lr: the best
-    of them (its seed) where none reached `below`, else each of them that did not (a seed that solved the
-    task at the shorter budget has nothing left to learn), into the same results directory; cells that a
-    run of at least that budget already holds are left out. Longest sequences first; cells that differ in
-    one key's values share a stage."""
+    """A plan that trains every cell of `results` whose finished runs at its best lr (_best_run) at the
+    grid's budget stayed below `below` on `metric`, their mean, again with trainer.max_steps=`max_steps` at
+    that lr: each of its seeds there below `below` (a seed that solved the task at the shorter budget has
+    nothing left to learn; the others are no sample of the longer budget until they run it, so a point of
+    n seeds is n runs of one budget), into the same results directory. A seed that holds a run of at least
+    that budget is left out; a cell where one seed does is extended whatever its mean, so that seeds added
+    later follow it. Longest sequences first; cells that differ in one key's values share a stage."""
     stages, notes = [], []
     for place, runs in _cells_of(results, source, metric):
-        if any(isinstance(run["max_steps"], int) and run["max_steps"] >= max_steps for run in runs):
-            continue
         picked = _best_run(runs, metric, notes)
-        if picked is None or picked[1] >= below:
+        if picked is None:
             continue
-        best, mean = picked
-        lr = best["values"].get("optim.lr")
+        lr = picked[0]["values"].get("optim.lr")
         at_lr = [run for run in runs if run["values"].get("optim.lr") == lr and run["metric"] is not None]
-        unsolved = [run for run in at_lr if run["metric"] < below]
-        again = unsolved if len(unsolved) < len(at_lr) else [best]
-        for run in again:
+        grid = [run["metric"] for run in _at_grid_budget(at_lr)]
+        mean = math.fsum(grid) / len(grid) if grid else picked[1]
+        longest: dict[Any, dict[str, Any]] = {}
+        for run in at_lr:
+            held = longest.get(run["seed"])
+            if held is None or (run["max_steps"] or 0) > (held["max_steps"] or 0):
+                longest[run["seed"]] = run
+        extended = any(isinstance(run["max_steps"], int) and run["max_steps"] >= max_steps
+                       for run in longest.values())
+        if not extended and mean >= below:
+            continue
+        for run in longest.values():
+            long_enough = isinstance(run["max_steps"], int) and run["max_steps"] >= max_steps
+            if run["metric"] >= below or long_enough:
+                continue
             stage = _stage_of(run["overrides"], ("trainer.max_steps",), place)
             stage["trainer.max_steps"] = [str(max_steps)]
             stages.append((run["seq_len"], mean, stage))
     head = (f"# extend: every cell of {', '.join(map(str, results))} whose mean {metric} at its best lr "
-            f"is < {below:g}, again with trainer.max_steps={max_steps} at that lr, its seeds below {below:g} "
-            f"(the best one where all are) ({len(stages)} run(s))")
+            f"is < {below:g}, again with trainer.max_steps={max_steps} at that lr, each of its seeds below "
+            f"{below:g} there ({len(stages)} run(s))")
     return "\n".join([head, *notes, *_plan_lines(stages, launcher)]) + "\n"
 
 
