@@ -232,6 +232,19 @@ def point_runs(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, pd.DataF
     return table.loc[~shorter], table.loc[shorter]
 
 
+def at_budget(table: pd.DataFrame, steps: int) -> pd.DataFrame:
+    """The runs of `table` trained with trainer.max_steps == `steps`: every seed at one budget, for a figure
+    that sets cells side by side on equal steps (a longer run does not supersede its shorter one there).
+    ValueError, naming the budgets there are, where none ran it."""
+    budget = pd.to_numeric(table.get("trainer.max_steps", pd.Series(np.nan, index=table.index)),
+                           errors="coerce")
+    ran = sorted(int(b) for b in budget.dropna().unique())
+    if steps not in ran:
+        raise ValueError(f"--budget {steps}: no run has trainer.max_steps={steps}; the runs' budgets: "
+                         f"{', '.join(map(str, ran)) or 'none recorded'}")
+    return table[budget == steps]
+
+
 def longer_budgets(runs: pd.DataFrame, best: pd.DataFrame,
                    waiting: pd.DataFrame | None = None) -> dict[tuple[str, str, int], str]:
     """{(task, series, length): "20,000 steps"} for the cells whose runs at their best lr were given a

@@ -18,7 +18,8 @@ Writes, into --out:
 - `summary.md` + `summary.csv`: mixer x task x length -> best accuracy +- spread, steps to threshold.
 
 `--figures` writes only the ones named (acc_vs_length, length_generalisation, acc_vs_steps, lr_sensitivity,
-acc_vs_state_size, summary).
+acc_vs_state_size, summary). `--budget STEPS` draws only the runs trained with trainer.max_steps=STEPS, so
+every seed of a grid at its own budget stands beside the others on equal steps.
 
 `--grid EXPERIMENT...` names the experiments (conf/experiment/) whose sweeps the runs fill, for a grid that
 fills over time: their cells (task x series x length, analysis.grid) without a finished run are marked as
@@ -57,6 +58,7 @@ import pandas as pd
 
 from analysis.cells import (
     METRICS,
+    at_budget,
     best_lr,
     budget_note,
     cells,
@@ -170,10 +172,15 @@ def main(argv: list[str] | None = None) -> int:
                              "without a finished run are marked as not yet run")
     parser.add_argument("--figures", nargs="+", choices=FIGURES, default=list(FIGURES),
                         help="write only these (default: all)")
+    parser.add_argument("--budget", type=int, metavar="STEPS",
+                        help="only the runs trained with trainer.max_steps=STEPS: every seed at one budget "
+                             "(default: all runs, each point at its cell's longest)")
     args = parser.parse_args(argv)
     try:
         grid = grid_cells(args.grid) if args.grid else None
-        written = plot_all(load(args.inputs), args.out, args.length, args.metric, grid, tuple(args.figures))
+        table = load(args.inputs)
+        table = at_budget(table, args.budget) if args.budget is not None else table
+        written = plot_all(table, args.out, args.length, args.metric, grid, tuple(args.figures))
     except ValueError as error:
         # A wrong path or an unusable table: the message says what to do, a traceback would only bury it.
         parser.error(str(error))

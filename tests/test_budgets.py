@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from matplotlib.figure import Figure
 
-from analysis.cells import budgets, longest_budget, max_steps_run, point_runs
+from analysis.cells import at_budget, budgets, longest_budget, max_steps_run, point_runs
 from analysis.fig_length import _label_longer
+from analysis.plot import main as plot_main
 from analysis.plot import plot_all
 from analysis.report import render
 
@@ -81,6 +83,25 @@ def test_the_figures_draw_a_point_at_one_budget_and_say_what_they_left_out(tmp_p
     assert drawn.loc["kda", "n_seeds"] == 2 and drawn.loc["kda", "acc_mean"] == 99.4
     assert drawn.loc["kda", "longer_budget"] == "1 of 2 seeds at 20,000 steps; 1 at 5,000 left out"
     assert drawn.loc["gdn", "n_seeds"] == 2
+
+
+def test_a_figure_at_one_budget_draws_every_seed_that_ran_it(tmp_path: Path, capsys) -> None:
+    table = _mixed_budgets()
+    plot_all(at_budget(table, 5000), tmp_path, figures=("acc_vs_length",), metric="train")
+    drawn = pd.read_csv(tmp_path / "acc_vs_length.csv").set_index("series")
+    # KDA at 1e-3 on all three seeds at 5,000 steps, seed 0's superseded run among them
+    assert drawn.loc["kda", "n_seeds"] == 3
+    assert abs(drawn.loc["kda", "acc_mean"] - 100 * (0.79 + 0.68 + 0.995) / 3) < 1e-9
+    assert at_budget(table, 20000)["trainer.max_steps"].eq(20000).all()
+    # a budget no run had: one line naming the ones there are, nothing written
+    csv = tmp_path / "table.csv"
+    table.to_csv(csv, index=False)
+    with pytest.raises(SystemExit) as exit_:
+        plot_main([str(csv), "--out", str(tmp_path / "none"), "--metric", "train", "--budget", "7000"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and err.endswith(
+        "--budget 7000: no run has trainer.max_steps=7000; the runs' budgets: 5000, 20000")
+    assert not (tmp_path / "none").exists()
 
 
 def test_the_step_axis_ends_at_the_longest_run_not_the_longest_budget() -> None:
