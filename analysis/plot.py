@@ -58,6 +58,7 @@ import pandas as pd
 
 from analysis.cells import (
     METRICS,
+    SOLVED_AT,
     at_budget,
     best_lr,
     budget_note,
@@ -118,8 +119,8 @@ def plot_all(table: pd.DataFrame, out_dir: Path, length: int | None = None,
     longer = longer_budgets(runs, best, waiting)
     longer_note = longer and "a point labelled with steps: trained longer than the rest"
     if len(waiting):
-        longer_note = _lines(longer_note or None, f"{len(waiting)} seed run(s) below 0.99 at a shorter "
-                             "budget than their point's left out of it until trained as long")
+        longer_note = _lines(longer_note or None, f"{len(waiting)} seed run(s) below {SOLVED_AT:g} at a "
+                             "shorter budget than their point's left out of it until trained as long")
     if "acc_vs_length" in figures:
         length_note = _lines(note, longer_note)
         written += plot_acc_vs_length(best, unscored, out_dir, METRICS[metric][1], length_note, pending,
