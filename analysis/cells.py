@@ -212,24 +212,23 @@ SOLVED_AT = 0.99
 
 
 def point_runs(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the runs a cell's point averages, the runs left out of it) after longest_budget: where some seeds
-    of a cell's lr were trained longer than others (the paper's budget, given to the cells the shorter one
-    left unsolved), a seed still below SOLVED_AT on `column` at the shorter budget is no sample of the
-    longer one, so it leaves the mean until it too is trained that long; one point is one budget."""
+    """(the runs a cell's point averages, the runs left out of it, each with `point_max_steps`, the budget
+    of its point) after longest_budget: where some seeds of a cell's lr were trained longer than others
+    (the paper's budget, given to the cells the shorter one left unsolved), a seed still below SOLVED_AT on
+    `column` at the shorter budget is no sample of the longer one, so it leaves the mean until it too is
+    trained that long; one point is one budget."""
     table = longest_budget(table)
     if "trainer.max_steps" not in table or table.empty:
-        return table, table.iloc[:0]
-    keys = [k for k in ("task", "mixer", "variant", "seq_len", "lr") if k in table]
-    frame = table.assign(_budget=pd.to_numeric(table["trainer.max_steps"], errors="coerce"),
-                         variant=table["variant"].fillna("") if "variant" in table else "")
-    done = frame["status"].isin(SCORED)
-    top = frame[done].groupby(keys, dropna=False)["_budget"].max().rename("_top").reset_index()
-    merged = frame.reset_index().merge(top, on=keys, how="left").set_index("index")
-    acc = pd.to_numeric(merged[column], errors="coerce") if column in merged else pd.Series(np.nan,
-                                                                                          index=merged.index)
-    shorter = done.reindex(merged.index) & (merged["_budget"] < merged["_top"]) & ~(acc >= SOLVED_AT)
-    shorter = shorter.reindex(table.index, fill_value=False)
-    return table.loc[~shorter], table.loc[shorter]
+        return table, table.iloc[:0].assign(point_max_steps=pd.Series(dtype=float))
+    keys = [table[k].fillna("") if k == "variant" else table[k]
+            for k in ("task", "mixer", "variant", "seq_len", "lr") if k in table]
+    budget = pd.to_numeric(table["trainer.max_steps"], errors="coerce")
+    done = table["status"].isin(SCORED)
+    top = budget.where(done).groupby(keys, dropna=False).transform("max")
+    acc = pd.to_numeric(table[column], errors="coerce") if column in table else pd.Series(np.nan,
+                                                                                        index=table.index)
+    shorter = done & (budget < top) & ~(acc >= SOLVED_AT)
+    return table.loc[~shorter], table.loc[shorter].assign(point_max_steps=top[shorter])
 
 
 def at_budget(table: pd.DataFrame, steps: int) -> pd.DataFrame:

@@ -1166,16 +1166,13 @@ def first_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[keep]
 
 
-def waiting_runs(waiting: pd.DataFrame, points: pd.DataFrame, metric: str) -> list[str]:
+def waiting_runs(waiting: pd.DataFrame, metric: str) -> list[str]:
     """Lines naming the runs analysis.cells.point_runs left out of their cells' points: below SOLVED at a
     shorter budget than other seeds of their cell and lr, so no sample of the longer budget the point
     stands at (`campaign.py extend` trains them that long); empty where there are none."""
     if waiting.empty:
         return []
     column = METRICS[metric]
-    top = points.assign(_budget=pd.to_numeric(points["trainer.max_steps"], errors="coerce"),
-                        _variant=points["variant"].fillna("") if "variant" in points else "")
-    top = top.groupby(["task", "mixer", "_variant", "seq_len", "lr"])["_budget"].max().to_dict()
     lines = ["", f"Left out of their cell's point, below {SOLVED} at a shorter budget than its other seeds "
              "at that lr (a point stands at one budget; `tools/campaign.py extend` trains these as long):",
              "",
@@ -1183,12 +1180,10 @@ def waiting_runs(waiting: pd.DataFrame, points: pd.DataFrame, metric: str) -> li
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     waiting = waiting.assign(series=_series(waiting))
     for _, run in waiting.sort_values(["task", "seq_len", "series", "seed"]).iterrows():
-        variant = run["variant"] if "variant" in run and isinstance(run["variant"], str) else ""
-        longest = top.get((run["task"], run["mixer"], variant, run["seq_len"], run["lr"]))
         lines.append(f"| {run['task']} | {run['series']} | {int(run['seq_len'])} | {float(run['lr']):g} | "
                      f"{seed_number(run.get('seed'))} | {_n(int(run['trainer.max_steps']))} | "
                      f"{_fmt(pd.to_numeric(run.get(column), errors='coerce'), '.3f')} | "
-                     f"{_n(int(longest)) if longest is not None and longest == longest else MISSING} |")
+                     f"{_n(int(run['point_max_steps']))} |")
     return lines
 
 
@@ -1390,7 +1385,7 @@ def render(runs: pd.DataFrame, metric: str, source: str) -> str:
         )
     if cells.empty:
         lines.append("| (no finished run yet) | | | | | | | | |")
-    lines += waiting_runs(waiting, runs, metric)
+    lines += waiting_runs(waiting, metric)
     # seeds are set apart on every seed, a point's left-out ones too: how a seed failed is the question there
     every = longest_budget(all_runs)
     seed_view = (every, cell_table(every, metric)) if len(waiting) else None
