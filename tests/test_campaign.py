@@ -823,6 +823,43 @@ def test_a_checkpointed_cell_is_priced_for_its_steps_left_and_fill_starts_one_th
     assert launched == []
 
 
+def test_with_fill_a_cell_longer_than_the_hold_keeps_its_plan_order(tmp_path: Path) -> None:
+    campaign = _module()
+    work = tmp_path / "work"
+    src = work / "src"
+    # kda: 0.4 s a step at 2048 (410 s for 1000 steps), 0.05 s at 256 (60 s)
+    _finished(src, "a", "kda", 2048, 400.0, ["experiment=e"])
+    _finished(src, "b", "kda", 256, 50.0, ["experiment=e"])
+    (work / "brought.json").write_text("{}")
+    stages = [["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=kda", "seed=1"],
+              ["experiment=e", "task=mqar", "task.seq_len=256", "mixer=kda", "seed=1,2"]]
+    launched: list[str] = []
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        launched.append(" ".join(o for o in overrides if o.startswith(("task.seq_len=", "seed="))))
+        return 0
+
+    def hold(fill: bool, began_s_ago: float, left_s: float) -> list[str]:
+        launched.clear()
+        now = time.time()
+        campaign._write_state(work, {"stages": stages, "started": now - began_s_ago,
+                                     "deadline": now + left_s, "fill": fill})
+        campaign.run_cells(work, campaign._state(work), launch, [])
+        return list(launched)
+
+    long, short = "task.seq_len=2048 seed=1", ["task.seq_len=256 seed=1", "task.seq_len=256 seed=2"]
+    # a 300-s hold, all of it left: the 410-s cell fits no such hold, so with fill it runs first, as planned
+    assert hold(True, 0.0, 300.0) == [long, *short]
+    # without fill it waits behind every shorter cell and never starts
+    assert hold(False, 0.0, 300.0) == short
+    # under half the hold left: the shorter cells fill it, and fill starts the long one only when none fits
+    assert hold(True, 170.0, 130.0) == [*short, long]
+    # a hold it fits (600 s, 250 s left): postponed for the shorter ones, as a cell that fits a later hold is
+    assert hold(True, 350.0, 250.0) == [*short, long]
+    assert campaign.beyond_hold([0, 1, 2], set(), {0: 410.0, 1: 60.0, 2: None}, 300.0) == {0}
+    assert campaign.beyond_hold([0, 1], {0}, {0: 410.0, 1: 60.0}, 300.0) == set()  # not carryable
+
+
 def _with_a_large_mqar_model(root: Path, campaign: types.ModuleType) -> None:
     """Finished runs at 256 (0.05 s a step, 60 s a run): kda's MQAR model over what a call carries, its Stack
     model and gdn's MQAR model under it."""

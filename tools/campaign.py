@@ -25,7 +25,9 @@ back, the runs furthest on first, and the next machine's `start --resume FILES..
 copy, where train.py resumes each from its checkpoint. `start` and
 `wait` take `--with-checkpoints` too: the runs train on, and each one's last checkpoint travels, so a
 machine taken back before the next call costs only the steps since then. With `--fill`,
-a hold whose pending cells no longer fit starts the first of them anyway, for the stop to checkpoint.
+a hold whose pending cells no longer fit starts the first of them anyway, for the stop to checkpoint, and a
+cell longer than the whole hold keeps its place in plan order while half the hold is left (postponed for
+every shorter cell, it would wait behind all later stages; early stopping may still end it within one).
 `left PLAN... --resume FILES...` prices the runs those archives carry for the steps they have left.
 
 A plan is a text file, one stage per line: the overrides of one multirun, in the order they should run
@@ -160,6 +162,9 @@ CARRY_DIR = "carry"
 # With --fill, the first pending cell that does not fit starts anyway while at least this much of the hold is
 # left: less would end before its first checkpoint could be worth carrying.
 FILL_MIN_S = 120.0
+# With --fill, a carryable cell longer than the whole hold is not postponed for shorter ones while at least
+# this share of the hold is left: it ends within one only by stopping early, so it should have most of one.
+BEYOND_HOLD_SHARE = 0.5
 # A checkpoint holds each parameter's fp32 value and AdamW's two fp32 moments (the rest is small).
 CHECKPOINT_BYTES_PER_PARAM = 12
 # Keys that do not change a model's parameters, so runs that differ only in them size a cell's checkpoint.
@@ -697,6 +702,14 @@ def fits_in(estimate_s: float | None, left_s: float) -> bool:
     return estimate_s is None or estimate_s + MARGIN_S <= left_s
 
 
+def beyond_hold(pending: list[int], bound: set[int], estimates: dict[int, float | None],
+                hold_s: float) -> set[int]:
+    """The pending cells no hold of `hold_s` fits that a stop can carry (not in `bound`): postponed while
+    shorter cells fit, one would wait behind every later stage, so with --fill they keep their plan order."""
+    return {i for i in pending if i not in bound and estimates.get(i) is not None
+            and not fits_in(estimates[i], hold_s)}
+
+
 def resumed_first(cells: list[Cell], pending: list[int], partial: list[dict[str, Any]]) -> list[int]:
     """`pending` with the cells whose run holds a checkpoint first, each group in plan order: training
     already paid for goes on before a fresh run takes the hold (and, with --fill, its end)."""
@@ -704,15 +717,16 @@ def resumed_first(cells: list[Cell], pending: list[int], partial: list[dict[str,
 
 
 def choose(cells: list[Cell], pending: list[int], left_s: float, estimates: dict[int, float | None],
-           free: int | None = None, gpus: int = 1) -> tuple[list[int], list[int]]:
+           free: int | None = None, gpus: int = 1,
+           anyway: frozenset[int] | set[int] = frozenset()) -> tuple[list[int], list[int]]:
     """The next launch (indices into `cells`) and the pending cells postponed now. The first pending cell
-    in plan order that fits in `left_s` leads; a stage that runs more than one at once (at_once) adds its
-    other fitting cells, up to that many, as a block one multirun runs (product_block). An unknown estimate
-    counts as fitting. With `free` of the machine's `gpus` idle, the block is at most what they hold at the
-    stage's runs per GPU."""
+    in plan order that fits in `left_s` (or is one of `anyway`) leads; a stage that runs more than one at
+    once (at_once) adds its other fitting cells, up to that many, as a block one multirun runs
+    (product_block). An unknown estimate counts as fitting. With `free` of the machine's `gpus` idle, the
+    block is at most what they hold at the stage's runs per GPU."""
     fitting, postponed = [], []
     for i in pending:
-        (fitting if fits_in(estimates.get(i), left_s) else postponed).append(i)
+        (fitting if i in anyway or fits_in(estimates.get(i), left_s) else postponed).append(i)
     if not fitting:
         return [], postponed
     lead = cells[fitting[0]]
@@ -1030,7 +1044,10 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 resumed = sum(run_of(cells[i], partial) is not None for i in ready)
                 bound = hold_bound(cells, ready, measured, partial, int(state.get("carry_calls", 1)))
                 ready = hold_bound_first(ready, bound, estimates, left, resumed)
-                group, postponed = choose(cells, ready, left, estimates, len(free), gpus)
+                hold = state["deadline"] - state.get("started", state["deadline"])
+                anyway = (beyond_hold(ready, bound, estimates, hold) if state.get("fill") and hold > 0
+                          and left >= max(FILL_MIN_S, BEYOND_HOLD_SHARE * hold) else set())
+                group, postponed = choose(cells, ready, left, estimates, len(free), gpus, anyway)
                 carryable = [i for i in ready if i not in bound]
                 if not group and not running and carryable and state.get("fill") and left >= FILL_MIN_S:
                     # the stop checkpoints it and --with-checkpoints carries it to the next machine
@@ -1856,7 +1873,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "their runs go back into the copy and train on from their checkpoints")
             command.add_argument("--fill", action="store_true",
                                  help="with --hold-minutes: when no pending cell fits, start the first "
-                                 "anyway (for stop --with-checkpoints to carry)")
+                                 "anyway, and run a cell longer than the whole hold in plan order while "
+                                 "half the hold is left (for stop --with-checkpoints to carry)")
         if name in ("start", "wait"):
             command.add_argument("--minutes", type=float, default=0.0, help="wait this long, then pack")
         if name == "wait":
