@@ -1136,6 +1136,35 @@ def test_seeds_plans_every_cell_at_its_best_lr_of_the_grid_budget_leaving_held_s
         campaign.seeds([root], tmp_path, [1], "best_train_acc", [], {1024: "8"}, {1024: "1"})
 
 
+def test_seeds_of_a_cell_extended_to_a_longer_budget_run_at_that_budget(tmp_path: Path) -> None:
+    campaign = _module()
+    root = tmp_path / "results" / "grid"
+    common = ["experiment=e", "task=a", "task.seq_len=2048", "optim.lr=0.001"]
+    # seed 0 below 0.99 at the grid's 5,000 steps, then extended to 20,000; seed 1 was run at 20,000 alone
+    _scored(root, "s0", [*common, "seed=0"], 0.8, seq_len=2048, max_steps=5000)
+    _scored(root, "s0_long", [*common, "seed=0", "trainer.max_steps=20000"], 0.995, seq_len=2048,
+            max_steps=20000)
+    _scored(root, "s1_long", [*common, "seed=1", "trainer.max_steps=20000"], 0.97, seq_len=2048,
+            max_steps=20000)
+    # a cell at the grid's budget alone: its seeds stay there
+    _scored(root, "b", ["experiment=e", "task=b", "task.seq_len=2048", "optim.lr=0.001", "seed=0"], 0.999,
+            seq_len=2048, max_steps=5000)
+    plan = campaign.seeds([root], tmp_path, [1, 2], "best_train_acc", [], {})
+    lines = [line for line in plan.splitlines() if not line.startswith("#")]
+    where = "hydra.sweep.dir=results/grid"
+    # the lower metric first
+    assert lines == [
+        f"experiment=e task=a task.seq_len=2048 optim.lr=0.001 {where} seed=2 trainer.max_steps=20000",
+        f"experiment=e task=b task.seq_len=2048 optim.lr=0.001 {where} seed=1,2",
+    ]
+    # once seed 2 holds its run at that budget, the cell has its seeds; extend plans none of them again
+    _scored(root, "s2_long", [*common, "seed=2", "trainer.max_steps=20000"], 0.99, seq_len=2048,
+            max_steps=20000)
+    again = campaign.seeds([root], tmp_path, [1, 2], "best_train_acc", [], {})
+    assert [line for line in again.splitlines() if not line.startswith("#")] == [lines[1]]
+    assert "(0 run(s))" in campaign.extend([root], tmp_path, 20000, 0.99, "best_train_acc", [])
+
+
 def test_seeds_extend_the_report_and_the_figures_pick_one_lr_for_a_cell(tmp_path: Path) -> None:
     campaign = _module()
     import pandas as pd

@@ -1401,7 +1401,10 @@ def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, lau
     """A plan that trains every cell of `results` with each seed of `wanted` at its best learning rate
     (_best_run) among the runs of the grid's budget (the smallest trainer.max_steps of the cell: a longer run,
     such as extend's, does not pick the lr), into the same results directory; seeds that the cell holds at
-    that lr and budget are left out. A cell of length L runs with hydra.launcher.n_jobs=n_jobs[L] where
+    that lr, at any budget, are left out. A seed runs at the longest budget of the cell's runs at that lr:
+    where extend took a point to 20,000 steps, a new seed at the grid's budget would join it only if it
+    solved the task there, and early stopping ends a longer run that does about as soon. A cell of length
+    L runs with hydra.launcher.n_jobs=n_jobs[L] where
     given, else with jobs_per_gpu[L] on each GPU of whatever machine runs the plan (n_jobs null, so that a
     launcher yaml's n_jobs does not win). Longest sequences first."""
     jobs_per_gpu = jobs_per_gpu or {}
@@ -1416,12 +1419,16 @@ def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, lau
             continue
         best, mean = picked
         lr = best["values"].get("optim.lr")
-        held = {run["values"].get("seed") for run in at_budget if run["values"].get("optim.lr") == lr}
+        at_lr = [run for run in runs if run["values"].get("optim.lr") == lr]
+        held = {run["values"].get("seed") for run in at_lr}
         missing = [str(seed) for seed in wanted if float(seed) not in held]
         if not missing:
             continue
-        stage = _stage_of(best["overrides"], ("seed",), place)
+        stage = _stage_of(best["overrides"], ("seed", "trainer.max_steps"), place)
         stage["seed"] = missing
+        longest = max((run["max_steps"] for run in at_lr if isinstance(run["max_steps"], int)), default=None)
+        if longest is not None and longest != best["max_steps"]:
+            stage["trainer.max_steps"] = [str(longest)]
         if best["seq_len"] in n_jobs:
             stage["hydra.launcher.n_jobs"] = [n_jobs[best["seq_len"]]]
         elif best["seq_len"] in jobs_per_gpu:
@@ -1429,8 +1436,8 @@ def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, lau
             stage[f"hydra.launcher.{PER_GPU_KEY}"] = [jobs_per_gpu[best["seq_len"]]]
         stages.append((best["seq_len"], mean, stage))
     head = (f"# seeds: every cell of {', '.join(map(str, results))} again with seed "
-            f"{','.join(map(str, wanted))} at its best lr by mean {metric} ({len(stages)} cell(s) "
-            "with seeds to run)")
+            f"{','.join(map(str, wanted))} at its best lr by mean {metric}, at the longest budget its runs "
+            f"there had ({len(stages)} cell(s) with seeds to run)")
     return "\n".join([head, *notes, *_plan_lines(stages, launcher)]) + "\n"
 
 
