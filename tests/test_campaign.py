@@ -1034,15 +1034,22 @@ def test_extend_plans_the_unsolved_cells_again_at_their_best_run_merged_into_pro
         ("a", "1024"), ("a", "2048"), ("b", "1024"), ("b", "2048")]
 
 
-def test_extend_brings_a_cells_other_seeds_to_the_budget_one_of_them_ran(tmp_path: Path) -> None:
-    campaign = _module()
-    root = tmp_path / "results" / "grid"
+def _seed_0_extended(root: Path) -> list[str]:
+    """Cell a@2048 at lr 1e-3 (its overrides, returned): seed 0 at 0.8 after the grid's 5,000 steps, then
+    extended to 20,000, where it solved the task (0.995)."""
     common = ["experiment=e", "task=a", "task.seq_len=2048", "optim.lr=0.001"]
-    # seed 0 was extended and solved it; seed 1 is below at the grid's budget, seed 2 solved it there;
-    # the cell's mean at the longer budget would pass 0.99 without seed 1, so only the budget flags it
     _scored(root, "s0", [*common, "seed=0"], 0.8, seq_len=2048, max_steps=5000)
     _scored(root, "s0_long", [*common, "seed=0", "trainer.max_steps=20000"], 0.995, seq_len=2048,
             max_steps=20000)
+    return common
+
+
+def test_extend_brings_a_cells_other_seeds_to_the_budget_one_of_them_ran(tmp_path: Path) -> None:
+    campaign = _module()
+    root = tmp_path / "results" / "grid"
+    # seed 0 was extended and solved it; seed 1 is below at the grid's budget, seed 2 solved it there;
+    # the cell's mean at the longer budget would pass 0.99 without seed 1, so only the budget flags it
+    common = _seed_0_extended(root)
     _scored(root, "s1", [*common, "seed=1"], 0.7, seq_len=2048, max_steps=5000)
     _scored(root, "s2", [*common, "seed=2"], 0.995, seq_len=2048, max_steps=5000)
     # a cell solved at the grid's budget on every seed: nothing to extend
@@ -1139,11 +1146,8 @@ def test_seeds_plans_every_cell_at_its_best_lr_of_the_grid_budget_leaving_held_s
 def test_seeds_of_a_cell_extended_to_a_longer_budget_run_at_that_budget(tmp_path: Path) -> None:
     campaign = _module()
     root = tmp_path / "results" / "grid"
-    common = ["experiment=e", "task=a", "task.seq_len=2048", "optim.lr=0.001"]
     # seed 0 below 0.99 at the grid's 5,000 steps, then extended to 20,000; seed 1 was run at 20,000 alone
-    _scored(root, "s0", [*common, "seed=0"], 0.8, seq_len=2048, max_steps=5000)
-    _scored(root, "s0_long", [*common, "seed=0", "trainer.max_steps=20000"], 0.995, seq_len=2048,
-            max_steps=20000)
+    common = _seed_0_extended(root)
     _scored(root, "s1_long", [*common, "seed=1", "trainer.max_steps=20000"], 0.97, seq_len=2048,
             max_steps=20000)
     # a cell at the grid's budget alone: its seeds stay there
