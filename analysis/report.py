@@ -50,6 +50,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.cells import (
+    SOLVED_AT,
     budgets,
     longest_budget,
     max_trained_steps,
@@ -71,8 +72,6 @@ PAPER_LENGTHS = (256, 512, 1024, 2048)
 PAPER_LRS = (5e-5, 1e-4, 5e-4, 1e-3)  # experiment/kimi_fig4: a cell is its best of these
 SLACK = 0.01  # "KDA >= GDN" holds within one accuracy point (seed noise of a single run)
 DEVICE_KINDS = ("GPU", "CPU", "unknown")
-# A cell counts as solved from this accuracy on: experiment/kimi_fig4_h200 stops a run early there.
-SOLVED = 0.99
 # A run is still learning at its budget's end if its eval acc rose by more than this over its last 20% of
 # steps: above the wobble of one eval on 1,000 held-out sequences.
 STILL_LEARNING = 0.02
@@ -468,13 +467,13 @@ def _acc_at(curve: pd.DataFrame, step: float) -> float:
 
 
 def budget_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """The cells whose best run stayed below SOLVED and ran its whole `trainer.max_steps` (not stopped
+    """The cells whose best run stayed below SOLVED_AT and ran its whole `trainer.max_steps` (not stopped
     early), with its eval acc at LATE_FRACTION of the steps run and at its last eval, and whether it was
     still learning (rose by more than STILL_LEARNING in between; None where the curve cannot tell)."""
     rows = []
     for _, c in cells.iterrows():
         ran, budget = c.get("steps_run"), c.get("max_steps")
-        if pd.isna(c["eval"]) or c["eval"] >= SOLVED or pd.isna(ran) or pd.isna(budget) or ran < budget:
+        if pd.isna(c["eval"]) or c["eval"] >= SOLVED_AT or pd.isna(ran) or pd.isna(budget) or ran < budget:
             continue
         if pd.notna(c.get("early_stopped_at")):
             continue
@@ -727,7 +726,7 @@ def _lrs(lrs: tuple[float, ...]) -> str:
 
 
 def lr_section(cells: pd.DataFrame, metric: str = "train") -> list[str]:
-    """Which learning rates the cells ran against the paper's four, and the cells below SOLVED that another
+    """Which learning rates the cells ran against the paper's four, and the cells below SOLVED_AT that another
     learning rate could still raise (and with them a claim's verdict)."""
     if cells.empty:
         return ["No finished run yet."]
@@ -735,10 +734,10 @@ def lr_section(cells: pd.DataFrame, metric: str = "train") -> list[str]:
     counts = cells["lrs"].apply(_lrs).value_counts()
     ran = "; ".join(f"{n} cell(s) at {lrs}" for lrs, n in sorted(counts.items(), key=lambda c: (-c[1], c[0])))
     lines = [f"Kimi Linear takes each cell at its best of four learning rates ({paper}); here {ran}."]
-    short = cells[(cells[metric] < SOLVED) & (cells["lrs"].apply(len) < len(PAPER_LRS))]
+    short = cells[(cells[metric] < SOLVED_AT) & (cells["lrs"].apply(len) < len(PAPER_LRS))]
     if short.empty:
-        return lines + [f"Every cell below {SOLVED} ran all four."]
-    lines += [f"Below {SOLVED} on fewer learning rates than the paper's, so another may still raise them:",
+        return lines + [f"Every cell below {SOLVED_AT} ran all four."]
+    lines += [f"Below {SOLVED_AT} on fewer learning rates than the paper's, so another may still raise them:",
               "", "| task | mixer | L | peak train acc | best eval acc | learning rates run |",
               "|---|---|---:|---:|---:|---|"]
     lines += [f"| {c['task']} | {c['series']} | {c['seq_len']} | {_fmt(c['train'], '.3f')} | "
@@ -1114,11 +1113,11 @@ def differences(runs: pd.DataFrame, cells: pd.DataFrame, metric: str = "train",
     lines.append(
         f"The paper trains {PAPER_STEPS:,} steps, this grid {ran or 'the max_steps it ran'}, so a cell still "
         "learning at its end may reach more with the paper's budget (best lr; "
-        f"below {SOLVED} and run to its max_steps; still learning: eval acc rose by more than "
+        f"below {SOLVED_AT} and run to its max_steps; still learning: eval acc rose by more than "
         f"{STILL_LEARNING} over the last {1 - LATE_FRACTION:.0%} of its steps).")
     lines.append("")
     if budget.empty:
-        lines.append(f"No cell stayed below {SOLVED} through its whole step budget.")
+        lines.append(f"No cell stayed below {SOLVED_AT} through its whole step budget.")
     else:
         lines += ["| task | mixer | L | steps run | eval acc at 80% | at the end | still learning |",
                   "|---|---|---:|---:|---:|---:|---|"]
@@ -1167,14 +1166,15 @@ def first_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def waiting_runs(waiting: pd.DataFrame, metric: str) -> list[str]:
-    """Lines naming the runs analysis.cells.point_runs left out of their cells' points: below SOLVED at a
+    """Lines naming the runs analysis.cells.point_runs left out of their cells' points: below SOLVED_AT at a
     shorter budget than other seeds of their cell and lr, so no sample of the longer budget the point
     stands at (`campaign.py extend` trains them that long); empty where there are none."""
     if waiting.empty:
         return []
     column = METRICS[metric]
-    lines = ["", f"Left out of their cell's point, below {SOLVED} at a shorter budget than its other seeds "
-             "at that lr (a point stands at one budget; `tools/campaign.py extend` trains these as long):",
+    lines = ["", f"Left out of their cell's point, below {SOLVED_AT} at a shorter budget than its other "
+             "seeds at that lr (a point stands at one budget; `tools/campaign.py extend` trains these as "
+             "long):",
              "",
              "| task | mixer | L | lr | seed | budget | " + f"{column} | the point's budget |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -1213,7 +1213,7 @@ def what_changed(runs: pd.DataFrame, metric: str = "train") -> list[str]:
              f"Against the first runs (seed {int(seed.min())}, {shortest} steps each; {len(first)} runs): "
              f"{more_seeds} run(s) of further seeds and {long_runs} at a longer budget (a longer run stands "
              "for its cell, lr and seed; a point stands at one budget, its seeds left below "
-             f"{SOLVED} at a shorter one left out of it). Every seed at {shortest} steps: all seeds, no "
+             f"{SOLVED_AT} at a shorter one left out of it). Every seed at {shortest} steps: all seeds, no "
              "longer run, so each cell's spread over seeds at the grid's budget.", "",
              f"| claim | first runs | every seed at {shortest} steps | all runs |", "|---|---|---|---|"]
     grid_budget = done if budget.isna().all() else done[budget.isna() | (budget == budget.min())]
