@@ -1404,9 +1404,9 @@ def seeds(results: list[Path], source: Path, wanted: list[int], metric: str, lau
     that lr, at any budget, are left out. A seed runs at the longest budget of the cell's runs at that lr:
     where extend took a point to 20,000 steps, a new seed at the grid's budget would join it only if it
     solved the task there, and early stopping ends a longer run that does about as soon. A cell of length
-    L runs with hydra.launcher.n_jobs=n_jobs[L] where
-    given, else with jobs_per_gpu[L] on each GPU of whatever machine runs the plan (n_jobs null, so that a
-    launcher yaml's n_jobs does not win). Longest sequences first."""
+    L runs with hydra.launcher.n_jobs=n_jobs[L] where given, else with jobs_per_gpu[L] on each GPU of
+    whatever machine runs the plan (n_jobs null, so that a launcher yaml's n_jobs does not win). Longest
+    sequences first."""
     jobs_per_gpu = jobs_per_gpu or {}
     both = sorted(set(n_jobs) & set(jobs_per_gpu))
     if both:
