@@ -699,6 +699,37 @@ def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_c
         (work / "src" / "results" / "x" / "far" / "checkpoint.pt").read_bytes()
 
 
+def test_a_resumed_run_that_checkpointed_since_is_carried_and_priced_from_its_metrics_not_its_old_summary(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a run resumed at step 4,801 trains on under the summary its stopped launch wrote; once it has
+    # checkpointed again that summary's step is stale: the pack names the logged step and puts the run
+    # first, and the next machine, given the archive, prices it from there too
+    campaign, work = _module(), _empty_work(tmp_path)
+    _in_flight(work, {"resumed": 4801, "fresh": 9000})
+    run = work / "src" / "results" / "x" / "resumed"
+    stopped = time.time() - 3600
+    os.utime(run / "summary.json", (stopped, stopped))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": step, "train/acc": 0.5}) + "\n"
+                                               for step in range(4850, 17001, 50)))
+    runs = {name: work / "src" / "results" / "x" / name for name in ("resumed", "fresh")}
+    assert {name: campaign._held_step(path)[0] for name, path in runs.items()} == \
+        {"resumed": 17000, "fresh": 9000}
+    files = campaign.save_checkpoints(work, tmp_path / "out")
+    printed = capsys.readouterr().out
+    assert "results/x/resumed in flight (logged to step 17000)" in printed
+    assert "results/x/fresh in flight (at step 9000)" in printed
+    assert printed.index("results/x/resumed") < printed.index("results/x/fresh")
+    # restored on the next machine, the files keep the times they were packed with
+    fresh = tmp_path / "next"
+    for data in campaign.read_archives(files, "--resume"):
+        campaign.restore_checkpoints(data, fresh)
+    assert {name: campaign._held_step(fresh / "results" / "x" / name)[0] for name in runs} == \
+        {"resumed": 17000, "fresh": 9000}
+    # a run stopped where it was resumed, not checkpointed since: its summary still names its step
+    os.utime(run / "checkpoint.pt", (stopped - 60, stopped - 60))
+    assert campaign._held_step(run) == (4801, "at step 4801")
+
+
 def test_a_stop_with_carry_calls_stages_what_one_call_cannot_bring_and_fetch_brings_it_in_shares(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # five runs in flight, 2 parts each: two calls bring back four archives (files and bytes both bound a

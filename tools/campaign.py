@@ -497,10 +497,23 @@ def partial_runs(src: Path) -> list[dict[str, Any]]:
         entry = _recorded(run, src)
         if entry is None:
             continue
-        steps = _checkpoint_step(summary)
-        entry["steps"] = steps if steps is not None else (_last_step(run) or 0)
+        entry["steps"] = _held_step(run)[0]
         found.append(entry)
     return found
+
+
+def _held_step(run: Path) -> tuple[int, str]:
+    """The step the checkpoint of `run` (a run not finished) holds, and how it is known: as its summary
+    records it, or else as far as its metrics are logged (the last checkpoint is at most
+    trainer.checkpoint_every steps behind)."""
+    summary = run / "summary.json"
+    step = _checkpoint_step(_summary(run) or {})
+    # A resumed run trains on under the summary its stopped launch wrote; once it checkpoints again that
+    # summary is older than the checkpoint and names a step the run has long passed.
+    if step is not None and summary.stat().st_mtime >= (run / "checkpoint.pt").stat().st_mtime:
+        return step, f"at step {step}"
+    logged = _last_step(run) or 0
+    return logged, f"logged to step {logged}"
 
 
 def _checkpoint_step(summary: dict[str, Any]) -> int | None:
@@ -1604,12 +1617,7 @@ def save_checkpoints(work: Path, out: Path, calls: int = 1) -> list[Path]:
         return []
     staged.mkdir(parents=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    # a stopped run's summary names its checkpoint's step; one still training has only its metrics so far
-    steps: dict[Path, tuple[int, str]] = {}
-    for run in runs:
-        step = _checkpoint_step(_summary(run) or {})
-        logged = _last_step(run) or 0
-        steps[run] = (step, f"at step {step}") if step is not None else (logged, f"logged to step {logged}")
+    steps = {run: _held_step(run) for run in runs}
     packed: list[int] = []  # the staged parts' sizes, in the order fetch brings them back
     for index, run in enumerate(sorted(runs, key=lambda run: (-steps[run][0], str(run)))):
         name = run.relative_to(src)
@@ -1792,6 +1800,8 @@ def _extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], into: Path) -
         destination = into / member.name
         destination.parent.mkdir(parents=True, exist_ok=True)
         destination.write_bytes(tar.extractfile(member).read())
+        # _held_step compares a summary's and a checkpoint's times: keep the ones they had when packed
+        os.utime(destination, (member.mtime, member.mtime))
 
 
 def check_archive(archive: Path) -> None:
