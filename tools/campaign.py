@@ -1640,6 +1640,18 @@ def save_checkpoints(work: Path, out: Path, calls: int = 1) -> list[Path]:
     return fetch(work, out)
 
 
+def name_unpacked(work: Path) -> list[str]:
+    """Print and return the runs in flight that hold a checkpoint a stop without --with-checkpoints left
+    on this machine: a cell `--fill` started for the stop to carry is otherwise lost without a word."""
+    src = work / "src"
+    names = [name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
+    for name in names:
+        print(f"not packed: {name} {_held_step(src / name)[1]} stays on this machine (`stop --out DIR "
+              f"--with-checkpoints`, in this call or the next, packs it for the next start's --resume; "
+              f"else the next machine trains it from step 0)")
+    return names
+
+
 def _shares(sizes: list[int]) -> list[int]:
     """How many of the files of `sizes` (in order) each call brings back: whole files, at most CARRY_BYTES
     and CARRY_FILES a call."""
@@ -2035,6 +2047,8 @@ def main(argv: list[str] | None = None) -> int:
             calls = (args.carry_calls or int(_state(args.work).get("carry_calls", 1))
                      if args.command == "stop" else 1)
             save_checkpoints(args.work, args.out, calls)
+        elif args.command == "stop":
+            name_unpacked(args.work)
         if getattr(args, "with_caches", False):
             save_caches(args.out)
     except CampaignError as error:
