@@ -1611,7 +1611,7 @@ def save_checkpoints(work: Path, out: Path, calls: int = 1) -> list[Path]:
     src = work / "src"
     staged = work / CARRY_DIR
     shutil.rmtree(staged, ignore_errors=True)  # an earlier pack's parts: this one replaces them
-    runs = [src / name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
+    runs = _checkpointed_in_flight(work)
     if not runs:
         print("no run in flight holds a checkpoint: nothing to carry")
         return []
@@ -1640,16 +1640,19 @@ def save_checkpoints(work: Path, out: Path, calls: int = 1) -> list[Path]:
     return fetch(work, out)
 
 
-def name_unpacked(work: Path) -> list[str]:
-    """Print and return the runs in flight that hold a checkpoint a stop without --with-checkpoints left
-    on this machine: a cell `--fill` started for the stop to carry is otherwise lost without a word."""
+def _checkpointed_in_flight(work: Path) -> list[Path]:
+    """The run directories of the work copy still in flight (or stopped unfinished) that hold a checkpoint."""
     src = work / "src"
-    names = [name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
-    for name in names:
-        print(f"not packed: {name} {_held_step(src / name)[1]} stays on this machine (`stop --out DIR "
-              f"--with-checkpoints`, in this call or the next, packs it for the next start's --resume; "
-              f"else the next machine trains it from step 0)")
-    return names
+    return [src / name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
+
+
+def name_unpacked(work: Path) -> None:
+    """Name the runs in flight that hold a checkpoint a stop without --with-checkpoints left on this
+    machine: a cell `--fill` started for the stop to carry is otherwise lost without a word."""
+    for run in _checkpointed_in_flight(work):
+        print(f"not packed: {run.relative_to(work / 'src')} {_held_step(run)[1]} stays on this machine "
+              f"(`stop --out DIR --with-checkpoints`, in this call or the next, packs it for the next "
+              f"start's --resume; else the next machine trains it from step 0)")
 
 
 def _shares(sizes: list[int]) -> list[int]:
