@@ -584,14 +584,21 @@ def _training_until_it_checkpoints(tmp_path: Path) -> tuple[Path, Path, Path, Pa
 
 
 def _resumes_on_a_fresh_machine(plan: Path, checkout: Path, work: Path, archive: Path, name: str,
-                                step: int) -> None:
-    """A new copy of `checkout` started with the resume `archive` trains run `name` on from `step`."""
-    started = _campaign("start", plan, "--source", checkout, "--work", work, "--resume", archive)
+                                step: int, hold: tuple[str, ...] = ()) -> None:
+    """A new copy of `checkout` started with the resume `archive` (and `hold`'s arguments) trains run
+    `name` on from `step`."""
+    started = _campaign("start", plan, "--source", checkout, "--work", work, "--resume", archive, *hold)
     assert "resume: 1 run(s) put back with their checkpoints" in started.stdout
+    # a hold without --fill postpones a carried run that outlasts it: start says so
+    note = "note: without --fill, a run of the 1 carried in starts only if it can end within"
+    assert (note in started.stdout) == bool(hold), started.stdout
     log = work / "src" / name / "train.log"
     deadline = time.monotonic() + 120
     while "resumed from" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
         time.sleep(0.5)
+    # launched here, the carried run counts in flight
+    status = _campaign("status", "--work", work).stdout
+    assert "in flight 1," in status and "not launched" not in status, status
     _campaign("stop", "--work", work)
     assert f"at step {step}" in log.read_text().split("resumed from", 1)[1].splitlines()[0]
     records = [json.loads(line)["step"] for line in (work / "src" / name / "metrics.jsonl").read_text()
@@ -640,7 +647,9 @@ def test_wait_with_checkpoints_carries_a_training_runs_last_checkpoint_and_leave
     assert len((run / "metrics.jsonl").read_text().splitlines()) > before
     _campaign("stop", "--work", work)
 
-    _resumes_on_a_fresh_machine(plan, checkout, tmp_path / "work2", archive, name, step)
+    # cell by cell this time: a run whose estimate is unknown fits, so the carried run starts
+    _resumes_on_a_fresh_machine(plan, checkout, tmp_path / "work2", archive, name, step,
+                                ("--hold-minutes", "30"))
 
 
 def test_restore_puts_back_only_unfinished_runs_below_the_run_roots(tmp_path: Path) -> None:
@@ -656,7 +665,7 @@ def test_restore_puts_back_only_unfinished_runs_below_the_run_roots(tmp_path: Pa
     parts = [tmp_path / "resume.tar.gz.part01", tmp_path / "resume.tar.gz.part00"]
     parts[1].write_bytes(data[:100])
     parts[0].write_bytes(data[100:])
-    assert campaign.restore_checkpoints(campaign.read_parts(parts, "--resume"), src) == 1
+    assert campaign.restore_checkpoints(campaign.read_parts(parts, "--resume"), src) == ["results/x/cut"]
     assert (src / "results" / "x" / "cut" / "checkpoint.pt").read_bytes() == b"ckpt"
     assert (src / "results" / "x" / "cut" / ".hydra" / "overrides.yaml").exists()
     assert not (done / "checkpoint.pt").exists()
@@ -694,7 +703,7 @@ def test_checkpoints_travel_one_archive_a_run_the_furthest_first_within_what_a_c
     archives = campaign.read_archives(list(reversed(files)), "--resume")
     assert len(archives) == 2
     src = tmp_path / "fresh"
-    assert sum(campaign.restore_checkpoints(data, src) for data in archives) == 2
+    assert sum(len(campaign.restore_checkpoints(data, src)) for data in archives) == 2
     assert sorted(p.name for p in (src / "results" / "x").iterdir()) == ["far", "mid"]
     assert (src / "results" / "x" / "far" / "checkpoint.pt").read_bytes() == \
         (work / "src" / "results" / "x" / "far" / "checkpoint.pt").read_bytes()
@@ -752,7 +761,7 @@ def test_a_stop_with_carry_calls_stages_what_one_call_cannot_bring_and_fetch_bri
     # both calls' files make all four archives whole, each run as it was
     archives = campaign.read_archives(calls[0] + calls[1], "--resume")
     src = tmp_path / "fresh"
-    assert sum(campaign.restore_checkpoints(data, src) for data in archives) == 4
+    assert sum(len(campaign.restore_checkpoints(data, src)) for data in archives) == 4
     assert sorted(p.name for p in (src / "results" / "x").iterdir()) == ["a", "b", "c", "d"]
     for name in "abcd":
         assert (src / "results" / "x" / name / "checkpoint.pt").read_bytes() == \
@@ -823,7 +832,7 @@ def test_an_archive_whose_parts_come_back_in_two_calls_folders_is_read_whole(
     files = [path for files in reversed(calls) for path in files]
     archives = campaign.read_archives(files, "--resume")
     src = tmp_path / "fresh"
-    assert sum(campaign.restore_checkpoints(data, src) for data in archives) == 2
+    assert sum(len(campaign.restore_checkpoints(data, src)) for data in archives) == 2
     for name in "ab":
         assert (src / "results" / "x" / name / "checkpoint.pt").read_bytes() == \
             (work / "src" / "results" / "x" / name / "checkpoint.pt").read_bytes()
@@ -1777,3 +1786,38 @@ def test_a_cell_resumed_from_its_checkpoint_runs_before_the_plans_earlier_cells(
     campaign.left([plan], src)
     lines = [line for line in capsys.readouterr().out.splitlines() if "done by" in line]
     assert lines[0].split()[:2] == ["stage", "2"] and lines[1].split()[:2] == ["stage", "1"], lines
+
+
+def test_a_carried_run_not_launched_here_is_listed_as_carried_not_in_flight_and_its_postponement_says_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # start --resume put gdn's run back, but a hold too short for its steps left, without --fill, leaves it
+    # waiting: the status table must not count it in flight, and the postponed line names the reason
+    campaign, work, src = _work_with_gdn_checkpointed(tmp_path)
+    run = src / "results" / "x" / "b"
+    (run / "train.log").write_text("[train] step 750/1000\n")
+    (work / campaign.CARRIED_FILE).write_text(json.dumps({"results/x/b": campaign._log_size(run)}))
+    stages = [["experiment=e", "task=mqar", "task.seq_len=2048", "mixer=gdn"]]
+    launched: list[list[str]] = []
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        launched.append(overrides)
+        return 0
+
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 100, "fill": False})
+    campaign.run_cells(work, campaign._state(work), launch, [])
+    assert launched == []
+    assert [n for n, _ in campaign.classify(work)["carried"]] == ["results/x/b"]
+    assert campaign.classify(work)["running"] == []
+    campaign.pack(work, None)
+    printed = capsys.readouterr().out
+    assert "in flight 0, carried in and not launched 1," in printed
+    assert "carried  results/x/b: carried in at step 750, not launched here" in printed
+    assert ("postponed stage 1 (single run): about 1.8 min (carried in; without --fill a run "
+            "that outlasts the hold waits for a longer one)" in printed), printed
+    # a stop still carries it on (its checkpoint is the one it came with)
+    assert campaign._checkpointed_in_flight(work) == [run]
+    # once train.py writes to its log here, it is in flight
+    with open(run / "train.log", "a") as log:
+        log.write("[train] resumed from step 750\n")
+    groups = campaign.classify(work)
+    assert [n for n, _ in groups["running"]] == ["results/x/b"] and groups["carried"] == []

@@ -54,11 +54,12 @@ those of the machine's GPU where there are any: an H100 is slower than an H200);
 end a minute before the deadline is postponed (left pending for the next stretch) and the next pending
 cell that fits runs instead, so the end of a hold fills with short runs rather than with a run that is
 lost. A cell whose run holds a checkpoint (put back by `start --resume`) goes before every other, in
-plan order among them. `wait --hold-minutes M` (or `start` again on the running campaign) moves the hold
-to M minutes from then, once the lender has said how much time the machine has left (M = 0: the runs in
-flight finish and no other starts, for a call that waits out the last run before `stop`). Cells that the
-checkout holds finished are skipped without a launch. When nothing pending fits, the supervisor ends and
-says so; `wait` and `status` list the postponed cells.
+plan order among them, though without `--fill` one that cannot end within the hold is postponed like any
+other (`start` says so; the status table lists it as `carried`, not in flight). `wait --hold-minutes M`
+(or `start` again on the running campaign) moves the hold to M minutes from then, once the lender has said
+how much time the machine has left (M = 0: the runs in flight finish and no other starts, for a call that
+waits out the last run before `stop`). Cells that the checkout holds finished are skipped without a launch.
+When nothing pending fits, the supervisor ends and says so; `wait` and `status` list the postponed cells.
 
 A carried checkpoint is a run's model, optimizer and schedule (22 to 35 MB for Fig. 4's Palindrome and
 Stack models): a lent machine sends back 8 files a call, 64 MiB together, and its working tree with what is
@@ -138,6 +139,9 @@ SKIP = {".git", ".whl", ".device", ".gl", ".caches", ".resume", "__pycache__", "
 # A later command's new end of the hold (seconds since the epoch), which the supervisor reads before each
 # launch: the machine's time left is known only once it has started.
 HOLD_FILE = "hold"
+# The runs `start --resume` put back, each with the size of its train.log then: one whose log has not grown
+# since was not launched here, so the status table says so instead of counting it in flight.
+CARRIED_FILE = "carried.json"
 # With a deadline, a cell runs only if its estimate ends this long before it: the estimate is a mean,
 # and the archive of the last call still has to be made.
 MARGIN_S = 60.0
@@ -723,6 +727,15 @@ def beyond_hold(pending: list[int], bound: set[int], estimates: dict[int, float 
             and not fits_in(estimates[i], hold_s)}
 
 
+def _carried_note(cell: Cell, partial: list[dict[str, Any]], state: dict[str, Any]) -> str:
+    """Why a postponed cell whose run was carried in waits: without --fill only a run that ends within the
+    hold starts, and its steps left outlast this one."""
+    if run_of(cell, partial) is None:
+        return ""
+    return ("carried in; " + ("--fill starts it once no other cell runs or fits" if state.get("fill") else
+                              "without --fill a run that outlasts the hold waits for a longer one"))
+
+
 def resumed_first(cells: list[Cell], pending: list[int], partial: list[dict[str, Any]]) -> list[int]:
     """`pending` with the cells whose run holds a checkpoint first, each group in plan order: training
     already paid for goes on before a fresh run takes the hold (and, with --fill, its end)."""
@@ -889,13 +902,11 @@ def snapshot(work: Path, source: Path) -> Path:
 
 def classify(work: Path) -> dict[str, list[tuple[str, str]]]:
     """Run directories of the work copy by what happened to them since the copy: `finished` (a final or
-    failed summary written here), `running` (no summary yet, or `incomplete`) and `brought` (untouched)."""
+    failed summary written here), `running` (no summary yet, or `incomplete`), `carried` (put back by
+    `start --resume` and not launched here since) and `brought` (untouched)."""
     src = work / "src"
-    try:
-        brought = json.loads((work / "brought.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        brought = {}
-    groups: dict[str, list[tuple[str, str]]] = {"finished": [], "running": [], "brought": []}
+    brought, carried = (_read_json(work / name) for name in ("brought.json", CARRIED_FILE))
+    groups: dict[str, list[tuple[str, str]]] = {"finished": [], "running": [], "carried": [], "brought": []}
     for run in run_dirs(src):
         name = str(run.relative_to(src))
         if brought.get(name) == _fingerprint(run) and (run / "summary.json").exists():
@@ -908,10 +919,27 @@ def classify(work: Path) -> dict[str, list[tuple[str, str]]]:
             detail = f"{status} at step {summary.get('steps')}" + (
                 f", peak train acc {acc:.3f}" if isinstance(acc, (int, float)) else "")
             groups["finished"].append((name, detail))
+        elif name in carried and carried[name] == _log_size(run):
+            groups["carried"].append((name, f"carried in {_held_step(run)[1]}, not launched here"))
         else:
             step = _last_step(run)
             groups["running"].append((name, f"{status or 'training'}, step {step if step else 0}"))
     return groups
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _log_size(run: Path) -> int:
+    """The size of a run's train.log (0 where it has none): train.py writes to it as soon as it starts."""
+    try:
+        return (run / "train.log").stat().st_size
+    except OSError:
+        return 0
 
 
 def broken(work: Path) -> str | None:
@@ -931,22 +959,25 @@ def pack(work: Path, out: Path | None, running: bool = False) -> Path | None:
     never to commit) into out/campaign-<time>.tar.gz; print the status table."""
     groups = classify(work)
     if running:
-        groups["finished"] += groups.pop("running")
-        groups["running"] = []
+        groups["finished"] += groups.pop("running") + groups.pop("carried")
+        groups["running"], groups["carried"] = [], []
     state = _state(work)
     stage = state.get("stage")
     print(f"campaign {work}: stage {stage if stage is not None else '-'} of {len(state.get('stages', []))}, "
           f"supervisor {'running' if _alive(state.get('pid')) else 'stopped'}; finished here "
-          f"{len(groups['finished'])}, in flight {len(groups['running'])}, brought {len(groups['brought'])}")
-    for kind in ("finished", "running"):
+          f"{len(groups['finished'])}, in flight {len(groups['running'])}, "
+          + (f"carried in and not launched {len(groups['carried'])}, " if groups["carried"] else "")
+          + f"brought {len(groups['brought'])}")
+    for kind in ("finished", "running", "carried"):
         for name, detail in groups[kind]:
             print(f"  {kind:8s} {name}: {detail}")
     if state.get("deadline"):
         print(f"  deadline in {(_deadline(work, state) - time.time()) / 60:.1f} min; cells run "
               f"{state.get('cells_run', 0)}, skipped as finished {state.get('cells_skipped', 0)}, pending "
               f"{state.get('cells_pending', '-')}")
-        for name, est in state.get("postponed", []):
-            print(f"  postponed {name}: about {est / 60:.1f} min")
+        for name, est, *why in state.get("postponed", []):
+            note = f" ({why[0]})" if why and why[0] else ""
+            print(f"  postponed {name}: about {est / 60:.1f} min{note}")
         for name, why in state.get("waiting", []):
             print(f"  waiting   {name}: {why}")
     if state.get("broken"):
@@ -1067,7 +1098,8 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                     group, _ = choose(cells, carryable, float("inf"), estimates, len(free), gpus)
                     postponed = [i for i in postponed if i not in group]
                 state.update(cells_pending=len(pending),
-                             postponed=[(repr(cells[i]), estimates[i]) for i in postponed],
+                             postponed=[(repr(cells[i]), estimates[i],
+                                         _carried_note(cells[i], partial, state)) for i in postponed],
                              waiting=[(repr(cells[i]), why) for i, why in waiting.items()])
             if group:
                 lead = cells[group[0]]
@@ -1513,9 +1545,16 @@ def start(plans: list[Path], work: Path, source: Path, hold_minutes: float | Non
     check_stages(stages, source, plans)
     work.mkdir(parents=True, exist_ok=True)
     (work / HOLD_FILE).unlink(missing_ok=True)  # an earlier campaign's
+    (work / CARRIED_FILE).unlink(missing_ok=True)
     snapshot(work, source)
+    carried: dict[str, int] = {}
     for data in resume or []:
-        restore_checkpoints(data, work / "src")
+        for name in restore_checkpoints(data, work / "src"):
+            carried[name] = _log_size(work / "src" / name)
+    (work / CARRIED_FILE).write_text(json.dumps(carried, indent=0) + "\n")
+    if carried and hold_minutes is not None and not fill:
+        print(f"note: without --fill, a run of the {len(carried)} carried in starts only if it can end "
+              f"within the {hold_minutes:g}-min hold; add --fill to train it on for the stop to carry again")
     state = {"plans": [str(plan) for plan in plans], "stages": stages, "started": time.time(), "stage": None,
              "carry_calls": carry_calls}
     if hold_minutes is not None:
@@ -1643,7 +1682,9 @@ def save_checkpoints(work: Path, out: Path, calls: int = 1) -> list[Path]:
 def _checkpointed_in_flight(work: Path) -> list[Path]:
     """The run directories of the work copy still in flight (or stopped unfinished) that hold a checkpoint."""
     src = work / "src"
-    return [src / name for name, _ in classify(work)["running"] if (src / name / "checkpoint.pt").is_file()]
+    groups = classify(work)
+    return [src / name for name, _ in groups["running"] + groups["carried"]
+            if (src / name / "checkpoint.pt").is_file()]
 
 
 def name_unpacked(work: Path) -> None:
@@ -1699,30 +1740,30 @@ def fetch(work: Path, out: Path) -> list[Path]:
     return moved
 
 
-def restore_checkpoints(data: bytes, src: Path) -> int:
+def restore_checkpoints(data: bytes, src: Path) -> list[str]:
     """Put the runs of a save_checkpoints archive (read_parts' bytes) into the work copy `src`, so that
     train.py resumes them; a run the copy holds finished (its summary completed or diverged) is left as it
     is. Returns the runs put back."""
     restored, finished = _extract_runs(data, src)
-    print(f"resume: {restored} run(s) put back with their checkpoints; train.py resumes each")
+    print(f"resume: {len(restored)} run(s) put back with their checkpoints; train.py resumes each")
     for run in finished:
         print(f"  not put back {run}: the checkout holds it finished")
     return restored
 
 
-def _extract_runs(data: bytes, src: Path) -> tuple[int, list[str]]:
+def _extract_runs(data: bytes, src: Path) -> tuple[list[str], list[str]]:
     """restore_checkpoints' work, unannounced: (runs put into `src`, runs left out as `src` holds them
     finished)."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         members = tar.getmembers()
         _refuse_unsafe(members, "--resume", "restore", logs=False)
-        restored, finished = 0, []
+        restored, finished = [], []
         for run, files_of_run in sorted(_by_run(members).items()):
             if (_summary(src / run) or {}).get("status") in FINISHED_STATUSES:
                 finished.append(str(run))
                 continue
             _extract(tar, files_of_run, src)
-            restored += 1
+            restored.append(str(run))
     return restored, finished
 
 
