@@ -1816,6 +1816,13 @@ def test_a_carried_run_not_launched_here_is_listed_as_carried_not_in_flight_and_
             "that outlasts the hold waits for a longer one)" in printed), printed
     # a stop still carries it on (its checkpoint is the one it came with)
     assert campaign._checkpointed_in_flight(work) == [run]
+    # with --fill it waits too in the hold's last minutes, and says what would start it
+    campaign._write_state(work, {"stages": stages, "deadline": time.time() + 100, "fill": True})
+    campaign.run_cells(work, campaign._state(work), launch, [])
+    campaign.pack(work, None)
+    assert launched == []
+    assert "(carried in; --fill starts it once no other cell runs or fits, 2 min or more left)" in \
+        capsys.readouterr().out
     # once train.py writes to its log here, it is in flight
     with open(run / "train.log", "a") as log:
         log.write("[train] resumed from step 750\n")

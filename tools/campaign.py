@@ -728,12 +728,14 @@ def beyond_hold(pending: list[int], bound: set[int], estimates: dict[int, float 
 
 
 def _carried_note(cell: Cell, partial: list[dict[str, Any]], state: dict[str, Any]) -> str:
-    """Why a postponed cell whose run was carried in waits: without --fill only a run that ends within the
-    hold starts, and its steps left outlast this one."""
+    """Why a postponed cell whose run was carried in waits ("" for a fresh cell): its steps left outlast the
+    hold, and only --fill starts such a run, for the stop to carry again."""
     if run_of(cell, partial) is None:
         return ""
-    return ("carried in; " + ("--fill starts it once no other cell runs or fits" if state.get("fill") else
-                              "without --fill a run that outlasts the hold waits for a longer one"))
+    if state.get("fill"):
+        return (f"carried in; --fill starts it once no other cell runs or fits, {FILL_MIN_S / 60:g} min or "
+                "more left")
+    return "carried in; without --fill a run that outlasts the hold waits for a longer one"
 
 
 def resumed_first(cells: list[Cell], pending: list[int], partial: list[dict[str, Any]]) -> list[int]:
