@@ -815,11 +815,16 @@ def _alive(pid: int | None) -> bool:
         return True
 
 
-def _state(work: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON file the campaign writes, or {} where it is missing or half-written."""
     try:
-        return json.loads((work / "state.json").read_text())
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def _state(work: Path) -> dict[str, Any]:
+    return _read_json(work / "state.json")
 
 
 def _write_state(work: Path, state: dict[str, Any]) -> None:
@@ -927,13 +932,6 @@ def classify(work: Path) -> dict[str, list[tuple[str, str]]]:
             step = _last_step(run)
             groups["running"].append((name, f"{status or 'training'}, step {step if step else 0}"))
     return groups
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 def _log_size(run: Path) -> int:
