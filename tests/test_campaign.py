@@ -16,6 +16,7 @@ import threading
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = ROOT / "tools" / "campaign.py"
 TINY = ("experiment=smoke hydra/launcher=local hydra.sweep.dir=results/campaign_test trainer.max_steps=6 "
         "trainer.eval_every=3 trainer.log_every=3")
+
+
+@pytest.fixture(autouse=True)
+def registry(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The record of campaign work directories that every start of a test writes, in process or in the
+    subprocesses that inherit the variable: the test's own, never the machine's (~/.cache)."""
+    path = tmp_path_factory.mktemp("registry") / "campaigns.json"
+    monkeypatch.setenv("KDA_CAMPAIGN_REGISTRY", str(path))
+    return path
 
 
 def _campaign(*args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -486,6 +496,16 @@ def test_left_prices_what_a_plan_still_has_to_run(tmp_path: Path, capsys: pytest
     assert two == pytest.approx(410.0)
 
 
+def _ran(src: Path, mixer: str, status: str = "completed", steps: int = 10) -> Path:
+    """The run of the cell `experiment=e mixer=MIXER` as train.py leaves it in the copy `src`."""
+    run = src / "results" / "x" / mixer
+    (run / ".hydra").mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"status": status, "steps": steps}))
+    (run / ".hydra" / "overrides.yaml").write_text(f"- experiment=e\n- mixer={mixer}\n")
+    (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweeper:\n    params:\n  help:\n")
+    return run
+
+
 def test_a_cell_that_an_earlier_stage_ran_is_not_launched_again(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture) -> None:
     # a plan that runs a claim's cells first holds them again in the grid's stages: each runs once
@@ -496,11 +516,7 @@ def test_a_cell_that_an_earlier_stage_ran_is_not_launched_again(tmp_path: Path,
 
     def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
         mixer = overrides[-1].split("=")[1]
-        run = work / "src" / "results" / "x" / mixer
-        (run / ".hydra").mkdir(parents=True)
-        (run / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10}))
-        (run / ".hydra" / "overrides.yaml").write_text(f"- experiment=e\n- mixer={mixer}\n")
-        (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweeper:\n    params:\n  help:\n")
+        _ran(work / "src", mixer)
         launched.append(mixer)
         return 0
 
@@ -542,6 +558,123 @@ def test_a_second_start_on_the_same_machine_keeps_the_runs_the_first_finished(tm
     archive = campaign.pack(work, tmp_path / "out")
     with tarfile.open(archive) as tar:
         assert "results/g/new/summary.json" in tar.getnames()
+
+
+def _starts_in_process(campaign: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`start` without the plan check (Hydra) or the detached supervisor: the copy and what it records."""
+    monkeypatch.setattr(campaign, "check_stages", lambda *args: None)
+
+    def popen(*args: Any, stdout: io.BufferedWriter, **kwargs: Any) -> types.SimpleNamespace:
+        stdout.close()  # campaign.log, which the supervisor would hold
+        return types.SimpleNamespace(pid=0)  # no process: the campaign reads as ended
+
+    monkeypatch.setattr(campaign, "subprocess", types.SimpleNamespace(
+        Popen=popen, STDOUT=subprocess.STDOUT, DEVNULL=subprocess.DEVNULL))
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _finished_in_first_campaign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture) -> tuple[types.ModuleType, Path, Path, Path]:
+    """A campaign of the cells mixer=a,b started in tmp_path/first, where a finished (and f failed, and
+    flight trains on); its archive not unpacked into the checkout: (module, checkout, plan, first)."""
+    campaign = _module()
+    _starts_in_process(campaign, monkeypatch)
+    checkout = tmp_path / "checkout"
+    (checkout / "results").mkdir(parents=True)
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=e mixer=a,b\n")
+    first = tmp_path / "first"
+    campaign.start([plan], first, checkout, hold_minutes=60)
+    (_ran(first / "src", "a") / "metrics.jsonl").write_text('{"step": 10, "loss": 0.1}\n')
+    _ran(first / "src", "f", status="failed", steps=0)
+    flight = first / "src" / "results" / "x" / "flight"
+    flight.mkdir()
+    (flight / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    capsys.readouterr()
+    return campaign, checkout, plan, first
+
+
+def test_a_start_in_another_work_dir_takes_the_runs_the_machines_other_campaign_finished(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        registry: Path) -> None:
+    # a second campaign on the machine before the first one's archive reached the checkout: what the first
+    # finished must not train again, and the next pack takes it (the first archive may be lost)
+    campaign, checkout, plan, first = _finished_in_first_campaign(tmp_path, monkeypatch, capsys)
+    before = _files(first)
+    second = tmp_path / "second"
+    campaign.start([plan], second, checkout, hold_minutes=60)
+    assert (f"kept 1 run(s) that the campaign in {first.resolve()} finished (packed again by the next wait "
+            "or stop)") in capsys.readouterr().out
+    assert json.loads(registry.read_text()) == [str(first.resolve()), str(second.resolve())]
+    a = "results/x/a"
+    assert _files(second / "src" / a) == _files(first / "src" / a)
+    # a failed run trains again anyway; one in flight travels by its checkpoint
+    assert not (second / "src/results/x/f").exists() and not (second / "src/results/x/flight").exists()
+    assert _files(first) == before
+    assert [n for n, _ in campaign.classify(second)["finished"]] == [a]
+    archive = campaign.pack(second, tmp_path / "out")
+    with tarfile.open(archive) as tar:
+        assert f"{a}/summary.json" in tar.getnames()
+    # taken, not trained here: its checkout's runs that all fail before a step still read as broken
+    for name in ("f1", "f2", "f3"):
+        _ran(second / "src", name, status="failed", steps=0)
+    assert campaign.broken(second) is not None
+    for name in ("f1", "f2", "f3"):
+        shutil.rmtree(second / "src" / "results" / "x" / name)
+
+    launched = []
+
+    def launch(index: int, overrides: list[str], label: str, devices: list[int] | None = None) -> int:
+        launched.append(overrides[-1])
+        _ran(second / "src", overrides[-1].split("=")[1])
+        return 0
+
+    assert campaign.run_cells(second, campaign._state(second), launch, []).startswith("done")
+    assert launched == ["mixer=b"]
+
+
+def test_a_run_the_checkout_holds_is_not_taken_from_the_machines_other_campaign(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    campaign, checkout, plan, first = _finished_in_first_campaign(tmp_path, monkeypatch, capsys)
+    _ran(checkout, "a", steps=7)  # unpacked from another machine's archive
+    campaign.start([plan], tmp_path / "second", checkout, hold_minutes=60)
+    assert "kept" not in capsys.readouterr().out
+    src = tmp_path / "second" / "src"
+    assert json.loads((src / "results/x/a/summary.json").read_text())["steps"] == 7
+    assert not (src / "results/x/a/metrics.jsonl").exists()
+    groups = campaign.classify(tmp_path / "second")
+    assert groups["finished"] == [] and [n for n, _ in groups["brought"]] == ["results/x/a"]
+
+
+def test_the_record_of_the_machines_campaigns_drops_deleted_dirs_and_survives_garbage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        registry: Path) -> None:
+    campaign = _module()
+    _starts_in_process(campaign, monkeypatch)
+    checkout = tmp_path / "checkout"
+    (checkout / "results").mkdir(parents=True)
+    plan = tmp_path / "plan.txt"
+    plan.write_text("experiment=e mixer=a\n")
+    registry.write_bytes(b"\x00{not json")
+    campaign.start([plan], tmp_path / "first", checkout)
+    assert "unreadable" in capsys.readouterr().err
+    first = str((tmp_path / "first").resolve())
+    assert json.loads(registry.read_text()) == [first]
+    gone = tmp_path / "gone"
+    campaign.start([plan], gone, checkout)
+    _ran(gone / "src", "a")
+    shutil.rmtree(gone)
+    campaign.start([plan], tmp_path / "second", checkout)
+    assert "kept" not in capsys.readouterr().out
+    assert json.loads(registry.read_text()) == [first, str((tmp_path / "second").resolve())]
+    # a record that cannot be written is named, and the campaign starts without it
+    monkeypatch.setenv("KDA_CAMPAIGN_REGISTRY", str(plan / "campaigns.json"))
+    campaign.start([plan], tmp_path / "third", checkout)
+    out, err = capsys.readouterr()
+    assert "cannot be written" in err and "campaign started in" in out
 
 
 def test_a_stage_that_places_its_run_is_finished_by_that_directory_alone(

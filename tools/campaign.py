@@ -15,7 +15,10 @@ while it is held, and starts bare the next time. So a grid that needs hours fill
 `start` copies this checkout (its committed runs included) to `--work`, then runs the plan's stages there,
 one `python train.py -m <overrides>` after another, in a new process session that outlives the command.
 Every run the checkout already holds finished is skipped by train.py itself, so a fresh machine goes on
-where the committed results end. `wait`, `stop` and `start` end by packing every run directory that
+where the committed results end. A `start` in another `--work` on the same machine also takes the runs
+that the machine's earlier campaigns finished and the checkout does not hold yet (their work directories
+are recorded in ~/.cache/kda_harness/campaigns.json), so none trains twice before its archive is unpacked
+here; the next pack takes them again. `wait`, `stop` and `start` end by packing every run directory that
 finished since the copy (summary.json, metrics.jsonl, train.log, .hydra/; never checkpoints) into one
 archive under `--out`, with a status table on the console. `stop` ends the stages with SIGTERM, so the
 runs in flight checkpoint and stay `incomplete` there; they are not packed with the finished runs. Without
@@ -88,6 +91,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import fcntl
 import io
 import itertools
 import json
@@ -110,7 +114,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.lr_rule import cell_lr  # noqa: E402  (standard library only)
-from harness.caches import cache_dirs, inductor_name  # noqa: E402  (standard library only at import)
+from harness.caches import cache_dirs, default_root, inductor_name  # noqa: E402  (standard library only at import)
 from harness.gpus import gpu_name, runs_at_once, visible_gpus, visible_subset  # noqa: E402  (standard library only)
 from harness.rundir import FileUnreadable, RunDir, read_metrics  # noqa: E402  (standard library only)
 
@@ -142,6 +146,13 @@ HOLD_FILE = "hold"
 # The runs `start --resume` put back, each with the size of its train.log then: one whose log has not grown
 # since was not launched here, so the status table says so instead of counting it in flight.
 CARRIED_FILE = "carried.json"
+# The runs an earlier campaign finished that snapshot put into this copy, each with its summary then: they
+# were not trained here, so they do not tell whether this checkout trains (broken).
+KEPT_FILE = "kept.json"
+# The machine's record of the work directories its campaigns copied the checkout to (a JSON list), beside
+# the compile caches: a start in another one takes the runs they finished instead of training them again.
+# The variable names another file (the tests' own).
+REGISTRY, REGISTRY_VARIABLE = "campaigns.json", "KDA_CAMPAIGN_REGISTRY"
 # With a deadline, a cell runs only if its estimate ends this long before it: the estimate is a mean,
 # and the archive of the last call still has to be made.
 MARGIN_S = 60.0
@@ -872,7 +883,9 @@ def snapshot(work: Path, source: Path) -> Path:
 
     A second `start` on a machine still held replaces an earlier copy: the runs that finished there and
     that the checkout does not hold are kept (moved into the new copy, not counted as brought), so they are
-    skipped by the new stages and packed by the next `wait` or `stop` even if no archive took them yet."""
+    skipped by the new stages and packed by the next `wait` or `stop` even if no archive took them yet.
+    The runs that the machine's campaigns in other work directories finished are copied in the same way
+    (take_finished), since their archives may not have reached the checkout yet."""
     src = work / "src"
     kept = work / "kept"
     if src.exists():
@@ -881,6 +894,9 @@ def snapshot(work: Path, source: Path) -> Path:
             (kept / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.move(src / name, kept / name)
         shutil.rmtree(src)
+    # a start in another work directory reads this one's finished runs by its brought.json: none until
+    # the new copy's is written, or it would take the checkout's runs, half copied, for finished here
+    (work / "brought.json").unlink(missing_ok=True)
 
     def ignore(directory: str, names: list[str]) -> list[str]:
         # runs/ holds only this machine's scratch runs (it is not committed); the rest is caches
@@ -889,9 +905,11 @@ def snapshot(work: Path, source: Path) -> Path:
 
     shutil.copytree(source, src, symlinks=True, ignore=ignore)
     brought = {str(run.relative_to(src)): _fingerprint(run) for run in run_dirs(src)}
-    (work / "brought.json").write_text(json.dumps(brought, indent=0) + "\n")
+    tmp = work / "brought.json.tmp"
+    tmp.write_text(json.dumps(brought, indent=0) + "\n")
+    os.replace(tmp, work / "brought.json")
+    taken: dict[str, str] = {}
     if kept.exists():
-        carried = 0
         for run in run_dirs(kept):
             name = str(run.relative_to(kept))
             if name not in brought:  # the checkout's copy of a run (unpacked, committed) wins
@@ -899,12 +917,93 @@ def snapshot(work: Path, source: Path) -> Path:
                     shutil.rmtree(src / name)
                 (src / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(run, src / name)
-                carried += 1
+                taken[name] = _fingerprint(src / name)
         shutil.rmtree(kept)
-        if carried:
-            print(f"kept {carried} run(s) that the earlier campaign in {work} finished (packed again by the "
-                  "next wait or stop)")
+        if taken:
+            print(f"kept {len(taken)} run(s) that the earlier campaign in {work} finished (packed again by "
+                  "the next wait or stop)")
+    taken.update(take_finished(work, brought, set(taken)))
+    (work / KEPT_FILE).write_text(json.dumps(taken, indent=0) + "\n")
     return src
+
+
+def registry_path() -> Path:
+    """The machine's record of campaign work directories: $KDA_CAMPAIGN_REGISTRY where set, else REGISTRY
+    beside the compile caches (~/.cache/kda_harness, or under $XDG_CACHE_HOME)."""
+    return Path(os.environ.get(REGISTRY_VARIABLE) or default_root().parent / REGISTRY)
+
+
+def _registered(path: Path) -> list[Path]:
+    """The work directories the record lists; none where it is missing or unreadable (it is written anew)."""
+    try:
+        listed = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as error:
+        print(f"campaign: the record of this machine's campaigns {path} is unreadable ({error}); written "
+              "anew", file=sys.stderr)
+        return []
+    if not isinstance(listed, list):
+        print(f"campaign: the record of this machine's campaigns {path} is not a list; written anew",
+              file=sys.stderr)
+        return []
+    return [Path(entry) for entry in listed if isinstance(entry, str) and Path(entry).is_absolute()]
+
+
+def register(work: Path) -> list[Path]:
+    """Add `work` to the machine's record of campaign work directories (registry_path), dropping those
+    that no longer exist; returns the others, oldest first. A record that cannot be written is named and
+    left as it was: the campaign runs without it."""
+    path, here = registry_path(), work.resolve()
+    dirs: list[Path] = []
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            # two starts at once (two work directories side by side) must not drop each other's entry
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            dirs = [d for d in dict.fromkeys(_registered(path)) if d.is_dir()]
+            dirs += [] if here in dirs else [here]
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps([str(d) for d in dirs], indent=0) + "\n")
+            os.replace(tmp, path)
+    except OSError as error:
+        print(f"campaign: the record of this machine's campaigns {path} cannot be written ({error}); the "
+              "runs finished in other --work directories are not taken", file=sys.stderr)
+    return [d for d in dirs if d != here]
+
+
+def take_finished(work: Path, brought: dict[str, str], held: set[str]) -> dict[str, str]:
+    """Copy into work/src the runs that the machine's campaigns in other work directories finished
+    (completed or diverged, so train.py skips them) and that the copy does not hold (`brought` from the
+    checkout, whose copy wins, or `held`, kept from this directory's earlier campaign), and register
+    `work`. Their directories stay as they are; a run in flight there is not taken (stop
+    --with-checkpoints and start --resume carry it). Returns each run taken with its summary."""
+    src = work / "src"
+    taken: dict[str, str] = {}
+    for other in register(work):
+        if not (other / "brought.json").is_file():  # its copy is being made, or it holds no campaign
+            continue
+        count = 0
+        for name, _ in classify(other)["finished"]:
+            run = other / "src" / name
+            # a failed run trains again anyway, and would read here as this checkout failing (broken)
+            if (name in brought or name in held or name in taken
+                    or (_summary(run) or {}).get("status") not in FINISHED_STATUSES):
+                continue
+            try:
+                if (src / name).exists():  # not a run (no summary, no metrics): as the kept runs replace it
+                    shutil.rmtree(src / name)
+                shutil.copytree(run, src / name, symlinks=True)
+            except (OSError, shutil.Error) as error:
+                shutil.rmtree(src / name, ignore_errors=True)
+                print(f"campaign: {name} of the campaign in {other} not taken ({error})", file=sys.stderr)
+                continue
+            taken[name] = _fingerprint(src / name)
+            count += 1
+        if count:
+            print(f"kept {count} run(s) that the campaign in {other} finished (packed again by the next wait "
+                  "or stop)")
+    return taken
 
 
 def classify(work: Path) -> dict[str, list[tuple[str, str]]]:
@@ -944,8 +1043,11 @@ def _log_size(run: Path) -> int:
 
 def broken(work: Path) -> str | None:
     """Why the campaign cannot train: BROKEN_AFTER or more runs finished here and every one failed before
-    its first step (the last one's error named); None once any run here took a step."""
-    summaries = [_summary(work / "src" / name) or {} for name, _ in classify(work)["finished"]]
+    its first step (the last one's error named); None once any run here took a step. The runs snapshot
+    took from earlier campaigns (KEPT_FILE) do not count, unless trained again here."""
+    kept = _read_json(work / KEPT_FILE)
+    summaries = [_summary(work / "src" / name) or {} for name, _ in classify(work)["finished"]
+                 if kept.get(name) != _fingerprint(work / "src" / name)]
     if len(summaries) < BROKEN_AFTER or any(s.get("status") != "failed" or s.get("steps") for s in summaries):
         return None
     error = str(summaries[-1].get("error") or "no error recorded").splitlines()[0][:200]
