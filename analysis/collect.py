@@ -114,13 +114,13 @@ _SAFE_RESOLVERS = frozenset({"hydra", "mul"})
 _RESOLVER = re.compile(r"\$\{\s*([\w.-]+)\s*:")
 
 
-def _resolve(node: Any) -> Any:
-    """A plain container of `node`, each interpolation resolved where it can be (and may be: only config
-    references and _SAFE_RESOLVERS), else kept as text."""
+def _resolve(node: Any, skip: tuple[str, ...] = ()) -> Any:
+    """A plain container of `node` without its keys `skip`, each interpolation resolved where it can be
+    (and may be: only config references and _SAFE_RESOLVERS), else kept as text."""
     from omegaconf import DictConfig, ListConfig
 
     if isinstance(node, DictConfig):
-        keys: list[Any] = list(node.keys())
+        keys: list[Any] = [key for key in node.keys() if key not in skip]
     elif isinstance(node, ListConfig):
         keys = list(range(len(node)))
     else:
@@ -153,19 +153,41 @@ def _load_config(run_dir: Path) -> dict[str, Any]:
     text = (run_dir / ".hydra" / "config.yaml").read_text()
     hydra_yaml = run_dir / ".hydra" / "hydra.yaml"
     if "${hydra:" in text and hydra_yaml.exists():
-        cfg = OmegaConf.create(yaml.safe_load(text.replace("${hydra:", "${hydra.")) or {})
-        cfg.hydra = OmegaConf.create((_read_yaml(hydra_yaml) or {}).get("hydra", {}))
-        resolved = _resolve(cfg)
-        resolved.pop("hydra")
-        return flatten(resolved)
-    return flatten(_resolve(OmegaConf.create(yaml.safe_load(text) or {})))
+        hydra = (_read_yaml(hydra_yaml) or {}).get("hydra", {})
+        cfg = OmegaConf.create({**(_load_yaml(text.replace("${hydra:", "${hydra.")) or {}),
+                                "hydra": _referenced(hydra, text)})
+        return flatten(_resolve(cfg, skip=("hydra",)))
+    return flatten(_resolve(OmegaConf.create(_load_yaml(text) or {})))
+
+
+_HYDRA_KEY = re.compile(r"\$\{\s*hydra[:.]\s*([\w-]+)")
+
+
+def _referenced(hydra: dict[str, Any], text: str) -> dict[str, Any]:
+    """The parts of Hydra's own config (hydra.yaml) that `text` references, and those they reference in
+    turn: the rest of it (launcher, sweeper, logging) is most of the file and no run's config needs it."""
+    names, todo = set(), set(_HYDRA_KEY.findall(text))
+    while todo:
+        name = todo.pop()
+        if name in hydra and name not in names:
+            names.add(name)
+            todo |= set(_HYDRA_KEY.findall(json.dumps(hydra[name], default=str)))
+    return {name: hydra[name] for name in hydra if name in names}
+
+
+# libyaml's parser where PyYAML was built with it: the same documents, read several times faster, which
+# is most of the time a report or plot of a large sweep takes
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader, C or Python
 
 
 def _read_yaml(path: Path) -> Any:
     if not path.exists():
         return None
-    with path.open() as handle:
-        return yaml.safe_load(handle)
+    return _load_yaml(path.read_text())
 
 
 def variant_of(overrides: Iterable[str]) -> str:

@@ -208,6 +208,29 @@ def test_collect_missing_dir_names_it(tmp_path: Path) -> None:
         collect.collect_dirs([tmp_path / "nope"])
 
 
+def test_a_configs_hydra_references_resolve_against_the_runs_own_hydra_yaml(tmp_path: Path) -> None:
+    """`${hydra:...}` in a run's config (W&B names and tags) reads the run's hydra.yaml, also through a
+    reference of Hydra's own; the parts of hydra.yaml no reference reaches are not read, so one that
+    cannot be resolved here (a resolver of Hydra's) changes nothing."""
+    run_dir = tmp_path / "sweep" / "run"
+    write_run(run_dir, task="mqar", mixer="kda", seq_len=64, lr=1e-3, seed=0)
+    config = run_dir / ".hydra" / "config.yaml"
+    config.write_text(config.read_text() + "name: ${hydra:job.override_dirname}\n"
+                      "tag: mixer:${hydra:runtime.choices.mixer}\nlabel: ${hydra:job.label}\n"
+                      "missing: ${hydra:sweep.dir}\n")
+    hydra_yaml = run_dir / ".hydra" / "hydra.yaml"
+    hydra = yaml.safe_load(hydra_yaml.read_text())
+    hydra["hydra"]["job"]["label"] = "${hydra.runtime.choices.task}-${hydra.launcher.name}"
+    hydra["hydra"]["launcher"] = {"name": "local"}
+    hydra["hydra"]["run"] = {"dir": "outputs/${now:%Y-%m-%d}"}
+    hydra_yaml.write_text(yaml.safe_dump(hydra))
+    row = collect.collect_dirs([tmp_path / "sweep"]).iloc[0]
+    assert row["name"] == hydra["hydra"]["job"]["override_dirname"] and "mixer=kda" in row["name"]
+    assert row["tag"] == "mixer:kda" and row["label"] == "mqar-local"
+    assert row["missing"] == "${hydra.sweep.dir}"  # hydra.yaml has no sweep: kept as text
+    assert not any(str(key).startswith("hydra") for key in row.index)
+
+
 def test_variant_from_overrides() -> None:
     assert collect.variant_of(["task=mqar", "mixer=kda", "optim.lr=1e-3", "seed=0"]) == ""
     assert collect.variant_of(["mixer=kda", "mixer.gate=bounded", "seed=1"]) == "gate=bounded"
