@@ -576,16 +576,24 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _finished_in_first_campaign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                capsys: pytest.CaptureFixture) -> tuple[types.ModuleType, Path, Path, Path]:
-    """A campaign of the cells mixer=a,b started in tmp_path/first, where a finished (and f failed, and
-    flight trains on); its archive not unpacked into the checkout: (module, checkout, plan, first)."""
+def _in_process_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                     cells: str) -> tuple[types.ModuleType, Path, Path]:
+    """The module whose `start` runs in process (_starts_in_process), an empty checkout and a plan of
+    `cells` under tmp_path: (module, checkout, plan)."""
     campaign = _module()
     _starts_in_process(campaign, monkeypatch)
     checkout = tmp_path / "checkout"
     (checkout / "results").mkdir(parents=True)
     plan = tmp_path / "plan.txt"
-    plan.write_text("experiment=e mixer=a,b\n")
+    plan.write_text(f"{cells}\n")
+    return campaign, checkout, plan
+
+
+def _finished_in_first_campaign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture) -> tuple[types.ModuleType, Path, Path, Path]:
+    """A campaign of the cells mixer=a,b started in tmp_path/first, where a finished (and f failed, and
+    flight trains on); its archive not unpacked into the checkout: (module, checkout, plan, first)."""
+    campaign, checkout, plan = _in_process_plan(tmp_path, monkeypatch, "experiment=e mixer=a,b")
     first = tmp_path / "first"
     campaign.start([plan], first, checkout, hold_minutes=60)
     (_ran(first / "src", "a") / "metrics.jsonl").write_text('{"step": 10, "loss": 0.1}\n')
@@ -652,12 +660,7 @@ def test_a_run_the_checkout_holds_is_not_taken_from_the_machines_other_campaign(
 def test_the_record_of_the_machines_campaigns_drops_deleted_dirs_and_survives_garbage(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
         registry: Path) -> None:
-    campaign = _module()
-    _starts_in_process(campaign, monkeypatch)
-    checkout = tmp_path / "checkout"
-    (checkout / "results").mkdir(parents=True)
-    plan = tmp_path / "plan.txt"
-    plan.write_text("experiment=e mixer=a\n")
+    campaign, checkout, plan = _in_process_plan(tmp_path, monkeypatch, "experiment=e mixer=a")
     registry.write_bytes(b"\x00{not json")
     campaign.start([plan], tmp_path / "first", checkout)
     assert "unreadable" in capsys.readouterr().err
