@@ -838,10 +838,16 @@ def _state(work: Path) -> dict[str, Any]:
     return _read_json(work / "state.json")
 
 
+def _write_json(path: Path, data: Any, indent: int = 0) -> None:
+    """Write `path` whole or not at all: another process (wait, a start in another work directory) may
+    read it at any moment. The temporary file is this process's own, so two writers never share one."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=indent) + "\n")
+    os.replace(tmp, path)
+
+
 def _write_state(work: Path, state: dict[str, Any]) -> None:
-    tmp = work / "state.json.tmp"
-    tmp.write_text(json.dumps(state, indent=1) + "\n")
-    os.replace(tmp, work / "state.json")
+    _write_json(work / "state.json", state, indent=1)
 
 
 def runs_under(root: Path) -> list[Path]:
@@ -905,9 +911,7 @@ def snapshot(work: Path, source: Path) -> Path:
 
     shutil.copytree(source, src, symlinks=True, ignore=ignore)
     brought = {str(run.relative_to(src)): _fingerprint(run) for run in run_dirs(src)}
-    tmp = work / "brought.json.tmp"
-    tmp.write_text(json.dumps(brought, indent=0) + "\n")
-    os.replace(tmp, work / "brought.json")
+    _write_json(work / "brought.json", brought)
     taken: dict[str, str] = {}
     if kept.exists():
         for run in run_dirs(kept):
@@ -963,9 +967,7 @@ def register(work: Path) -> list[Path]:
             fcntl.flock(lock, fcntl.LOCK_EX)
             dirs = [d for d in dict.fromkeys(_registered(path)) if d.is_dir()]
             dirs += [] if here in dirs else [here]
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps([str(d) for d in dirs], indent=0) + "\n")
-            os.replace(tmp, path)
+            _write_json(path, [str(d) for d in dirs])
     except OSError as error:
         print(f"campaign: the record of this machine's campaigns {path} cannot be written ({error}); the "
               "runs finished in other --work directories are not taken", file=sys.stderr)
