@@ -102,7 +102,7 @@ def test_stop_ends_the_runs_in_flight_which_checkpoint_and_are_not_packed(tmp_pa
     metrics = [checkpoints[0].parent / "metrics.jsonl"]
     status = _campaign("status", "--work", work)
     assert "supervisor running" in status.stdout and "in flight 1" in status.stdout
-    stopped = _campaign("stop", "--work", work, "--out", tmp_path / "out")
+    stopped = _campaign("stop", "--work", work, "--out", tmp_path / "out", "--without-checkpoints")
     assert "campaign: stopped" in stopped.stdout and "finished here 0, in flight 1" in stopped.stdout
     assert not (tmp_path / "out").exists()
     run = metrics[0].parent
@@ -932,24 +932,27 @@ def test_a_stop_takes_the_calls_its_start_gave_and_start_and_wait_stay_within_on
 
 def test_a_stop_without_checkpoints_names_the_runs_it_leaves_and_a_second_stop_still_packs_them(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # --fill starts a cell for the stop to carry: a stop without --with-checkpoints must say what it
-    # leaves behind, and the remedy it names must work once the supervisor is gone
+    # --fill starts a cell for the stop to carry: a stop that does not pack it must say what it leaves
+    # behind, and the remedy it names (a stop with --out) must work once the supervisor is gone
     campaign, work = _module(), _empty_work(tmp_path)
     _in_flight(work, {"a": 500, "b": 3000})
     finished = work / "src" / "results" / "x" / "done"
     finished.mkdir(parents=True)
     (finished / "summary.json").write_text(json.dumps({"status": "completed", "steps": 10}))
     campaign._write_state(work, {"stages": []})
-    assert campaign.main(["stop", "--work", str(work), "--out", str(tmp_path / "s")]) == 0
-    printed = capsys.readouterr().out
-    assert "not packed: results/x/a at step 500 stays on this machine" in printed
-    assert "not packed: results/x/b at step 3000" in printed and "results/x/done stays" not in printed
+    for leave in (["--out", str(tmp_path / "s"), "--without-checkpoints"], []):
+        assert campaign.main(["stop", "--work", str(work), *leave]) == 0
+        printed = capsys.readouterr().out
+        assert "not packed: results/x/a at step 500 stays on this machine (`stop --out DIR`" in printed
+        assert "not packed: results/x/b at step 3000" in printed and "results/x/done stays" not in printed
     assert not list(tmp_path.glob("s/resume-*"))
-    assert campaign.main(["stop", "--work", str(work), "--out", str(tmp_path / "s2"),
-                          "--with-checkpoints"]) == 0
+    assert campaign.main(["stop", "--work", str(work), "--out", str(tmp_path / "s2")]) == 0
     assert "not packed" not in capsys.readouterr().out
     archives = campaign.read_archives(sorted((tmp_path / "s2").glob("resume-*")), "--resume")
     assert len(archives) == 2
+    assert campaign.main(["stop", "--work", str(work), "--out", str(tmp_path / "s3"), "--with-checkpoints",
+                          "--without-checkpoints"]) == 2
+    assert "give one of them" in capsys.readouterr().err and not (tmp_path / "s3").exists()
 
 
 def test_an_archive_whose_parts_come_back_in_two_calls_folders_is_read_whole(

@@ -21,11 +21,11 @@ are recorded in ~/.cache/kda_harness/campaigns.json), so none trains twice befor
 here; the next pack takes them again. `wait`, `stop` and `start` end by packing every run directory that
 finished since the copy (summary.json, metrics.jsonl, train.log, .hydra/; never checkpoints) into one
 archive under `--out`, with a status table on the console. `stop` ends the stages with SIGTERM, so the
-runs in flight checkpoint and stay `incomplete` there; they are not packed with the finished runs. Without
-more, the next stretch trains them again from step 0; `stop --with-checkpoints` also packs them, checkpoint
+runs in flight checkpoint and stay `incomplete` there. A stop with `--out` packs them too, checkpoint
 included, one `resume-*` archive a run (in parts of at most 15 MiB), as many as fit what a call brings
 back, the runs furthest on first, and the next machine's `start --resume FILES...` puts them back into its
-copy, where train.py resumes each from its checkpoint. `start` and
+copy, where train.py resumes each from its checkpoint; `stop --without-checkpoints` leaves them on the
+machine, named, and the next stretch trains them again from step 0. `start` and
 `wait` take `--with-checkpoints` too: the runs train on, and each one's last checkpoint travels, so a
 machine taken back before the next call costs only the steps since then. With `--fill`,
 a hold whose pending cells no longer fit starts the first of them anyway, for the stop to checkpoint, and a
@@ -1198,7 +1198,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
                 group, postponed = choose(cells, ready, left, estimates, len(free), gpus, anyway)
                 carryable = [i for i in ready if i not in bound]
                 if not group and not running and carryable and state.get("fill") and left >= FILL_MIN_S:
-                    # the stop checkpoints it and --with-checkpoints carries it to the next machine
+                    # the stop checkpoints it and packs it for the next machine
                     group, _ = choose(cells, carryable, float("inf"), estimates, len(free), gpus)
                     postponed = [i for i in postponed if i not in group]
                 state.update(cells_pending=len(pending),
@@ -1250,7 +1250,7 @@ def run_cells(work: Path, state: dict[str, Any], launch: Any, stopping: list[int
 
 
 def carried_runs(archives: list[Path]) -> list[dict[str, Any]]:
-    """partial_runs of the runs that resume archives (stop --with-checkpoints; whole or in .partNN files)
+    """partial_runs of the runs that resume archives (a stop with --out; whole or in .partNN files)
     carry, as a work copy that `start --resume` restored them into would hold them."""
     with tempfile.TemporaryDirectory() as tmp:
         for data in read_archives(archives, "--resume"):
@@ -1792,12 +1792,12 @@ def _checkpointed_in_flight(work: Path) -> list[Path]:
 
 
 def name_unpacked(work: Path) -> None:
-    """Name the runs in flight that hold a checkpoint a stop without --with-checkpoints left on this
-    machine: a cell `--fill` started for the stop to carry is otherwise lost without a word."""
+    """Name the runs in flight that hold a checkpoint a stop left on this machine (no --out, or
+    --without-checkpoints): a cell `--fill` started for the stop to carry is otherwise lost without a word."""
     for run in _checkpointed_in_flight(work):
         print(f"not packed: {run.relative_to(work / 'src')} {_held_step(run)[1]} stays on this machine "
-              f"(`stop --out DIR --with-checkpoints`, in this call or the next, packs it for the next "
-              f"start's --resume; else the next machine trains it from step 0)")
+              f"(`stop --out DIR`, in this call or the next, packs it for the next start's --resume; else "
+              f"the next machine trains it from step 0)")
 
 
 def _shares(sizes: list[int]) -> list[int]:
@@ -2046,12 +2046,12 @@ def main(argv: list[str] | None = None) -> int:
                                  help="a compile-cache archive (or its parts) from --with-caches, restored "
                                  "before the first run")
             command.add_argument("--resume", type=Path, nargs="+", default=None,
-                                 help="the resume archives (or their parts) from stop --with-checkpoints: "
+                                 help="the resume archives (or their parts) from a stop with --out: "
                                  "their runs go back into the copy and train on from their checkpoints")
             command.add_argument("--fill", action="store_true",
                                  help="with --hold-minutes: when no pending cell fits, start the first "
                                  "anyway, and run a cell longer than the whole hold in plan order while "
-                                 "half the hold is left (for stop --with-checkpoints to carry)")
+                                 "half the hold is left (for the stop to carry)")
         if name in ("start", "wait"):
             command.add_argument("--minutes", type=float, default=0.0, help="wait this long, then pack")
         if name == "wait":
@@ -2082,7 +2082,12 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--with-checkpoints", action="store_true",
                                  help="also pack the runs in flight with their checkpoints into --out (for "
                                  "the next machine's start --resume; start and wait: each one's last "
-                                 "checkpoint, while it trains on)")
+                                 "checkpoint, while it trains on; a stop with --out does it unasked)")
+        if name == "stop":
+            # the stop ends the runs in flight: a checkpoint it leaves behind is lost with the machine
+            command.add_argument("--without-checkpoints", action="store_true",
+                                 help="leave the runs in flight and their checkpoints on this machine, named "
+                                 "(the next one trains them from step 0)")
     command = sub.add_parser("left", help="the cells the plans still have to run here, with estimates")
     command.add_argument("plans", type=Path, nargs="+")
     command.add_argument("--source", type=Path, default=ROOT, help="the checkout whose runs count (this one)")
@@ -2135,6 +2140,11 @@ def main(argv: list[str] | None = None) -> int:
         print("campaign: --with-checkpoints packs the runs in flight into --out: give --out DIR",
               file=sys.stderr)
         return 2
+    if getattr(args, "with_checkpoints", False) and getattr(args, "without_checkpoints", False):
+        print("campaign: --with-checkpoints and --without-checkpoints: give one of them", file=sys.stderr)
+        return 2
+    if args.command == "stop" and args.out is not None and not args.without_checkpoints:
+        args.with_checkpoints = True
     if getattr(args, "fill", False) and args.hold_minutes is None:
         print("campaign: --fill starts cells that do not fit before the hold's end: give --hold-minutes M",
               file=sys.stderr)
