@@ -2060,7 +2060,10 @@ def main(argv: list[str] | None = None) -> int:
                                  "later than this many minutes from now (0: the runs in flight finish, "
                                  "no other starts)")
         if name in ("start", "wait", "stop", "status"):
-            command.add_argument("--out", type=Path, default=None, help="pack finished runs here ($OUT)")
+            command.add_argument("--out", type=Path, default=None,
+                                 help="pack finished runs here ($OUT); a stop packs the runs in flight "
+                                 "with their checkpoints there too" if name == "stop"
+                                 else "pack finished runs here ($OUT)")
             command.add_argument("--with-running", action="store_true",
                                  help="pack the unfinished runs too (to look at their metrics)")
             command.add_argument("--with-caches", action="store_true",
