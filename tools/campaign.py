@@ -927,7 +927,7 @@ def snapshot(work: Path, source: Path) -> Path:
             print(f"kept {len(taken)} run(s) that the earlier campaign in {work} finished (packed again by "
                   "the next wait or stop)")
     taken.update(take_finished(work, brought, set(taken)))
-    (work / KEPT_FILE).write_text(json.dumps(taken, indent=0) + "\n")
+    _write_json(work / KEPT_FILE, taken)
     return src
 
 
@@ -978,8 +978,8 @@ def take_finished(work: Path, brought: dict[str, str], held: set[str]) -> dict[s
     """Copy into work/src the runs that the machine's campaigns in other work directories finished
     (completed or diverged, so train.py skips them) and that the copy does not hold (`brought` from the
     checkout, whose copy wins, or `held`, kept from this directory's earlier campaign), and register
-    `work`. Their directories stay as they are; a run in flight there is not taken (stop
-    --with-checkpoints and start --resume carry it). Returns each run taken with its summary."""
+    `work`. Their directories stay as they are; a run in flight there is not taken (a stop with
+    --out and start --resume carry it). Returns each run taken with its summary."""
     src = work / "src"
     taken: dict[str, str] = {}
     for other in register(work):
@@ -2061,9 +2061,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "no other starts)")
         if name in ("start", "wait", "stop", "status"):
             command.add_argument("--out", type=Path, default=None,
-                                 help="pack finished runs here ($OUT); a stop packs the runs in flight "
-                                 "with their checkpoints there too" if name == "stop"
-                                 else "pack finished runs here ($OUT)")
+                                 help="pack finished runs here ($OUT)" + ("; a stop packs the runs in flight "
+                                 "with their checkpoints there too" if name == "stop" else ""))
             command.add_argument("--with-running", action="store_true",
                                  help="pack the unfinished runs too (to look at their metrics)")
             command.add_argument("--with-caches", action="store_true",
