@@ -26,10 +26,32 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyP
     for module_name, switch, variable in SWITCHES:
         monkeypatch.setattr(MODULES[module_name], switch, False)
         if variable:
-            monkeypatch.delenv(variable, raising=False)
+            _unset(monkeypatch, variable)
+    for variable in (INDUCTOR_DIR, TRITON_DIR):
+        _unset(monkeypatch, variable)
+    return monkeypatch
+
+
+def _unset(monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
+    # delenv of an absent variable records nothing, so what share_compile_caches sets would outlive the
+    # test (the worker's later subprocesses compiling into a deleted tmp_path); setenv records its absence
+    monkeypatch.setenv(variable, "")
+    monkeypatch.delenv(variable)
+
+
+def test_the_fixture_leaves_no_cache_variable_behind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for variable in (INDUCTOR_DIR, TRITON_DIR):
         monkeypatch.delenv(variable, raising=False)
-    return monkeypatch
+    for module_name, switch, _ in SWITCHES:  # share_compile_caches turns them on: restored by the outer one
+        monkeypatch.setattr(MODULES[module_name], switch, getattr(MODULES[module_name], switch))
+    inner = pytest.MonkeyPatch()
+    inner.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for variable in (INDUCTOR_DIR, TRITON_DIR):
+        _unset(inner, variable)
+    share_compile_caches()
+    assert os.environ.get(TRITON_DIR)
+    inner.undo()
+    assert INDUCTOR_DIR not in os.environ and TRITON_DIR not in os.environ
 
 
 def test_the_caches_are_turned_on_in_one_directory_per_machine(clean_env: pytest.MonkeyPatch,

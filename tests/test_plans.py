@@ -40,12 +40,22 @@ def test_every_cell_of_a_committed_plan_composes_and_passes_preflight(
     cells = campaign.expand(campaign.read_plan(plan))
     assert cells
     # the sweep's own settings (hydra.*) are not part of a run's config; one check a distinct run config.
-    # optim.lr=best is the campaign's to pick from the lrs the cell's runs took: composed without it
+    # optim.lr=best is the campaign's to pick from the lrs the cell's runs took: composed without it.
+    # A seed changes only the data drawn, so the seeds of one config are checked on one of them, and every
+    # seed value of the plan is composed at least once.
     best = (campaign.BEST_KEY, campaign.BEST)
-    runs = {tuple(sorted((k, v) for k, v in cell.values.items()
-                         if not k.startswith("hydra") and (k, v) != best)): cell for cell in cells}
+    runs: dict[tuple, tuple] = {}
+    seeds_seen: set[str | None] = set()
+    for cell in cells:
+        key = tuple(sorted((k, v) for k, v in cell.values.items()
+                           if not k.startswith("hydra") and (k, v) != best))
+        unseeded = tuple((k, v) for k, v in key if k != "seed")
+        seed = dict(key).get("seed")
+        if unseeded not in runs or seed not in seeds_seen:
+            runs[unseeded if unseeded not in runs else key] = (key, cell)
+            seeds_seen.add(seed)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        for key, cell in runs.items():
+        for key, cell in runs.values():
             overrides = [f"{k}={v}" for k, v in key]
             try:
                 preflight(compose("config", overrides=overrides))
