@@ -28,3 +28,15 @@ def require_real(task: str, name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{task}: {name}={value!r} must be a number; write it without quotes.")
     return float(value)
+
+
+def token_arrays(num_examples: int, seq_len: int, pad: int, ignore: int):
+    """``(inputs, labels)``: int64 ``[N, T]`` numpy views of fresh torch tensors, filled with ``pad`` and
+    ``ignore``. numpy asks the kernel for huge pages on large arrays, and where it compacts memory to make
+    them (transparent_hugepage/defrag = madvise) the first touch of a few GB takes seconds more than
+    torch's allocator, which asks for none."""
+    import torch
+
+    inputs = torch.full((num_examples, seq_len), pad, dtype=torch.int64)
+    labels = torch.full((num_examples, seq_len), ignore, dtype=torch.int64)
+    return inputs.numpy(), labels.numpy()

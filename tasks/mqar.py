@@ -63,7 +63,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tasks import require_int, require_real
+from tasks import require_int, require_real, token_arrays
 
 PAD = 0
 SEP = 1
@@ -278,8 +278,7 @@ def generate(
     num_keys, num_values = _key_value_ranges(vocab_size)
     first_value = FIRST_KEY + num_keys
     rng = np.random.default_rng(seed)
-    inputs = np.full((num_examples, seq_len), PAD, dtype=np.int64)  # [N, T]
-    labels = np.full((num_examples, seq_len), IGNORE, dtype=np.int64)  # [N, T]
+    inputs, labels = token_arrays(num_examples, seq_len, PAD, IGNORE)  # [N, T] each
     flat_inputs, flat_labels = inputs.reshape(-1), labels.reshape(-1)  # views: both are contiguous
     if form == "zoology":
         slots = (seq_len - 2 * n) // 2

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tasks import require_int
+from tasks import require_int, token_arrays
 
 PAD = 0
 SEP = 1
@@ -90,8 +90,7 @@ def generate(
     _check(num_examples, seq_len, vocab_size)
     rng = np.random.default_rng(seed)
     n = (seq_len - 1) // 2
-    inputs = np.full((num_examples, seq_len), PAD, dtype=np.int64)  # [N, T]
-    labels = np.full((num_examples, seq_len), IGNORE, dtype=np.int64)  # [N, T]
+    inputs, labels = token_arrays(num_examples, seq_len, PAD, IGNORE)  # [N, T] each
     for start in range(0, num_examples, _CHUNK):
         stop = min(start + _CHUNK, num_examples)
         symbols = rng.integers(FIRST_SYMBOL, vocab_size, size=(stop - start, n), dtype=np.int32)  # [C, n]

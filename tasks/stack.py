@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tasks import require_int, require_real
+from tasks import require_int, require_real, token_arrays
 
 PAD = 0
 PUSH = 1
@@ -175,8 +175,7 @@ def generate(
     rng = np.random.default_rng(seed)
     steps = seq_len // 3
     first_element = FIRST_STACK + num_stacks
-    inputs = np.full((num_examples, seq_len), PAD, dtype=np.int64)  # [N, T]
-    labels = np.full((num_examples, seq_len), IGNORE, dtype=np.int64)  # [N, T]
+    inputs, labels = token_arrays(num_examples, seq_len, PAD, IGNORE)  # [N, T] each
     end = 3 * steps
     for start in range(0, num_examples, _CHUNK):
         stop = min(start + _CHUNK, num_examples)

@@ -303,6 +303,9 @@ def test_num_tokens_validates_the_vocabulary_up_front() -> None:
 
 
 @pytest.mark.slow
+# one worker draws them one after another: two sets of a few GB written at once on two cores take as long
+# as four in a row
+@pytest.mark.xdist_group("bulk_data")
 @pytest.mark.parametrize(
     ("module", "params"),
     [(palindrome, {}), (mqar, {}), (mqar, {"form": "zoology"}), (stack, {})],
