@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 
 def require_int(task: str, name: str, value: object) -> int:
     """``value`` as an int, or a ValueError naming it (a config can hand over ``"20"`` or ``1e3``)."""
@@ -30,7 +32,7 @@ def require_real(task: str, name: str, value: object) -> float:
     return float(value)
 
 
-def token_arrays(num_examples: int, seq_len: int, pad: int, ignore: int):
+def token_arrays(num_examples: int, seq_len: int, pad: int, ignore: int) -> tuple[np.ndarray, np.ndarray]:
     """``(inputs, labels)``: int64 ``[N, T]`` numpy views of fresh torch tensors, filled with ``pad`` and
     ``ignore``. numpy asks the kernel for huge pages on large arrays, and where it compacts memory to make
     them (transparent_hugepage/defrag = madvise) the first touch of a few GB takes seconds more than
