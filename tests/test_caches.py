@@ -22,6 +22,10 @@ MODULES = {"torch._inductor.config": inductor_config, "torch._functorch.config":
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
     """No cache variable set, the switches off, ~/.cache under tmp_path; all restored afterwards."""
+    return _clean(monkeypatch, tmp_path)
+
+
+def _clean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for module_name, switch, variable in SWITCHES:
         monkeypatch.setattr(MODULES[module_name], switch, False)
@@ -42,12 +46,7 @@ def _unset(monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
 def test_the_fixture_leaves_no_cache_variable_behind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for variable in (INDUCTOR_DIR, TRITON_DIR):
         monkeypatch.delenv(variable, raising=False)
-    for module_name, switch, _ in SWITCHES:  # share_compile_caches turns them on: restored by the outer one
-        monkeypatch.setattr(MODULES[module_name], switch, getattr(MODULES[module_name], switch))
-    inner = pytest.MonkeyPatch()
-    inner.setenv("XDG_CACHE_HOME", str(tmp_path))
-    for variable in (INDUCTOR_DIR, TRITON_DIR):
-        _unset(inner, variable)
+    inner = _clean(pytest.MonkeyPatch(), tmp_path)
     share_compile_caches()
     assert os.environ.get(TRITON_DIR)
     inner.undo()

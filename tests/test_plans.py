@@ -44,18 +44,17 @@ def test_every_cell_of_a_committed_plan_composes_and_passes_preflight(
     # A seed changes only the data drawn, so the seeds of one config are checked on one of them, and every
     # seed value of the plan is composed at least once.
     best = (campaign.BEST_KEY, campaign.BEST)
-    runs: dict[tuple, tuple] = {}
-    seeds_seen: set[str | None] = set()
+    runs, configs_seen, seeds_seen = [], set(), set()
     for cell in cells:
         key = tuple(sorted((k, v) for k, v in cell.values.items()
                            if not k.startswith("hydra") and (k, v) != best))
-        unseeded = tuple((k, v) for k, v in key if k != "seed")
-        seed = dict(key).get("seed")
-        if unseeded not in runs or seed not in seeds_seen:
-            runs[unseeded if unseeded not in runs else key] = (key, cell)
+        config, seed = tuple((k, v) for k, v in key if k != "seed"), dict(key).get("seed")
+        if config not in configs_seen or seed not in seeds_seen:
+            runs.append((key, cell))
+            configs_seen.add(config)
             seeds_seen.add(seed)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        for key, cell in runs.values():
+        for key, cell in runs:
             overrides = [f"{k}={v}" for k, v in key]
             try:
                 preflight(compose("config", overrides=overrides))
