@@ -16,6 +16,7 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+import torch
 
 
 def require_int(task: str, name: str, value: object) -> int:
@@ -37,8 +38,6 @@ def token_arrays(num_examples: int, seq_len: int, pad: int, ignore: int) -> tupl
     ``ignore``. numpy asks the kernel for huge pages on large arrays, and where it compacts memory to make
     them (transparent_hugepage/defrag = madvise) the first touch of a few GB takes seconds more than
     torch's allocator, which asks for none."""
-    import torch
-
     inputs = torch.full((num_examples, seq_len), pad, dtype=torch.int64)
     labels = torch.full((num_examples, seq_len), ignore, dtype=torch.int64)
     return inputs.numpy(), labels.numpy()
