@@ -27,10 +27,12 @@ if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
 # Under `pytest -n N` each worker gets its share of the cores for torch's OpenMP threads (and the processes
 # its tests start): N workers with a thread per core each oversubscribe the machine, and OpenMP's spinning
 # threads then make the small ops of these tests several times slower.
-if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
-    os.environ["OMP_NUM_THREADS"] = str(
-        max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
-    )
+# Inductor's pool of compile workers likewise: a process per core, each importing torch, is pure startup
+# cost when the other workers already keep the cores busy; at one thread inductor compiles in-process.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    share = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("OMP_NUM_THREADS", share)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", share)
 
 import sys  # noqa: E402
 import types  # noqa: E402
